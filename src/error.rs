@@ -1,0 +1,255 @@
+//! Error types. Outcomes such as "in progress" or "mismatch" are not errors: they are
+//! [`Reservation`](crate::Reservation) values. Errors are bad input, lost ownership, I/O,
+//! corruption and a poisoned store.
+
+use std::fmt;
+use std::path::PathBuf;
+
+use crate::key::{Key, MAX_KEY_PART_LEN};
+
+/// Which part of a [`Key`] an error is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyPart {
+    /// The scope (who).
+    Scope,
+    /// The operation (what).
+    Operation,
+    /// The client's id.
+    Id,
+}
+
+impl fmt::Display for KeyPart {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            KeyPart::Scope => "scope",
+            KeyPart::Operation => "operation",
+            KeyPart::Id => "id",
+        })
+    }
+}
+
+/// What a lease holder found in place of its own pending reservation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LeaseLostReason {
+    /// Another caller took the stale reservation over with a newer token.
+    TakenOver {
+        /// The token that now holds the key.
+        by_token: u64,
+    },
+    /// The key is already completed (by this lease or another).
+    Completed {
+        /// The token of the lease that completed it.
+        by_token: u64,
+    },
+    /// The key is parked for review.
+    NeedsReview,
+    /// The key is no longer stored: released, or expired and swept.
+    Gone,
+}
+
+impl fmt::Display for LeaseLostReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LeaseLostReason::TakenOver { by_token } => {
+                write!(f, "the reservation was taken over by token {by_token}")
+            }
+            LeaseLostReason::Completed { by_token } => {
+                write!(f, "the key was already completed by token {by_token}")
+            }
+            LeaseLostReason::NeedsReview => f.write_str("the key is marked for review"),
+            LeaseLostReason::Gone => f.write_str("the key is no longer reserved"),
+        }
+    }
+}
+
+/// Everything that can go wrong in idemstore.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Error {
+    /// A key part is empty or longer than [`MAX_KEY_PART_LEN`].
+    InvalidKey {
+        /// The offending part.
+        part: KeyPart,
+        /// Its length in bytes.
+        len: usize,
+    },
+    /// A result is larger than the store's limit ([`Builder::max_result_len`](crate::Builder::max_result_len)).
+    ResultTooLarge {
+        /// The key being completed.
+        key: Key,
+        /// The result's length in bytes.
+        len: usize,
+        /// The configured limit.
+        limit: usize,
+    },
+    /// A review note is longer than [`MAX_NOTE_LEN`](crate::MAX_NOTE_LEN).
+    NoteTooLarge {
+        /// The key being marked.
+        key: Key,
+        /// The note's length in bytes.
+        len: usize,
+    },
+    /// A builder setting is out of range.
+    InvalidConfig {
+        /// The setting's name.
+        setting: &'static str,
+        /// Why it was refused.
+        reason: String,
+    },
+    /// The caller's lease no longer owns the key; nothing was changed.
+    LeaseLost {
+        /// The key.
+        key: Key,
+        /// The caller's token.
+        token: u64,
+        /// What holds the key now.
+        reason: LeaseLostReason,
+    },
+    /// [`Store::resolve`](crate::Store::resolve) was called on a key that is neither marked
+    /// for review nor stale.
+    NotResolvable {
+        /// The key.
+        key: Key,
+        /// What the key holds instead.
+        reason: &'static str,
+    },
+    /// Another process (or another `Store` in this one) has the file open.
+    AlreadyOpen {
+        /// The store file.
+        path: PathBuf,
+    },
+    /// The file exists but is not an idemstore store (a directory, another program's file,
+    /// or a store written by an unknown format version). The file was not modified.
+    NotAStore {
+        /// The file.
+        path: PathBuf,
+        /// Why it was refused.
+        reason: String,
+    },
+    /// An operating-system I/O error, with what was being done.
+    Io {
+        /// What failed, naming the file.
+        context: String,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// An error from the redb storage layer.
+    Storage {
+        /// What was being done.
+        context: &'static str,
+        /// The underlying error.
+        source: Box<redb::Error>,
+    },
+    /// Stored bytes failed their checksum or do not decode. They are never returned as data.
+    Corruption {
+        /// Where: the key of a record, or a file offset.
+        location: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// An earlier write or sync failed, so the store refuses all further work. Reopen the
+    /// store to recover to the last durable state.
+    Poisoned {
+        /// The first failure.
+        cause: String,
+    },
+    /// The closure passed to [`Store::complete_with`](crate::Store::complete_with) returned an
+    /// error; its transaction was rolled back and the key is still pending.
+    Callback {
+        /// The closure's error.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+impl Error {
+    pub(crate) fn storage(context: &'static str, source: impl Into<redb::Error>) -> Error {
+        Error::Storage {
+            context,
+            source: Box::new(source.into()),
+        }
+    }
+
+    pub(crate) fn io(context: impl Into<String>, source: std::io::Error) -> Error {
+        Error::Io {
+            context: context.into(),
+            source,
+        }
+    }
+
+    pub(crate) fn corrupt_record(key_bytes: &[u8], reason: impl Into<String>) -> Error {
+        let location = match Key::decode(key_bytes) {
+            Some(key) => format!("record {key}"),
+            None => format!("record with undecodable key {}", key_bytes.escape_ascii()),
+        };
+        Error::Corruption {
+            location,
+            reason: reason.into(),
+        }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::InvalidKey { part, len: 0 } => write!(f, "key {part} is empty; it needs 1 to {MAX_KEY_PART_LEN} bytes"),
+            Error::InvalidKey { part, len } => write!(
+                f,
+                "key {part} is {len} bytes; the limit is {MAX_KEY_PART_LEN} bytes"
+            ),
+            Error::ResultTooLarge { key, len, limit } => write!(
+                f,
+                "result for key {key} is {len} bytes; the store's limit (max_result_len) is {limit} bytes"
+            ),
+            Error::NoteTooLarge { key, len } => write!(
+                f,
+                "review note for key {key} is {len} bytes; the limit is {} bytes",
+                crate::record::MAX_NOTE_LEN
+            ),
+            Error::InvalidConfig { setting, reason } => {
+                write!(f, "invalid setting {setting}: {reason}")
+            }
+            Error::LeaseLost { key, token, reason } => write!(
+                f,
+                "lease on key {key} with token {token} is lost: {reason}; nothing was changed"
+            ),
+            Error::NotResolvable { key, reason } => write!(
+                f,
+                "key {key} cannot be resolved: {reason}; only a key marked for review or a stale reservation can; nothing was changed"
+            ),
+            Error::AlreadyOpen { path } => write!(
+                f,
+                "store {} is already open in another process or Store handle; one process owns a store file",
+                path.display()
+            ),
+            Error::NotAStore { path, reason } => write!(
+                f,
+                "{} is not an idemstore store ({reason}); the file was left untouched",
+                path.display()
+            ),
+            Error::Io { context, source } => write!(f, "{context}: {source}"),
+            Error::Storage { context, source } => write!(f, "storage error while {context}: {source}"),
+            Error::Corruption { location, reason } => {
+                write!(f, "corruption detected in {location}: {reason}")
+            }
+            Error::Poisoned { cause } => write!(
+                f,
+                "store is poisoned after an earlier failed write ({cause}); reopen it to recover"
+            ),
+            Error::Callback { source } => {
+                write!(f, "complete_with callback failed, transaction rolled back: {source}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Error::Io { source, .. } => Some(source),
+            Error::Storage { source, .. } => Some(source.as_ref()),
+            Error::Callback { source } => Some(source.as_ref()),
+            _ => None,
+        }
+    }
+}

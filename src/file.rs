@@ -1,0 +1,162 @@
+//! Opening a store file: refusing what is not ours, and creating new files crash-safely.
+//!
+//! redb can leave a file that never opens again if power fails inside `Database::create`, so a
+//! new store is built under a temporary name in the same directory, made durable, and only
+//! then linked to its real name (`link` fails if the name exists, so two processes creating
+//! the same store cannot overwrite each other), after which the directory is synced. A crash at
+//! any point leaves either no store (and possibly a `.NAME.creating.*` file that can be
+//! deleted) or a complete one.
+
+use std::fs::{self, File};
+use std::io::{self, Read};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use redb::{Database, DatabaseError, ReadableDatabase, TableError};
+
+use crate::error::Error;
+use crate::tables::{Tables, FORMAT_VERSION, META, META_FORMAT};
+
+/// The first bytes of every redb file.
+const REDB_SIGNATURE: [u8; 9] = [b'r', b'e', b'd', b'b', 0x1A, 0x0A, 0xA9, 0x0D, 0x0A];
+
+/// Opens the store at `path`, creating it if it does not exist.
+pub(crate) fn open_or_create(path: &Path, builder: &redb::Builder) -> Result<Database, Error> {
+    match fs::metadata(path) {
+        Ok(meta) if meta.is_dir() => Err(not_a_store(path, "it is a directory")),
+        Ok(_) => open_existing(path, builder),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            create(path, builder)?;
+            open_existing(path, builder)
+        }
+        Err(e) => Err(Error::io(
+            format!("reading metadata of {}", path.display()),
+            e,
+        )),
+    }
+}
+
+fn not_a_store(path: &Path, reason: impl Into<String>) -> Error {
+    Error::NotAStore {
+        path: path.to_path_buf(),
+        reason: reason.into(),
+    }
+}
+
+/// Opens an existing file after checking, without writing, that it is a redb file; then checks
+/// that it is an idemstore store of a format this build reads.
+fn open_existing(path: &Path, builder: &redb::Builder) -> Result<Database, Error> {
+    let mut signature = [0u8; REDB_SIGNATURE.len()];
+    let read = File::open(path)
+        .and_then(|mut file| file.read_exact(&mut signature))
+        .map(|()| signature == REDB_SIGNATURE);
+    match read {
+        Ok(true) => {}
+        Ok(false) => {
+            return Err(not_a_store(
+                path,
+                "it does not start with the redb signature",
+            ))
+        }
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+            return Err(not_a_store(path, "it is shorter than a redb header"))
+        }
+        Err(e) => return Err(Error::io(format!("reading {}", path.display()), e)),
+    }
+    let db = builder.open(path).map_err(|e| match e {
+        DatabaseError::DatabaseAlreadyOpen => Error::AlreadyOpen {
+            path: path.to_path_buf(),
+        },
+        other => Error::storage("opening the store file", other),
+    })?;
+    check_format(&db, path)?;
+    Ok(db)
+}
+
+/// Refuses a redb database that is not an idemstore store, or one of an unknown format.
+pub(crate) fn check_format(db: &Database, path: &Path) -> Result<(), Error> {
+    let ctx = "reading the store's format marker";
+    let txn = db.begin_read().map_err(|e| Error::storage(ctx, e))?;
+    let meta = match txn.open_table(META) {
+        Ok(meta) => meta,
+        Err(TableError::TableDoesNotExist(_)) => {
+            return Err(not_a_store(
+                path,
+                "a redb database without idemstore's tables",
+            ))
+        }
+        Err(e) => return Err(Error::storage(ctx, e)),
+    };
+    match meta.get(META_FORMAT).map_err(|e| Error::storage(ctx, e))? {
+        Some(v) if v.value() == FORMAT_VERSION => Ok(()),
+        Some(v) => Err(not_a_store(
+            path,
+            format!(
+                "store format version {} (this build reads version {FORMAT_VERSION})",
+                v.value()
+            ),
+        )),
+        None => Err(not_a_store(path, "the format marker is missing")),
+    }
+}
+
+/// Creates an empty store at `path` through a temporary file, so that a crash never leaves a
+/// half-made file under the real name. Losing a creation race to another process is fine.
+fn create(path: &Path, builder: &redb::Builder) -> Result<(), Error> {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let name = path
+        .file_name()
+        .ok_or_else(|| not_a_store(path, "the path has no file name"))?;
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let temp = dir.join(format!(
+        ".{}.creating.{}.{}",
+        name.to_string_lossy(),
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    ));
+    let result = build_empty_store(&temp, builder).and_then(|()| link_into_place(&temp, path));
+    let _ = fs::remove_file(&temp);
+    result?;
+    sync_dir(&dir)
+}
+
+fn build_empty_store(temp: &Path, builder: &redb::Builder) -> Result<(), Error> {
+    let db = builder
+        .create(temp)
+        .map_err(|e| Error::storage("creating a new store file", e))?;
+    let txn = db
+        .begin_write()
+        .map_err(|e| Error::storage("initializing a new store", e))?;
+    Tables::open(&txn)?.initialize()?;
+    txn.commit()
+        .map_err(|e| Error::storage("initializing a new store", e))?;
+    drop(db);
+    File::open(temp)
+        .and_then(|file| file.sync_all())
+        .map_err(|e| Error::io(format!("syncing new store file {}", temp.display()), e))
+}
+
+/// Gives the finished temporary file its real name without ever replacing an existing file.
+fn link_into_place(temp: &Path, path: &Path) -> Result<(), Error> {
+    match fs::hard_link(temp, path) {
+        Ok(()) => Ok(()),
+        // Another process created the store first: use theirs.
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+        // File systems without hard links: a rename, checked first (a narrow race remains).
+        Err(_) if !path.exists() => fs::rename(temp, path)
+            .map_err(|e| Error::io(format!("moving the new store to {}", path.display()), e)),
+        Err(e) => Err(Error::io(
+            format!("linking the new store to {}", path.display()),
+            e,
+        )),
+    }
+}
+
+fn sync_dir(dir: &Path) -> Result<(), Error> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| Error::io(format!("syncing directory {}", dir.display()), e))
+}

@@ -1,0 +1,182 @@
+//! Idempotency keys: (scope, operation, id), their limits and their B-tree encoding.
+
+use std::fmt;
+
+use crate::error::{Error, KeyPart};
+
+/// Longest scope, operation or id accepted, in bytes.
+///
+/// Each part is stored behind a one-byte length, so 255 is the format's own limit.
+pub const MAX_KEY_PART_LEN: usize = 255;
+
+/// An idempotency key: who (`scope`), what (`operation`) and the client's own key (`id`).
+///
+/// Two requests are duplicates only when all three parts are equal, so a key sent by tenant A
+/// can never replay tenant B's result, and the same client key used for two different
+/// operations never collides.
+///
+/// Each part is a byte string of 1 to [`MAX_KEY_PART_LEN`] bytes. Parts are encoded with a
+/// length prefix, so `("a:b", "c")` and `("a", "b:c")` are different keys.
+///
+/// ```
+/// use idemstore::Key;
+///
+/// let key = Key::new("tenant-42", "charge", "4f0c-a1")?;
+/// assert_eq!(key.id(), b"4f0c-a1");
+/// assert!(Key::new("tenant-42", "charge", "").is_err());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Key {
+    /// The encoded form: `[len][scope][len][operation][len][id]`.
+    encoded: Box<[u8]>,
+}
+
+impl Key {
+    /// Builds a key from its three parts.
+    ///
+    /// # Errors
+    /// [`Error::InvalidKey`] when a part is empty or longer than [`MAX_KEY_PART_LEN`] bytes; the
+    /// error names the part and its length.
+    pub fn new(
+        scope: impl AsRef<[u8]>,
+        operation: impl AsRef<[u8]>,
+        id: impl AsRef<[u8]>,
+    ) -> Result<Key, Error> {
+        let parts = [
+            (KeyPart::Scope, scope.as_ref()),
+            (KeyPart::Operation, operation.as_ref()),
+            (KeyPart::Id, id.as_ref()),
+        ];
+        let mut encoded = Vec::with_capacity(3 + parts.iter().map(|(_, p)| p.len()).sum::<usize>());
+        for (part, bytes) in parts {
+            let len = u8::try_from(bytes.len())
+                .ok()
+                .filter(|len| *len > 0)
+                .ok_or(Error::InvalidKey {
+                    part,
+                    len: bytes.len(),
+                })?;
+            encoded.push(len);
+            encoded.extend_from_slice(bytes);
+        }
+        Ok(Key {
+            encoded: encoded.into_boxed_slice(),
+        })
+    }
+
+    /// Decodes a key from its stored form; `None` when the bytes are not a valid encoding.
+    pub(crate) fn decode(bytes: &[u8]) -> Option<Key> {
+        let mut rest = bytes;
+        for _ in 0..3 {
+            let (&len, tail) = rest.split_first()?;
+            if len == 0 || tail.len() < usize::from(len) {
+                return None;
+            }
+            rest = &tail[usize::from(len)..];
+        }
+        rest.is_empty().then(|| Key {
+            encoded: bytes.into(),
+        })
+    }
+
+    /// The encoded bytes used as the B-tree key.
+    pub(crate) fn encoded(&self) -> &[u8] {
+        &self.encoded
+    }
+
+    fn part(&self, index: usize) -> &[u8] {
+        let mut rest: &[u8] = &self.encoded;
+        let mut i = 0;
+        loop {
+            let len = usize::from(rest[0]);
+            if i == index {
+                return &rest[1..=len];
+            }
+            rest = &rest[1 + len..];
+            i += 1;
+        }
+    }
+
+    /// Who the key belongs to: a user, tenant or account.
+    pub fn scope(&self) -> &[u8] {
+        self.part(0)
+    }
+
+    /// What the key guards: a route, a command, a queue.
+    pub fn operation(&self) -> &[u8] {
+        self.part(1)
+    }
+
+    /// The client's own idempotency key.
+    pub fn id(&self) -> &[u8] {
+        self.part(2)
+    }
+}
+
+impl fmt::Debug for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Key({self})")
+    }
+}
+
+/// Shows the key as `scope/operation/id`, with non-UTF-8 bytes escaped.
+impl fmt::Display for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, part) in [self.scope(), self.operation(), self.id()]
+            .into_iter()
+            .enumerate()
+        {
+            if i > 0 {
+                f.write_str("/")?;
+            }
+            write!(f, "{}", part.escape_ascii())?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parts_round_trip() {
+        let key = Key::new("s", "op", "id-1").unwrap();
+        assert_eq!(key.scope(), b"s");
+        assert_eq!(key.operation(), b"op");
+        assert_eq!(key.id(), b"id-1");
+        assert_eq!(Key::decode(key.encoded()), Some(key.clone()));
+        assert_eq!(key.to_string(), "s/op/id-1");
+    }
+
+    #[test]
+    fn length_prefix_keeps_parts_apart() {
+        let a = Key::new("a:b", "c", "x").unwrap();
+        let b = Key::new("a", "b:c", "x").unwrap();
+        assert_ne!(a, b);
+        assert_ne!(a.encoded(), b.encoded());
+    }
+
+    #[test]
+    fn limits_are_enforced_and_named() {
+        let long = vec![b'x'; MAX_KEY_PART_LEN + 1];
+        let err = Key::new("s", "op", &long).unwrap_err();
+        assert!(err.to_string().contains("id"), "{err}");
+        assert!(err.to_string().contains("256"), "{err}");
+        assert!(Key::new("", "op", "id").is_err());
+        assert!(Key::new("s", "", "id").is_err());
+        assert!(Key::new("s", "op", "").is_err());
+        let max = vec![b'y'; MAX_KEY_PART_LEN];
+        assert!(Key::new(&max, &max, &max).is_ok());
+    }
+
+    #[test]
+    fn decode_rejects_bad_bytes() {
+        assert_eq!(Key::decode(b""), None);
+        assert_eq!(Key::decode(&[1, b'a', 1, b'b']), None);
+        assert_eq!(Key::decode(&[1, b'a', 1, b'b', 0]), None);
+        assert_eq!(Key::decode(&[1, b'a', 1, b'b', 1, b'c', 9]), None);
+        assert_eq!(Key::decode(&[200, b'a']), None);
+    }
+}

@@ -1,0 +1,87 @@
+//! idemstore: an embedded, crash-safe key-reservation store that makes retried,
+//! double-clicked and redelivered requests safe.
+//!
+//! A service links it in-process and opens one file. Before doing non-idempotent work
+//! (charging, creating, sending), it *reserves* the request's idempotency key; exactly one
+//! caller acquires it, durably, before the work starts. When the work completes, the result is
+//! stored and every duplicate gets it replayed; a duplicate that arrives while the work runs is
+//! told it is in progress; the same key with a different request is refused as a mismatch.
+//! Keys expire after a retention window.
+//!
+//! ```
+//! use idemstore::{Fingerprint, Key, Reservation, Store};
+//!
+//! # let dir = tempfile::tempdir()?;
+//! let store = Store::open(dir.path().join("payments.idem"))?;
+//!
+//! fn charge(store: &Store, user: &str, idem_key: &str, body: &[u8]) -> Result<Vec<u8>, Box<dyn std::error::Error>> {
+//!     let key = Key::new(user, "POST /charges", idem_key)?;
+//!     match store.reserve(&key, Fingerprint::of(body))? {
+//!         Reservation::Acquired(lease) => {
+//!             let response = b"201 charge ch_1 created".to_vec(); // the real work
+//!             store.complete(&lease, response.clone())?;
+//!             Ok(response)
+//!         }
+//!         Reservation::Completed(done) => Ok(done.result),                // a retry: replay
+//!         Reservation::InProgress { .. } => Ok(b"409 in progress".to_vec()),
+//!         Reservation::Mismatch => Ok(b"422 key reused with another body".to_vec()),
+//!         _ => Ok(b"409 needs review".to_vec()),
+//!     }
+//! }
+//!
+//! let first = charge(&store, "user-1", "a1", b"amount=100")?;
+//! let retry = charge(&store, "user-1", "a1", b"amount=100")?;
+//! assert_eq!(first, retry);
+//! assert_eq!(charge(&store, "user-1", "a1", b"amount=999")?, b"422 key reused with another body");
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! # Features
+//! - Atomic reservation with fencing tokens that strictly increase, also across restarts.
+//! - Outcomes ([`Reservation`]) kept apart from errors ([`Error`]).
+//! - Leases that go stale when a worker dies: the next request takes over with
+//!   [`Lease::is_retry`] set, or a recovery job lists them with [`Store::stale`].
+//! - [`Store::complete_with`] commits the caller's own redb tables with the completion.
+//! - Durable before acknowledging by default; concurrent callers share one commit.
+//! - Duplicates are answered from read transactions that never wait for writers.
+//! - Bounded sweeping of expired keys through an expiry index ([`Store::sweep`]).
+//! - Per-record checksums: damage is reported with the key, never returned as data.
+//!
+//! The on-disk format is described in `docs/format.md`.
+
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+#![warn(clippy::host_endian_bytes)]
+
+mod builder;
+mod clock;
+mod commit;
+mod decide;
+mod error;
+mod file;
+mod fingerprint;
+mod key;
+mod record;
+mod reservation;
+mod store;
+mod sweep;
+mod tables;
+
+pub use builder::{
+    Builder, Durability, DEFAULT_CACHE_SIZE, DEFAULT_LEASE, DEFAULT_MAX_RESULT_LEN,
+    DEFAULT_RETENTION, MAX_RESULT_LEN_LIMIT,
+};
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use decide::Resolution;
+pub use error::{Error, KeyPart, LeaseLostReason};
+pub use fingerprint::Fingerprint;
+pub use key::{Key, MAX_KEY_PART_LEN};
+pub use record::{Record, Status, MAX_NOTE_LEN};
+pub use reservation::{Completed, Lease, Reservation};
+pub use store::Store;
+
+/// The redb crate this store is built on, for [`Store::complete_with`] callers.
+pub use redb;
+
+/// A `Result` with idemstore's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

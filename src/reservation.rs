@@ -1,0 +1,89 @@
+//! What a reserve answers: the outcomes and the lease an acquisition hands out.
+
+use std::time::{Duration, SystemTime};
+
+use crate::key::Key;
+
+/// Ownership of a reserved key, returned by [`Reservation::Acquired`].
+///
+/// Pass it to [`complete`](crate::Store::complete), [`release_if_pending`](crate::Store::release_if_pending),
+/// [`extend`](crate::Store::extend) or [`mark_needs_review`](crate::Store::mark_needs_review).
+/// Each checks the lease's fencing token, so a holder whose reservation went stale and was
+/// taken over can no longer change the key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    pub(crate) key: Key,
+    pub(crate) token: u64,
+    pub(crate) attempt: u32,
+    pub(crate) lease_until: SystemTime,
+}
+
+impl Lease {
+    /// The reserved key.
+    pub fn key(&self) -> &Key {
+        &self.key
+    }
+
+    /// The fencing token: it increases with every acquisition in the store and is never
+    /// reused, also across restarts. Pass it to external systems that can reject stale writers.
+    pub fn token(&self) -> u64 {
+        self.token
+    }
+
+    /// How many times this key has been acquired, this one included.
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// True when an earlier attempt held this key and may have had side effects (its
+    /// reservation went stale and was taken over). Check external systems before redoing work.
+    pub fn is_retry(&self) -> bool {
+        self.attempt > 1
+    }
+
+    /// When the lease runs out unless [`extend`](crate::Store::extend)ed.
+    pub fn lease_until(&self) -> SystemTime {
+        self.lease_until
+    }
+}
+
+/// A stored result, replayed to a duplicate request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Completed {
+    /// The result stored by [`complete`](crate::Store::complete).
+    pub result: Vec<u8>,
+    /// When the key was completed.
+    pub completed_at: SystemTime,
+    /// When the result stops being replayed.
+    pub expires_at: SystemTime,
+    /// The attempt that completed it.
+    pub attempt: u32,
+}
+
+/// The outcome of [`Store::reserve`](crate::Store::reserve). None of these are errors.
+#[must_use = "a reservation says whether to do the work, replay a result or refuse"]
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Reservation {
+    /// The caller owns the key and must do the work, then complete or release it.
+    Acquired(Lease),
+    /// The work was done before: replay this result (HTTP: the stored response).
+    Completed(Completed),
+    /// Another caller holds a live lease (HTTP 409 with `Retry-After`).
+    InProgress {
+        /// Time left on the holder's lease.
+        retry_after: Duration,
+        /// The holder's attempt number.
+        attempt: u32,
+    },
+    /// The key was first used with a different request fingerprint: a client bug, not a
+    /// retry (HTTP 422). Nothing was changed.
+    Mismatch,
+    /// The key is parked for a person; refused until resolved with
+    /// [`Store::resolve`](crate::Store::resolve).
+    NeedsReview {
+        /// The note left when it was marked.
+        note: String,
+    },
+}

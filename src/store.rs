@@ -1,0 +1,469 @@
+//! [`Store`]: the public operations. Reads of existing keys go straight to a redb read
+//! transaction; every write goes through the commit path in [`crate::commit`].
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use redb::{Database, ReadableDatabase, WriteTransaction};
+
+use crate::builder::Builder;
+use crate::clock::{from_millis, to_millis, Clock};
+use crate::commit::{Committer, Poison, Writer};
+use crate::decide::{decide, Change, Op, Outcome, Policy, Resolution};
+use crate::error::{Error, LeaseLostReason};
+use crate::fingerprint::Fingerprint;
+use crate::key::Key;
+use crate::record::{Millis, Record, MAX_NOTE_LEN};
+use crate::reservation::{Completed, Lease, Reservation};
+use crate::sweep;
+use crate::tables::{decode_record, Tables, LEASES, RECORDS};
+
+/// An open idempotency store: one file, owned by one process.
+///
+/// `Store` is `Send + Sync`; share it between threads with `&Store` or `Arc<Store>`.
+///
+/// ```
+/// use idemstore::{Fingerprint, Key, Reservation, Store};
+///
+/// # let dir = tempfile::tempdir()?;
+/// let store = Store::open(dir.path().join("keys.idem"))?;
+/// let key = Key::new("user-7", "checkout", "b7d1e0")?;
+/// let request = Fingerprint::of(b"cart=42&total=1999");
+///
+/// match store.reserve(&key, request)? {
+///     Reservation::Acquired(lease) => {
+///         let receipt = b"order 1001 placed"; // do the work here
+///         store.complete(&lease, receipt.to_vec())?;
+///     }
+///     other => panic!("a fresh key is acquired, got {other:?}"),
+/// }
+///
+/// // The retry gets the stored result instead of running the work again.
+/// match store.reserve(&key, request)? {
+///     Reservation::Completed(done) => assert_eq!(done.result, b"order 1001 placed"),
+///     other => panic!("expected the stored result, got {other:?}"),
+/// }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct Store {
+    db: Arc<Database>,
+    committer: Committer,
+    clock: Arc<dyn Clock>,
+    policy: Policy,
+    max_result_len: usize,
+    poison: Arc<Poison>,
+    path: PathBuf,
+}
+
+impl fmt::Debug for Store {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Store")
+            .field("path", &self.path)
+            .field("policy", &self.policy)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Store {
+    /// Opens the store at `path` with every default, creating it if it does not exist.
+    ///
+    /// # Errors
+    /// See [`Builder::open`].
+    pub fn open(path: impl AsRef<Path>) -> Result<Store, Error> {
+        Builder::new().open(path)
+    }
+
+    /// A [`Builder`] to configure retention, leases, limits and the clock.
+    pub fn builder() -> Builder {
+        Builder::new()
+    }
+
+    pub(crate) fn open_with(builder: &Builder, path: &Path) -> Result<Store, Error> {
+        let mut redb_builder = redb::Builder::new();
+        redb_builder.set_cache_size(builder.cache_size);
+        let db = crate::file::open_or_create(path, &redb_builder)?;
+        Store::from_database(db, builder, path.to_path_buf())
+    }
+
+    pub(crate) fn from_database(
+        db: Database,
+        builder: &Builder,
+        path: PathBuf,
+    ) -> Result<Store, Error> {
+        let db = Arc::new(db);
+        let next_token = {
+            let txn = db
+                .begin_write()
+                .map_err(|e| Error::storage("reading the next fencing token", e))?;
+            let token = Tables::open(&txn)?.next_token()?;
+            txn.abort()
+                .map_err(|e| Error::storage("reading the next fencing token", e))?;
+            token
+        };
+        let policy = Policy {
+            lease: crate::clock::duration_millis(builder.lease),
+            retention: crate::clock::duration_millis(builder.retention),
+        };
+        let poison = Arc::new(Poison::default());
+        let writer = Writer::new(
+            Arc::clone(&db),
+            Arc::clone(&builder.clock),
+            policy,
+            next_token,
+            Arc::clone(&poison),
+        );
+        Ok(Store {
+            db,
+            committer: Committer::new(writer),
+            clock: Arc::clone(&builder.clock),
+            policy,
+            max_result_len: builder.max_result_len,
+            poison,
+            path,
+        })
+    }
+
+    /// The store's file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn now(&self) -> Millis {
+        to_millis(self.clock.now())
+    }
+
+    /// Reserves `key` for the request with `fingerprint`, or tells why not.
+    ///
+    /// - absent, or completed and past retention: [`Reservation::Acquired`] with a new token;
+    /// - stored with a different fingerprint (in any state): [`Reservation::Mismatch`];
+    /// - completed within retention: [`Reservation::Completed`] with the stored result;
+    /// - pending with a live lease: [`Reservation::InProgress`] with the time left;
+    /// - pending with a lease that ran out (stale): taken over, [`Reservation::Acquired`]
+    ///   with a new token and the attempt count increased;
+    /// - marked for review: [`Reservation::NeedsReview`].
+    ///
+    /// Existing keys are answered from a read transaction without waiting for writers; only
+    /// an acquisition goes through the commit path.
+    ///
+    /// # Durability
+    /// `Acquired` is returned only after the reservation is durable under the store's
+    /// [`Durability`](crate::Durability).
+    ///
+    /// # Errors
+    /// [`Error::Corruption`] when the key's stored record is damaged; [`Error::Poisoned`] after
+    /// a failed write; [`Error::Storage`] for I/O failures.
+    pub fn reserve(&self, key: &Key, fingerprint: Fingerprint) -> Result<Reservation, Error> {
+        self.poison.check()?;
+        if let Some(record) = self.read(key)? {
+            // The token is a placeholder: a decision that would use it is discarded and taken
+            // again by the writer against the latest state.
+            let decision = decide(
+                Some(record),
+                Op::Reserve { fingerprint },
+                self.now(),
+                self.policy,
+                0,
+            );
+            if decision.change == Change::Keep {
+                return Ok(self.reservation(key, decision.outcome));
+            }
+        }
+        let outcome = self
+            .committer
+            .submit(key.clone(), Op::Reserve { fingerprint })?;
+        Ok(self.reservation(key, outcome))
+    }
+
+    fn reservation(&self, key: &Key, outcome: Outcome) -> Reservation {
+        match outcome {
+            Outcome::Acquired {
+                token,
+                attempt,
+                lease_until,
+            } => Reservation::Acquired(Lease {
+                key: key.clone(),
+                token,
+                attempt,
+                lease_until: from_millis(lease_until),
+            }),
+            Outcome::Completed {
+                result,
+                completed_at,
+                expires_at,
+                attempt,
+            } => Reservation::Completed(Completed {
+                result,
+                completed_at: from_millis(completed_at),
+                expires_at: from_millis(expires_at),
+                attempt,
+            }),
+            Outcome::InProgress {
+                retry_after,
+                attempt,
+            } => Reservation::InProgress {
+                retry_after,
+                attempt,
+            },
+            Outcome::Mismatch => Reservation::Mismatch,
+            Outcome::NeedsReview { note } => Reservation::NeedsReview { note },
+            other => unreachable!("reserve never decides {other:?}"),
+        }
+    }
+
+    /// Stores `result` for the lease's key: duplicates get it until the retention ends.
+    ///
+    /// Completing again with the same lease is accepted and keeps the first result, so a
+    /// caller that saw an error after its completion may have landed can safely retry.
+    ///
+    /// # Errors
+    /// [`Error::ResultTooLarge`] over [`Builder::max_result_len`];
+    /// [`Error::LeaseLost`] when the reservation was taken over, released or swept (nothing
+    /// is changed); storage errors as for [`reserve`](Store::reserve).
+    pub fn complete(&self, lease: &Lease, result: impl Into<Vec<u8>>) -> Result<(), Error> {
+        let result = result.into();
+        self.check_result(lease, &result)?;
+        let op = Op::Complete {
+            token: lease.token,
+            result,
+        };
+        self.expect_done(lease, self.committer.submit(lease.key.clone(), op)?)
+    }
+
+    fn check_result(&self, lease: &Lease, result: &[u8]) -> Result<(), Error> {
+        if result.len() > self.max_result_len {
+            return Err(Error::ResultTooLarge {
+                key: lease.key.clone(),
+                len: result.len(),
+                limit: self.max_result_len,
+            });
+        }
+        Ok(())
+    }
+
+    fn expect_done(&self, lease: &Lease, outcome: Outcome) -> Result<(), Error> {
+        match outcome {
+            Outcome::Done | Outcome::AlreadyCompleted => Ok(()),
+            Outcome::LeaseLost(reason) => Err(self.lease_lost(lease, reason)),
+            other => unreachable!("a lease operation never decides {other:?}"),
+        }
+    }
+
+    fn lease_lost(&self, lease: &Lease, reason: LeaseLostReason) -> Error {
+        Error::LeaseLost {
+            key: lease.key.clone(),
+            token: lease.token,
+            reason,
+        }
+    }
+
+    /// Completes the lease's key and runs `f` in the same redb write transaction, so the
+    /// caller's own writes (to its own tables in the store's file) and the completion commit
+    /// together: "work done but key still pending" cannot survive a crash.
+    ///
+    /// `f` runs only if the lease still owns the key. If `f` returns an error, nothing is
+    /// written and the key stays pending. Tables named `idemstore.*` belong to the store.
+    ///
+    /// ```
+    /// use idemstore::{redb::TableDefinition, Fingerprint, Key, Reservation, Store};
+    ///
+    /// const ORDERS: TableDefinition<&str, u64> = TableDefinition::new("orders");
+    /// # let dir = tempfile::tempdir()?;
+    /// let store = Store::open(dir.path().join("shop.idem"))?;
+    /// let key = Key::new("user-7", "checkout", "k1")?;
+    /// if let Reservation::Acquired(lease) = store.reserve(&key, Fingerprint::of(b"cart"))? {
+    ///     store.complete_with(&lease, b"order 1".to_vec(), |txn| {
+    ///         txn.open_table(ORDERS)?.insert("order 1", 1999)?;
+    ///         Ok::<_, idemstore::redb::Error>(())
+    ///     })?;
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Durability
+    /// The completion and the caller's writes are durable together when this returns.
+    ///
+    /// # Errors
+    /// [`Error::Callback`] with `f`'s error (rolled back); [`Error::LeaseLost`] when the lease
+    /// no longer owns the key, or already completed it (`f` does not run); otherwise as for
+    /// [`complete`](Store::complete).
+    pub fn complete_with<T, E>(
+        &self,
+        lease: &Lease,
+        result: impl Into<Vec<u8>>,
+        f: impl FnOnce(&WriteTransaction) -> Result<T, E>,
+    ) -> Result<T, Error>
+    where
+        E: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let result = result.into();
+        self.check_result(lease, &result)?;
+        let op = Op::Complete {
+            token: lease.token,
+            result,
+        };
+        self.committer.with_writer(|writer| {
+            writer.transact(|writer, txn, now| {
+                let mut tables = Tables::open(txn)?;
+                let outcome = match writer.apply(&mut tables, &lease.key, op, now)? {
+                    Ok(outcome) => outcome,
+                    Err(corrupt) => return Ok(Err(corrupt)),
+                };
+                drop(tables);
+                let reason = match outcome {
+                    Outcome::Done => {
+                        return Ok(f(txn).map_err(|e| Error::Callback { source: e.into() }))
+                    }
+                    // The caller's writes were committed with the first completion.
+                    Outcome::AlreadyCompleted => LeaseLostReason::Completed {
+                        by_token: lease.token,
+                    },
+                    Outcome::LeaseLost(reason) => reason,
+                    other => unreachable!("complete never decides {other:?}"),
+                };
+                Ok(Err(self.lease_lost(lease, reason)))
+            })
+        })
+    }
+
+    /// Deletes the lease's reservation if it is still pending under this lease, so the next
+    /// request acquires the key afresh (the failure is not cached). Returns whether it did.
+    ///
+    /// Never deletes a completed key: `Ok(false)` when the key is completed (the completion
+    /// may have landed even though the caller saw an error) or no longer stored.
+    ///
+    /// # Errors
+    /// [`Error::LeaseLost`] when another lease took the key over or it is marked for review.
+    pub fn release_if_pending(&self, lease: &Lease) -> Result<bool, Error> {
+        let op = Op::Release { token: lease.token };
+        match self.committer.submit(lease.key.clone(), op)? {
+            Outcome::Released(released) => Ok(released),
+            Outcome::LeaseLost(reason) => Err(self.lease_lost(lease, reason)),
+            other => unreachable!("release never decides {other:?}"),
+        }
+    }
+
+    /// Heartbeat for long work: renews the lease for another [`Builder::lease`] from now and
+    /// returns the renewed lease.
+    ///
+    /// # Errors
+    /// [`Error::LeaseLost`] when the reservation was taken over, completed or released.
+    pub fn extend(&self, lease: &Lease) -> Result<Lease, Error> {
+        let op = Op::Extend { token: lease.token };
+        match self.committer.submit(lease.key.clone(), op)? {
+            Outcome::Extended { lease_until } => Ok(Lease {
+                lease_until: from_millis(lease_until),
+                ..lease.clone()
+            }),
+            Outcome::LeaseLost(reason) => Err(self.lease_lost(lease, reason)),
+            other => unreachable!("extend never decides {other:?}"),
+        }
+    }
+
+    /// Parks the lease's key for a person: the outcome of the work is unknown (a payment
+    /// gateway timed out, say) and must not be retried blindly. Duplicates get
+    /// [`Reservation::NeedsReview`] until [`resolve`](Store::resolve) is called. The key does
+    /// not expire while under review.
+    ///
+    /// # Errors
+    /// [`Error::NoteTooLarge`] over [`MAX_NOTE_LEN`](crate::MAX_NOTE_LEN) bytes;
+    /// [`Error::LeaseLost`] when the lease no longer owns the key.
+    pub fn mark_needs_review(&self, lease: &Lease, note: &str) -> Result<(), Error> {
+        if note.len() > MAX_NOTE_LEN {
+            return Err(Error::NoteTooLarge {
+                key: lease.key.clone(),
+                len: note.len(),
+            });
+        }
+        let op = Op::MarkNeedsReview {
+            token: lease.token,
+            note: note.to_string(),
+        };
+        self.expect_done(lease, self.committer.submit(lease.key.clone(), op)?)
+    }
+
+    /// Operator action on a key marked for review or a stale reservation: store a result
+    /// ([`Resolution::Complete`]) or delete the key ([`Resolution::Release`]).
+    ///
+    /// # Errors
+    /// [`Error::NotResolvable`] when the key is absent, completed or held by a live lease.
+    pub fn resolve(&self, key: &Key, resolution: Resolution) -> Result<(), Error> {
+        if let Resolution::Complete(result) = &resolution {
+            if result.len() > self.max_result_len {
+                return Err(Error::ResultTooLarge {
+                    key: key.clone(),
+                    len: result.len(),
+                    limit: self.max_result_len,
+                });
+            }
+        }
+        match self
+            .committer
+            .submit(key.clone(), Op::Resolve(resolution))?
+        {
+            Outcome::Done => Ok(()),
+            Outcome::NotResolvable(reason) => Err(Error::NotResolvable {
+                key: key.clone(),
+                reason,
+            }),
+            other => unreachable!("resolve never decides {other:?}"),
+        }
+    }
+
+    /// The record stored for `key`, or `None` when it is absent or expired.
+    ///
+    /// # Errors
+    /// [`Error::Corruption`] naming the key when its record is damaged.
+    pub fn get(&self, key: &Key) -> Result<Option<Record>, Error> {
+        self.poison.check()?;
+        let now = self.now();
+        Ok(self.read(key)?.filter(|record| !record.is_expired(now)))
+    }
+
+    fn read(&self, key: &Key) -> Result<Option<Record>, Error> {
+        let ctx = "reading a record";
+        let txn = self.db.begin_read().map_err(|e| Error::storage(ctx, e))?;
+        let table = txn
+            .open_table(RECORDS)
+            .map_err(|e| Error::storage(ctx, e))?;
+        let value = table
+            .get(key.encoded())
+            .map_err(|e| Error::storage(ctx, e))?;
+        value
+            .map(|bytes| decode_record(key.encoded(), bytes.value()))
+            .transpose()
+    }
+
+    /// Deletes up to `limit` expired records and returns how many were deleted. Expired
+    /// records already read as absent; sweeping reclaims their space. Run it periodically
+    /// with a bound that keeps each call short, since it holds the writer while it runs.
+    ///
+    /// # Errors
+    /// Storage errors; a failed sweep poisons the store like any failed write.
+    pub fn sweep(&self, limit: usize) -> Result<usize, Error> {
+        self.committer.with_writer(|writer| {
+            writer.transact(|_, txn, now| {
+                let mut tables = Tables::open(txn)?;
+                sweep::sweep_expired(&mut tables, now, limit).map(Ok)
+            })
+        })
+    }
+
+    /// Up to `limit` reservations whose lease ran out without completion, oldest first: work
+    /// that may have had side effects and died. Recover each by asking the external system
+    /// about the key, then take it over with [`reserve`](Store::reserve) or settle it with
+    /// [`resolve`](Store::resolve).
+    ///
+    /// # Errors
+    /// [`Error::Corruption`] naming the key of a damaged record; storage errors.
+    pub fn stale(&self, limit: usize) -> Result<Vec<(Key, Record)>, Error> {
+        self.poison.check()?;
+        let ctx = "listing stale reservations";
+        let txn = self.db.begin_read().map_err(|e| Error::storage(ctx, e))?;
+        let records = txn
+            .open_table(RECORDS)
+            .map_err(|e| Error::storage(ctx, e))?;
+        let leases = txn.open_table(LEASES).map_err(|e| Error::storage(ctx, e))?;
+        sweep::stale(&records, &leases, self.now(), limit)
+    }
+}

@@ -1,0 +1,181 @@
+//! The redb tables of a store and the record/index bookkeeping shared by every write path.
+//!
+//! - `idemstore.records`: encoded key → encoded [`Record`].
+//! - `idemstore.expiry`: (expires_at, key) → (), for every record that can expire, so a sweep
+//!   reads only what has expired.
+//! - `idemstore.leases`: (lease_until, key) → (), for every pending record, so stale
+//!   reservations are found without a scan.
+//! - `idemstore.meta`: "format" → format version, "next_token" → the next fencing token.
+//!
+//! Tables whose names start with `idemstore.` belong to the store; a caller's own tables (see
+//! [`Store::complete_with`](crate::Store::complete_with)) must use other names.
+
+use redb::{ReadableTable, Table, TableDefinition, WriteTransaction};
+
+use crate::decide::Change;
+use crate::error::Error;
+use crate::record::{Millis, Record};
+
+pub(crate) const RECORDS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idemstore.records");
+pub(crate) const EXPIRY: TableDefinition<(u64, &[u8]), ()> =
+    TableDefinition::new("idemstore.expiry");
+pub(crate) const LEASES: TableDefinition<(u64, &[u8]), ()> =
+    TableDefinition::new("idemstore.leases");
+pub(crate) const META: TableDefinition<&str, u64> = TableDefinition::new("idemstore.meta");
+
+pub(crate) const META_FORMAT: &str = "format";
+pub(crate) const META_NEXT_TOKEN: &str = "next_token";
+
+/// The store format version written by this build.
+pub(crate) const FORMAT_VERSION: u64 = 1;
+
+/// Decodes a stored record, naming the key on damage.
+pub(crate) fn decode_record(key: &[u8], bytes: &[u8]) -> Result<Record, Error> {
+    Record::decode(bytes).map_err(|reason| Error::corrupt_record(key, reason))
+}
+
+/// The store's tables opened in one write transaction.
+pub(crate) struct Tables<'txn> {
+    pub(crate) records: Table<'txn, &'static [u8], &'static [u8]>,
+    pub(crate) expiry: Table<'txn, (u64, &'static [u8]), ()>,
+    pub(crate) leases: Table<'txn, (u64, &'static [u8]), ()>,
+    meta: Table<'txn, &'static str, u64>,
+}
+
+impl<'txn> Tables<'txn> {
+    pub(crate) fn open(txn: &'txn WriteTransaction) -> Result<Tables<'txn>, Error> {
+        let open = "opening the store's tables";
+        Ok(Tables {
+            records: txn
+                .open_table(RECORDS)
+                .map_err(|e| Error::storage(open, e))?,
+            expiry: txn
+                .open_table(EXPIRY)
+                .map_err(|e| Error::storage(open, e))?,
+            leases: txn
+                .open_table(LEASES)
+                .map_err(|e| Error::storage(open, e))?,
+            meta: txn.open_table(META).map_err(|e| Error::storage(open, e))?,
+        })
+    }
+
+    /// Writes the format marker and the first token into a new store.
+    pub(crate) fn initialize(&mut self) -> Result<(), Error> {
+        let ctx = "initializing a new store";
+        self.meta
+            .insert(META_FORMAT, FORMAT_VERSION)
+            .map_err(|e| Error::storage(ctx, e))?;
+        self.meta
+            .insert(META_NEXT_TOKEN, 1)
+            .map_err(|e| Error::storage(ctx, e))?;
+        Ok(())
+    }
+
+    pub(crate) fn next_token(&self) -> Result<u64, Error> {
+        let value = self
+            .meta
+            .get(META_NEXT_TOKEN)
+            .map_err(|e| Error::storage("reading the next fencing token", e))?;
+        value.map(|v| v.value()).ok_or_else(|| Error::Corruption {
+            location: "table idemstore.meta".into(),
+            reason: "the next fencing token is missing".into(),
+        })
+    }
+
+    pub(crate) fn set_next_token(&mut self, token: u64) -> Result<(), Error> {
+        self.meta
+            .insert(META_NEXT_TOKEN, token)
+            .map_err(|e| Error::storage("saving the next fencing token", e))?;
+        Ok(())
+    }
+
+    /// The record stored under `key`, expired or not.
+    ///
+    /// `Ok(Err(_))` is a corrupt record: an error for that key alone, not for the whole batch.
+    pub(crate) fn load(&self, key: &[u8]) -> Result<Result<Option<Record>, Error>, Error> {
+        let value = self
+            .records
+            .get(key)
+            .map_err(|e| Error::storage("reading a record", e))?;
+        Ok(value
+            .map(|bytes| decode_record(key, bytes.value()))
+            .transpose())
+    }
+
+    /// Applies `change` to `key`, whose stored record had the index entries `old`, keeping both
+    /// indexes exact.
+    pub(crate) fn apply(
+        &mut self,
+        key: &[u8],
+        old: Option<IndexEntries>,
+        change: &Change,
+    ) -> Result<(), Error> {
+        let new = match change {
+            Change::Keep => return Ok(()),
+            Change::Put(record) => Some(record),
+            Change::Delete => None,
+        };
+        let ctx = "writing a record";
+        if let Some(old) = old {
+            self.unindex(key, old)?;
+        }
+        let new = new.map(|record| (record, IndexEntries::of(record)));
+        match new {
+            Some((record, index)) => {
+                self.records
+                    .insert(key, record.encode().as_slice())
+                    .map_err(|e| Error::storage(ctx, e))?;
+                if let Some(deadline) = index.expiry {
+                    self.expiry
+                        .insert((deadline, key), ())
+                        .map_err(|e| Error::storage(ctx, e))?;
+                }
+                if let Some(lease_until) = index.lease {
+                    self.leases
+                        .insert((lease_until, key), ())
+                        .map_err(|e| Error::storage(ctx, e))?;
+                }
+            }
+            None => {
+                self.records
+                    .remove(key)
+                    .map_err(|e| Error::storage(ctx, e))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes a record's index entries.
+    pub(crate) fn unindex(&mut self, key: &[u8], index: IndexEntries) -> Result<(), Error> {
+        let ctx = "updating the indexes";
+        if let Some(deadline) = index.expiry {
+            self.expiry
+                .remove((deadline, key))
+                .map_err(|e| Error::storage(ctx, e))?;
+        }
+        if let Some(lease_until) = index.lease {
+            self.leases
+                .remove((lease_until, key))
+                .map_err(|e| Error::storage(ctx, e))?;
+        }
+        Ok(())
+    }
+}
+
+/// Where a record stands in the two indexes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct IndexEntries {
+    /// Position in the expiry index; `None` for a record that never expires.
+    pub(crate) expiry: Option<Millis>,
+    /// Position in the lease index; `Some` for a pending record.
+    pub(crate) lease: Option<Millis>,
+}
+
+impl IndexEntries {
+    pub(crate) fn of(record: &Record) -> IndexEntries {
+        IndexEntries {
+            expiry: (record.expires_at != Millis::MAX).then_some(record.expires_at),
+            lease: record.lease_until(),
+        }
+    }
+}

@@ -47,13 +47,13 @@ use crate::tables::{decode_record, Tables, LEASES, RECORDS};
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct Store {
-    db: Arc<Database>,
-    committer: Committer,
-    clock: Arc<dyn Clock>,
-    policy: Policy,
-    max_result_len: usize,
-    poison: Arc<Poison>,
-    path: PathBuf,
+    pub(crate) db: Arc<Database>,
+    pub(crate) committer: Committer,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) policy: Policy,
+    pub(crate) max_result_len: usize,
+    pub(crate) poison: Arc<Poison>,
+    pub(crate) path: PathBuf,
 }
 
 impl fmt::Debug for Store {
@@ -129,7 +129,7 @@ impl Store {
         &self.path
     }
 
-    fn now(&self) -> Millis {
+    pub(crate) fn now(&self) -> Millis {
         to_millis(self.clock.now())
     }
 

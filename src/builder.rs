@@ -19,17 +19,35 @@ pub const DEFAULT_MAX_RESULT_LEN: usize = 1 << 20;
 pub const MAX_RESULT_LEN_LIMIT: usize = 256 << 20;
 /// Default for [`Builder::cache_size`]: 64 MiB.
 pub const DEFAULT_CACHE_SIZE: usize = 64 << 20;
+/// Default for [`Builder::cache_records`]: 65 536 records.
+pub const DEFAULT_CACHE_RECORDS: usize = 1 << 16;
+/// Default for [`Builder::checkpoint_bytes`]: 32 MiB of log.
+pub const DEFAULT_CHECKPOINT_BYTES: u64 = 32 << 20;
+/// Default for [`Builder::checkpoint_interval`]: 30 seconds.
+pub const DEFAULT_CHECKPOINT_INTERVAL: Duration = Duration::from_secs(30);
 
 /// When an operation counts as done.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum Durability {
-    /// Every acknowledged reservation, completion and release is on disk (fsync'd) before the
-    /// call returns; concurrent callers share one fsync.
+    /// Every acknowledged reservation, completion and release is in the write-ahead log and
+    /// synced (fdatasync) before the call returns; concurrent callers share one sync.
     ///
     /// Survives a process crash: yes. Survives a power loss: yes.
     #[default]
     Immediate,
+    /// Operations are written to the log (handed to the operating system) before the call
+    /// returns, and the log is synced at most `flush_interval` later.
+    ///
+    /// Survives a process crash: yes (the operating system holds the writes). Survives a power
+    /// loss: everything but the operations acknowledged in the last `flush_interval`. For pure
+    /// deduplication that accepts a stated loss window; never for keys that guard money.
+    /// Recovery after a power loss stops at the first damaged frame (the lost window) instead
+    /// of refusing to open.
+    Buffered {
+        /// The longest time an acknowledged operation stays unsynced.
+        flush_interval: Duration,
+    },
 }
 
 /// Configures and opens a [`Store`].
@@ -55,6 +73,9 @@ pub struct Builder {
     pub(crate) durability: Durability,
     pub(crate) max_result_len: usize,
     pub(crate) cache_size: usize,
+    pub(crate) cache_records: usize,
+    pub(crate) checkpoint_bytes: u64,
+    pub(crate) checkpoint_interval: Duration,
     pub(crate) clock: Arc<dyn Clock>,
 }
 
@@ -66,6 +87,9 @@ impl Default for Builder {
             durability: Durability::default(),
             max_result_len: DEFAULT_MAX_RESULT_LEN,
             cache_size: DEFAULT_CACHE_SIZE,
+            cache_records: DEFAULT_CACHE_RECORDS,
+            checkpoint_bytes: DEFAULT_CHECKPOINT_BYTES,
+            checkpoint_interval: DEFAULT_CHECKPOINT_INTERVAL,
             clock: Arc::new(SystemClock),
         }
     }
@@ -79,6 +103,9 @@ impl fmt::Debug for Builder {
             .field("durability", &self.durability)
             .field("max_result_len", &self.max_result_len)
             .field("cache_size", &self.cache_size)
+            .field("cache_records", &self.cache_records)
+            .field("checkpoint_bytes", &self.checkpoint_bytes)
+            .field("checkpoint_interval", &self.checkpoint_interval)
             .finish_non_exhaustive()
     }
 }
@@ -124,6 +151,30 @@ impl Builder {
         self
     }
 
+    /// How many recently written records to keep in memory so duplicates are answered without
+    /// a read transaction. The cache is exact (filled only with committed records); 0 turns it
+    /// off. Default = [`DEFAULT_CACHE_RECORDS`].
+    pub fn cache_records(&mut self, records: usize) -> &mut Self {
+        self.cache_records = records;
+        self
+    }
+
+    /// Checkpoint (a durable redb commit, after which the log is reused from its start) once
+    /// this many bytes of log were written since the last one. Larger values mean fewer
+    /// stalls but a longer replay after a crash. At least 64 KiB.
+    /// Default = [`DEFAULT_CHECKPOINT_BYTES`] (32 MiB).
+    pub fn checkpoint_bytes(&mut self, bytes: u64) -> &mut Self {
+        self.checkpoint_bytes = bytes;
+        self
+    }
+
+    /// Checkpoint when the oldest un-checkpointed log frame is this old, even if the log is
+    /// small. Default = [`DEFAULT_CHECKPOINT_INTERVAL`] (30 s).
+    pub fn checkpoint_interval(&mut self, interval: Duration) -> &mut Self {
+        self.checkpoint_interval = interval;
+        self
+    }
+
     /// The time source. Default = [`SystemClock`]; use [`ManualClock`](crate::ManualClock) in tests.
     pub fn clock(&mut self, clock: impl Clock) -> &mut Self {
         self.clock = Arc::new(clock);
@@ -164,6 +215,18 @@ impl Builder {
             "retention",
             "must be at least 1 ms",
         )?;
+        check(
+            self.checkpoint_bytes >= 64 * 1024,
+            "checkpoint_bytes",
+            "must be at least 64 KiB",
+        )?;
+        if let Durability::Buffered { flush_interval } = self.durability {
+            check(
+                !flush_interval.is_zero(),
+                "durability",
+                "a buffered flush_interval must be above zero",
+            )?;
+        }
         check(
             self.max_result_len <= MAX_RESULT_LEN_LIMIT,
             "max_result_len",

@@ -16,6 +16,7 @@ use redb::{Database, DatabaseError, ReadableDatabase, TableError};
 
 use crate::error::Error;
 use crate::tables::{Tables, FORMAT_VERSION, META, META_FORMAT};
+use crate::wal::OsFile;
 
 /// The first bytes of every redb file.
 const REDB_SIGNATURE: [u8; 9] = [b'r', b'e', b'd', b'b', 0x1A, 0x0A, 0xA9, 0x0D, 0x0A];
@@ -153,6 +154,26 @@ fn link_into_place(temp: &Path, path: &Path) -> Result<(), Error> {
             e,
         )),
     }
+}
+
+/// Opens the log file, creating it (and making its directory entry durable) if needed.
+pub(crate) fn open_log(path: &Path) -> Result<OsFile, Error> {
+    let existed = path.exists();
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .map_err(|e| Error::io(format!("opening log {}", path.display()), e))?;
+    if !existed {
+        let dir = match path.parent() {
+            Some(dir) if !dir.as_os_str().is_empty() => dir,
+            _ => Path::new("."),
+        };
+        sync_dir(dir)?;
+    }
+    Ok(OsFile(file))
 }
 
 fn sync_dir(dir: &Path) -> Result<(), Error> {

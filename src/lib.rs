@@ -54,6 +54,8 @@
 #![warn(clippy::host_endian_bytes)]
 
 mod builder;
+mod cache;
+mod checkpoint;
 mod clock;
 mod commit;
 mod decide;
@@ -66,10 +68,12 @@ mod reservation;
 mod store;
 mod sweep;
 mod tables;
+mod wal;
 
 pub use builder::{
-    Builder, Durability, DEFAULT_CACHE_SIZE, DEFAULT_LEASE, DEFAULT_MAX_RESULT_LEN,
-    DEFAULT_RETENTION, MAX_RESULT_LEN_LIMIT,
+    Builder, Durability, DEFAULT_CACHE_RECORDS, DEFAULT_CACHE_SIZE, DEFAULT_CHECKPOINT_BYTES,
+    DEFAULT_CHECKPOINT_INTERVAL, DEFAULT_LEASE, DEFAULT_MAX_RESULT_LEN, DEFAULT_RETENTION,
+    MAX_RESULT_LEN_LIMIT,
 };
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decide::Resolution;

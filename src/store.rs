@@ -8,8 +8,10 @@ use std::sync::Arc;
 use redb::{Database, ReadableDatabase, WriteTransaction};
 
 use crate::builder::Builder;
-use crate::clock::{from_millis, to_millis, Clock};
-use crate::commit::{Committer, Poison, Writer};
+use crate::cache::RecordCache;
+use crate::checkpoint;
+use crate::clock::{duration_millis, from_millis, to_millis, Clock};
+use crate::commit::{first, CommitKind, Committer, Poison, Schedule, Writer};
 use crate::decide::{decide, Change, Op, Outcome, Policy, Resolution};
 use crate::error::{Error, LeaseLostReason};
 use crate::fingerprint::Fingerprint;
@@ -18,6 +20,7 @@ use crate::record::{Millis, Record, MAX_NOTE_LEN};
 use crate::reservation::{Completed, Lease, Reservation};
 use crate::sweep;
 use crate::tables::{decode_record, Tables, LEASES, RECORDS};
+use crate::wal::{log_path, LogFile};
 
 /// An open idempotency store: one file, owned by one process.
 ///
@@ -48,6 +51,7 @@ use crate::tables::{decode_record, Tables, LEASES, RECORDS};
 /// ```
 pub struct Store {
     pub(crate) db: Arc<Database>,
+    pub(crate) cache: Arc<RecordCache>,
     pub(crate) committer: Committer,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) policy: Policy,
@@ -83,39 +87,44 @@ impl Store {
         let mut redb_builder = redb::Builder::new();
         redb_builder.set_cache_size(builder.cache_size);
         let db = crate::file::open_or_create(path, &redb_builder)?;
-        Store::from_database(db, builder, path.to_path_buf())
+        let log_path = log_path(path);
+        let log = crate::file::open_log(&log_path)?;
+        Store::from_parts(db, Box::new(log), log_path, builder, path.to_path_buf())
     }
 
-    pub(crate) fn from_database(
+    pub(crate) fn from_parts(
         db: Database,
+        log: Box<dyn LogFile>,
+        log_path: PathBuf,
         builder: &Builder,
         path: PathBuf,
     ) -> Result<Store, Error> {
+        let (wal, next_token) = checkpoint::recover(&db, log, log_path)?;
         let db = Arc::new(db);
-        let next_token = {
-            let txn = db
-                .begin_write()
-                .map_err(|e| Error::storage("reading the next fencing token", e))?;
-            let token = Tables::open(&txn)?.next_token()?;
-            txn.abort()
-                .map_err(|e| Error::storage("reading the next fencing token", e))?;
-            token
-        };
         let policy = Policy {
-            lease: crate::clock::duration_millis(builder.lease),
-            retention: crate::clock::duration_millis(builder.retention),
+            lease: duration_millis(builder.lease),
+            retention: duration_millis(builder.retention),
         };
         let poison = Arc::new(Poison::default());
+        let cache = Arc::new(RecordCache::new(builder.cache_records));
         let writer = Writer::new(
             Arc::clone(&db),
+            wal,
             Arc::clone(&builder.clock),
             policy,
             next_token,
             Arc::clone(&poison),
+            Arc::clone(&cache),
+            Schedule {
+                durability: builder.durability,
+                checkpoint_bytes: builder.checkpoint_bytes,
+                checkpoint_interval: builder.checkpoint_interval,
+            },
         );
         Ok(Store {
             db,
-            committer: Committer::new(writer),
+            cache,
+            committer: Committer::start(writer)?,
             clock: Arc::clone(&builder.clock),
             policy,
             max_result_len: builder.max_result_len,
@@ -154,25 +163,122 @@ impl Store {
     /// [`Error::Corruption`] when the key's stored record is damaged; [`Error::Poisoned`] after
     /// a failed write; [`Error::Storage`] for I/O failures.
     pub fn reserve(&self, key: &Key, fingerprint: Fingerprint) -> Result<Reservation, Error> {
-        self.poison.check()?;
-        if let Some(record) = self.read(key)? {
-            // The token is a placeholder: a decision that would use it is discarded and taken
-            // again by the writer against the latest state.
-            let decision = decide(
-                Some(record),
-                Op::Reserve { fingerprint },
-                self.now(),
-                self.policy,
-                0,
-            );
-            if decision.change == Change::Keep {
-                return Ok(self.reservation(key, decision.outcome));
-            }
+        if let Some(answer) = self.answer_without_writing(key, fingerprint)? {
+            return Ok(answer);
         }
         let outcome = self
             .committer
-            .submit(key.clone(), Op::Reserve { fingerprint })?;
+            .submit_one(key.clone(), Op::Reserve { fingerprint })?;
         Ok(self.reservation(key, outcome))
+    }
+
+    /// The duplicate path: answers a reserve from the cache or a read transaction when the
+    /// answer needs no write; `None` when the writer must decide.
+    fn answer_without_writing(
+        &self,
+        key: &Key,
+        fingerprint: Fingerprint,
+    ) -> Result<Option<Reservation>, Error> {
+        self.poison.check()?;
+        let Some(record) = self.read(key)? else {
+            return Ok(None);
+        };
+        // The token is a placeholder: a decision that would use it is discarded and taken
+        // again by the writer against the latest state.
+        let decision = decide(
+            Some(record),
+            Op::Reserve { fingerprint },
+            self.now(),
+            self.policy,
+            0,
+        );
+        Ok((decision.change == Change::Keep).then(|| self.reservation(key, decision.outcome)))
+    }
+
+    /// Reserves many keys with one shared commit (one log sync for the whole batch). Returns
+    /// one result per item, in order; an item's error (a corrupt record) does not fail the
+    /// others.
+    ///
+    /// ```
+    /// use idemstore::{Fingerprint, Key, Reservation, Store};
+    ///
+    /// # let dir = tempfile::tempdir()?;
+    /// let store = Store::open(dir.path().join("batch.idem"))?;
+    /// let items: Vec<(Key, Fingerprint)> = (0..100)
+    ///     .map(|i| Ok((Key::new("queue", "orders", format!("msg-{i}"))?, Fingerprint::of(b"m"))))
+    ///     .collect::<Result<_, idemstore::Error>>()?;
+    /// let results = store.reserve_many(&items)?;
+    /// assert!(results.iter().all(|r| matches!(r, Ok(Reservation::Acquired(_)))));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Durability
+    /// As for [`reserve`](Store::reserve): every `Acquired` is durable when this returns.
+    ///
+    /// # Errors
+    /// The outer error is a failure of the whole batch (a poisoned store, a failed sync).
+    pub fn reserve_many(
+        &self,
+        items: &[(Key, Fingerprint)],
+    ) -> Result<Vec<Result<Reservation, Error>>, Error> {
+        let mut results: Vec<Option<Result<Reservation, Error>>> = Vec::with_capacity(items.len());
+        let mut ops = Vec::new();
+        for (key, fingerprint) in items {
+            match self.answer_without_writing(key, *fingerprint) {
+                Ok(Some(answer)) => results.push(Some(Ok(answer))),
+                Ok(None) => {
+                    results.push(None);
+                    ops.push((
+                        key.clone(),
+                        Op::Reserve {
+                            fingerprint: *fingerprint,
+                        },
+                    ));
+                }
+                Err(error @ Error::Corruption { .. }) => results.push(Some(Err(error))),
+                Err(error) => return Err(error),
+            }
+        }
+        let mut outcomes = if ops.is_empty() {
+            Vec::new()
+        } else {
+            self.committer.submit(ops)?
+        }
+        .into_iter();
+        Ok(results
+            .into_iter()
+            .zip(items)
+            .map(|(result, (key, _))| {
+                result.unwrap_or_else(|| {
+                    let outcome = outcomes.next().expect("one outcome per queued item");
+                    outcome.map(|outcome| self.reservation(key, outcome))
+                })
+            })
+            .collect())
+    }
+
+    /// [`reserve`](Store::reserve) for async code: the duplicate path answers at once, and an
+    /// acquisition waits for its commit without blocking a thread, on any executor.
+    ///
+    /// # Cancel safety
+    /// Dropping the future does not withdraw the reservation: it may still be acquired, and
+    /// then goes stale when its lease runs out.
+    ///
+    /// # Errors
+    /// As for [`reserve`](Store::reserve).
+    pub async fn reserve_async(
+        &self,
+        key: &Key,
+        fingerprint: Fingerprint,
+    ) -> Result<Reservation, Error> {
+        if let Some(answer) = self.answer_without_writing(key, fingerprint)? {
+            return Ok(answer);
+        }
+        let answer = self
+            .committer
+            .submit_async(vec![(key.clone(), Op::Reserve { fingerprint })])
+            .await;
+        Ok(self.reservation(key, first(answer)?))
     }
 
     fn reservation(&self, key: &Key, outcome: Outcome) -> Reservation {
@@ -227,7 +333,79 @@ impl Store {
             token: lease.token,
             result,
         };
-        self.expect_done(lease, self.committer.submit(lease.key.clone(), op)?)
+        self.expect_done(lease, self.committer.submit_one(lease.key.clone(), op)?)
+    }
+
+    /// [`complete`](Store::complete) for async code; no thread blocks while the commit is
+    /// synced.
+    ///
+    /// # Cancel safety
+    /// Dropping the future does not withdraw the completion: it may still be committed.
+    ///
+    /// # Errors
+    /// As for [`complete`](Store::complete).
+    pub async fn complete_async(
+        &self,
+        lease: &Lease,
+        result: impl Into<Vec<u8>>,
+    ) -> Result<(), Error> {
+        let result = result.into();
+        self.check_result(lease, &result)?;
+        let op = Op::Complete {
+            token: lease.token,
+            result,
+        };
+        let answer = self
+            .committer
+            .submit_async(vec![(lease.key.clone(), op)])
+            .await;
+        self.expect_done(lease, first(answer)?)
+    }
+
+    /// Completes many leases with one shared commit. Returns one result per item, in order.
+    ///
+    /// # Errors
+    /// The outer error is a failure of the whole batch; an item fails alone with
+    /// [`Error::ResultTooLarge`] or [`Error::LeaseLost`].
+    pub fn complete_many(
+        &self,
+        items: Vec<(&Lease, Vec<u8>)>,
+    ) -> Result<Vec<Result<(), Error>>, Error> {
+        let mut results: Vec<Option<Result<(), Error>>> = Vec::with_capacity(items.len());
+        let mut ops = Vec::new();
+        let mut leases = Vec::with_capacity(items.len());
+        for (lease, result) in items {
+            leases.push(lease);
+            match self.check_result(lease, &result) {
+                Ok(()) => {
+                    results.push(None);
+                    ops.push((
+                        lease.key.clone(),
+                        Op::Complete {
+                            token: lease.token,
+                            result,
+                        },
+                    ));
+                }
+                Err(error) => results.push(Some(Err(error))),
+            }
+        }
+        let mut outcomes = if ops.is_empty() {
+            Vec::new()
+        } else {
+            self.committer.submit(ops)?
+        }
+        .into_iter();
+        Ok(results
+            .into_iter()
+            .zip(leases)
+            .map(|(result, lease)| {
+                result.unwrap_or_else(|| {
+                    let outcome = outcomes.next().expect("one outcome per queued item");
+                    outcome.and_then(|outcome| self.expect_done(lease, outcome))
+                })
+            })
+            .collect())
     }
 
     fn check_result(&self, lease: &Lease, result: &[u8]) -> Result<(), Error> {
@@ -303,9 +481,9 @@ impl Store {
             result,
         };
         self.committer.with_writer(|writer| {
-            writer.transact(|writer, txn, now| {
+            writer.transact(CommitKind::Durable, |writer, txn, now, written| {
                 let mut tables = Tables::open(txn)?;
-                let outcome = match writer.apply(&mut tables, &lease.key, op, now)? {
+                let outcome = match writer.apply(&mut tables, &lease.key, op, now, written)? {
                     Ok(outcome) => outcome,
                     Err(corrupt) => return Ok(Err(corrupt)),
                 };
@@ -336,7 +514,7 @@ impl Store {
     /// [`Error::LeaseLost`] when another lease took the key over or it is marked for review.
     pub fn release_if_pending(&self, lease: &Lease) -> Result<bool, Error> {
         let op = Op::Release { token: lease.token };
-        match self.committer.submit(lease.key.clone(), op)? {
+        match self.committer.submit_one(lease.key.clone(), op)? {
             Outcome::Released(released) => Ok(released),
             Outcome::LeaseLost(reason) => Err(self.lease_lost(lease, reason)),
             other => unreachable!("release never decides {other:?}"),
@@ -350,7 +528,7 @@ impl Store {
     /// [`Error::LeaseLost`] when the reservation was taken over, completed or released.
     pub fn extend(&self, lease: &Lease) -> Result<Lease, Error> {
         let op = Op::Extend { token: lease.token };
-        match self.committer.submit(lease.key.clone(), op)? {
+        match self.committer.submit_one(lease.key.clone(), op)? {
             Outcome::Extended { lease_until } => Ok(Lease {
                 lease_until: from_millis(lease_until),
                 ..lease.clone()
@@ -379,7 +557,7 @@ impl Store {
             token: lease.token,
             note: note.to_string(),
         };
-        self.expect_done(lease, self.committer.submit(lease.key.clone(), op)?)
+        self.expect_done(lease, self.committer.submit_one(lease.key.clone(), op)?)
     }
 
     /// Operator action on a key marked for review or a stale reservation: store a result
@@ -399,7 +577,7 @@ impl Store {
         }
         match self
             .committer
-            .submit(key.clone(), Op::Resolve(resolution))?
+            .submit_one(key.clone(), Op::Resolve(resolution))?
         {
             Outcome::Done => Ok(()),
             Outcome::NotResolvable(reason) => Err(Error::NotResolvable {
@@ -420,7 +598,11 @@ impl Store {
         Ok(self.read(key)?.filter(|record| !record.is_expired(now)))
     }
 
+    /// The stored record, from the cache or a read transaction; expired or not.
     fn read(&self, key: &Key) -> Result<Option<Record>, Error> {
+        if let Some(record) = self.cache.get(key) {
+            return Ok(Some(record));
+        }
         let ctx = "reading a record";
         let txn = self.db.begin_read().map_err(|e| Error::storage(ctx, e))?;
         let table = txn
@@ -442,11 +624,26 @@ impl Store {
     /// Storage errors; a failed sweep poisons the store like any failed write.
     pub fn sweep(&self, limit: usize) -> Result<usize, Error> {
         self.committer.with_writer(|writer| {
-            writer.transact(|_, txn, now| {
+            writer.transact(CommitKind::Unlogged, |_, txn, now, written| {
                 let mut tables = Tables::open(txn)?;
-                sweep::sweep_expired(&mut tables, now, limit).map(Ok)
+                let deleted = sweep::sweep_expired(&mut tables, now, limit)?;
+                let count = deleted.len();
+                for key in deleted {
+                    Writer::deleted(written, key);
+                }
+                Ok(Ok(count))
             })
         })
+    }
+
+    /// Makes everything acknowledged so far durable in the B-tree file and rewinds the log.
+    /// The store does this by itself (see [`Builder::checkpoint_bytes`]); call it before a
+    /// backup or to bound the next open's replay.
+    ///
+    /// # Errors
+    /// Storage errors; a failed checkpoint poisons the store like any failed write.
+    pub fn checkpoint(&self) -> Result<(), Error> {
+        self.committer.with_writer(Writer::checkpoint)
     }
 
     /// Up to `limit` reservations whose lease ran out without completion, oldest first: work

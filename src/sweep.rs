@@ -11,7 +11,7 @@ use crate::key::Key;
 use crate::record::{Millis, Record, State};
 use crate::tables::{decode_record, IndexEntries, Tables};
 
-/// Deletes up to `limit` records that expired at or before `now`; returns how many.
+/// Deletes up to `limit` records that expired at or before `now`; returns their keys.
 ///
 /// A corrupt record found this way is left in place (and its index entry dropped, so sweeps do
 /// not stall on it); reading the key reports the corruption.
@@ -19,7 +19,7 @@ pub(crate) fn sweep_expired(
     tables: &mut Tables<'_>,
     now: Millis,
     limit: usize,
-) -> Result<usize, Error> {
+) -> Result<Vec<Key>, Error> {
     let ctx = "sweeping expired records";
     let due: Vec<(u64, Vec<u8>)> = tables
         .expiry
@@ -29,7 +29,7 @@ pub(crate) fn sweep_expired(
         .map(|entry| entry.map(|(k, _)| (k.value().0, k.value().1.to_vec())))
         .collect::<Result<_, _>>()
         .map_err(|e| Error::storage(ctx, e))?;
-    let mut deleted = 0;
+    let mut deleted = Vec::new();
     for (deadline, key) in due {
         tables
             .expiry
@@ -44,7 +44,7 @@ pub(crate) fn sweep_expired(
                     .records
                     .remove(key.as_slice())
                     .map_err(|e| Error::storage(ctx, e))?;
-                deleted += 1;
+                deleted.extend(Key::decode(&key));
             }
         }
     }

@@ -5,14 +5,14 @@
 //!   reads only what has expired.
 //! - `idemstore.leases`: (lease_until, key) → (), for every pending record, so stale
 //!   reservations are found without a scan.
-//! - `idemstore.meta`: "format" → format version, "next_token" → the next fencing token.
+//! - `idemstore.meta`: "format" → format version, "next_token" → the next fencing token,
+//!   "wal_seq" → the last log frame whose changes this file holds.
 //!
 //! Tables whose names start with `idemstore.` belong to the store; a caller's own tables (see
 //! [`Store::complete_with`](crate::Store::complete_with)) must use other names.
 
 use redb::{ReadableTable, Table, TableDefinition, WriteTransaction};
 
-use crate::decide::Change;
 use crate::error::Error;
 use crate::record::{Millis, Record};
 
@@ -25,6 +25,7 @@ pub(crate) const META: TableDefinition<&str, u64> = TableDefinition::new("idemst
 
 pub(crate) const META_FORMAT: &str = "format";
 pub(crate) const META_NEXT_TOKEN: &str = "next_token";
+pub(crate) const META_WAL_SEQ: &str = "wal_seq";
 
 /// The store format version written by this build.
 pub(crate) const FORMAT_VERSION: u64 = 1;
@@ -68,6 +69,25 @@ impl<'txn> Tables<'txn> {
         self.meta
             .insert(META_NEXT_TOKEN, 1)
             .map_err(|e| Error::storage(ctx, e))?;
+        self.meta
+            .insert(META_WAL_SEQ, 0)
+            .map_err(|e| Error::storage(ctx, e))?;
+        Ok(())
+    }
+
+    /// The last log frame whose changes this file holds.
+    pub(crate) fn wal_seq(&self) -> Result<u64, Error> {
+        let value = self
+            .meta
+            .get(META_WAL_SEQ)
+            .map_err(|e| Error::storage("reading the log position", e))?;
+        Ok(value.map_or(0, |v| v.value()))
+    }
+
+    pub(crate) fn set_wal_seq(&mut self, seq: u64) -> Result<(), Error> {
+        self.meta
+            .insert(META_WAL_SEQ, seq)
+            .map_err(|e| Error::storage("saving the log position", e))?;
         Ok(())
     }
 
@@ -102,28 +122,23 @@ impl<'txn> Tables<'txn> {
             .transpose())
     }
 
-    /// Applies `change` to `key`, whose stored record had the index entries `old`, keeping both
-    /// indexes exact.
-    pub(crate) fn apply(
+    /// Stores `new` (an encoded record and its index entries) under `key`, or deletes the key
+    /// when `new` is `None`, keeping both indexes exact. `old` is where the previous record
+    /// stood in the indexes.
+    pub(crate) fn write(
         &mut self,
         key: &[u8],
         old: Option<IndexEntries>,
-        change: &Change,
+        new: Option<(&[u8], IndexEntries)>,
     ) -> Result<(), Error> {
-        let new = match change {
-            Change::Keep => return Ok(()),
-            Change::Put(record) => Some(record),
-            Change::Delete => None,
-        };
         let ctx = "writing a record";
         if let Some(old) = old {
             self.unindex(key, old)?;
         }
-        let new = new.map(|record| (record, IndexEntries::of(record)));
         match new {
-            Some((record, index)) => {
+            Some((bytes, index)) => {
                 self.records
-                    .insert(key, record.encode().as_slice())
+                    .insert(key, bytes)
                     .map_err(|e| Error::storage(ctx, e))?;
                 if let Some(deadline) = index.expiry {
                     self.expiry

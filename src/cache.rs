@@ -1,0 +1,130 @@
+//! An exact, bounded cache of recently written records, for the duplicate path.
+//!
+//! Only the committer fills it, with the record it just committed, so an entry is never older
+//! than what redb holds: a read that finds an entry needs no transaction, and a read that
+//! misses falls back to redb. Eviction is first-in first-out per shard; evicting is always
+//! safe.
+
+use std::collections::hash_map::DefaultHasher;
+use std::collections::{HashMap, VecDeque};
+use std::hash::{Hash, Hasher};
+
+use parking_lot::RwLock;
+
+use crate::key::Key;
+use crate::record::Record;
+
+const SHARDS: usize = 16;
+
+#[derive(Debug, Default)]
+struct Shard {
+    map: HashMap<Key, Record>,
+    order: VecDeque<Key>,
+}
+
+/// See the module docs.
+#[derive(Debug)]
+pub(crate) struct RecordCache {
+    shards: Vec<RwLock<Shard>>,
+    per_shard: usize,
+}
+
+impl RecordCache {
+    /// A cache of about `capacity` records; 0 disables it.
+    pub(crate) fn new(capacity: usize) -> RecordCache {
+        RecordCache {
+            shards: (0..SHARDS).map(|_| RwLock::default()).collect(),
+            per_shard: capacity.div_ceil(SHARDS),
+        }
+    }
+
+    fn shard(&self, key: &Key) -> &RwLock<Shard> {
+        let mut hasher = DefaultHasher::new();
+        key.hash(&mut hasher);
+        &self.shards[hasher.finish() as usize % SHARDS]
+    }
+
+    pub(crate) fn get(&self, key: &Key) -> Option<Record> {
+        if self.per_shard == 0 {
+            return None;
+        }
+        self.shard(key).read().map.get(key).cloned()
+    }
+
+    /// Records the committed state of `key`: `None` for a deletion.
+    pub(crate) fn set(&self, key: &Key, record: Option<Record>) {
+        if self.per_shard == 0 {
+            return;
+        }
+        let mut shard = self.shard(key).write();
+        match record {
+            None => {
+                shard.map.remove(key);
+            }
+            Some(record) => {
+                if shard.map.insert(key.clone(), record).is_none() {
+                    shard.order.push_back(key.clone());
+                }
+                while shard.map.len() > self.per_shard {
+                    match shard.order.pop_front() {
+                        Some(old) => {
+                            shard.map.remove(&old);
+                        }
+                        None => break,
+                    }
+                }
+                if shard.order.len() > 2 * self.per_shard {
+                    // Drop queue entries of keys removed since they were queued.
+                    let Shard { map, order } = &mut *shard;
+                    order.retain(|k| map.contains_key(k));
+                }
+            }
+        }
+    }
+
+    /// Forgets everything (after a failed write, when memory may be ahead of disk).
+    pub(crate) fn clear(&self) {
+        for shard in &self.shards {
+            let mut shard = shard.write();
+            shard.map.clear();
+            shard.order.clear();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fingerprint::Fingerprint;
+    use crate::record::State;
+
+    fn record(token: u64) -> Record {
+        Record {
+            fingerprint: Fingerprint::of(b"x"),
+            token,
+            attempt: 1,
+            expires_at: 10,
+            state: State::Pending { lease_until: 5 },
+        }
+    }
+
+    #[test]
+    fn holds_at_most_its_capacity_and_forgets_deletions() {
+        let cache = RecordCache::new(32);
+        let keys: Vec<Key> = (0..1000)
+            .map(|i| Key::new("s", "op", format!("{i}")).unwrap())
+            .collect();
+        for (i, key) in keys.iter().enumerate() {
+            cache.set(key, Some(record(i as u64)));
+        }
+        let held = keys.iter().filter(|k| cache.get(k).is_some()).count();
+        assert!(held <= 32 && held > 0, "{held}");
+        let last = keys.last().unwrap();
+        assert_eq!(cache.get(last).map(|r| r.token), Some(999));
+        cache.set(last, None);
+        assert_eq!(cache.get(last), None);
+        let disabled = RecordCache::new(0);
+        disabled.set(last, Some(record(1)));
+        assert_eq!(disabled.get(last), None);
+    }
+}

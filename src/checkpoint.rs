@@ -1,0 +1,68 @@
+//! Checkpoints and recovery.
+//!
+//! A checkpoint is a durable redb commit: it makes every batch applied so far durable in the
+//! B-tree file (whose meta table records the last applied log frame), after which the log is
+//! rewound and overwritten from its start. The committer checkpoints when the log grows past
+//! [`Builder::checkpoint_bytes`](crate::Builder::checkpoint_bytes), when the oldest
+//! un-checkpointed frame is older than
+//! [`Builder::checkpoint_interval`](crate::Builder::checkpoint_interval), and on close.
+//!
+//! Opening a store replays the log frames newer than the file's checkpoint into redb, in one
+//! durable transaction, and then rewinds the log. Frames are after-images, so replaying a
+//! frame that was already applied changes nothing: recovery can itself crash and run again.
+
+use std::path::PathBuf;
+
+use redb::Database;
+
+use crate::error::Error;
+use crate::record::Record;
+use crate::tables::{IndexEntries, Tables};
+use crate::wal::{LogFile, Wal};
+
+/// Brings `db` up to date with the log and returns the log, rewound and ready for appends,
+/// and the next fencing token.
+pub(crate) fn recover(
+    db: &Database,
+    log: Box<dyn LogFile>,
+    log_path: PathBuf,
+) -> Result<(Wal, u64), Error> {
+    let ctx = "replaying the log";
+    let txn = db.begin_write().map_err(|e| Error::storage(ctx, e))?;
+    let (checkpoint_seq, mut next_token) = {
+        let tables = Tables::open(&txn)?;
+        (tables.wal_seq()?, tables.next_token()?)
+    };
+    let (mut wal, frames) = Wal::recover(log, log_path, checkpoint_seq)?;
+    if frames.is_empty() {
+        txn.abort().map_err(|e| Error::storage(ctx, e))?;
+    } else {
+        let mut tables = Tables::open(&txn)?;
+        for frame in &frames {
+            for entry in &frame.entries {
+                // A damaged old record cannot tell where it was indexed; the sweep drops
+                // index entries that do not match a record.
+                let old = tables.load(&entry.key)?.ok().flatten();
+                let old_index = old.as_ref().map(IndexEntries::of);
+                let new = match &entry.record {
+                    Some(bytes) => {
+                        let record = Record::decode(bytes).map_err(|reason| Error::Corruption {
+                            location: format!("log frame seq {}", frame.seq),
+                            reason: format!("a logged record does not decode: {reason}"),
+                        })?;
+                        Some((bytes.as_slice(), IndexEntries::of(&record)))
+                    }
+                    None => None,
+                };
+                tables.write(&entry.key, old_index, new)?;
+            }
+            next_token = next_token.max(frame.next_token);
+        }
+        tables.set_next_token(next_token)?;
+        tables.set_wal_seq(wal.last_seq())?;
+        drop(tables);
+        txn.commit().map_err(|e| Error::storage(ctx, e))?;
+    }
+    wal.rewind();
+    Ok((wal, next_token))
+}

@@ -1,0 +1,38 @@
+//! The file underneath the log, behind a small trait so tests can inject faults and
+//! simulate power loss.
+
+use std::fmt;
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+
+/// Positional I/O on the log file.
+pub(crate) trait LogFile: Send + Sync + fmt::Debug {
+    /// Current length in bytes.
+    fn len(&self) -> io::Result<u64>;
+    /// Fills `buf` from `offset`; an error if the file ends first.
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
+    /// Writes all of `data` at `offset`, extending the file if needed.
+    fn write_all_at(&self, data: &[u8], offset: u64) -> io::Result<()>;
+    /// Makes every write so far durable (fdatasync).
+    fn sync_data(&self) -> io::Result<()>;
+}
+
+/// The operating system's file.
+#[derive(Debug)]
+pub(crate) struct OsFile(pub(crate) File);
+
+impl LogFile for OsFile {
+    fn len(&self) -> io::Result<u64> {
+        Ok(self.0.metadata()?.len())
+    }
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        FileExt::read_exact_at(&self.0, buf, offset)
+    }
+    fn write_all_at(&self, data: &[u8], offset: u64) -> io::Result<()> {
+        FileExt::write_all_at(&self.0, data, offset)
+    }
+    fn sync_data(&self) -> io::Result<()> {
+        self.0.sync_data()
+    }
+}

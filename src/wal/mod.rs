@@ -1,0 +1,220 @@
+//! The write-ahead log: every batch of changes is appended here, as one checksummed frame,
+//! and synced before anyone in the batch is answered. redb then receives the batch in a
+//! non-durable transaction; a periodic durable redb commit (a checkpoint) makes the log's
+//! contents redundant, after which the log is rewound and overwritten in place from offset 0,
+//! so a sync flushes data blocks only, not file metadata.
+//!
+//! Recovery reads the frames from offset 0 that form an unbroken run of sequence numbers and
+//! replays those newer than the checkpoint recorded in redb. The run ends at the first frame
+//! that is torn, fails its checksum, or is an older frame left from before the last rewind. If
+//! any checksum-valid frame with a later sequence number lies beyond that end, an acknowledged
+//! batch was damaged and opening fails rather than dropping it silently.
+
+mod file;
+pub(crate) mod frame;
+
+use std::path::{Path, PathBuf};
+
+pub(crate) use file::{LogFile, OsFile};
+pub(crate) use frame::Frame;
+
+use crate::error::Error;
+use frame::{parse_header, HEADER_LEN};
+
+/// An open log positioned for appending.
+#[derive(Debug)]
+pub(crate) struct Wal {
+    file: Box<dyn LogFile>,
+    path: PathBuf,
+    /// Where the next frame is written.
+    offset: u64,
+    /// The sequence number of the next frame.
+    next_seq: u64,
+    /// Whether frames were written since the last sync.
+    unsynced: bool,
+    buf: Vec<u8>,
+}
+
+/// The log file that belongs to the store at `store_path`.
+pub(crate) fn log_path(store_path: &Path) -> PathBuf {
+    let mut name = store_path.as_os_str().to_os_string();
+    name.push(".wal");
+    PathBuf::from(name)
+}
+
+impl Wal {
+    /// Reads the log and returns the frames newer than `checkpoint_seq`, in order, and the
+    /// log positioned to continue after them (to be rewound once they are checkpointed).
+    pub(crate) fn recover(
+        file: Box<dyn LogFile>,
+        path: PathBuf,
+        checkpoint_seq: u64,
+    ) -> Result<(Wal, Vec<Frame>), Error> {
+        let len = file
+            .len()
+            .map_err(|e| Error::io(format!("reading the length of log {}", path.display()), e))?;
+        let mut wal = Wal {
+            file,
+            path,
+            offset: 0,
+            next_seq: checkpoint_seq + 1,
+            unsynced: false,
+            buf: Vec::new(),
+        };
+        let mut frames = Vec::new();
+        let mut previous: Option<u64> = None;
+        while let Some((header, payload)) = wal.read_frame(wal.offset, len)? {
+            if previous.is_some_and(|p| header.seq != p + 1) {
+                break; // an older frame left from before a rewind: the log ends here
+            }
+            if previous.is_none() && header.seq > checkpoint_seq + 1 {
+                return Err(wal.corrupt(
+                    0,
+                    format!(
+                        "the log starts at seq {} but the store's checkpoint is at seq {checkpoint_seq}: frames in between are missing",
+                        header.seq
+                    ),
+                ));
+            }
+            let frame = frame::decode_payload(&header, &payload, wal.offset)?;
+            previous = Some(header.seq);
+            wal.offset += header.frame_len() as u64;
+            if header.seq > checkpoint_seq {
+                wal.next_seq = header.seq + 1;
+                frames.push(frame);
+            }
+        }
+        let expected = previous.map_or(checkpoint_seq + 1, |p| p + 1);
+        wal.refuse_valid_frames_after(wal.offset, len, expected.max(checkpoint_seq + 1))?;
+        Ok((wal, frames))
+    }
+
+    fn corrupt(&self, offset: u64, reason: String) -> Error {
+        Error::Corruption {
+            location: format!("log {} at offset {offset}", self.path.display()),
+            reason,
+        }
+    }
+
+    fn read(&self, buf: &mut [u8], offset: u64) -> Result<(), Error> {
+        self.file.read_exact_at(buf, offset).map_err(|e| {
+            Error::io(
+                format!("reading log {} at offset {offset}", self.path.display()),
+                e,
+            )
+        })
+    }
+
+    /// The checksum-valid frame at `offset`, or `None` if there is none (end of the log).
+    fn read_frame(&self, offset: u64, len: u64) -> Result<Option<(frame::Header, Vec<u8>)>, Error> {
+        if offset + HEADER_LEN as u64 > len {
+            return Ok(None);
+        }
+        let mut header_bytes = [0u8; HEADER_LEN];
+        self.read(&mut header_bytes, offset)?;
+        let Some(header) = parse_header(&header_bytes) else {
+            return Ok(None);
+        };
+        let payload_start = offset + HEADER_LEN as u64;
+        if header.payload_len as u64 > len - payload_start {
+            return Ok(None); // torn: the frame runs past the end of the file
+        }
+        let mut payload = vec![0u8; header.payload_len];
+        self.read(&mut payload, payload_start)?;
+        if crc32fast::hash(&payload) != header.payload_crc {
+            return Ok(None);
+        }
+        Ok(Some((header, payload)))
+    }
+
+    /// Fails if a valid frame with seq ≥ `expected` lies anywhere after `from`: the run ended at
+    /// a damaged frame that had been acknowledged.
+    fn refuse_valid_frames_after(&self, from: u64, len: u64, expected: u64) -> Result<(), Error> {
+        const CHUNK: u64 = 1 << 20;
+        let mut start = from;
+        let mut buf = Vec::new();
+        while start + HEADER_LEN as u64 <= len {
+            let end = (start + CHUNK + HEADER_LEN as u64).min(len);
+            buf.resize((end - start) as usize, 0);
+            self.read(&mut buf, start)?;
+            let mut at = 0;
+            while at + HEADER_LEN <= buf.len() && (at as u64) < CHUNK {
+                if let Some(header) = parse_header(&buf[at..]) {
+                    let offset = start + at as u64;
+                    if header.seq >= expected && self.read_frame(offset, len)?.is_some() {
+                        return Err(self.corrupt(
+                            from,
+                            format!(
+                                "the frame here is damaged, but a valid frame with seq {} follows at offset {offset}; refusing to drop acknowledged batches",
+                                header.seq
+                            ),
+                        ));
+                    }
+                }
+                at += frame::ALIGN;
+            }
+            start += CHUNK;
+        }
+        Ok(())
+    }
+
+    /// Appends one frame holding `entries`; returns its sequence number. Not yet durable.
+    pub(crate) fn append<'a>(
+        &mut self,
+        next_token: u64,
+        entries: impl ExactSizeIterator<Item = (&'a [u8], Option<&'a [u8]>)>,
+    ) -> Result<u64, Error> {
+        let seq = self.next_seq;
+        self.buf.clear();
+        frame::encode(seq, next_token, entries, &mut self.buf);
+        self.file
+            .write_all_at(&self.buf, self.offset)
+            .map_err(|e| {
+                Error::io(
+                    format!(
+                        "writing log {} at offset {}",
+                        self.path.display(),
+                        self.offset
+                    ),
+                    e,
+                )
+            })?;
+        self.offset += self.buf.len() as u64;
+        self.next_seq += 1;
+        self.unsynced = true;
+        Ok(seq)
+    }
+
+    /// Makes every appended frame durable (one fdatasync).
+    pub(crate) fn sync(&mut self) -> Result<(), Error> {
+        if self.unsynced {
+            self.file
+                .sync_data()
+                .map_err(|e| Error::io(format!("syncing log {}", self.path.display()), e))?;
+            self.unsynced = false;
+        }
+        Ok(())
+    }
+
+    /// Whether frames were appended since the last sync.
+    pub(crate) fn is_unsynced(&self) -> bool {
+        self.unsynced
+    }
+
+    /// Starts overwriting the log from offset 0. Only after a durable checkpoint that covers
+    /// every frame appended so far.
+    pub(crate) fn rewind(&mut self) {
+        self.offset = 0;
+        self.unsynced = false;
+    }
+
+    /// Bytes appended since the last rewind.
+    pub(crate) fn len_since_rewind(&self) -> u64 {
+        self.offset
+    }
+
+    /// The sequence number of the last frame appended (0 when none ever was).
+    pub(crate) fn last_seq(&self) -> u64 {
+        self.next_seq - 1
+    }
+}

@@ -128,3 +128,50 @@ mod tests {
         assert_eq!(disabled.get(last), None);
     }
 }
+
+/// Records acknowledged but not yet committed to redb: the committer keeps one redb write
+/// transaction open across several batches, so readers must see these first. Every entry is
+/// the latest acknowledged state of its key; `None` is a deletion. Not bounded by a capacity:
+/// it is emptied each time the open transaction commits (every few milliseconds).
+#[derive(Debug, Default)]
+pub(crate) struct Overlay {
+    map: RwLock<HashMap<Key, Option<Record>>>,
+}
+
+impl Overlay {
+    /// `Some(state)` when `key` changed since the last redb commit.
+    pub(crate) fn get(&self, key: &Key) -> Option<Option<Record>> {
+        let map = self.map.read();
+        if map.is_empty() {
+            return None;
+        }
+        map.get(key).cloned()
+    }
+
+    /// Publishes acknowledged changes.
+    pub(crate) fn publish(&self, changes: impl IntoIterator<Item = (Key, Option<Record>)>) {
+        let mut map = self.map.write();
+        for (key, record) in changes {
+            map.insert(key, record);
+        }
+    }
+
+    /// After the open transaction committed: hands every entry to `cache` and empties itself.
+    pub(crate) fn drain_into(&self, cache: &RecordCache) {
+        let drained: Vec<_> = self
+            .map
+            .read()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        for (key, record) in drained {
+            cache.set(&key, record);
+        }
+        self.map.write().clear();
+    }
+
+    /// Forgets everything (the store is poisoned).
+    pub(crate) fn clear(&self) {
+        self.map.write().clear();
+    }
+}

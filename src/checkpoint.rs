@@ -12,6 +12,7 @@
 //! frame that was already applied changes nothing: recovery can itself crash and run again.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use redb::Database;
 
@@ -24,7 +25,7 @@ use crate::wal::{LogFile, Wal};
 /// and the next fencing token.
 pub(crate) fn recover(
     db: &Database,
-    log: Box<dyn LogFile>,
+    log: Arc<dyn LogFile>,
     log_path: PathBuf,
 ) -> Result<(Wal, u64), Error> {
     let ctx = "replaying the log";

@@ -1,21 +1,29 @@
 //! The commit path: every write goes through here.
 //!
 //! Callers queue a request (one or many key operations) and wait. One committer thread takes
-//! everything queued, decides each operation against the current state with
-//! [`decide`], applies the batch to redb in a non-durable transaction, appends the resulting
-//! changes to the write-ahead log as one frame, syncs the log once, commits the redb
-//! transaction, and only then answers every caller in the batch. So concurrent callers share
-//! one fsync, and nobody hears an answer before its batch is durable. Between batches the
-//! committer does background work: syncing a buffered log, and checkpoints.
+//! everything queued, decides each operation against the current state with [`decide`],
+//! applies the batch to a redb write transaction that stays open across batches, and appends
+//! the resulting changes to the write-ahead log as one frame. The batch is then handed to the
+//! [`Syncer`]: one fdatasync makes every frame written so far durable, after which the batch's
+//! changes are published to the [`Overlay`] (what readers see before redb commits) and its
+//! callers are answered. Nobody hears an answer before its batch is durable.
 //!
-//! The writer is also taken directly, outside the queue, for work that is not a queued key
-//! operation: [`Store::complete_with`](crate::Store::complete_with) (a durable redb commit that
-//! carries the caller's own writes), sweeps, and checkpoints.
+//! The sync is run by one of the waiting callers (it is awake anyway), so the committer is
+//! already deciding the next batch while the previous one syncs, and one sync covers every
+//! frame written before it started. Only batches whose callers are all async are synced by the
+//! committer itself.
 //!
-//! Any failure of a write poisons the store: the failing batch is answered with the error and
-//! every later call is refused until the store is reopened.
+//! Every few milliseconds, once every written frame is synced, the open redb transaction is
+//! committed (non-durably; the log is what makes it durable) and the overlay is emptied into
+//! the record cache. Checkpoints, [`Store::complete_with`](crate::Store::complete_with) and
+//! sweeps take the writer between batches.
+//!
+//! Any failure of a write poisons the store: the failing batches are answered with the error
+//! and every later call is refused until the store is reopened.
 
+use std::collections::VecDeque;
 use std::future::Future;
+use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll, Waker};
@@ -26,14 +34,17 @@ use parking_lot::{Condvar, Mutex};
 use redb::{Database, WriteTransaction};
 
 use crate::builder::Durability;
-use crate::cache::RecordCache;
+use crate::cache::{Overlay, RecordCache};
 use crate::clock::{to_millis, Clock};
 use crate::decide::{decide, Change, Op, Outcome, Policy};
 use crate::error::Error;
 use crate::key::Key;
 use crate::record::{Millis, Record};
 use crate::tables::{IndexEntries, Tables};
-use crate::wal::Wal;
+use crate::wal::{LogFile, Wal};
+
+/// How long the committer keeps one redb write transaction open across batches.
+const TXN_SPAN: Duration = Duration::from_millis(5);
 
 /// The first write failure, latched: once set, every call fails.
 #[derive(Debug, Default)]
@@ -72,6 +83,10 @@ enum Waiter {
 impl Request {
     fn finish(&self, answer: Answer) {
         *self.answer.lock() = Some(answer);
+        self.wake();
+    }
+
+    fn wake(&self) {
         match &self.waiter {
             Waiter::Thread(thread) => thread.unpark(),
             Waiter::Task(waker) => {
@@ -87,7 +102,7 @@ impl Request {
     }
 }
 
-/// A future that resolves when the committer has answered its request.
+/// A future that resolves when its request has been answered.
 ///
 /// Dropping it does not withdraw the request: the operations may still be committed.
 pub(crate) struct CommitFuture {
@@ -104,10 +119,168 @@ impl Future for CommitFuture {
         if let Waiter::Task(slot) = &self.request.waiter {
             *slot.lock() = Some(cx.waker().clone());
         }
-        // The committer may have answered between the first check and storing the waker.
+        // The answer may have arrived between the first check and storing the waker.
         match self.request.take_answer() {
             Some(answer) => Poll::Ready(answer),
             None => Poll::Pending,
+        }
+    }
+}
+
+/// A batch written to the log, waiting for a sync before its callers are answered.
+struct PendingBatch {
+    seq: u64,
+    requests: Vec<Arc<Request>>,
+    answers: Vec<Vec<Result<Outcome, Error>>>,
+    changes: Vec<(Key, Option<Record>)>,
+}
+
+#[derive(Default)]
+struct SyncState {
+    /// The last frame fully written to the log.
+    written_seq: u64,
+    /// The last frame known durable.
+    synced_seq: u64,
+    /// A thread is running a sync now.
+    syncing: bool,
+    pending: VecDeque<PendingBatch>,
+}
+
+/// Makes written frames durable and answers their batches. See the module docs.
+pub(crate) struct Syncer {
+    file: Arc<dyn LogFile>,
+    path: PathBuf,
+    state: Mutex<SyncState>,
+    poison: Arc<Poison>,
+    overlay: Arc<Overlay>,
+}
+
+impl Syncer {
+    fn new(wal: &Wal, poison: Arc<Poison>, overlay: Arc<Overlay>) -> Syncer {
+        let last = wal.last_seq();
+        Syncer {
+            file: wal.file(),
+            path: wal.path().to_path_buf(),
+            state: Mutex::new(SyncState {
+                written_seq: last,
+                synced_seq: last,
+                ..SyncState::default()
+            }),
+            poison,
+            overlay,
+        }
+    }
+
+    /// Queues a batch whose frame `seq` was written; returns the thread to wake so that it
+    /// runs the sync, if no sync is running.
+    fn push(&self, batch: PendingBatch) -> Option<Arc<Request>> {
+        let mut state = self.state.lock();
+        if batch.seq <= state.synced_seq {
+            // It logged nothing and everything it saw is durable.
+            self.answer(batch);
+            return None;
+        }
+        state.written_seq = state.written_seq.max(batch.seq);
+        let driver = batch
+            .requests
+            .iter()
+            .find(|r| matches!(r.waiter, Waiter::Thread(_)))
+            .cloned();
+        state.pending.push_back(batch);
+        if state.syncing {
+            None
+        } else {
+            driver
+        }
+    }
+
+    /// Answers a batch without a sync (buffered durability).
+    fn answer_now(&self, batch: PendingBatch) {
+        let mut state = self.state.lock();
+        state.written_seq = state.written_seq.max(batch.seq);
+        self.answer(batch);
+    }
+
+    fn answer(&self, batch: PendingBatch) {
+        self.overlay.publish(batch.changes);
+        for (request, outcomes) in batch.requests.iter().zip(batch.answers) {
+            request.finish(Ok(outcomes));
+        }
+    }
+
+    /// Runs syncs until every written frame is durable, or until `own` (the calling waiter's
+    /// request) is answered and another waiting thread can take over.
+    pub(crate) fn drive(&self, own: Option<&Request>) {
+        let mut state = self.state.lock();
+        if state.syncing {
+            return;
+        }
+        state.syncing = true;
+        loop {
+            let target = state.written_seq;
+            if state.synced_seq >= target || self.poison.check().is_err() {
+                state.syncing = false;
+                return;
+            }
+            drop(state);
+            let result = self.file.sync_data();
+            state = self.state.lock();
+            match result {
+                Ok(()) => {
+                    state.synced_seq = state.synced_seq.max(target);
+                    while state.pending.front().is_some_and(|b| b.seq <= target) {
+                        let batch = state.pending.pop_front().expect("checked front");
+                        self.answer(batch);
+                    }
+                }
+                Err(e) => {
+                    let error = Error::io(format!("syncing log {}", self.path.display()), e);
+                    self.poison.set(&error);
+                    self.overlay.clear();
+                    let cause = error.to_string();
+                    for batch in state.pending.drain(..) {
+                        for request in batch.requests {
+                            request.finish(Err(Error::Poisoned {
+                                cause: cause.clone(),
+                            }));
+                        }
+                    }
+                    state.syncing = false;
+                    return;
+                }
+            }
+            let own_answered = own.is_some_and(|r| r.answer.lock().is_some());
+            if own_answered {
+                let next = state.pending.front().and_then(|b| {
+                    b.requests
+                        .iter()
+                        .find(|r| matches!(r.waiter, Waiter::Thread(_)))
+                        .cloned()
+                });
+                if let Some(next) = next {
+                    state.syncing = false;
+                    drop(state);
+                    next.wake();
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Syncs until every written frame is durable and answered; fails if the store is poisoned.
+    fn drive_all(&self) -> Result<(), Error> {
+        loop {
+            self.drive(None);
+            let state = self.state.lock();
+            self.poison.check()?;
+            if state.synced_seq >= state.written_seq && state.pending.is_empty() {
+                return Ok(());
+            }
+            if state.syncing {
+                // A waiter is syncing; wait for it briefly.
+                drop(state);
+                thread::yield_now();
+            }
         }
     }
 }
@@ -123,6 +296,7 @@ struct Shared {
     queue: Mutex<Queue>,
     work: Condvar,
     writer: Mutex<Writer>,
+    syncer: Arc<Syncer>,
 }
 
 /// Owns the committer thread.
@@ -133,6 +307,7 @@ pub(crate) struct Committer {
 
 impl Committer {
     pub(crate) fn start(writer: Writer) -> Result<Committer, Error> {
+        let syncer = Arc::clone(&writer.syncer);
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue {
                 requests: Vec::new(),
@@ -141,6 +316,7 @@ impl Committer {
             }),
             work: Condvar::new(),
             writer: Mutex::new(writer),
+            syncer,
         });
         let thread = thread::Builder::new()
             .name("idemstore-committer".into())
@@ -170,10 +346,15 @@ impl Committer {
         request
     }
 
-    /// Runs `ops` in the next batch and blocks until it committed.
+    /// Runs `ops` in the next batch and blocks until it is durable.
     pub(crate) fn submit(&self, ops: Vec<(Key, Op)>) -> Answer {
         let request = self.enqueue(ops, Waiter::Thread(thread::current()));
         loop {
+            if let Some(answer) = request.take_answer() {
+                return answer;
+            }
+            // Woken either with the answer or to run the sync for a batch.
+            self.shared.syncer.drive(Some(&request));
             if let Some(answer) = request.take_answer() {
                 return answer;
             }
@@ -181,12 +362,12 @@ impl Committer {
         }
     }
 
-    /// Runs one operation in the next batch and blocks until it committed.
+    /// Runs one operation in the next batch and blocks until it is durable.
     pub(crate) fn submit_one(&self, key: Key, op: Op) -> Result<Outcome, Error> {
         first(self.submit(vec![(key, op)]))
     }
 
-    /// Queues `ops` for the next batch; the future resolves once it committed. No thread
+    /// Queues `ops` for the next batch; the future resolves once it is durable. No thread
     /// blocks while it waits.
     pub(crate) fn submit_async(&self, ops: Vec<(Key, Op)>) -> CommitFuture {
         CommitFuture {
@@ -194,9 +375,14 @@ impl Committer {
         }
     }
 
-    /// Runs `f` with the writer to itself.
-    pub(crate) fn with_writer<R>(&self, f: impl FnOnce(&mut Writer) -> R) -> R {
-        f(&mut self.shared.writer.lock())
+    /// Runs `f` with the writer to itself, after the open transaction is committed.
+    pub(crate) fn with_writer<R>(
+        &self,
+        f: impl FnOnce(&mut Writer) -> Result<R, Error>,
+    ) -> Result<R, Error> {
+        let mut writer = self.shared.writer.lock();
+        writer.flush()?;
+        f(&mut writer)
     }
 }
 
@@ -245,7 +431,7 @@ fn run(shared: &Shared) {
         };
         let mut writer = shared.writer.lock();
         if !batch.is_empty() {
-            writer.run_batch(&batch);
+            writer.run_batch(batch);
         }
         writer.background_work();
         tick = writer.next_tick();
@@ -253,18 +439,16 @@ fn run(shared: &Shared) {
     shared.writer.lock().close();
 }
 
-/// A change made by a transaction, kept to log it and to update the cache after commit.
+/// A change made by a transaction: for the log, the overlay and the cache.
 pub(crate) struct Written {
     key: Key,
     record: Option<Record>,
     encoded: Option<Vec<u8>>,
 }
 
-/// How a write transaction is made durable.
+/// How a transaction outside the batch path is made durable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum CommitKind {
-    /// Changes go to the log (synced per the store's durability); redb commits non-durably.
-    Logged,
     /// A durable redb commit, which also checkpoints the log. Changes are not logged.
     Durable,
     /// Neither logged nor durable: only for changes that may be lost in a crash without
@@ -284,11 +468,15 @@ pub(crate) struct Schedule {
 pub(crate) struct Writer {
     db: Arc<Database>,
     wal: Wal,
+    syncer: Arc<Syncer>,
+    /// The write transaction kept open across batches, and when it was opened.
+    txn: Option<(WriteTransaction, Instant)>,
     clock: Arc<dyn Clock>,
     policy: Policy,
     next_token: u64,
     poison: Arc<Poison>,
     cache: Arc<RecordCache>,
+    overlay: Arc<Overlay>,
     schedule: Schedule,
     last_checkpoint: Instant,
     last_sync: Instant,
@@ -304,120 +492,136 @@ impl Writer {
         next_token: u64,
         poison: Arc<Poison>,
         cache: Arc<RecordCache>,
+        overlay: Arc<Overlay>,
         schedule: Schedule,
     ) -> Writer {
+        let syncer = Arc::new(Syncer::new(&wal, Arc::clone(&poison), Arc::clone(&overlay)));
         Writer {
             db,
             wal,
+            syncer,
+            txn: None,
             clock,
             policy,
             next_token,
             poison,
             cache,
+            overlay,
             schedule,
             last_checkpoint: Instant::now(),
             last_sync: Instant::now(),
         }
     }
 
-    /// Runs `f` in one write transaction, committed as `kind` says. `Ok(Ok(r))` commits;
-    /// `Ok(Err(e))` rolls back and returns `e` (a refusal, such as a lost lease); an outer `Err`
-    /// is a storage failure and poisons the store, as does a failed log write, sync or commit.
-    pub(crate) fn transact<R>(
-        &mut self,
-        kind: CommitKind,
-        f: impl FnOnce(
-            &mut Writer,
-            &WriteTransaction,
-            Millis,
-            &mut Vec<Written>,
-        ) -> Result<Result<R, Error>, Error>,
-    ) -> Result<R, Error> {
-        self.poison.check()?;
-        let token_before = self.next_token;
-        match self.transact_inner(kind, f) {
-            Ok(value) => Ok(value),
-            Err(Failure::Refused(error)) => {
-                self.next_token = token_before;
-                Err(error)
-            }
-            Err(Failure::Fatal(error)) => Err(self.fail(error)),
-        }
-    }
-
+    /// Latches `error`: the store refuses all further work.
     fn fail(&mut self, error: Error) -> Error {
         self.poison.set(&error);
+        self.txn = None;
+        self.overlay.clear();
         self.cache.clear();
         error
     }
 
-    fn transact_inner<R>(
-        &mut self,
-        kind: CommitKind,
-        f: impl FnOnce(
-            &mut Writer,
-            &WriteTransaction,
-            Millis,
-            &mut Vec<Written>,
-        ) -> Result<Result<R, Error>, Error>,
-    ) -> Result<R, Failure> {
-        fn fatal<E: Into<redb::Error>>(context: &'static str) -> impl FnOnce(E) -> Failure {
-            move |e| Failure::Fatal(Error::storage(context, e))
-        }
-        let mut txn = self
-            .db
-            .begin_write()
-            .map_err(fatal("starting a write transaction"))?;
-        let durability = match kind {
-            CommitKind::Durable => redb::Durability::Immediate,
-            CommitKind::Logged | CommitKind::Unlogged => redb::Durability::None,
-        };
+    fn begin(&self, durability: redb::Durability) -> Result<WriteTransaction, Error> {
+        let ctx = "starting a write transaction";
+        let mut txn = self.db.begin_write().map_err(|e| Error::storage(ctx, e))?;
         txn.set_durability(durability)
-            .map_err(fatal("setting the transaction durability"))?;
-        let now = to_millis(self.clock.now());
-        let token_before = self.next_token;
-        let mut written = Vec::new();
-        let value = match f(self, &txn, now, &mut written) {
-            Ok(Ok(value)) => value,
-            Ok(Err(refusal)) => {
-                txn.abort().map_err(fatal("rolling back a transaction"))?;
-                return Err(Failure::Refused(refusal));
+            .map_err(|e| Error::storage(ctx, e))?;
+        Ok(txn)
+    }
+
+    /// Decides, applies and logs one batch; hands it to the syncer.
+    fn run_batch(&mut self, batch: Vec<Arc<Request>>) {
+        if let Err(error) = self.poison.check() {
+            for request in &batch {
+                request.finish(Err(error_copy(&error)));
             }
-            Err(error) => return Err(Failure::Fatal(error)),
-        };
-        if kind == CommitKind::Logged && !written.is_empty() {
-            let entries = written
+            return;
+        }
+        match self.apply_batch(&batch) {
+            Ok((answers, written, seq)) => {
+                let changes = written.into_iter().map(|w| (w.key, w.record)).collect();
+                let pending = PendingBatch {
+                    seq,
+                    requests: batch,
+                    answers,
+                    changes,
+                };
+                match self.schedule.durability {
+                    Durability::Buffered { .. } => self.syncer.answer_now(pending),
+                    Durability::Immediate => {
+                        if let Some(driver) = self.syncer.push(pending) {
+                            driver.wake();
+                        }
+                        if !self.every_pending_batch_has_a_thread() {
+                            self.syncer.drive(None);
+                        }
+                    }
+                }
+            }
+            Err(error) => {
+                let error = self.fail(error);
+                let cause = error.to_string();
+                for request in &batch {
+                    request.finish(Err(Error::Poisoned {
+                        cause: cause.clone(),
+                    }));
+                }
+            }
+        }
+    }
+
+    /// Whether every batch waiting for a sync has a blocked thread that can run it; when not
+    /// (async callers only), the committer syncs.
+    fn every_pending_batch_has_a_thread(&self) -> bool {
+        self.syncer.state.lock().pending.iter().all(|b| {
+            b.requests
                 .iter()
-                .map(|w| (w.key.encoded(), w.encoded.as_deref()));
-            let seq = self
-                .wal
-                .append(self.next_token, entries)
-                .map_err(Failure::Fatal)?;
-            if self.schedule.durability == Durability::Immediate {
-                self.wal.sync().map_err(Failure::Fatal)?;
-                self.last_sync = Instant::now();
+                .any(|r| matches!(r.waiter, Waiter::Thread(_)))
+        })
+    }
+
+    /// Returns each request's outcomes, the changes, and the sequence number of the frame that
+    /// logged them (the last written frame when nothing changed).
+    #[allow(clippy::type_complexity)]
+    fn apply_batch(
+        &mut self,
+        batch: &[Arc<Request>],
+    ) -> Result<(Vec<Vec<Result<Outcome, Error>>>, Vec<Written>, u64), Error> {
+        if self.txn.is_none() {
+            self.txn = Some((self.begin(redb::Durability::None)?, Instant::now()));
+        }
+        let now = to_millis(self.clock.now());
+        let (txn, since) = self.txn.take().expect("opened above");
+        let result = (|| {
+            let mut tables = Tables::open(&txn)?;
+            let mut answers = Vec::with_capacity(batch.len());
+            let mut written = Vec::new();
+            for request in batch {
+                let ops = std::mem::take(&mut *request.ops.lock());
+                let mut outcomes = Vec::with_capacity(ops.len());
+                for (key, op) in ops {
+                    outcomes.push(self.apply(&mut tables, &key, op, now, &mut written)?);
+                }
+                answers.push(outcomes);
             }
-            let mut tables = Tables::open(&txn).map_err(Failure::Fatal)?;
-            tables.set_wal_seq(seq).map_err(Failure::Fatal)?;
-            tables
-                .set_next_token(self.next_token)
-                .map_err(Failure::Fatal)?;
-        } else if self.next_token != token_before {
-            Tables::open(&txn)
-                .and_then(|mut tables| tables.set_next_token(self.next_token))
-                .map_err(Failure::Fatal)?;
+            let seq = if written.is_empty() {
+                self.wal.last_seq()
+            } else {
+                let entries = written
+                    .iter()
+                    .map(|w| (w.key.encoded(), w.encoded.as_deref()));
+                let seq = self.wal.append(self.next_token, entries)?;
+                tables.set_wal_seq(seq)?;
+                tables.set_next_token(self.next_token)?;
+                seq
+            };
+            Ok((answers, written, seq))
+        })();
+        if result.is_ok() {
+            self.txn = Some((txn, since));
         }
-        txn.commit()
-            .map_err(fatal("committing a write transaction"))?;
-        if kind == CommitKind::Durable {
-            // Every frame so far is now in the durable redb file.
-            self.wal.rewind();
-            self.last_checkpoint = Instant::now();
-        }
-        for w in written {
-            self.cache.set(&w.key, w.record);
-        }
-        Ok(value)
+        result
     }
 
     /// Decides and applies one operation inside an open transaction, recording the change in
@@ -475,35 +679,78 @@ impl Writer {
         });
     }
 
-    fn run_batch(&mut self, batch: &[Arc<Request>]) {
-        let result = self.transact(CommitKind::Logged, |writer, txn, now, written| {
-            let mut tables = Tables::open(txn)?;
-            let mut answers = Vec::with_capacity(batch.len());
-            for request in batch {
-                let ops = std::mem::take(&mut *request.ops.lock());
-                let mut outcomes = Vec::with_capacity(ops.len());
-                for (key, op) in ops {
-                    outcomes.push(writer.apply(&mut tables, &key, op, now, written)?);
-                }
-                answers.push(outcomes);
+    /// Makes every written frame durable and answered, then commits the open transaction
+    /// (non-durably) and moves the overlay into the cache.
+    pub(crate) fn flush(&mut self) -> Result<(), Error> {
+        self.poison.check()?;
+        if let Err(error) = self.syncer.drive_all() {
+            self.txn = None;
+            return Err(error);
+        }
+        self.last_sync = Instant::now();
+        if let Some((txn, _)) = self.txn.take() {
+            if let Err(e) = txn.commit() {
+                return Err(self.fail(Error::storage("committing a write transaction", e)));
             }
-            Ok(Ok(answers))
-        });
-        match result {
-            Ok(answers) => {
-                for (request, outcomes) in batch.iter().zip(answers) {
-                    request.finish(Ok(outcomes));
+            self.overlay.drain_into(&self.cache);
+        }
+        Ok(())
+    }
+
+    /// Runs `f` in its own write transaction (after [`flush`](Writer::flush)), committed as
+    /// `kind` says. `Ok(Ok(r))` commits; `Ok(Err(e))` rolls back and returns `e` (a refusal,
+    /// such as a lost lease); an outer `Err` is a storage failure and poisons the store.
+    pub(crate) fn transact<R>(
+        &mut self,
+        kind: CommitKind,
+        f: impl FnOnce(
+            &mut Writer,
+            &WriteTransaction,
+            Millis,
+            &mut Vec<Written>,
+        ) -> Result<Result<R, Error>, Error>,
+    ) -> Result<R, Error> {
+        self.flush()?;
+        let token_before = self.next_token;
+        let durability = match kind {
+            CommitKind::Durable => redb::Durability::Immediate,
+            CommitKind::Unlogged => redb::Durability::None,
+        };
+        let txn = match self.begin(durability) {
+            Ok(txn) => txn,
+            Err(error) => return Err(self.fail(error)),
+        };
+        let now = to_millis(self.clock.now());
+        let mut written = Vec::new();
+        let value = match f(self, &txn, now, &mut written) {
+            Ok(Ok(value)) => value,
+            Ok(Err(refusal)) => {
+                self.next_token = token_before;
+                if let Err(e) = txn.abort() {
+                    return Err(self.fail(Error::storage("rolling back a transaction", e)));
                 }
+                return Err(refusal);
             }
-            Err(error) => {
-                let cause = error.to_string();
-                for request in batch {
-                    request.finish(Err(Error::Poisoned {
-                        cause: cause.clone(),
-                    }));
-                }
+            Err(error) => return Err(self.fail(error)),
+        };
+        if self.next_token != token_before {
+            let saved = Tables::open(&txn).and_then(|mut t| t.set_next_token(self.next_token));
+            if let Err(error) = saved {
+                return Err(self.fail(error));
             }
         }
+        if let Err(e) = txn.commit() {
+            return Err(self.fail(Error::storage("committing a write transaction", e)));
+        }
+        if kind == CommitKind::Durable {
+            // Every frame so far is now in the durable redb file.
+            self.wal.rewind();
+            self.last_checkpoint = Instant::now();
+        }
+        for w in written {
+            self.cache.set(&w.key, w.record);
+        }
+        Ok(value)
     }
 
     /// A durable redb commit; the log is rewound after it.
@@ -511,19 +758,22 @@ impl Writer {
         self.transact(CommitKind::Durable, |_, _, _, _| Ok(Ok(())))
     }
 
-    /// Syncs a buffered log when its interval passed; checkpoints when the log is large or old.
+    /// Commits the open transaction when it is old, syncs a buffered log when its interval
+    /// passed, and checkpoints when the log is large or old.
     fn background_work(&mut self) {
         if self.poison.check().is_err() {
             return;
         }
-        if let Durability::Buffered { flush_interval } = self.schedule.durability {
-            if self.wal.is_unsynced() && self.last_sync.elapsed() >= flush_interval {
-                if let Err(error) = self.wal.sync() {
-                    self.fail(error);
-                    return;
-                }
-                self.last_sync = Instant::now();
-            }
+        let txn_due = self
+            .txn
+            .as_ref()
+            .is_some_and(|(_, since)| since.elapsed() >= TXN_SPAN);
+        let sync_due = match self.schedule.durability {
+            Durability::Buffered { flush_interval } => self.last_sync.elapsed() >= flush_interval,
+            Durability::Immediate => false,
+        };
+        if txn_due || sync_due {
+            let _ = self.flush();
         }
         let logged = self.wal.len_since_rewind();
         if logged >= self.schedule.checkpoint_bytes
@@ -535,36 +785,43 @@ impl Writer {
 
     /// How long the committer may sleep before background work is due; `None` when none is.
     fn next_tick(&self) -> Option<Duration> {
-        if self.poison.check().is_err() || self.wal.len_since_rewind() == 0 {
+        if self.poison.check().is_err() {
             return None;
         }
-        let checkpoint = self
-            .schedule
-            .checkpoint_interval
-            .saturating_sub(self.last_checkpoint.elapsed());
-        Some(
-            match self.schedule.durability {
-                Durability::Buffered { flush_interval } if self.wal.is_unsynced() => {
-                    checkpoint.min(flush_interval.saturating_sub(self.last_sync.elapsed()))
-                }
-                _ => checkpoint,
+        let mut due: Option<Duration> = None;
+        let mut at = |d: Duration| due = Some(due.map_or(d, |x| x.min(d)));
+        if let Some((_, since)) = &self.txn {
+            at(TXN_SPAN.saturating_sub(since.elapsed()));
+        }
+        if self.wal.len_since_rewind() > 0 {
+            at(self
+                .schedule
+                .checkpoint_interval
+                .saturating_sub(self.last_checkpoint.elapsed()));
+            if let Durability::Buffered { flush_interval } = self.schedule.durability {
+                at(flush_interval.saturating_sub(self.last_sync.elapsed()));
             }
-            .max(Duration::from_millis(1)),
-        )
+        }
+        due.map(|d| d.max(Duration::from_millis(1)))
     }
 
     /// On shutdown: make everything durable in redb so the next open replays nothing.
     fn close(&mut self) {
-        if self.poison.check().is_ok() && self.wal.len_since_rewind() > 0 {
-            let _ = self.checkpoint();
+        if self.poison.check().is_ok() {
+            let _ = self.flush();
+            if self.wal.len_since_rewind() > 0 {
+                let _ = self.checkpoint();
+            }
         }
     }
 }
 
-/// Why a transaction did not commit.
-enum Failure {
-    /// The work refused (a lost lease, a failed callback): rolled back, store still healthy.
-    Refused(Error),
-    /// Storage failed: the store is poisoned.
-    Fatal(Error),
+/// Errors are not `Clone`; a batch refused by a poisoned store gets the same message each.
+fn error_copy(error: &Error) -> Error {
+    Error::Poisoned {
+        cause: match error {
+            Error::Poisoned { cause } => cause.clone(),
+            other => other.to_string(),
+        },
+    }
 }

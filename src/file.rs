@@ -128,16 +128,31 @@ fn build_empty_store(temp: &Path, builder: &redb::Builder) -> Result<(), Error> 
     let db = builder
         .create(temp)
         .map_err(|e| Error::storage("creating a new store file", e))?;
-    let txn = db
-        .begin_write()
-        .map_err(|e| Error::storage("initializing a new store", e))?;
-    Tables::open(&txn)?.initialize()?;
-    txn.commit()
-        .map_err(|e| Error::storage("initializing a new store", e))?;
+    initialize(&db)?;
     drop(db);
     File::open(temp)
         .and_then(|file| file.sync_all())
         .map_err(|e| Error::io(format!("syncing new store file {}", temp.display()), e))
+}
+
+/// Writes the store's tables and format marker into an empty database, durably.
+fn initialize(db: &Database) -> Result<(), Error> {
+    let ctx = "initializing a new store";
+    let txn = db.begin_write().map_err(|e| Error::storage(ctx, e))?;
+    Tables::open(&txn)?.initialize()?;
+    txn.commit().map_err(|e| Error::storage(ctx, e))
+}
+
+/// Initializes a database that has no tables yet (one just created on a test backend).
+#[cfg(test)]
+pub(crate) fn initialize_if_new(db: &Database) -> Result<(), Error> {
+    let ctx = "checking for a new store";
+    let txn = db.begin_read().map_err(|e| Error::storage(ctx, e))?;
+    match txn.open_table(META) {
+        Err(TableError::TableDoesNotExist(_)) => initialize(db),
+        Err(e) => Err(Error::storage(ctx, e)),
+        Ok(_) => Ok(()),
+    }
 }
 
 /// Gives the finished temporary file its real name without ever replacing an existing file.

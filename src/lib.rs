@@ -58,6 +58,8 @@ mod cache;
 mod checkpoint;
 mod clock;
 mod commit;
+#[cfg(test)]
+mod crash_tests;
 mod decide;
 mod error;
 mod file;
@@ -65,6 +67,8 @@ mod fingerprint;
 mod key;
 mod record;
 mod reservation;
+#[cfg(test)]
+mod sim;
 mod store;
 mod sweep;
 mod tables;

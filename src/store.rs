@@ -8,7 +8,7 @@ use std::sync::Arc;
 use redb::{Database, ReadableDatabase, WriteTransaction};
 
 use crate::builder::Builder;
-use crate::cache::RecordCache;
+use crate::cache::{Overlay, RecordCache};
 use crate::checkpoint;
 use crate::clock::{duration_millis, from_millis, to_millis, Clock};
 use crate::commit::{first, CommitKind, Committer, Poison, Schedule, Writer};
@@ -52,6 +52,7 @@ use crate::wal::{log_path, LogFile};
 pub struct Store {
     pub(crate) db: Arc<Database>,
     pub(crate) cache: Arc<RecordCache>,
+    pub(crate) overlay: Arc<Overlay>,
     pub(crate) committer: Committer,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) policy: Policy,
@@ -89,12 +90,36 @@ impl Store {
         let db = crate::file::open_or_create(path, &redb_builder)?;
         let log_path = log_path(path);
         let log = crate::file::open_log(&log_path)?;
-        Store::from_parts(db, Box::new(log), log_path, builder, path.to_path_buf())
+        Store::from_parts(db, Arc::new(log), log_path, builder, path.to_path_buf())
+    }
+
+    /// Opens (creating if empty) a store on simulated disks, for crash and fault tests.
+    #[cfg(test)]
+    pub(crate) fn open_sim(
+        builder: &Builder,
+        db_disk: &crate::sim::SimDisk,
+        log_disk: &crate::sim::SimDisk,
+    ) -> Result<Store, Error> {
+        let path = PathBuf::from("sim.idem");
+        let mut redb_builder = redb::Builder::new();
+        redb_builder.set_cache_size(builder.cache_size);
+        let db = redb_builder
+            .create_with_backend(db_disk.clone())
+            .map_err(|e| Error::storage("opening a simulated store", e))?;
+        crate::file::initialize_if_new(&db)?;
+        crate::file::check_format(&db, &path)?;
+        Store::from_parts(
+            db,
+            Arc::new(log_disk.clone()),
+            log_path(&path),
+            builder,
+            path,
+        )
     }
 
     pub(crate) fn from_parts(
         db: Database,
-        log: Box<dyn LogFile>,
+        log: Arc<dyn LogFile>,
         log_path: PathBuf,
         builder: &Builder,
         path: PathBuf,
@@ -107,6 +132,7 @@ impl Store {
         };
         let poison = Arc::new(Poison::default());
         let cache = Arc::new(RecordCache::new(builder.cache_records));
+        let overlay = Arc::new(Overlay::default());
         let writer = Writer::new(
             Arc::clone(&db),
             wal,
@@ -115,6 +141,7 @@ impl Store {
             next_token,
             Arc::clone(&poison),
             Arc::clone(&cache),
+            Arc::clone(&overlay),
             Schedule {
                 durability: builder.durability,
                 checkpoint_bytes: builder.checkpoint_bytes,
@@ -124,6 +151,7 @@ impl Store {
         Ok(Store {
             db,
             cache,
+            overlay,
             committer: Committer::start(writer)?,
             clock: Arc::clone(&builder.clock),
             policy,
@@ -600,6 +628,9 @@ impl Store {
 
     /// The stored record, from the cache or a read transaction; expired or not.
     fn read(&self, key: &Key) -> Result<Option<Record>, Error> {
+        if let Some(state) = self.overlay.get(key) {
+            return Ok(state);
+        }
         if let Some(record) = self.cache.get(key) {
             return Ok(Some(record));
         }

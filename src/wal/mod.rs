@@ -14,6 +14,7 @@ mod file;
 pub(crate) mod frame;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 pub(crate) use file::{LogFile, OsFile};
 pub(crate) use frame::Frame;
@@ -24,14 +25,12 @@ use frame::{parse_header, HEADER_LEN};
 /// An open log positioned for appending.
 #[derive(Debug)]
 pub(crate) struct Wal {
-    file: Box<dyn LogFile>,
+    file: Arc<dyn LogFile>,
     path: PathBuf,
     /// Where the next frame is written.
     offset: u64,
     /// The sequence number of the next frame.
     next_seq: u64,
-    /// Whether frames were written since the last sync.
-    unsynced: bool,
     buf: Vec<u8>,
 }
 
@@ -46,7 +45,7 @@ impl Wal {
     /// Reads the log and returns the frames newer than `checkpoint_seq`, in order, and the
     /// log positioned to continue after them (to be rewound once they are checkpointed).
     pub(crate) fn recover(
-        file: Box<dyn LogFile>,
+        file: Arc<dyn LogFile>,
         path: PathBuf,
         checkpoint_seq: u64,
     ) -> Result<(Wal, Vec<Frame>), Error> {
@@ -58,7 +57,6 @@ impl Wal {
             path,
             offset: 0,
             next_seq: checkpoint_seq + 1,
-            unsynced: false,
             buf: Vec::new(),
         };
         let mut frames = Vec::new();
@@ -158,7 +156,8 @@ impl Wal {
         Ok(())
     }
 
-    /// Appends one frame holding `entries`; returns its sequence number. Not yet durable.
+    /// Appends one frame holding `entries`; returns its sequence number. Not yet durable: the
+    /// caller syncs [`file`](Wal::file).
     pub(crate) fn append<'a>(
         &mut self,
         next_token: u64,
@@ -181,31 +180,23 @@ impl Wal {
             })?;
         self.offset += self.buf.len() as u64;
         self.next_seq += 1;
-        self.unsynced = true;
         Ok(seq)
     }
 
-    /// Makes every appended frame durable (one fdatasync).
-    pub(crate) fn sync(&mut self) -> Result<(), Error> {
-        if self.unsynced {
-            self.file
-                .sync_data()
-                .map_err(|e| Error::io(format!("syncing log {}", self.path.display()), e))?;
-            self.unsynced = false;
-        }
-        Ok(())
+    /// The file, for syncing from another thread.
+    pub(crate) fn file(&self) -> Arc<dyn LogFile> {
+        Arc::clone(&self.file)
     }
 
-    /// Whether frames were appended since the last sync.
-    pub(crate) fn is_unsynced(&self) -> bool {
-        self.unsynced
+    /// The log's path, for error messages.
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
     }
 
     /// Starts overwriting the log from offset 0. Only after a durable checkpoint that covers
     /// every frame appended so far.
     pub(crate) fn rewind(&mut self) {
         self.offset = 0;
-        self.unsynced = false;
     }
 
     /// Bytes appended since the last rewind.

@@ -1,0 +1,230 @@
+//! A simulated disk for crash and fault tests: it keeps what was written apart from what was
+//! synced, so a test can take the image a process crash or a power loss would leave, and it can
+//! fail the N-th write or sync. Used as both the redb `StorageBackend` and the log file.
+
+use std::fmt;
+use std::io;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use crate::wal::LogFile;
+
+/// Sector size for torn writes: a power loss keeps or loses each sector of a write on its own.
+const SECTOR: usize = 512;
+
+#[derive(Default)]
+struct DiskState {
+    /// What reads see.
+    live: Vec<u8>,
+    /// What survives a power loss without any unsynced write.
+    durable: Vec<u8>,
+    /// Writes since the last sync, in order.
+    unsynced: Vec<(u64, Vec<u8>)>,
+    /// After `freeze`, writes and syncs are accepted and dropped (the process is "dead").
+    frozen: bool,
+    /// Counts down on every write and sync; the one that reaches zero fails, and so does every
+    /// later one (a failed device stays failed).
+    fail_in: Option<u64>,
+    writes: u64,
+    syncs: u64,
+}
+
+/// A simulated disk. Clones share the same bytes.
+#[derive(Clone, Default)]
+pub(crate) struct SimDisk(Arc<Mutex<DiskState>>);
+
+impl fmt::Debug for SimDisk {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = self.0.lock();
+        write!(
+            f,
+            "SimDisk({} bytes live, {} unsynced writes)",
+            state.live.len(),
+            state.unsynced.len()
+        )
+    }
+}
+
+/// A tiny deterministic generator for crash choices.
+pub(crate) struct Rng(pub(crate) u64);
+
+impl Rng {
+    pub(crate) fn next(&mut self) -> u64 {
+        // xorshift64*
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+}
+
+impl SimDisk {
+    pub(crate) fn new() -> SimDisk {
+        SimDisk::default()
+    }
+
+    fn from_image(image: Vec<u8>) -> SimDisk {
+        SimDisk(Arc::new(Mutex::new(DiskState {
+            live: image.clone(),
+            durable: image,
+            ..DiskState::default()
+        })))
+    }
+
+    /// From now on writes and syncs are dropped, as if the process had died.
+    pub(crate) fn freeze(&self) {
+        self.0.lock().frozen = true;
+    }
+
+    /// The `n`-th write or sync from now (1 = the next) fails, and every later one too.
+    pub(crate) fn fail_after(&self, n: u64) {
+        self.0.lock().fail_in = Some(n);
+    }
+
+    /// What a process crash leaves: every write the process made (the OS has it).
+    pub(crate) fn after_process_crash(&self) -> SimDisk {
+        SimDisk::from_image(self.0.lock().live.clone())
+    }
+
+    /// What a power loss leaves: the synced bytes, then each unsynced write dropped, applied,
+    /// or torn sector by sector, and the length either the synced or the live one.
+    pub(crate) fn after_power_loss(&self, rng: &mut Rng) -> SimDisk {
+        let state = self.0.lock();
+        let mut image = state.durable.clone();
+        for (offset, data) in &state.unsynced {
+            let offset = *offset as usize;
+            match rng.next() % 3 {
+                0 => {}
+                1 => apply(&mut image, offset, data),
+                _ => {
+                    for (i, sector) in data.chunks(SECTOR).enumerate() {
+                        if rng.next().is_multiple_of(2) {
+                            apply(&mut image, offset + i * SECTOR, sector);
+                        }
+                    }
+                }
+            }
+        }
+        let len = if rng.next().is_multiple_of(2) {
+            state.durable.len()
+        } else {
+            state.live.len()
+        };
+        image.resize(len, 0);
+        SimDisk::from_image(image)
+    }
+
+    /// Flips one bit of what is on the disk (live and durable alike).
+    pub(crate) fn flip_bit(&self, offset: usize, bit: u8) {
+        let mut state = self.0.lock();
+        state.live[offset] ^= 1 << bit;
+        if offset < state.durable.len() {
+            state.durable[offset] ^= 1 << bit;
+        }
+    }
+
+    /// The live bytes.
+    pub(crate) fn bytes(&self) -> Vec<u8> {
+        self.0.lock().live.clone()
+    }
+
+    fn countdown(state: &mut DiskState, what: &str) -> io::Result<()> {
+        if let Some(n) = state.fail_in.as_mut() {
+            if *n <= 1 {
+                *n = 0;
+                return Err(io::Error::other(format!("injected {what} failure")));
+            }
+            *n -= 1;
+        }
+        Ok(())
+    }
+
+    fn do_write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        let mut state = self.0.lock();
+        Self::countdown(&mut state, "write")?;
+        state.writes += 1;
+        if state.frozen {
+            return Ok(());
+        }
+        apply(&mut state.live, offset as usize, data);
+        state.unsynced.push((offset, data.to_vec()));
+        Ok(())
+    }
+
+    fn do_sync(&self) -> io::Result<()> {
+        let mut state = self.0.lock();
+        Self::countdown(&mut state, "sync")?;
+        state.syncs += 1;
+        if state.frozen {
+            return Ok(());
+        }
+        state.durable = state.live.clone();
+        state.unsynced.clear();
+        Ok(())
+    }
+
+    fn do_read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
+        let state = self.0.lock();
+        let start = offset as usize;
+        let end = start + out.len();
+        if end > state.live.len() {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "read past the end",
+            ));
+        }
+        out.copy_from_slice(&state.live[start..end]);
+        Ok(())
+    }
+
+    fn do_set_len(&self, len: u64) -> io::Result<()> {
+        let mut state = self.0.lock();
+        Self::countdown(&mut state, "set_len")?;
+        if state.frozen {
+            return Ok(());
+        }
+        state.live.resize(len as usize, 0);
+        Ok(())
+    }
+}
+
+fn apply(image: &mut Vec<u8>, offset: usize, data: &[u8]) {
+    if image.len() < offset + data.len() {
+        image.resize(offset + data.len(), 0);
+    }
+    image[offset..offset + data.len()].copy_from_slice(data);
+}
+
+impl redb::StorageBackend for SimDisk {
+    fn len(&self) -> io::Result<u64> {
+        Ok(self.0.lock().live.len() as u64)
+    }
+    fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
+        self.do_read(offset, out)
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.do_set_len(len)
+    }
+    fn sync_data(&self) -> io::Result<()> {
+        self.do_sync()
+    }
+    fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        self.do_write(offset, data)
+    }
+}
+
+impl LogFile for SimDisk {
+    fn len(&self) -> io::Result<u64> {
+        Ok(self.0.lock().live.len() as u64)
+    }
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.do_read(offset, buf)
+    }
+    fn write_all_at(&self, data: &[u8], offset: u64) -> io::Result<()> {
+        self.do_write(offset, data)
+    }
+    fn sync_data(&self) -> io::Result<()> {
+        self.do_sync()
+    }
+}

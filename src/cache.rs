@@ -13,6 +13,7 @@ use parking_lot::RwLock;
 
 use crate::key::Key;
 use crate::record::Record;
+use crate::wait::Waiters;
 
 const SHARDS: usize = 16;
 
@@ -104,7 +105,10 @@ mod tests {
             token,
             attempt: 1,
             expires_at: 10,
-            state: State::Pending { lease_until: 5 },
+            state: State::Pending {
+                lease_until: 5,
+                progress: None,
+            },
         }
     }
 
@@ -136,6 +140,8 @@ mod tests {
 #[derive(Debug, Default)]
 pub(crate) struct Overlay {
     map: RwLock<HashMap<Key, Option<Record>>>,
+    /// Threads waiting for keys to change; woken on every publication.
+    pub(crate) waiters: Waiters,
 }
 
 impl Overlay {
@@ -149,11 +155,14 @@ impl Overlay {
     }
 
     /// Publishes acknowledged changes.
-    pub(crate) fn publish(&self, changes: impl IntoIterator<Item = (Key, Option<Record>)>) {
-        let mut map = self.map.write();
-        for (key, record) in changes {
-            map.insert(key, record);
+    pub(crate) fn publish(&self, changes: Vec<(Key, Option<Record>)>) {
+        {
+            let mut map = self.map.write();
+            for (key, record) in &changes {
+                map.insert(key.clone(), record.clone());
+            }
         }
+        self.waiters.notify(changes.iter().map(|(key, _)| key));
     }
 
     /// After the open transaction committed: hands every entry to `cache` and empties itself.

@@ -40,6 +40,7 @@ use crate::decide::{decide, Change, Op, Outcome, Policy};
 use crate::error::Error;
 use crate::key::Key;
 use crate::record::{Millis, Record};
+use crate::stats::Counters;
 use crate::tables::{IndexEntries, Tables};
 use crate::wal::{LogFile, Wal};
 
@@ -153,10 +154,16 @@ pub(crate) struct Syncer {
     state: Mutex<SyncState>,
     poison: Arc<Poison>,
     overlay: Arc<Overlay>,
+    counters: Arc<Counters>,
 }
 
 impl Syncer {
-    fn new(wal: &Wal, poison: Arc<Poison>, overlay: Arc<Overlay>) -> Syncer {
+    fn new(
+        wal: &Wal,
+        poison: Arc<Poison>,
+        overlay: Arc<Overlay>,
+        counters: Arc<Counters>,
+    ) -> Syncer {
         let last = wal.last_seq();
         Syncer {
             file: wal.file(),
@@ -168,6 +175,7 @@ impl Syncer {
             }),
             poison,
             overlay,
+            counters,
         }
     }
 
@@ -224,6 +232,7 @@ impl Syncer {
             }
             drop(state);
             let result = self.file.sync_data();
+            Counters::add(&self.counters.syncs, 1);
             state = self.state.lock();
             match result {
                 Ok(()) => {
@@ -477,6 +486,7 @@ pub(crate) struct Writer {
     poison: Arc<Poison>,
     cache: Arc<RecordCache>,
     overlay: Arc<Overlay>,
+    counters: Arc<Counters>,
     schedule: Schedule,
     last_checkpoint: Instant,
     last_sync: Instant,
@@ -493,9 +503,15 @@ impl Writer {
         poison: Arc<Poison>,
         cache: Arc<RecordCache>,
         overlay: Arc<Overlay>,
+        counters: Arc<Counters>,
         schedule: Schedule,
     ) -> Writer {
-        let syncer = Arc::new(Syncer::new(&wal, Arc::clone(&poison), Arc::clone(&overlay)));
+        let syncer = Arc::new(Syncer::new(
+            &wal,
+            Arc::clone(&poison),
+            Arc::clone(&overlay),
+            Arc::clone(&counters),
+        ));
         Writer {
             db,
             wal,
@@ -507,6 +523,7 @@ impl Writer {
             poison,
             cache,
             overlay,
+            counters,
             schedule,
             last_checkpoint: Instant::now(),
             last_sync: Instant::now(),
@@ -540,6 +557,8 @@ impl Writer {
         }
         match self.apply_batch(&batch) {
             Ok((answers, written, seq)) => {
+                self.counters
+                    .batch(answers.iter().map(|a| a.len() as u64).sum());
                 let changes = written.into_iter().map(|w| (w.key, w.record)).collect();
                 let pending = PendingBatch {
                     seq,
@@ -692,6 +711,7 @@ impl Writer {
             if let Err(e) = txn.commit() {
                 return Err(self.fail(Error::storage("committing a write transaction", e)));
             }
+            Counters::add(&self.counters.commits, 1);
             self.overlay.drain_into(&self.cache);
         }
         Ok(())
@@ -742,11 +762,14 @@ impl Writer {
         if let Err(e) = txn.commit() {
             return Err(self.fail(Error::storage("committing a write transaction", e)));
         }
+        Counters::add(&self.counters.commits, 1);
         if kind == CommitKind::Durable {
+            Counters::add(&self.counters.checkpoints, 1);
             // Every frame so far is now in the durable redb file.
             self.wal.rewind();
             self.last_checkpoint = Instant::now();
         }
+        self.overlay.waiters.notify(written.iter().map(|w| &w.key));
         for w in written {
             self.cache.set(&w.key, w.record);
         }

@@ -10,6 +10,7 @@ use std::time::Duration;
 use crate::error::LeaseLostReason;
 use crate::fingerprint::Fingerprint;
 use crate::record::{Millis, Record, State};
+use crate::reservation::Progress;
 
 /// Times that shape every decision, fixed when the store is opened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,12 +24,32 @@ pub(crate) struct Policy {
 /// What a caller asks for. Each variant but `Reserve` and `Resolve` names the caller's token.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Op {
-    Reserve { fingerprint: Fingerprint },
-    Complete { token: u64, result: Vec<u8> },
-    Release { token: u64 },
-    Extend { token: u64 },
-    MarkNeedsReview { token: u64, note: String },
+    Reserve {
+        fingerprint: Fingerprint,
+    },
+    Complete {
+        token: u64,
+        result: Vec<u8>,
+    },
+    Release {
+        token: u64,
+    },
+    Extend {
+        token: u64,
+    },
+    MarkNeedsReview {
+        token: u64,
+        note: String,
+    },
+    RecordStep {
+        token: u64,
+        progress: Progress,
+    },
     Resolve(Resolution),
+    /// Dedup window: record the key as seen for `window` if it is not stored.
+    Observe {
+        window: Millis,
+    },
 }
 
 /// How an operator resolves a key marked for review or a stale reservation.
@@ -55,6 +76,7 @@ pub(crate) enum Outcome {
         token: u64,
         attempt: u32,
         lease_until: Millis,
+        progress: Option<Progress>,
     },
     Completed {
         result: Vec<u8>,
@@ -82,6 +104,10 @@ pub(crate) enum Outcome {
     Released(bool),
     LeaseLost(LeaseLostReason),
     NotResolvable(&'static str),
+    /// `observe`: whether the key was new.
+    Observed {
+        new: bool,
+    },
 }
 
 /// The result of [`decide`].
@@ -146,10 +172,17 @@ pub(crate) fn decide(
         },
         Op::Extend { token } => with_own_lease(current, token, |record| {
             let lease_until = now.saturating_add(policy.lease);
+            let progress = match record.state {
+                State::Pending { progress, .. } => progress,
+                _ => None,
+            };
             Decision {
                 change: Change::Put(Record {
                     expires_at: lease_until.saturating_add(policy.retention),
-                    state: State::Pending { lease_until },
+                    state: State::Pending {
+                        lease_until,
+                        progress,
+                    },
                     ..record
                 }),
                 outcome: Outcome::Extended { lease_until },
@@ -165,7 +198,38 @@ pub(crate) fn decide(
             outcome: Outcome::Done,
             used_token: false,
         }),
+        Op::RecordStep { token, progress } => with_own_lease(current, token, |record| {
+            let lease_until = record.lease_until().unwrap_or(now);
+            Decision {
+                change: Change::Put(Record {
+                    state: State::Pending {
+                        lease_until,
+                        progress: Some(progress),
+                    },
+                    ..record
+                }),
+                outcome: Outcome::Done,
+                used_token: false,
+            }
+        }),
         Op::Resolve(resolution) => resolve(current, resolution, now, policy),
+        Op::Observe { window } => match current {
+            Some(_) => Decision::answer(Outcome::Observed { new: false }),
+            None => Decision {
+                change: Change::Put(Record {
+                    fingerprint: Fingerprint::default(),
+                    token: next_token,
+                    attempt: 1,
+                    expires_at: now.saturating_add(window),
+                    state: State::Completed {
+                        completed_at: now,
+                        result: Vec::new(),
+                    },
+                }),
+                outcome: Outcome::Observed { new: true },
+                used_token: true,
+            },
+        },
     }
 }
 
@@ -176,7 +240,7 @@ fn reserve(
     policy: Policy,
     next_token: u64,
 ) -> Decision {
-    let acquire = |attempt: u32| {
+    let acquire = |attempt: u32, progress: Option<Progress>| {
         let lease_until = now.saturating_add(policy.lease);
         Decision {
             change: Change::Put(Record {
@@ -184,18 +248,22 @@ fn reserve(
                 token: next_token,
                 attempt,
                 expires_at: lease_until.saturating_add(policy.retention),
-                state: State::Pending { lease_until },
+                state: State::Pending {
+                    lease_until,
+                    progress: progress.clone(),
+                },
             }),
             outcome: Outcome::Acquired {
                 token: next_token,
                 attempt,
                 lease_until,
+                progress,
             },
             used_token: true,
         }
     };
     let Some(record) = current else {
-        return acquire(1);
+        return acquire(1, None);
     };
     if record.fingerprint != fingerprint {
         return Decision::answer(Outcome::Mismatch);
@@ -210,13 +278,14 @@ fn reserve(
             expires_at: record.expires_at,
             attempt: record.attempt,
         }),
-        State::Pending { lease_until } if now < lease_until => {
+        State::Pending { lease_until, .. } if now < lease_until => {
             Decision::answer(Outcome::InProgress {
                 retry_after: Duration::from_millis(lease_until - now),
                 attempt: record.attempt,
             })
         }
-        State::Pending { .. } => acquire(record.attempt.saturating_add(1)),
+        // A takeover inherits the last recovery point, so the new owner resumes after it.
+        State::Pending { progress, .. } => acquire(record.attempt.saturating_add(1), progress),
         State::NeedsReview { note, .. } => Decision::answer(Outcome::NeedsReview { note }),
     }
 }
@@ -255,7 +324,7 @@ fn resolve(
     };
     match record.state {
         State::NeedsReview { .. } => {}
-        State::Pending { lease_until } if lease_until <= now => {}
+        State::Pending { lease_until, .. } if lease_until <= now => {}
         State::Pending { .. } => {
             return Decision::answer(Outcome::NotResolvable(
                 "its lease is live, the holder is still working",
@@ -303,7 +372,10 @@ mod tests {
             token,
             attempt,
             expires_at: lease_until + POLICY.retention,
-            state: State::Pending { lease_until },
+            state: State::Pending {
+                lease_until,
+                progress: None,
+            },
         }
     }
 
@@ -346,7 +418,8 @@ mod tests {
             Outcome::Acquired {
                 token: 42,
                 attempt: 1,
-                lease_until: NOW + 1_000
+                lease_until: NOW + 1_000,
+                progress: None,
             }
         );
         assert_eq!(d.change, Change::Put(pending(42, 1, NOW + 1_000)));
@@ -415,7 +488,8 @@ mod tests {
             Outcome::Acquired {
                 token: 42,
                 attempt: 4,
-                lease_until: NOW + 1_000
+                lease_until: NOW + 1_000,
+                progress: None,
             }
         );
     }
@@ -596,6 +670,89 @@ mod tests {
         };
         assert_eq!(record.expires_at, Millis::MAX);
         assert!(!record.is_expired(Millis::MAX - 1));
+    }
+
+    #[test]
+    fn recovery_point_is_kept_by_extend_and_inherited_by_a_takeover() {
+        let progress = Progress {
+            step: 2,
+            data: b"ch_1".to_vec(),
+        };
+        let d = decide(
+            Some(pending(7, 1, NOW + 5)),
+            Op::RecordStep {
+                token: 7,
+                progress: progress.clone(),
+            },
+            NOW,
+            POLICY,
+            42,
+        );
+        let Change::Put(record) = d.change else {
+            panic!("expected a put")
+        };
+        let Change::Put(extended) =
+            decide(Some(record), Op::Extend { token: 7 }, NOW, POLICY, 42).change
+        else {
+            panic!("expected a put")
+        };
+        let stale_at = NOW + POLICY.lease;
+        let takeover = decide(
+            Some(extended),
+            Op::Reserve { fingerprint: fp() },
+            stale_at,
+            POLICY,
+            43,
+        );
+        assert_eq!(
+            takeover.outcome,
+            Outcome::Acquired {
+                token: 43,
+                attempt: 2,
+                lease_until: stale_at + POLICY.lease,
+                progress: Some(progress),
+            }
+        );
+        let lost = decide(
+            Some(pending(9, 1, NOW + 5)),
+            Op::RecordStep {
+                token: 7,
+                progress: Progress {
+                    step: 1,
+                    data: vec![],
+                },
+            },
+            NOW,
+            POLICY,
+            42,
+        );
+        assert!(matches!(lost.outcome, Outcome::LeaseLost(_)));
+    }
+
+    #[test]
+    fn observe_records_new_keys_for_the_window_only() {
+        let first = decide(None, Op::Observe { window: 300 }, NOW, POLICY, 42);
+        assert_eq!(first.outcome, Outcome::Observed { new: true });
+        let Change::Put(record) = first.change else {
+            panic!("expected a put")
+        };
+        assert_eq!(record.expires_at, NOW + 300);
+        let again = decide(
+            Some(record.clone()),
+            Op::Observe { window: 300 },
+            NOW + 299,
+            POLICY,
+            43,
+        );
+        assert_eq!(again, Decision::answer(Outcome::Observed { new: false }));
+        let later = decide(
+            Some(record),
+            Op::Observe { window: 300 },
+            NOW + 300,
+            POLICY,
+            43,
+        );
+        assert_eq!(later.outcome, Outcome::Observed { new: true });
     }
 
     #[test]

@@ -69,9 +69,11 @@ mod record;
 mod reservation;
 #[cfg(test)]
 mod sim;
+mod stats;
 mod store;
 mod sweep;
 mod tables;
+mod wait;
 mod wal;
 
 pub use builder::{
@@ -85,7 +87,8 @@ pub use error::{Error, KeyPart, LeaseLostReason};
 pub use fingerprint::Fingerprint;
 pub use key::{Key, MAX_KEY_PART_LEN};
 pub use record::{Record, Status, MAX_NOTE_LEN};
-pub use reservation::{Completed, Lease, Reservation};
+pub use reservation::{Completed, Lease, Progress, Reservation, Seen};
+pub use stats::Stats;
 pub use store::Store;
 
 /// The redb crate this store is built on, for [`Store::complete_with`] callers.

@@ -6,6 +6,7 @@ use std::time::SystemTime;
 
 use crate::clock::from_millis;
 use crate::fingerprint::Fingerprint;
+use crate::reservation::Progress;
 
 /// Longest review note accepted by [`Store::mark_needs_review`](crate::Store::mark_needs_review), in bytes.
 pub const MAX_NOTE_LEN: usize = 4096;
@@ -42,6 +43,7 @@ pub struct Record {
 pub(crate) enum State {
     Pending {
         lease_until: Millis,
+        progress: Option<Progress>,
     },
     Completed {
         completed_at: Millis,
@@ -61,6 +63,9 @@ pub enum Status<'a> {
     Pending {
         /// When the lease runs out and the key becomes stale.
         lease_until: SystemTime,
+        /// The last recovery point recorded with
+        /// [`Store::record_step`](crate::Store::record_step).
+        progress: Option<&'a Progress>,
     },
     /// Done; the result is replayed to duplicates.
     Completed {
@@ -104,8 +109,12 @@ impl Record {
     /// The state-specific part.
     pub fn status(&self) -> Status<'_> {
         match &self.state {
-            State::Pending { lease_until } => Status::Pending {
+            State::Pending {
+                lease_until,
+                progress,
+            } => Status::Pending {
                 lease_until: from_millis(*lease_until),
+                progress: progress.as_ref(),
             },
             State::Completed {
                 completed_at,
@@ -129,15 +138,25 @@ impl Record {
     /// The lease deadline, for a pending record.
     pub(crate) fn lease_until(&self) -> Option<Millis> {
         match self.state {
-            State::Pending { lease_until } => Some(lease_until),
+            State::Pending { lease_until, .. } => Some(lease_until),
             _ => None,
         }
     }
 
     /// Encodes the record in the current layout, checksum included.
     pub(crate) fn encode(&self) -> Vec<u8> {
+        let progress_bytes;
         let (tag, time, payload): (u8, Millis, &[u8]) = match &self.state {
-            State::Pending { lease_until } => (TAG_PENDING, *lease_until, &[]),
+            State::Pending {
+                lease_until,
+                progress,
+            } => {
+                progress_bytes = progress
+                    .as_ref()
+                    .map(|p| [&p.step.to_le_bytes()[..], &p.data].concat())
+                    .unwrap_or_default();
+                (TAG_PENDING, *lease_until, progress_bytes.as_slice())
+            }
             State::Completed {
                 completed_at,
                 result,
@@ -200,8 +219,17 @@ impl Record {
             ));
         }
         let state = match tag {
-            TAG_PENDING if payload.is_empty() => State::Pending { lease_until: time },
-            TAG_PENDING => return Err("pending record carries a payload".into()),
+            TAG_PENDING => State::Pending {
+                lease_until: time,
+                progress: match payload.len() {
+                    0 => None,
+                    1..=3 => return Err("pending record's recovery point is cut short".into()),
+                    _ => Some(Progress {
+                        step: u32::from_le_bytes(payload[..4].try_into().expect("4 bytes")),
+                        data: payload[4..].to_vec(),
+                    }),
+                },
+            },
             TAG_COMPLETED => State::Completed {
                 completed_at: time,
                 result: payload.to_vec(),
@@ -255,7 +283,23 @@ mod tests {
                 token: 1,
                 attempt: 1,
                 expires_at: 99,
-                state: State::Pending { lease_until: 10 },
+                state: State::Pending {
+                    lease_until: 10,
+                    progress: None,
+                },
+            },
+            Record {
+                fingerprint,
+                token: 2,
+                attempt: 1,
+                expires_at: 99,
+                state: State::Pending {
+                    lease_until: 10,
+                    progress: Some(Progress {
+                        step: 3,
+                        data: b"charge ch_1 created".to_vec(),
+                    }),
+                },
             },
             Record {
                 fingerprint,
@@ -301,7 +345,7 @@ mod tests {
 
     #[test]
     fn truncated_and_garbage_bytes_are_errors() {
-        let bytes = samples()[1].encode();
+        let bytes = samples()[2].encode();
         for len in 0..bytes.len() {
             assert!(Record::decode(&bytes[..len]).is_err());
         }
@@ -310,7 +354,7 @@ mod tests {
 
     #[test]
     fn wrong_length_field_with_valid_crc_is_an_error() {
-        let mut bytes = samples()[1].encode();
+        let mut bytes = samples()[2].encode();
         bytes.truncate(bytes.len() - CRC_LEN);
         bytes[HEADER_LEN - 4] = 99; // payload length field
         let crc = crc32fast::hash(&bytes);

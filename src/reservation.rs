@@ -16,6 +16,19 @@ pub struct Lease {
     pub(crate) token: u64,
     pub(crate) attempt: u32,
     pub(crate) lease_until: SystemTime,
+    pub(crate) progress: Option<Progress>,
+}
+
+/// A recovery point of multi-step work: "step `step` is done, with this data". Recorded by the
+/// lease holder with [`Store::record_step`](crate::Store::record_step); a caller that takes a
+/// stale reservation over finds the last one in [`Lease::progress`] and resumes after it
+/// (Stripe's recovery points).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Progress {
+    /// The last step completed (numbering is the caller's).
+    pub step: u32,
+    /// What the caller needs to resume after it (an external id, say).
+    pub data: Vec<u8>,
 }
 
 impl Lease {
@@ -44,6 +57,12 @@ impl Lease {
     /// When the lease runs out unless [`extend`](crate::Store::extend)ed.
     pub fn lease_until(&self) -> SystemTime {
         self.lease_until
+    }
+
+    /// The last recovery point recorded for this key, by this lease or by an earlier attempt
+    /// whose reservation was taken over: resume the work after it.
+    pub fn progress(&self) -> Option<&Progress> {
+        self.progress.as_ref()
     }
 }
 
@@ -86,4 +105,14 @@ pub enum Reservation {
         /// The note left when it was marked.
         note: String,
     },
+}
+
+/// The answer of [`Store::observe`](crate::Store::observe) (dedup window mode).
+#[must_use = "a duplicate event must be skipped"]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Seen {
+    /// First time within the window: process the event.
+    New,
+    /// Already seen within the window: skip it.
+    Duplicate,
 }

@@ -4,6 +4,7 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use redb::{Database, ReadableDatabase, WriteTransaction};
 
@@ -17,7 +18,8 @@ use crate::error::{Error, LeaseLostReason};
 use crate::fingerprint::Fingerprint;
 use crate::key::Key;
 use crate::record::{Millis, Record, MAX_NOTE_LEN};
-use crate::reservation::{Completed, Lease, Reservation};
+use crate::reservation::{Completed, Lease, Progress, Reservation, Seen};
+use crate::stats::{Counters, Stats};
 use crate::sweep;
 use crate::tables::{decode_record, Tables, LEASES, RECORDS};
 use crate::wal::{log_path, LogFile};
@@ -53,6 +55,7 @@ pub struct Store {
     pub(crate) db: Arc<Database>,
     pub(crate) cache: Arc<RecordCache>,
     pub(crate) overlay: Arc<Overlay>,
+    pub(crate) counters: Arc<Counters>,
     pub(crate) committer: Committer,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) policy: Policy,
@@ -133,6 +136,7 @@ impl Store {
         let poison = Arc::new(Poison::default());
         let cache = Arc::new(RecordCache::new(builder.cache_records));
         let overlay = Arc::new(Overlay::default());
+        let counters = Arc::new(Counters::default());
         let writer = Writer::new(
             Arc::clone(&db),
             wal,
@@ -142,6 +146,7 @@ impl Store {
             Arc::clone(&poison),
             Arc::clone(&cache),
             Arc::clone(&overlay),
+            Arc::clone(&counters),
             Schedule {
                 durability: builder.durability,
                 checkpoint_bytes: builder.checkpoint_bytes,
@@ -152,6 +157,7 @@ impl Store {
             db,
             cache,
             overlay,
+            counters,
             committer: Committer::start(writer)?,
             clock: Arc::clone(&builder.clock),
             policy,
@@ -164,6 +170,11 @@ impl Store {
     /// The store's file.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Counters of what the store has done since it was opened.
+    pub fn stats(&self) -> Stats {
+        self.counters.snapshot()
     }
 
     pub(crate) fn now(&self) -> Millis {
@@ -310,16 +321,32 @@ impl Store {
     }
 
     fn reservation(&self, key: &Key, outcome: Outcome) -> Reservation {
+        let c = &self.counters;
+        let counter = match &outcome {
+            Outcome::Acquired { attempt, .. } => {
+                if *attempt > 1 {
+                    Counters::add(&c.takeovers, 1);
+                }
+                &c.acquired
+            }
+            Outcome::Completed { .. } => &c.replayed,
+            Outcome::InProgress { .. } => &c.in_progress,
+            Outcome::Mismatch => &c.mismatches,
+            _ => &c.needs_review,
+        };
+        Counters::add(counter, 1);
         match outcome {
             Outcome::Acquired {
                 token,
                 attempt,
                 lease_until,
+                progress,
             } => Reservation::Acquired(Lease {
                 key: key.clone(),
                 token,
                 attempt,
                 lease_until: from_millis(lease_until),
+                progress,
             }),
             Outcome::Completed {
                 result,
@@ -588,6 +615,153 @@ impl Store {
         self.expect_done(lease, self.committer.submit_one(lease.key.clone(), op)?)
     }
 
+    /// Records a recovery point for multi-step work: step `step` is done, with `data` (what
+    /// is needed to resume after it, an external id say). It is durable when this returns. If
+    /// this holder dies, the caller that takes the stale reservation over finds it in
+    /// [`Lease::progress`] and resumes after that step instead of starting again.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idemstore::{Fingerprint, Key, ManualClock, Reservation, Store};
+    ///
+    /// # let dir = tempfile::tempdir()?;
+    /// let clock = ManualClock::new();
+    /// let store = Store::builder().clock(clock.clone()).lease(Duration::from_secs(30))
+    ///     .open(dir.path().join("steps.idem"))?;
+    /// let key = Key::new("user-7", "checkout", "k1")?;
+    /// let fp = Fingerprint::of(b"cart");
+    /// let Reservation::Acquired(first) = store.reserve(&key, fp)? else { unreachable!() };
+    /// store.record_step(&first, 1, b"charge ch_42")?; // step 1: card charged
+    /// // ... the process dies here; the lease runs out ...
+    /// clock.advance(Duration::from_secs(31));
+    /// let Reservation::Acquired(second) = store.reserve(&key, fp)? else { unreachable!() };
+    /// let resume = second.progress().expect("recovery point kept");
+    /// assert_eq!((resume.step, resume.data.as_slice()), (1, &b"charge ch_42"[..]));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::ResultTooLarge`] when `data` is over [`Builder::max_result_len`];
+    /// [`Error::LeaseLost`] when the lease no longer owns the key.
+    pub fn record_step(&self, lease: &Lease, step: u32, data: &[u8]) -> Result<(), Error> {
+        self.check_result(lease, data)?;
+        let op = Op::RecordStep {
+            token: lease.token,
+            progress: Progress {
+                step,
+                data: data.to_vec(),
+            },
+        };
+        self.expect_done(lease, self.committer.submit_one(lease.key.clone(), op)?)
+    }
+
+    /// Like [`reserve`](Store::reserve), but when another caller in this process holds the key,
+    /// waits (without polling) until it completes, releases or goes stale, up to `timeout`.
+    /// Returns the stored result, an acquisition, or `InProgress` when the timeout passed.
+    ///
+    /// # Errors
+    /// As for [`reserve`](Store::reserve).
+    pub fn reserve_or_wait(
+        &self,
+        key: &Key,
+        fingerprint: Fingerprint,
+        timeout: Duration,
+    ) -> Result<Reservation, Error> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let answer = self.reserve(key, fingerprint)?;
+            let Reservation::InProgress { retry_after, .. } = answer else {
+                return Ok(answer);
+            };
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(answer);
+            }
+            self.overlay.waiters.register(key);
+            // The key may have changed between the answer and the registration.
+            let again = self.answer_without_writing(key, fingerprint);
+            if !matches!(again, Ok(Some(Reservation::InProgress { .. }))) {
+                self.overlay.waiters.unregister(key);
+                continue;
+            }
+            // Wake at the latest when the holder's lease runs out (then it can be taken over).
+            std::thread::park_timeout((deadline - now).min(retry_after + Duration::from_millis(1)));
+            self.overlay.waiters.unregister(key);
+        }
+    }
+
+    /// Dedup window mode for queue consumers: records `key` as seen for `window` if it is not
+    /// stored, and says whether it was new. Redelivered messages within the window are
+    /// [`Seen::Duplicate`]. Durable when it returns `New`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idemstore::{Key, Seen, Store};
+    ///
+    /// # let dir = tempfile::tempdir()?;
+    /// let store = Store::open(dir.path().join("events.idem"))?;
+    /// let event = Key::new("orders-queue", "consume", "msg-81f2")?;
+    /// let window = Duration::from_secs(5 * 60); // like SQS FIFO
+    /// assert_eq!(store.observe(&event, window)?, Seen::New);
+    /// assert_eq!(store.observe(&event, window)?, Seen::Duplicate);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As for [`reserve`](Store::reserve).
+    pub fn observe(&self, key: &Key, window: Duration) -> Result<Seen, Error> {
+        Ok(self
+            .observe_many(std::slice::from_ref(key), window)?
+            .remove(0)?)
+    }
+
+    /// [`observe`](Store::observe) for a polled batch of messages, with one shared commit.
+    ///
+    /// # Errors
+    /// The outer error fails the whole batch; an item fails alone when its record is corrupt.
+    pub fn observe_many(
+        &self,
+        keys: &[Key],
+        window: Duration,
+    ) -> Result<Vec<Result<Seen, Error>>, Error> {
+        self.poison.check()?;
+        let now = self.now();
+        let window = duration_millis(window);
+        let mut results: Vec<Option<Result<Seen, Error>>> = Vec::with_capacity(keys.len());
+        let mut ops = Vec::new();
+        for key in keys {
+            match self.read(key) {
+                Ok(Some(record)) if !record.is_expired(now) => {
+                    results.push(Some(Ok(Seen::Duplicate)))
+                }
+                Ok(_) => {
+                    results.push(None);
+                    ops.push((key.clone(), Op::Observe { window }));
+                }
+                Err(error @ Error::Corruption { .. }) => results.push(Some(Err(error))),
+                Err(error) => return Err(error),
+            }
+        }
+        let mut outcomes = if ops.is_empty() {
+            Vec::new()
+        } else {
+            self.committer.submit(ops)?
+        }
+        .into_iter();
+        Ok(results
+            .into_iter()
+            .map(|result| {
+                result.unwrap_or_else(|| {
+                    match outcomes.next().expect("one outcome per queued item")? {
+                        Outcome::Observed { new: true } => Ok(Seen::New),
+                        Outcome::Observed { new: false } => Ok(Seen::Duplicate),
+                        other => unreachable!("observe never decides {other:?}"),
+                    }
+                })
+            })
+            .collect())
+    }
+
     /// Operator action on a key marked for review or a stale reservation: store a result
     /// ([`Resolution::Complete`]) or delete the key ([`Resolution::Release`]).
     ///
@@ -659,6 +833,7 @@ impl Store {
                 let mut tables = Tables::open(txn)?;
                 let deleted = sweep::sweep_expired(&mut tables, now, limit)?;
                 let count = deleted.len();
+                Counters::add(&self.counters.swept, count as u64);
                 for key in deleted {
                     Writer::deleted(written, key);
                 }

@@ -76,7 +76,7 @@ pub(crate) fn stale(
         let record = decode_record(key_bytes, bytes.value())?;
         let key = Key::decode(key_bytes)
             .ok_or_else(|| Error::corrupt_record(key_bytes, "key does not decode"))?;
-        if matches!(record.state, State::Pending { lease_until } if lease_until <= now)
+        if matches!(record.state, State::Pending { lease_until, .. } if lease_until <= now)
             && !record.is_expired(now)
         {
             found.push((key, record));

@@ -76,6 +76,7 @@ pub struct Builder {
     pub(crate) cache_records: usize,
     pub(crate) checkpoint_bytes: u64,
     pub(crate) checkpoint_interval: Duration,
+    pub(crate) sweep_interval: Option<Duration>,
     pub(crate) clock: Arc<dyn Clock>,
 }
 
@@ -90,6 +91,7 @@ impl Default for Builder {
             cache_records: DEFAULT_CACHE_RECORDS,
             checkpoint_bytes: DEFAULT_CHECKPOINT_BYTES,
             checkpoint_interval: DEFAULT_CHECKPOINT_INTERVAL,
+            sweep_interval: None,
             clock: Arc::new(SystemClock),
         }
     }
@@ -106,6 +108,7 @@ impl fmt::Debug for Builder {
             .field("cache_records", &self.cache_records)
             .field("checkpoint_bytes", &self.checkpoint_bytes)
             .field("checkpoint_interval", &self.checkpoint_interval)
+            .field("sweep_interval", &self.sweep_interval)
             .finish_non_exhaustive()
     }
 }
@@ -172,6 +175,15 @@ impl Builder {
     /// small. Default = [`DEFAULT_CHECKPOINT_INTERVAL`] (30 s).
     pub fn checkpoint_interval(&mut self, interval: Duration) -> &mut Self {
         self.checkpoint_interval = interval;
+        self
+    }
+
+    /// Sweep expired records in the background every `interval` (`None`: only when
+    /// [`Store::sweep`] is called). Each slice deletes at most 1 000 records in one short
+    /// transaction between batches, and slices follow each other while a backlog remains, so
+    /// reserves wait at most one slice. Default = `None`.
+    pub fn sweep_interval(&mut self, interval: Option<Duration>) -> &mut Self {
+        self.sweep_interval = interval;
         self
     }
 

@@ -471,7 +471,12 @@ pub(crate) struct Schedule {
     pub(crate) durability: Durability,
     pub(crate) checkpoint_bytes: u64,
     pub(crate) checkpoint_interval: Duration,
+    /// Sweep expired records in the background this often (`None`: only when asked).
+    pub(crate) sweep_interval: Option<Duration>,
 }
+
+/// The most records one background sweep slice deletes, so it holds the writer only briefly.
+pub(crate) const SWEEP_SLICE: usize = 1_000;
 
 /// The single writer: owns the database's write side, the log and the fencing-token counter.
 pub(crate) struct Writer {
@@ -490,6 +495,9 @@ pub(crate) struct Writer {
     schedule: Schedule,
     last_checkpoint: Instant,
     last_sync: Instant,
+    last_sweep: Instant,
+    /// The last background sweep slice was full: more expired records are waiting.
+    sweep_backlog: bool,
 }
 
 impl Writer {
@@ -527,6 +535,8 @@ impl Writer {
             schedule,
             last_checkpoint: Instant::now(),
             last_sync: Instant::now(),
+            last_sweep: Instant::now(),
+            sweep_backlog: false,
         }
     }
 
@@ -776,6 +786,21 @@ impl Writer {
         Ok(value)
     }
 
+    /// Deletes up to `limit` expired records in one unlogged transaction; returns how many.
+    pub(crate) fn sweep(&mut self, limit: usize) -> Result<usize, Error> {
+        let counters = Arc::clone(&self.counters);
+        self.transact(CommitKind::Unlogged, |_, txn, now, written| {
+            let mut tables = Tables::open(txn)?;
+            let deleted = crate::sweep::sweep_expired(&mut tables, now, limit)?;
+            let count = deleted.len();
+            Counters::add(&counters.swept, count as u64);
+            for key in deleted {
+                Writer::deleted(written, key);
+            }
+            Ok(Ok(count))
+        })
+    }
+
     /// A durable redb commit; the log is rewound after it.
     pub(crate) fn checkpoint(&mut self) -> Result<(), Error> {
         self.transact(CommitKind::Durable, |_, _, _, _| Ok(Ok(())))
@@ -798,6 +823,12 @@ impl Writer {
         if txn_due || sync_due {
             let _ = self.flush();
         }
+        if let Some(interval) = self.schedule.sweep_interval {
+            if self.sweep_backlog || self.last_sweep.elapsed() >= interval {
+                self.last_sweep = Instant::now();
+                self.sweep_backlog = matches!(self.sweep(SWEEP_SLICE), Ok(n) if n == SWEEP_SLICE);
+            }
+        }
         let logged = self.wal.len_since_rewind();
         if logged >= self.schedule.checkpoint_bytes
             || (logged > 0 && self.last_checkpoint.elapsed() >= self.schedule.checkpoint_interval)
@@ -815,6 +846,13 @@ impl Writer {
         let mut at = |d: Duration| due = Some(due.map_or(d, |x| x.min(d)));
         if let Some((_, since)) = &self.txn {
             at(TXN_SPAN.saturating_sub(since.elapsed()));
+        }
+        if let Some(interval) = self.schedule.sweep_interval {
+            at(if self.sweep_backlog {
+                Duration::ZERO
+            } else {
+                interval.saturating_sub(self.last_sweep.elapsed())
+            });
         }
         if self.wal.len_since_rewind() > 0 {
             at(self

@@ -151,6 +151,7 @@ impl Store {
                 durability: builder.durability,
                 checkpoint_bytes: builder.checkpoint_bytes,
                 checkpoint_interval: builder.checkpoint_interval,
+                sweep_interval: builder.sweep_interval,
             },
         );
         Ok(Store {
@@ -828,18 +829,7 @@ impl Store {
     /// # Errors
     /// Storage errors; a failed sweep poisons the store like any failed write.
     pub fn sweep(&self, limit: usize) -> Result<usize, Error> {
-        self.committer.with_writer(|writer| {
-            writer.transact(CommitKind::Unlogged, |_, txn, now, written| {
-                let mut tables = Tables::open(txn)?;
-                let deleted = sweep::sweep_expired(&mut tables, now, limit)?;
-                let count = deleted.len();
-                Counters::add(&self.counters.swept, count as u64);
-                for key in deleted {
-                    Writer::deleted(written, key);
-                }
-                Ok(Ok(count))
-            })
-        })
+        self.committer.with_writer(|writer| writer.sweep(limit))
     }
 
     /// Makes everything acknowledged so far durable in the B-tree file and rewinds the log.

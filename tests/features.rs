@@ -1,0 +1,216 @@
+//! Recovery points, the dedup window, waiting instead of failing, the background sweeper,
+//! batches, async calls and the stats counters, used as a service would use them.
+
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use idemstore::{Fingerprint, Key, ManualClock, Reservation, Seen, Status, Store};
+
+fn key(id: &str) -> Key {
+    Key::new("tenant", "op", id).unwrap()
+}
+
+fn acquire(store: &Store, key: &Key, fp: Fingerprint) -> idemstore::Lease {
+    match store.reserve(key, fp).unwrap() {
+        Reservation::Acquired(lease) => lease,
+        other => panic!("expected to acquire {key}, got {other:?}"),
+    }
+}
+
+#[test]
+fn recovery_point_survives_reopen_and_takeover_resumes_after_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("steps.idem");
+    let clock = ManualClock::new();
+    let open = || {
+        Store::builder()
+            .clock(clock.clone())
+            .lease(Duration::from_secs(10))
+            .open(&path)
+            .unwrap()
+    };
+    let fp = Fingerprint::of(b"order 17");
+    let store = open();
+    let first = acquire(&store, &key("k"), fp);
+    assert!(first.progress().is_none());
+    store.record_step(&first, 1, b"reserved stock").unwrap();
+    store.record_step(&first, 2, b"charged ch_9").unwrap();
+    drop(store); // the worker dies
+    let store = open();
+    match store.get(&key("k")).unwrap().unwrap().status() {
+        Status::Pending { progress, .. } => assert_eq!(progress.unwrap().step, 2),
+        other => panic!("{other:?}"),
+    }
+    clock.advance(Duration::from_secs(11));
+    let second = acquire(&store, &key("k"), fp);
+    assert!(second.is_retry());
+    let resume = second.progress().expect("recovery point inherited");
+    assert_eq!(
+        (resume.step, resume.data.as_slice()),
+        (2, &b"charged ch_9"[..])
+    );
+    // The old holder can no longer record steps.
+    assert!(store.record_step(&first, 3, b"late").is_err());
+    store.complete(&second, b"done".to_vec()).unwrap();
+}
+
+#[test]
+fn dedup_window_admits_each_event_once_per_window() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new();
+    let store = Store::builder()
+        .clock(clock.clone())
+        .open(dir.path().join("events.idem"))
+        .unwrap();
+    let window = Duration::from_secs(300);
+    let batch: Vec<Key> = ["a", "b", "a", "c"].iter().map(|id| key(id)).collect();
+    let seen: Vec<Seen> = store
+        .observe_many(&batch, window)
+        .unwrap()
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    // The repeated "a" inside one polled batch is caught too.
+    assert_eq!(seen, [Seen::New, Seen::New, Seen::Duplicate, Seen::New]);
+    assert_eq!(store.observe(&key("b"), window).unwrap(), Seen::Duplicate);
+    clock.advance(window);
+    assert_eq!(store.observe(&key("b"), window).unwrap(), Seen::New);
+}
+
+#[test]
+fn reserve_or_wait_returns_the_result_when_the_holder_completes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(Store::open(dir.path().join("wait.idem")).unwrap());
+    let fp = Fingerprint::of(b"req");
+    let lease = acquire(&store, &key("w"), fp);
+    let waiter = {
+        let store = Arc::clone(&store);
+        thread::spawn(move || {
+            let started = Instant::now();
+            let got = store
+                .reserve_or_wait(&key("w"), fp, Duration::from_secs(20))
+                .unwrap();
+            (got, started.elapsed())
+        })
+    };
+    thread::sleep(Duration::from_millis(100));
+    store.complete(&lease, b"receipt".to_vec()).unwrap();
+    let (got, waited) = waiter.join().unwrap();
+    match got {
+        Reservation::Completed(done) => assert_eq!(done.result, b"receipt"),
+        other => panic!("expected the stored result, got {other:?}"),
+    }
+    assert!(waited < Duration::from_secs(10), "woke only at the timeout");
+    // With nobody completing, the timeout answers InProgress.
+    let _other = acquire(&store, &key("x"), fp);
+    let got = store
+        .reserve_or_wait(&key("x"), fp, Duration::from_millis(50))
+        .unwrap();
+    assert!(matches!(got, Reservation::InProgress { .. }), "{got:?}");
+}
+
+#[test]
+fn background_sweeper_deletes_expired_records_in_slices() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new();
+    let store = Store::builder()
+        .clock(clock.clone())
+        .retention(Duration::from_secs(60))
+        .sweep_interval(Some(Duration::from_millis(20)))
+        .open(dir.path().join("sweep.idem"))
+        .unwrap();
+    let keys: Vec<(Key, Fingerprint)> = (0..2_500)
+        .map(|i| (key(&format!("e{i}")), Fingerprint::of(b"x")))
+        .collect();
+    let leases: Vec<_> = store
+        .reserve_many(&keys)
+        .unwrap()
+        .into_iter()
+        .map(|r| match r.unwrap() {
+            Reservation::Acquired(lease) => lease,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    let results = store
+        .complete_many(leases.iter().map(|l| (l, b"ok".to_vec())).collect())
+        .unwrap();
+    assert!(results.iter().all(Result::is_ok));
+    assert_eq!(store.stats().swept, 0);
+    clock.advance(Duration::from_secs(61));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while store.stats().swept < 2_500 && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(store.stats().swept, 2_500);
+    assert!(store.get(&keys[0].0).unwrap().is_none());
+}
+
+#[test]
+fn batches_share_commits_and_stats_count_outcomes() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path().join("stats.idem")).unwrap();
+    let items: Vec<(Key, Fingerprint)> = (0..100)
+        .map(|i| (key(&format!("b{i}")), Fingerprint::of(b"x")))
+        .collect();
+    let first = store.reserve_many(&items).unwrap();
+    assert!(first
+        .iter()
+        .all(|r| matches!(r, Ok(Reservation::Acquired(_)))));
+    let second = store.reserve_many(&items).unwrap();
+    assert!(second
+        .iter()
+        .all(|r| matches!(r, Ok(Reservation::InProgress { .. }))));
+    let _ = store
+        .reserve(&items[0].0, Fingerprint::of(b"other"))
+        .unwrap();
+    let stats = store.stats();
+    assert_eq!(stats.acquired, 100);
+    assert_eq!(stats.in_progress, 100);
+    assert_eq!(stats.mismatches, 1);
+    assert_eq!(stats.batches, 1, "100 reserves in one batch: {stats:?}");
+    assert!(stats.max_batch >= 100);
+    assert!(stats.syncs >= 1 && stats.syncs <= 2, "{stats:?}");
+}
+
+#[test]
+fn async_reserve_and_complete_work_on_any_executor() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path().join("async.idem")).unwrap();
+    let fp = Fingerprint::of(b"job");
+    // A minimal executor: the futures are runtime-agnostic.
+    let got = block_on(async {
+        let lease = match store.reserve_async(&key("a"), fp).await.unwrap() {
+            Reservation::Acquired(lease) => lease,
+            other => panic!("{other:?}"),
+        };
+        store
+            .complete_async(&lease, b"async result".to_vec())
+            .await
+            .unwrap();
+        store.reserve_async(&key("a"), fp).await.unwrap()
+    });
+    match got {
+        Reservation::Completed(done) => assert_eq!(done.result, b"async result"),
+        other => panic!("{other:?}"),
+    }
+}
+
+fn block_on<F: std::future::Future>(future: F) -> F::Output {
+    use std::task::{Context, Poll, Wake, Waker};
+    struct Unpark(thread::Thread);
+    impl Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = Waker::from(Arc::new(Unpark(thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    let mut future = std::pin::pin!(future);
+    loop {
+        match future.as_mut().poll(&mut cx) {
+            Poll::Ready(value) => return value,
+            Poll::Pending => thread::park(),
+        }
+    }
+}

@@ -77,6 +77,7 @@ pub struct Builder {
     pub(crate) checkpoint_bytes: u64,
     pub(crate) checkpoint_interval: Duration,
     pub(crate) sweep_interval: Option<Duration>,
+    pub(crate) preallocate_log: bool,
     pub(crate) clock: Arc<dyn Clock>,
 }
 
@@ -92,6 +93,7 @@ impl Default for Builder {
             checkpoint_bytes: DEFAULT_CHECKPOINT_BYTES,
             checkpoint_interval: DEFAULT_CHECKPOINT_INTERVAL,
             sweep_interval: None,
+            preallocate_log: false,
             clock: Arc::new(SystemClock),
         }
     }
@@ -109,6 +111,7 @@ impl fmt::Debug for Builder {
             .field("checkpoint_bytes", &self.checkpoint_bytes)
             .field("checkpoint_interval", &self.checkpoint_interval)
             .field("sweep_interval", &self.sweep_interval)
+            .field("preallocate_log", &self.preallocate_log)
             .finish_non_exhaustive()
     }
 }
@@ -171,8 +174,8 @@ impl Builder {
         self
     }
 
-    /// Checkpoint when the oldest un-checkpointed log frame is this old, even if the log is
-    /// small. Default = [`DEFAULT_CHECKPOINT_INTERVAL`] (30 s).
+    /// Checkpoint when this long has passed since the last checkpoint and the log holds
+    /// frames, even if it is small. Default = [`DEFAULT_CHECKPOINT_INTERVAL`] (30 s).
     pub fn checkpoint_interval(&mut self, interval: Duration) -> &mut Self {
         self.checkpoint_interval = interval;
         self
@@ -184,6 +187,17 @@ impl Builder {
     /// reserves wait at most one slice. Default = `None`.
     pub fn sweep_interval(&mut self, interval: Option<Duration>) -> &mut Self {
         self.sweep_interval = interval;
+        self
+    }
+
+    /// Zero-fill the log to [`checkpoint_bytes`](Builder::checkpoint_bytes) + 1 MiB when the
+    /// store opens (once; a store's log keeps its size). The log is overwritten in place after
+    /// every checkpoint anyway; preallocating makes the very first cycle in place too, so each
+    /// sync flushes data only: about a third cheaper than an append on a typical ext4 disk.
+    /// Recommended for services (it costs one write of that size at creation); off by
+    /// default so that short-lived stores (tests) stay cheap. Default = `false`.
+    pub fn preallocate_log(&mut self, preallocate: bool) -> &mut Self {
+        self.preallocate_log = preallocate;
         self
     }
 

@@ -27,6 +27,7 @@ pub(crate) fn recover(
     db: &Database,
     log: Arc<dyn LogFile>,
     log_path: PathBuf,
+    strict: bool,
 ) -> Result<(Wal, u64), Error> {
     let ctx = "replaying the log";
     let txn = db.begin_write().map_err(|e| Error::storage(ctx, e))?;
@@ -34,7 +35,7 @@ pub(crate) fn recover(
         let tables = Tables::open(&txn)?;
         (tables.wal_seq()?, tables.next_token()?)
     };
-    let (mut wal, frames) = Wal::recover(log, log_path, checkpoint_seq)?;
+    let (mut wal, frames) = Wal::recover(log, log_path, checkpoint_seq, strict)?;
     if frames.is_empty() {
         txn.abort().map_err(|e| Error::storage(ctx, e))?;
     } else {

@@ -69,9 +69,15 @@ impl Poison {
 /// The answer to a request: one result per operation, or an error for the whole batch.
 pub(crate) type Answer = Result<Vec<Result<Outcome, Error>>, Error>;
 
+/// The most payload bytes (results, notes) one batch takes, so a log frame stays far below
+/// its 4 GiB limit however large the configured results are.
+const MAX_BATCH_BYTES: usize = 64 << 20;
+
 /// One caller's queued operations and the slot their answer is delivered to.
 pub(crate) struct Request {
     ops: Mutex<Vec<(Key, Op)>>,
+    /// Payload bytes of the operations, for [`MAX_BATCH_BYTES`].
+    bytes: usize,
     answer: Mutex<Option<Answer>>,
     waiter: Waiter,
 }
@@ -225,8 +231,18 @@ impl Syncer {
         }
         state.syncing = true;
         loop {
+            if let Err(error) = self.poison.check() {
+                // Whatever failed, nothing still waiting will be synced: answer it now.
+                for batch in state.pending.drain(..) {
+                    for request in batch.requests {
+                        request.finish(Err(error_copy(&error)));
+                    }
+                }
+                state.syncing = false;
+                return;
+            }
             let target = state.written_seq;
-            if state.synced_seq >= target || self.poison.check().is_err() {
+            if state.synced_seq >= target {
                 state.syncing = false;
                 return;
             }
@@ -341,7 +357,9 @@ impl Committer {
     }
 
     fn enqueue(&self, ops: Vec<(Key, Op)>, waiter: Waiter) -> Arc<Request> {
+        let bytes = ops.iter().map(|(_, op)| op.payload_len()).sum();
         let request = Arc::new(Request {
+            bytes,
             ops: Mutex::new(ops),
             answer: Mutex::new(None),
             waiter,
@@ -436,16 +454,53 @@ fn run(shared: &Shared) {
             if queue.requests.is_empty() && queue.shutdown {
                 break;
             }
-            std::mem::take(&mut queue.requests)
+            take_batch(&mut queue.requests)
         };
         let mut writer = shared.writer.lock();
         if !batch.is_empty() {
-            writer.run_batch(batch);
+            let requests = batch.clone();
+            let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                writer.run_batch(batch);
+            }));
+            if run.is_err() {
+                // A bug, or a panic inside redb: never leave callers waiting.
+                let error = Error::Poisoned {
+                    cause: "the committer thread panicked".into(),
+                };
+                writer.fail(error);
+                for request in requests {
+                    if request.answer.lock().is_none() {
+                        request.finish(Err(Error::Poisoned {
+                            cause: "the committer thread panicked".into(),
+                        }));
+                    }
+                }
+                shared.syncer.drive(None);
+            }
         }
         writer.background_work();
         tick = writer.next_tick();
     }
     shared.writer.lock().close();
+}
+
+/// Takes the oldest queued requests, up to [`MAX_BATCH_BYTES`] of payload (at least one).
+fn take_batch(queue: &mut Vec<Arc<Request>>) -> Vec<Arc<Request>> {
+    let mut bytes = 0;
+    let count = queue
+        .iter()
+        .take_while(|r| {
+            bytes += r.bytes;
+            bytes <= MAX_BATCH_BYTES
+        })
+        .count()
+        .max(1)
+        .min(queue.len());
+    if count == queue.len() {
+        std::mem::take(queue)
+    } else {
+        queue.drain(..count).collect()
+    }
 }
 
 /// A change made by a transaction: for the log, the overlay and the cache.
@@ -541,7 +596,7 @@ impl Writer {
     }
 
     /// Latches `error`: the store refuses all further work.
-    fn fail(&mut self, error: Error) -> Error {
+    pub(crate) fn fail(&mut self, error: Error) -> Error {
         self.poison.set(&error);
         self.txn = None;
         self.overlay.clear();

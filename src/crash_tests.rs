@@ -282,7 +282,7 @@ fn damaged_frame_followed_by_valid_frames_refuses_to_open() {
 fn torn_tail_ends_the_log() {
     let disk = SimDisk::new();
     let file: std::sync::Arc<dyn LogFile> = std::sync::Arc::new(disk.clone());
-    let (mut wal, frames) = Wal::recover(file, "t.wal".into(), 0).unwrap();
+    let (mut wal, frames) = Wal::recover(file, "t.wal".into(), 0, true).unwrap();
     assert!(frames.is_empty());
     for i in 0..5u8 {
         let key = vec![1, b'a', 1, b'b', 1, i];
@@ -297,14 +297,14 @@ fn torn_tail_ends_the_log() {
     let bytes = disk.bytes();
     let torn = SimDisk::new();
     torn.write_all_at(&bytes[..bytes.len() - 40], 0).unwrap();
-    let (wal, frames) = Wal::recover(std::sync::Arc::new(torn), "t.wal".into(), 0).unwrap();
+    let (wal, frames) = Wal::recover(std::sync::Arc::new(torn), "t.wal".into(), 0, true).unwrap();
     assert_eq!(frames.len(), 4);
     assert_eq!(wal.last_seq(), 4);
     assert_eq!(frames[3].next_token, 13);
     // Frames at or below the checkpoint are skipped.
     let again = SimDisk::new();
     again.write_all_at(&bytes, 0).unwrap();
-    let (_, frames) = Wal::recover(std::sync::Arc::new(again), "t.wal".into(), 3).unwrap();
+    let (_, frames) = Wal::recover(std::sync::Arc::new(again), "t.wal".into(), 3, true).unwrap();
     assert_eq!(frames.iter().map(|f| f.seq).collect::<Vec<_>>(), vec![4, 5]);
 }
 

@@ -52,6 +52,19 @@ pub(crate) enum Op {
     },
 }
 
+impl Op {
+    /// The bytes this operation adds to a log frame, beyond its key and record header.
+    pub(crate) fn payload_len(&self) -> usize {
+        match self {
+            Op::Complete { result, .. } => result.len(),
+            Op::MarkNeedsReview { note, .. } => note.len(),
+            Op::RecordStep { progress, .. } => progress.data.len(),
+            Op::Resolve(Resolution::Complete(result)) => result.len(),
+            _ => 0,
+        }
+    }
+}
+
 /// How an operator resolves a key marked for review or a stale reservation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Resolution {
@@ -212,7 +225,7 @@ pub(crate) fn decide(
                 used_token: false,
             }
         }),
-        Op::Resolve(resolution) => resolve(current, resolution, now, policy),
+        Op::Resolve(resolution) => resolve(current, resolution, now, policy, next_token),
         Op::Observe { window } => match current {
             Some(_) => Decision::answer(Outcome::Observed { new: false }),
             None => Decision {
@@ -312,11 +325,14 @@ fn with_own_lease(
     Decision::answer(Outcome::LeaseLost(reason))
 }
 
+/// An operator's resolution. A completion takes a new token, so the holder whose stale
+/// reservation was resolved gets "lease lost" if it tries to complete later.
 fn resolve(
     current: Option<Record>,
     resolution: Resolution,
     now: Millis,
     policy: Policy,
+    next_token: u64,
 ) -> Decision {
     let record = match current {
         None => return Decision::answer(Outcome::NotResolvable("the key is not stored")),
@@ -334,21 +350,25 @@ fn resolve(
             return Decision::answer(Outcome::NotResolvable("the key is already completed"))
         }
     }
-    let change = match resolution {
-        Resolution::Release => Change::Delete,
-        Resolution::Complete(result) => Change::Put(Record {
-            expires_at: now.saturating_add(policy.retention),
-            state: State::Completed {
-                completed_at: now,
-                result,
-            },
-            ..record
-        }),
-    };
-    Decision {
-        change,
-        outcome: Outcome::Done,
-        used_token: false,
+    match resolution {
+        Resolution::Release => Decision {
+            change: Change::Delete,
+            outcome: Outcome::Done,
+            used_token: false,
+        },
+        Resolution::Complete(result) => Decision {
+            change: Change::Put(Record {
+                token: next_token,
+                expires_at: now.saturating_add(policy.retention),
+                state: State::Completed {
+                    completed_at: now,
+                    result,
+                },
+                ..record
+            }),
+            outcome: Outcome::Done,
+            used_token: true,
+        },
     }
 }
 

@@ -171,8 +171,10 @@ fn link_into_place(temp: &Path, path: &Path) -> Result<(), Error> {
     }
 }
 
-/// Opens the log file, creating it (and making its directory entry durable) if needed.
-pub(crate) fn open_log(path: &Path) -> Result<OsFile, Error> {
+/// Opens the log file, creating it (and making its directory entry durable) if needed. With
+/// `preallocate`, zero-fills it to `size` bytes first, so that appends overwrite allocated
+/// blocks and a sync flushes data only.
+pub(crate) fn open_log(path: &Path, preallocate: Option<u64>) -> Result<OsFile, Error> {
     let existed = path.exists();
     let file = fs::OpenOptions::new()
         .read(true)
@@ -188,7 +190,27 @@ pub(crate) fn open_log(path: &Path) -> Result<OsFile, Error> {
         };
         sync_dir(dir)?;
     }
+    if let Some(size) = preallocate {
+        zero_fill(&file, size)
+            .map_err(|e| Error::io(format!("preallocating log {}", path.display()), e))?;
+    }
     Ok(OsFile(file))
+}
+
+fn zero_fill(file: &File, size: u64) -> io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    const CHUNK: usize = 1 << 20;
+    let mut len = file.metadata()?.len();
+    if len >= size {
+        return Ok(());
+    }
+    let zeros = vec![0u8; CHUNK];
+    while len < size {
+        let n = CHUNK.min((size - len) as usize);
+        file.write_all_at(&zeros[..n], len)?;
+        len += n as u64;
+    }
+    file.sync_all()
 }
 
 fn sync_dir(dir: &Path) -> Result<(), Error> {

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use redb::{Database, ReadableDatabase, WriteTransaction};
 
-use crate::builder::Builder;
+use crate::builder::{Builder, Durability};
 use crate::cache::{Overlay, RecordCache};
 use crate::checkpoint;
 use crate::clock::{duration_millis, from_millis, to_millis, Clock};
@@ -92,7 +92,10 @@ impl Store {
         redb_builder.set_cache_size(builder.cache_size);
         let db = crate::file::open_or_create(path, &redb_builder)?;
         let log_path = log_path(path);
-        let log = crate::file::open_log(&log_path)?;
+        let preallocate = builder
+            .preallocate_log
+            .then_some(builder.checkpoint_bytes + (1 << 20));
+        let log = crate::file::open_log(&log_path, preallocate)?;
         Store::from_parts(db, Arc::new(log), log_path, builder, path.to_path_buf())
     }
 
@@ -127,7 +130,8 @@ impl Store {
         builder: &Builder,
         path: PathBuf,
     ) -> Result<Store, Error> {
-        let (wal, next_token) = checkpoint::recover(&db, log, log_path)?;
+        let strict = builder.durability == Durability::Immediate;
+        let (wal, next_token) = checkpoint::recover(&db, log, log_path, strict)?;
         let db = Arc::new(db);
         let policy = Policy {
             lease: duration_millis(builder.lease),
@@ -166,6 +170,19 @@ impl Store {
             poison,
             path,
         })
+    }
+
+    /// A redb read transaction on the store's file, to read the caller's own tables (those
+    /// written with [`complete_with`](Store::complete_with)) while the store is open. It sees
+    /// every durable redb commit; tables named `idemstore.*` belong to the store.
+    ///
+    /// # Errors
+    /// Storage errors.
+    pub fn begin_read(&self) -> Result<redb::ReadTransaction, Error> {
+        self.poison.check()?;
+        self.db
+            .begin_read()
+            .map_err(|e| Error::storage("starting a read transaction", e))
     }
 
     /// The store's file.
@@ -711,9 +728,8 @@ impl Store {
     /// # Errors
     /// As for [`reserve`](Store::reserve).
     pub fn observe(&self, key: &Key, window: Duration) -> Result<Seen, Error> {
-        Ok(self
-            .observe_many(std::slice::from_ref(key), window)?
-            .remove(0)?)
+        self.observe_many(std::slice::from_ref(key), window)?
+            .remove(0)
     }
 
     /// [`observe`](Store::observe) for a polled batch of messages, with one shared commit.

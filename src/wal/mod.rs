@@ -44,10 +44,15 @@ pub(crate) fn log_path(store_path: &Path) -> PathBuf {
 impl Wal {
     /// Reads the log and returns the frames newer than `checkpoint_seq`, in order, and the
     /// log positioned to continue after them (to be rewound once they are checkpointed).
+    ///
+    /// With `strict`, a damaged frame followed by a valid later one refuses the open (an
+    /// acknowledged batch was lost). Without it (a buffered log, whose unsynced frames a power
+    /// loss may keep or drop in any order), the log just ends at the damaged frame.
     pub(crate) fn recover(
         file: Arc<dyn LogFile>,
         path: PathBuf,
         checkpoint_seq: u64,
+        strict: bool,
     ) -> Result<(Wal, Vec<Frame>), Error> {
         let len = file
             .len()
@@ -82,8 +87,10 @@ impl Wal {
                 frames.push(frame);
             }
         }
-        let expected = previous.map_or(checkpoint_seq + 1, |p| p + 1);
-        wal.refuse_valid_frames_after(wal.offset, len, expected.max(checkpoint_seq + 1))?;
+        if strict {
+            let expected = previous.map_or(checkpoint_seq + 1, |p| p + 1);
+            wal.refuse_valid_frames_after(wal.offset, len, expected.max(checkpoint_seq + 1))?;
+        }
         Ok((wal, frames))
     }
 

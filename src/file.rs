@@ -12,7 +12,7 @@ use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use redb::{Database, DatabaseError, ReadableDatabase, TableError};
+use redb::{Database, DatabaseError, ReadableDatabase, StorageError, TableError};
 
 use crate::error::Error;
 use crate::tables::{Tables, FORMAT_VERSION, META, META_FORMAT};
@@ -64,18 +64,37 @@ fn open_existing(path: &Path, builder: &redb::Builder) -> Result<Database, Error
         }
         Err(e) => return Err(Error::io(format!("reading {}", path.display()), e)),
     }
-    let db = builder.open(path).map_err(|e| match e {
-        DatabaseError::DatabaseAlreadyOpen => Error::AlreadyOpen {
-            path: path.to_path_buf(),
-        },
-        other => Error::storage("opening the store file", other),
-    })?;
+    // Check the format through a read-only handle first, so a foreign redb database is refused
+    // without redb rewriting its header. A store that needs crash recovery cannot be opened
+    // read-only; it is checked after the read-write open below.
+    if let Ok(read_only) = builder.open_read_only(path) {
+        check_format(&read_only, path)?;
+    }
+    let db = builder
+        .open(path)
+        .map_err(|e| open_error(path, "opening", e))?;
     check_format(&db, path)?;
     Ok(db)
 }
 
+/// An error from redb opening or creating `path`, naming the file.
+fn open_error(path: &Path, doing: &str, error: DatabaseError) -> Error {
+    match error {
+        DatabaseError::DatabaseAlreadyOpen => Error::AlreadyOpen {
+            path: path.to_path_buf(),
+        },
+        DatabaseError::Storage(StorageError::Io(e)) => {
+            Error::io(format!("{doing} store {}", path.display()), e)
+        }
+        DatabaseError::Storage(StorageError::Corrupted(reason)) => {
+            not_a_store(path, format!("its redb structure is damaged: {reason}"))
+        }
+        other => not_a_store(path, format!("redb refused it: {other}")),
+    }
+}
+
 /// Refuses a redb database that is not an idemstore store, or one of an unknown format.
-pub(crate) fn check_format(db: &Database, path: &Path) -> Result<(), Error> {
+pub(crate) fn check_format(db: &impl ReadableDatabase, path: &Path) -> Result<(), Error> {
     let ctx = "reading the store's format marker";
     let txn = db.begin_read().map_err(|e| Error::storage(ctx, e))?;
     let meta = match txn.open_table(META) {
@@ -112,6 +131,15 @@ fn create(path: &Path, builder: &redb::Builder) -> Result<(), Error> {
         Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
         _ => PathBuf::from("."),
     };
+    if !dir.is_dir() {
+        return Err(Error::io(
+            format!("creating store {}", path.display()),
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("directory {} does not exist", dir.display()),
+            ),
+        ));
+    }
     let temp = dir.join(format!(
         ".{}.creating.{}.{}",
         name.to_string_lossy(),
@@ -127,7 +155,7 @@ fn create(path: &Path, builder: &redb::Builder) -> Result<(), Error> {
 fn build_empty_store(temp: &Path, builder: &redb::Builder) -> Result<(), Error> {
     let db = builder
         .create(temp)
-        .map_err(|e| Error::storage("creating a new store file", e))?;
+        .map_err(|e| open_error(temp, "creating", e))?;
     initialize(&db)?;
     drop(db);
     File::open(temp)

@@ -866,7 +866,9 @@ impl Store {
     /// # Errors
     /// [`Error::Corruption`] naming the key of a damaged record; storage errors.
     pub fn stale(&self, limit: usize) -> Result<Vec<(Key, Record)>, Error> {
-        self.poison.check()?;
+        // Commit what the committer holds in its open transaction, so the listing sees every
+        // acknowledged operation.
+        self.committer.with_writer(|_| Ok(()))?;
         let ctx = "listing stale reservations";
         let txn = self.db.begin_read().map_err(|e| Error::storage(ctx, e))?;
         let records = txn

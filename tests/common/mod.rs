@@ -1,0 +1,107 @@
+//! Helpers shared by the integration test modules: a store in a temporary directory driven by
+//! a [`ManualClock`], short policy times, and assertions that unwrap one expected outcome.
+
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use idemstore::redb::{self, ReadableDatabase, ReadableTableMetadata, TableDefinition};
+use idemstore::{Builder, Completed, Fingerprint, Key, Lease, ManualClock, Reservation, Store};
+use tempfile::TempDir;
+
+/// Lease used by the tests: short, so that staleness is one clock step away.
+pub const LEASE: Duration = Duration::from_secs(1);
+/// Retention used by the tests.
+pub const RETENTION: Duration = Duration::from_secs(5);
+
+/// The store's own record table, for tests that inspect or damage the file with redb directly.
+pub const RECORDS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idemstore.records");
+
+/// A store file in its own temporary directory, with a manual clock shared by every open.
+pub struct Env {
+    /// Kept alive so the directory outlives the test's stores.
+    pub dir: TempDir,
+    pub path: PathBuf,
+    pub clock: ManualClock,
+}
+
+impl Env {
+    pub fn new() -> Env {
+        let dir = tempfile::tempdir().expect("create a temporary directory");
+        let path = dir.path().join("store.idem");
+        Env {
+            dir,
+            path,
+            // A fixed start, so that every run sees the same times.
+            clock: ManualClock::starting_at(UNIX_EPOCH + Duration::from_secs(1_700_000_000)),
+        }
+    }
+
+    /// A builder with [`LEASE`], [`RETENTION`] and this environment's clock.
+    pub fn builder(&self) -> Builder {
+        let mut builder = Store::builder();
+        builder
+            .lease(LEASE)
+            .retention(RETENTION)
+            .clock(self.clock.clone());
+        builder
+    }
+
+    /// Opens (or reopens) the store with [`Env::builder`].
+    pub fn open(&self) -> Store {
+        self.builder().open(&self.path).expect("open the store")
+    }
+
+    pub fn now(&self) -> SystemTime {
+        self.clock.time()
+    }
+
+    pub fn advance(&self, by: Duration) {
+        self.clock.advance(by);
+    }
+
+    /// How many records the file holds, expired or not (the store must be closed).
+    pub fn raw_record_count(&self) -> u64 {
+        let db = redb::Database::open(&self.path).expect("open the store file with redb");
+        let txn = db.begin_read().expect("read transaction");
+        let table = txn.open_table(RECORDS).expect("records table");
+        table.len().expect("count records")
+    }
+}
+
+/// A key from three string parts.
+pub fn key(scope: &str, operation: &str, id: &str) -> Key {
+    Key::new(scope, operation, id).expect("valid key")
+}
+
+/// The fingerprint of a request body.
+pub fn fp(body: &str) -> Fingerprint {
+    Fingerprint::of(body)
+}
+
+/// The key's B-tree encoding as documented in `src/key.rs`: each part behind a one-byte length.
+pub fn encoded(key: &Key) -> Vec<u8> {
+    let mut out = Vec::new();
+    for part in [key.scope(), key.operation(), key.id()] {
+        out.push(u8::try_from(part.len()).expect("part fits the one-byte length"));
+        out.extend_from_slice(part);
+    }
+    out
+}
+
+/// Reserves `key` and expects to acquire it.
+#[track_caller]
+pub fn acquire(store: &Store, key: &Key, fingerprint: Fingerprint) -> Lease {
+    match store.reserve(key, fingerprint).expect("reserve") {
+        Reservation::Acquired(lease) => lease,
+        other => panic!("expected to acquire {key}, got {other:?}"),
+    }
+}
+
+/// Reserves `key` and expects the stored result.
+#[track_caller]
+pub fn replayed(store: &Store, key: &Key, fingerprint: Fingerprint) -> Completed {
+    match store.reserve(key, fingerprint).expect("reserve") {
+        Reservation::Completed(done) => done,
+        other => panic!("expected the stored result of {key}, got {other:?}"),
+    }
+}

@@ -1,0 +1,663 @@
+//! Model-based property test: random sequences of every public operation (reserve, complete,
+//! release_if_pending, extend, mark_needs_review, resolve, sweep, stale), clock steps around
+//! the lease and retention, and reopens of the same file, run against a real store and
+//! against a plain in-memory reference model written from DESIGN.md (not from `decide.rs`).
+//!
+//! Every outcome is compared (variant, tokens, attempts, results, deadlines, retry_after,
+//! error reasons), and after every step `get` is compared for every key. The key space is
+//! small (four keys, one of them differing from another only in scope) and there are two
+//! request bodies, so collisions, mismatches, takeovers and expiries happen often. Leases are
+//! kept after they are taken over, so stale owners keep trying their luck.
+//!
+//! 32 cases by default (each creates a store file, which costs ~0.1 s in debug builds); set
+//! `PROPTEST_CASES` for more.
+
+use std::collections::HashMap;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use idemstore::{
+    Error, Fingerprint, Key, Lease, LeaseLostReason, ManualClock, Record, Reservation, Resolution,
+    Status, Store,
+};
+use proptest::prelude::*;
+
+use crate::common::encoded;
+
+const LEASE_MS: u64 = 1_000;
+const RETENTION_MS: u64 = 5_000;
+const START_MS: u64 = 1_700_000_000_000;
+const NEVER: u64 = u64::MAX;
+const KEYS: usize = 4;
+const BODIES: usize = 2;
+const DEFAULT_CASES: u32 = 32;
+
+fn key_of(index: usize) -> Key {
+    // Keys 0 and 3 differ only in their scope.
+    let (scope, id) = match index {
+        3 => ("tenant-b", "k0".to_string()),
+        i => ("tenant-a", format!("k{i}")),
+    };
+    Key::new(scope, "POST /charges", id).expect("valid key")
+}
+
+fn body_of(index: usize) -> Fingerprint {
+    Fingerprint::of(format!("amount={index}00"))
+}
+
+fn at(ms: u64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_millis(ms)
+}
+
+/// One step of a test sequence. Lease operations pick one of the leases acquired so far
+/// (current or long taken over); they are skipped while there is none.
+#[derive(Debug, Clone)]
+enum Op {
+    Reserve {
+        key: usize,
+        body: usize,
+    },
+    Complete {
+        lease: u16,
+    },
+    Release {
+        lease: u16,
+    },
+    Extend {
+        lease: u16,
+    },
+    MarkNeedsReview {
+        lease: u16,
+    },
+    Resolve {
+        key: usize,
+        complete: bool,
+    },
+    Advance {
+        ms: u64,
+    },
+    /// Moves the clock exactly onto the model's next lease or expiry deadline (or 1 ms on),
+    /// so that the boundaries are hit often.
+    AdvanceToNextDeadline,
+    Sweep {
+        limit: usize,
+    },
+    Stale {
+        limit: usize,
+    },
+    Reopen,
+}
+
+fn advance_ms() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        Just(1),
+        Just(LEASE_MS),
+        Just(RETENTION_MS),
+        Just(LEASE_MS + RETENTION_MS),
+        (LEASE_MS - 1)..=(LEASE_MS + 1),
+        (RETENTION_MS - 1)..=(RETENTION_MS + 1),
+        0..=LEASE_MS,
+        0..=(2 * RETENTION_MS),
+    ]
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        5 => (0..KEYS, 0..BODIES).prop_map(|(key, body)| Op::Reserve { key, body }),
+        3 => any::<u16>().prop_map(|lease| Op::Complete { lease }),
+        1 => any::<u16>().prop_map(|lease| Op::Release { lease }),
+        1 => any::<u16>().prop_map(|lease| Op::Extend { lease }),
+        1 => any::<u16>().prop_map(|lease| Op::MarkNeedsReview { lease }),
+        1 => (0..KEYS, any::<bool>()).prop_map(|(key, complete)| Op::Resolve { key, complete }),
+        3 => advance_ms().prop_map(|ms| Op::Advance { ms }),
+        2 => Just(Op::AdvanceToNextDeadline),
+        1 => (0..4usize).prop_map(|limit| Op::Sweep { limit }),
+        1 => (0..4usize).prop_map(|limit| Op::Stale { limit }),
+        1 => Just(Op::Reopen),
+    ]
+}
+
+/// The reference model's record: plain fields, times in milliseconds, `NEVER` for no expiry.
+#[derive(Debug, Clone, PartialEq)]
+struct MRecord {
+    body: usize,
+    token: u64,
+    attempt: u32,
+    expires_at: u64,
+    state: MState,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum MState {
+    Pending { lease_until: u64 },
+    Completed { completed_at: u64, result: Vec<u8> },
+    NeedsReview { since: u64, note: String },
+}
+
+/// The reference model: a map from key index to record, the time, and the largest token
+/// handed out (the store picks tokens; the model checks that each is bigger than all before).
+struct Model {
+    now: u64,
+    records: HashMap<usize, MRecord>,
+    max_token: u64,
+}
+
+impl Model {
+    /// The record of `key` unless it has expired: an expired record reads as absent.
+    fn live(&self, key: usize) -> Option<&MRecord> {
+        self.records.get(&key).filter(|r| self.now < r.expires_at)
+    }
+
+    /// Whether `token` owns `key` (it is pending under that token), else why not.
+    fn owner_check(&self, key: usize, token: u64) -> Result<(), LeaseLostReason> {
+        match self.live(key) {
+            None => Err(LeaseLostReason::Gone),
+            Some(r) => match r.state {
+                MState::Pending { .. } if r.token == token => Ok(()),
+                MState::Pending { .. } => Err(LeaseLostReason::TakenOver { by_token: r.token }),
+                MState::Completed { .. } => Err(LeaseLostReason::Completed { by_token: r.token }),
+                MState::NeedsReview { .. } => Err(LeaseLostReason::NeedsReview),
+            },
+        }
+    }
+
+    fn pending(&mut self, key: usize, body: usize, token: u64, attempt: u32) {
+        let lease_until = self.now + LEASE_MS;
+        self.records.insert(
+            key,
+            MRecord {
+                body,
+                token,
+                attempt,
+                expires_at: lease_until + RETENTION_MS,
+                state: MState::Pending { lease_until },
+            },
+        );
+    }
+
+    fn complete(&mut self, key: usize, result: Vec<u8>) {
+        let now = self.now;
+        let record = self.records.get_mut(&key).expect("completing a stored key");
+        record.expires_at = now + RETENTION_MS;
+        record.state = MState::Completed {
+            completed_at: now,
+            result,
+        };
+    }
+
+    /// Records sorted by (deadline, encoded key), the order of the store's indexes.
+    fn by_deadline(&self, deadline: impl Fn(&MRecord) -> Option<u64>) -> Vec<(u64, usize)> {
+        let mut found: Vec<(u64, usize)> = self
+            .records
+            .iter()
+            .filter_map(|(&k, r)| deadline(r).map(|d| (d, k)))
+            .collect();
+        found.sort_by_key(|&(d, k)| (d, encoded(&key_of(k))));
+        found
+    }
+}
+
+/// What `reserve` should answer, per DESIGN.md, in plain fields.
+#[derive(Debug, PartialEq)]
+enum Expected {
+    Acquired {
+        attempt: u32,
+    },
+    Completed {
+        result: Vec<u8>,
+        completed_at: u64,
+        expires_at: u64,
+        attempt: u32,
+    },
+    InProgress {
+        retry_after_ms: u64,
+        attempt: u32,
+    },
+    Mismatch,
+    NeedsReview {
+        note: String,
+    },
+}
+
+fn expect_reserve(model: &Model, key: usize, body: usize) -> Expected {
+    let Some(r) = model.live(key) else {
+        return Expected::Acquired { attempt: 1 };
+    };
+    if r.body != body {
+        return Expected::Mismatch;
+    }
+    match &r.state {
+        MState::Completed {
+            completed_at,
+            result,
+        } => Expected::Completed {
+            result: result.clone(),
+            completed_at: *completed_at,
+            expires_at: r.expires_at,
+            attempt: r.attempt,
+        },
+        MState::Pending { lease_until } if model.now < *lease_until => Expected::InProgress {
+            retry_after_ms: lease_until - model.now,
+            attempt: r.attempt,
+        },
+        MState::Pending { .. } => Expected::Acquired {
+            attempt: r.attempt + 1,
+        },
+        MState::NeedsReview { note, .. } => Expected::NeedsReview { note: note.clone() },
+    }
+}
+
+/// Converts an actual reservation into the same plain shape (the lease is returned apart).
+fn observed(reservation: Reservation) -> (Expected, Option<Lease>) {
+    match reservation {
+        Reservation::Acquired(lease) => (
+            Expected::Acquired {
+                attempt: lease.attempt(),
+            },
+            Some(lease),
+        ),
+        Reservation::Completed(done) => (
+            Expected::Completed {
+                result: done.result,
+                completed_at: millis(done.completed_at),
+                expires_at: millis(done.expires_at),
+                attempt: done.attempt,
+            },
+            None,
+        ),
+        Reservation::InProgress {
+            retry_after,
+            attempt,
+        } => (
+            Expected::InProgress {
+                retry_after_ms: u64::try_from(retry_after.as_millis()).unwrap(),
+                attempt,
+            },
+            None,
+        ),
+        Reservation::Mismatch => (Expected::Mismatch, None),
+        Reservation::NeedsReview { note } => (Expected::NeedsReview { note }, None),
+        other => panic!("unknown reservation {other:?}"),
+    }
+}
+
+fn millis(time: SystemTime) -> u64 {
+    u64::try_from(time.duration_since(UNIX_EPOCH).unwrap().as_millis()).unwrap()
+}
+
+/// Asserts that a stored record equals the model's.
+#[track_caller]
+fn check_record(actual: &Record, expected: &MRecord, context: &str) {
+    assert_eq!(
+        actual.fingerprint(),
+        body_of(expected.body),
+        "{context}: fingerprint"
+    );
+    assert_eq!(actual.token(), expected.token, "{context}: token");
+    assert_eq!(actual.attempt(), expected.attempt, "{context}: attempt");
+    let expires_at = (expected.expires_at != NEVER).then(|| at(expected.expires_at));
+    assert_eq!(actual.expires_at(), expires_at, "{context}: expires_at");
+    let status_matches = match (&expected.state, actual.status()) {
+        (
+            MState::Pending { lease_until },
+            // No recovery points are recorded in this model.
+            Status::Pending {
+                lease_until: got,
+                progress: None,
+            },
+        ) => got == at(*lease_until),
+        (
+            MState::Completed {
+                completed_at,
+                result,
+            },
+            Status::Completed {
+                result: got,
+                completed_at: got_at,
+            },
+        ) => got == result.as_slice() && got_at == at(*completed_at),
+        (
+            MState::NeedsReview { since, note },
+            Status::NeedsReview {
+                note: got,
+                since: got_since,
+            },
+        ) => got == note && got_since == at(*since),
+        _ => false,
+    };
+    assert!(
+        status_matches,
+        "{context}: status {:?}, model {:?}",
+        actual.status(),
+        expected.state
+    );
+}
+
+/// Asserts that a lease operation failed with `LeaseLost` for this lease and this reason.
+#[track_caller]
+fn check_lost<T: std::fmt::Debug>(
+    result: Result<T, Error>,
+    lease: &Lease,
+    reason: LeaseLostReason,
+    context: &str,
+) {
+    match result {
+        Err(Error::LeaseLost {
+            key,
+            token,
+            reason: got,
+        }) => {
+            assert_eq!(&key, lease.key(), "{context}: key");
+            assert_eq!(token, lease.token(), "{context}: token");
+            assert_eq!(got, reason, "{context}: reason");
+        }
+        other => panic!("{context}: expected LeaseLost({reason:?}), got {other:?}"),
+    }
+}
+
+/// Runs `ops` against a fresh store and the model, comparing after every step.
+fn run(ops: &[Op]) {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let path = dir.path().join("model.idem");
+    let clock = ManualClock::starting_at(at(START_MS));
+    let open = || {
+        Store::builder()
+            .lease(Duration::from_millis(LEASE_MS))
+            .retention(Duration::from_millis(RETENTION_MS))
+            .clock(clock.clone())
+            .open(&path)
+            .expect("open the store")
+    };
+    let mut store = open();
+    let mut model = Model {
+        now: START_MS,
+        records: HashMap::new(),
+        max_token: 0,
+    };
+    // Every lease handed out, with its key's index; never forgotten.
+    let mut leases: Vec<(usize, Lease)> = Vec::new();
+
+    for (step, op) in ops.iter().enumerate() {
+        let context = format!("step {step} {op:?}");
+        let pick = |pick: &u16| {
+            (!leases.is_empty()).then(|| {
+                let i = usize::from(*pick) % leases.len();
+                (i, leases[i].0, leases[i].1.clone())
+            })
+        };
+        match op {
+            Op::Reserve { key, body } => {
+                let expected = expect_reserve(&model, *key, *body);
+                let actual = store
+                    .reserve(&key_of(*key), body_of(*body))
+                    .expect(&context);
+                let (got, lease) = observed(actual);
+                assert_eq!(got, expected, "{context}");
+                if let Some(lease) = lease {
+                    let Expected::Acquired { attempt } = expected else {
+                        unreachable!()
+                    };
+                    assert_eq!(lease.key(), &key_of(*key), "{context}: lease key");
+                    assert!(
+                        lease.token() > model.max_token,
+                        "{context}: token {} not above every earlier token ({})",
+                        lease.token(),
+                        model.max_token
+                    );
+                    assert_eq!(lease.is_retry(), attempt > 1, "{context}");
+                    assert_eq!(
+                        lease.lease_until(),
+                        at(model.now + LEASE_MS),
+                        "{context}: lease_until"
+                    );
+                    model.max_token = lease.token();
+                    model.pending(*key, *body, lease.token(), attempt);
+                    leases.push((*key, lease));
+                }
+            }
+            Op::Complete { lease } => {
+                let Some((_, key, lease)) = pick(lease) else {
+                    continue;
+                };
+                let result = format!("result of step {step}").into_bytes();
+                let actual = store.complete(&lease, result.clone());
+                let already = matches!(
+                    model.live(key),
+                    Some(MRecord { token, state: MState::Completed { .. }, .. }) if *token == lease.token()
+                );
+                if already {
+                    // The same lease completing again: accepted, the first result stays.
+                    actual.expect(&context);
+                } else {
+                    match model.owner_check(key, lease.token()) {
+                        Ok(()) => {
+                            actual.expect(&context);
+                            model.complete(key, result);
+                        }
+                        Err(reason) => check_lost(actual, &lease, reason, &context),
+                    }
+                }
+            }
+            Op::Release { lease } => {
+                let Some((_, key, lease)) = pick(lease) else {
+                    continue;
+                };
+                let actual = store.release_if_pending(&lease);
+                match model.live(key).map(|r| &r.state) {
+                    // Never deletes a completed key; nothing to release when absent.
+                    None | Some(MState::Completed { .. }) => {
+                        assert!(!actual.expect(&context), "{context}")
+                    }
+                    Some(_) => match model.owner_check(key, lease.token()) {
+                        Ok(()) => {
+                            assert!(actual.expect(&context), "{context}");
+                            model.records.remove(&key);
+                        }
+                        Err(reason) => check_lost(actual, &lease, reason, &context),
+                    },
+                }
+            }
+            Op::Extend { lease: index } => {
+                let Some((i, key, lease)) = pick(index) else {
+                    continue;
+                };
+                let actual = store.extend(&lease);
+                match model.owner_check(key, lease.token()) {
+                    Ok(()) => {
+                        let extended = actual.expect(&context);
+                        let lease_until = model.now + LEASE_MS;
+                        assert_eq!(extended.lease_until(), at(lease_until), "{context}");
+                        assert_eq!(extended.token(), lease.token(), "{context}");
+                        assert_eq!(extended.attempt(), lease.attempt(), "{context}");
+                        assert_eq!(extended.key(), lease.key(), "{context}");
+                        let record = model.records.get_mut(&key).unwrap();
+                        record.state = MState::Pending { lease_until };
+                        record.expires_at = lease_until + RETENTION_MS;
+                        leases[i].1 = extended;
+                    }
+                    Err(reason) => check_lost(actual, &lease, reason, &context),
+                }
+            }
+            Op::MarkNeedsReview { lease } => {
+                let Some((_, key, lease)) = pick(lease) else {
+                    continue;
+                };
+                let note = format!("note of step {step}");
+                let actual = store.mark_needs_review(&lease, &note);
+                match model.owner_check(key, lease.token()) {
+                    Ok(()) => {
+                        actual.expect(&context);
+                        let now = model.now;
+                        let record = model.records.get_mut(&key).unwrap();
+                        record.state = MState::NeedsReview { since: now, note };
+                        record.expires_at = NEVER;
+                    }
+                    Err(reason) => check_lost(actual, &lease, reason, &context),
+                }
+            }
+            Op::Resolve { key, complete } => {
+                let result = format!("resolved at step {step}").into_bytes();
+                let resolution = if *complete {
+                    Resolution::Complete(result.clone())
+                } else {
+                    Resolution::Release
+                };
+                let actual = store.resolve(&key_of(*key), resolution);
+                let resolvable = match model.live(*key).map(|r| &r.state) {
+                    Some(MState::NeedsReview { .. }) => true,
+                    Some(MState::Pending { lease_until }) => *lease_until <= model.now,
+                    Some(MState::Completed { .. }) | None => false,
+                };
+                if !resolvable {
+                    match actual {
+                        Err(Error::NotResolvable { key: got, .. }) => {
+                            assert_eq!(got, key_of(*key), "{context}")
+                        }
+                        other => panic!("{context}: expected NotResolvable, got {other:?}"),
+                    }
+                } else {
+                    actual.expect(&context);
+                    if *complete {
+                        // The operator's result is stored under a new fencing token (picked
+                        // by the store, above every earlier one), so the lease that held the
+                        // key can no longer act on it.
+                        let token = store
+                            .get(&key_of(*key))
+                            .expect(&context)
+                            .expect("a resolved key is stored")
+                            .token();
+                        assert!(
+                            token > model.max_token,
+                            "{context}: resolve token {token} not above every earlier token ({})",
+                            model.max_token
+                        );
+                        model.max_token = token;
+                        model.complete(*key, result);
+                        model.records.get_mut(key).unwrap().token = token;
+                    } else {
+                        model.records.remove(key);
+                    }
+                }
+            }
+            Op::Advance { ms } => {
+                clock.advance(Duration::from_millis(*ms));
+                model.now += ms;
+            }
+            Op::AdvanceToNextDeadline => {
+                let now = model.now;
+                let next = model
+                    .records
+                    .values()
+                    .flat_map(|r| match r.state {
+                        MState::Pending { lease_until } => vec![lease_until, r.expires_at],
+                        _ => vec![r.expires_at],
+                    })
+                    .filter(|&deadline| deadline > now && deadline != NEVER)
+                    .min()
+                    .unwrap_or(now + 1);
+                clock.advance(Duration::from_millis(next - now));
+                model.now = next;
+            }
+            Op::Sweep { limit } => {
+                let now = model.now;
+                let expired = model.by_deadline(|r| (r.expires_at <= now).then_some(r.expires_at));
+                let deleted = store.sweep(*limit).expect(&context);
+                assert_eq!(deleted, expired.len().min(*limit), "{context}: swept");
+                for (_, key) in expired.into_iter().take(deleted) {
+                    model.records.remove(&key);
+                }
+            }
+            Op::Stale { limit } => {
+                let now = model.now;
+                let expected: Vec<(u64, usize)> = model
+                    .by_deadline(|r| match r.state {
+                        MState::Pending { lease_until }
+                            if lease_until <= now && now < r.expires_at =>
+                        {
+                            Some(lease_until)
+                        }
+                        _ => None,
+                    })
+                    .into_iter()
+                    .take(*limit)
+                    .collect();
+                let actual = store.stale(*limit).expect(&context);
+                let keys: Vec<Key> = actual.iter().map(|(k, _)| k.clone()).collect();
+                let want: Vec<Key> = expected.iter().map(|&(_, k)| key_of(k)).collect();
+                assert_eq!(keys, want, "{context}: stale keys");
+                for ((_, record), (_, k)) in actual.iter().zip(&expected) {
+                    check_record(record, &model.records[k], &context);
+                }
+            }
+            Op::Reopen => {
+                drop(store);
+                store = open();
+            }
+        }
+
+        for k in 0..KEYS {
+            let actual = store.get(&key_of(k)).expect(&context);
+            let context = format!("{context}: get key {k}");
+            match (actual, model.live(k)) {
+                (None, None) => {}
+                (Some(actual), Some(expected)) => check_record(&actual, expected, &context),
+                (actual, expected) => {
+                    panic!("{context}: store has {actual:?}, model has {expected:?}")
+                }
+            }
+        }
+    }
+}
+
+fn cases() -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(DEFAULT_CASES)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: cases(),
+        ..ProptestConfig::default()
+    })]
+
+    /// The store answers every operation exactly as the reference model does.
+    #[test]
+    fn store_matches_the_reference_model(ops in prop::collection::vec(op(), 1..=60)) {
+        run(&ops);
+    }
+}
+
+/// A fixed sequence through every state and both kinds of stale owner, so the model runner
+/// itself is exercised even with `PROPTEST_CASES=0`.
+#[test]
+fn model_runner_covers_a_known_story() {
+    run(&[
+        Op::Reserve { key: 0, body: 0 },
+        Op::Reserve { key: 3, body: 0 },
+        Op::Reserve { key: 0, body: 1 },
+        Op::Advance { ms: LEASE_MS },
+        Op::Stale { limit: 3 },
+        Op::Reserve { key: 0, body: 0 },
+        Op::Complete { lease: 0 },
+        Op::Reopen,
+        Op::Complete { lease: 2 },
+        Op::Reserve { key: 0, body: 0 },
+        Op::Release { lease: 1 },
+        Op::Stale { limit: 3 },
+        Op::Resolve {
+            key: 3,
+            complete: true,
+        },
+        Op::Reserve { key: 1, body: 1 },
+        Op::MarkNeedsReview { lease: 3 },
+        Op::Advance { ms: RETENTION_MS },
+        Op::Sweep { limit: 3 },
+        Op::Reserve { key: 1, body: 1 },
+        Op::Resolve {
+            key: 1,
+            complete: false,
+        },
+        Op::Extend { lease: 1 },
+    ]);
+}

@@ -364,9 +364,12 @@ impl Committer {
             answer: Mutex::new(None),
             waiter,
         });
+        let is_task = matches!(request.waiter, Waiter::Task(_));
         let mut queue = self.shared.queue.lock();
         queue.requests.push(Arc::clone(&request));
-        if queue.idle {
+        // A blocked caller leads its own batch (see `submit`); only async requests need the
+        // committer thread.
+        if is_task && queue.idle {
             queue.idle = false;
             self.shared.work.notify_one();
         }
@@ -374,13 +377,25 @@ impl Committer {
     }
 
     /// Runs `ops` in the next batch and blocks until it is durable.
+    ///
+    /// The caller leads when the writer is free: it runs the queued batch (its own request
+    /// and whatever else is queued) itself, then drives the sync, so a lone caller is answered
+    /// without any hand-off between threads. Otherwise it waits to be answered, or to be woken
+    /// to lead the next batch or run a sync.
     pub(crate) fn submit(&self, ops: Vec<(Key, Op)>) -> Answer {
         let request = self.enqueue(ops, Waiter::Thread(thread::current()));
         loop {
             if let Some(answer) = request.take_answer() {
                 return answer;
             }
-            // Woken either with the answer or to run the sync for a batch.
+            if let Some(mut writer) = self.shared.writer.try_lock() {
+                let batch = take_batch(&mut self.shared.queue.lock().requests);
+                if !batch.is_empty() {
+                    run_guarded(&self.shared, &mut writer, batch);
+                }
+                drop(writer);
+                wake_next(&self.shared);
+            }
             self.shared.syncer.drive(Some(&request));
             if let Some(answer) = request.take_answer() {
                 return answer;
@@ -431,25 +446,25 @@ impl Drop for Committer {
     }
 }
 
-/// The committer thread: batches until shut down, then a final checkpoint.
+/// The longest the committer thread sleeps: callers lead their own batches, so it wakes this
+/// often to commit their open transaction and run background work.
+const IDLE_TICK: Duration = Duration::from_millis(10);
+
+/// The committer thread: async batches and background work until shut down, then a final
+/// checkpoint.
 fn run(shared: &Shared) {
-    let mut tick: Option<Duration> = None;
     loop {
+        let tick = shared
+            .writer
+            .lock()
+            .next_tick()
+            .map_or(IDLE_TICK, |t| t.min(IDLE_TICK));
         let batch = {
             let mut queue = shared.queue.lock();
-            while queue.requests.is_empty() && !queue.shutdown {
+            if queue.requests.is_empty() && !queue.shutdown {
                 queue.idle = true;
-                let timed_out = match tick {
-                    Some(tick) => shared.work.wait_for(&mut queue, tick).timed_out(),
-                    None => {
-                        shared.work.wait(&mut queue);
-                        false
-                    }
-                };
+                let _ = shared.work.wait_for(&mut queue, tick);
                 queue.idle = false;
-                if timed_out {
-                    break;
-                }
             }
             if queue.requests.is_empty() && queue.shutdown {
                 break;
@@ -458,30 +473,52 @@ fn run(shared: &Shared) {
         };
         let mut writer = shared.writer.lock();
         if !batch.is_empty() {
-            let requests = batch.clone();
-            let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                writer.run_batch(batch);
-            }));
-            if run.is_err() {
-                // A bug, or a panic inside redb: never leave callers waiting.
-                let error = Error::Poisoned {
-                    cause: "the committer thread panicked".into(),
-                };
-                writer.fail(error);
-                for request in requests {
-                    if request.answer.lock().is_none() {
-                        request.finish(Err(Error::Poisoned {
-                            cause: "the committer thread panicked".into(),
-                        }));
-                    }
-                }
-                shared.syncer.drive(None);
-            }
+            run_guarded(shared, &mut writer, batch);
         }
         writer.background_work();
-        tick = writer.next_tick();
+        drop(writer);
+        wake_next(shared);
     }
     shared.writer.lock().close();
+}
+
+/// Runs a batch; a panic (a bug, or inside redb) poisons the store and answers every caller
+/// instead of leaving them waiting.
+fn run_guarded(shared: &Shared, writer: &mut Writer, batch: Vec<Arc<Request>>) {
+    let requests = batch.clone();
+    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| writer.run_batch(batch)));
+    if run.is_err() {
+        let cause = "a thread panicked while committing a batch";
+        writer.fail(Error::Poisoned {
+            cause: cause.into(),
+        });
+        for request in requests {
+            if request.answer.lock().is_none() {
+                request.finish(Err(Error::Poisoned {
+                    cause: cause.into(),
+                }));
+            }
+        }
+        shared.syncer.drive(None);
+    }
+}
+
+/// After a batch, wakes whoever should lead the next one: the oldest queued blocked caller,
+/// or the committer thread for async requests.
+fn wake_next(shared: &Shared) {
+    let mut queue = shared.queue.lock();
+    let Some(first) = queue.requests.first() else {
+        return;
+    };
+    match &first.waiter {
+        Waiter::Thread(thread) => thread.unpark(),
+        Waiter::Task(_) => {
+            if queue.idle {
+                queue.idle = false;
+                shared.work.notify_one();
+            }
+        }
+    }
 }
 
 /// Takes the oldest queued requests, up to [`MAX_BATCH_BYTES`] of payload (at least one).

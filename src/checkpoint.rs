@@ -36,6 +36,13 @@ pub(crate) fn recover(
         (tables.wal_seq()?, tables.next_token()?)
     };
     let (mut wal, frames) = Wal::recover(log, log_path, checkpoint_seq, strict)?;
+    #[cfg(feature = "tracing")]
+    tracing::info!(
+        checkpoint_seq,
+        frames = frames.len(),
+        entries = frames.iter().map(|f| f.entries.len()).sum::<usize>(),
+        "idemstore recovery: replaying log frames newer than the checkpoint"
+    );
     if frames.is_empty() {
         txn.abort().map_err(|e| Error::storage(ctx, e))?;
     } else {

@@ -40,7 +40,7 @@ use crate::decide::{decide, Change, Op, Outcome, Policy};
 use crate::error::Error;
 use crate::key::Key;
 use crate::record::{Millis, Record};
-use crate::stats::Counters;
+use crate::stats::{Counter, Counters};
 use crate::tables::{IndexEntries, Tables};
 use crate::wal::{LogFile, Wal};
 
@@ -62,7 +62,10 @@ impl Poison {
     }
 
     fn set(&self, error: &Error) {
-        let _ = self.0.set(error.to_string());
+        if self.0.set(error.to_string()).is_ok() {
+            #[cfg(feature = "tracing")]
+            tracing::error!(%error, "idemstore poisoned: refusing all further work until reopened");
+        }
     }
 }
 
@@ -248,7 +251,7 @@ impl Syncer {
             }
             drop(state);
             let result = self.file.sync_data();
-            Counters::add(&self.counters.syncs, 1);
+            self.counters.add(Counter::Syncs, 1);
             state = self.state.lock();
             match result {
                 Ok(()) => {
@@ -813,7 +816,7 @@ impl Writer {
             if let Err(e) = txn.commit() {
                 return Err(self.fail(Error::storage("committing a write transaction", e)));
             }
-            Counters::add(&self.counters.commits, 1);
+            self.counters.add(Counter::Commits, 1);
             self.overlay.drain_into(&self.cache);
         }
         Ok(())
@@ -864,9 +867,14 @@ impl Writer {
         if let Err(e) = txn.commit() {
             return Err(self.fail(Error::storage("committing a write transaction", e)));
         }
-        Counters::add(&self.counters.commits, 1);
+        self.counters.add(Counter::Commits, 1);
         if kind == CommitKind::Durable {
-            Counters::add(&self.counters.checkpoints, 1);
+            self.counters.add(Counter::Checkpoints, 1);
+            #[cfg(feature = "tracing")]
+            tracing::debug!(
+                log_bytes = self.wal.len_since_rewind(),
+                "idemstore checkpoint: durable redb commit, log rewound"
+            );
             // Every frame so far is now in the durable redb file.
             self.wal.rewind();
             self.last_checkpoint = Instant::now();
@@ -885,7 +893,7 @@ impl Writer {
             let mut tables = Tables::open(txn)?;
             let deleted = crate::sweep::sweep_expired(&mut tables, now, limit)?;
             let count = deleted.len();
-            Counters::add(&counters.swept, count as u64);
+            counters.add(Counter::Swept, count as u64);
             for key in deleted {
                 Writer::deleted(written, key);
             }

@@ -1,52 +1,91 @@
-//! Counters of what the store has done since it was opened, for metrics and dashboards.
+//! Counters of what the store has done since it was opened, for [`Store::stats`] and, with
+//! the `metrics` feature, for the `metrics` facade (Prometheus and friends).
+//!
+//! [`Store::stats`]: crate::Store::stats
 
 use std::sync::atomic::{AtomicU64, Ordering};
+
+/// One counter. With the `metrics` feature each increment is also reported to the `metrics`
+/// facade under [`Counter::metric`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Counter {
+    Acquired,
+    Takeovers,
+    Replayed,
+    InProgress,
+    Mismatches,
+    NeedsReview,
+    Swept,
+    Batches,
+    BatchedOps,
+    Syncs,
+    Commits,
+    Checkpoints,
+}
+
+const COUNTERS: usize = 12;
+
+impl Counter {
+    /// The metric name reported to the `metrics` facade.
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    pub(crate) fn metric(self) -> &'static str {
+        match self {
+            Counter::Acquired => "idemstore_acquired_total",
+            Counter::Takeovers => "idemstore_takeovers_total",
+            Counter::Replayed => "idemstore_replayed_total",
+            Counter::InProgress => "idemstore_in_progress_total",
+            Counter::Mismatches => "idemstore_mismatches_total",
+            Counter::NeedsReview => "idemstore_needs_review_total",
+            Counter::Swept => "idemstore_swept_total",
+            Counter::Batches => "idemstore_batches_total",
+            Counter::BatchedOps => "idemstore_batched_ops_total",
+            Counter::Syncs => "idemstore_log_syncs_total",
+            Counter::Commits => "idemstore_redb_commits_total",
+            Counter::Checkpoints => "idemstore_checkpoints_total",
+        }
+    }
+}
 
 /// Live counters, shared by the store and its commit path.
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
-    pub(crate) acquired: AtomicU64,
-    pub(crate) takeovers: AtomicU64,
-    pub(crate) replayed: AtomicU64,
-    pub(crate) in_progress: AtomicU64,
-    pub(crate) mismatches: AtomicU64,
-    pub(crate) needs_review: AtomicU64,
-    pub(crate) swept: AtomicU64,
-    pub(crate) batches: AtomicU64,
-    pub(crate) batched_ops: AtomicU64,
-    pub(crate) max_batch: AtomicU64,
-    pub(crate) syncs: AtomicU64,
-    pub(crate) commits: AtomicU64,
-    pub(crate) checkpoints: AtomicU64,
+    values: [AtomicU64; COUNTERS],
+    max_batch: AtomicU64,
 }
 
 impl Counters {
-    pub(crate) fn add(counter: &AtomicU64, n: u64) {
-        counter.fetch_add(n, Ordering::Relaxed);
+    pub(crate) fn add(&self, counter: Counter, n: u64) {
+        self.values[counter as usize].fetch_add(n, Ordering::Relaxed);
+        #[cfg(feature = "metrics")]
+        metrics::counter!(counter.metric()).increment(n);
     }
 
     pub(crate) fn batch(&self, ops: u64) {
-        Counters::add(&self.batches, 1);
-        Counters::add(&self.batched_ops, ops);
+        self.add(Counter::Batches, 1);
+        self.add(Counter::BatchedOps, ops);
         self.max_batch.fetch_max(ops, Ordering::Relaxed);
+        #[cfg(feature = "metrics")]
+        metrics::histogram!("idemstore_batch_ops").record(ops as f64);
+        #[cfg(feature = "tracing")]
+        tracing::trace!(ops, "idemstore batch committed to the log");
     }
 
     pub(crate) fn snapshot(&self) -> Stats {
-        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let get = |c: Counter| self.values[c as usize].load(Ordering::Relaxed);
         Stats {
-            acquired: get(&self.acquired),
-            takeovers: get(&self.takeovers),
-            replayed: get(&self.replayed),
-            in_progress: get(&self.in_progress),
-            mismatches: get(&self.mismatches),
-            needs_review: get(&self.needs_review),
-            swept: get(&self.swept),
-            batches: get(&self.batches),
-            batched_ops: get(&self.batched_ops),
-            max_batch: get(&self.max_batch),
-            syncs: get(&self.syncs),
-            commits: get(&self.commits),
-            checkpoints: get(&self.checkpoints),
+            acquired: get(Counter::Acquired),
+            takeovers: get(Counter::Takeovers),
+            replayed: get(Counter::Replayed),
+            in_progress: get(Counter::InProgress),
+            mismatches: get(Counter::Mismatches),
+            needs_review: get(Counter::NeedsReview),
+            swept: get(Counter::Swept),
+            batches: get(Counter::Batches),
+            batched_ops: get(Counter::BatchedOps),
+            max_batch: self.max_batch.load(Ordering::Relaxed),
+            syncs: get(Counter::Syncs),
+            commits: get(Counter::Commits),
+            checkpoints: get(Counter::Checkpoints),
         }
     }
 }
@@ -82,7 +121,7 @@ pub struct Stats {
     pub needs_review: u64,
     /// Records deleted by sweeps.
     pub swept: u64,
-    /// Batches the committer ran.
+    /// Batches run through the commit path.
     pub batches: u64,
     /// Operations in those batches (`batched_ops / batches` is the mean batch size).
     pub batched_ops: u64,
@@ -94,4 +133,36 @@ pub struct Stats {
     pub commits: u64,
     /// Checkpoints (durable redb commits after which the log is reused).
     pub checkpoints: u64,
+}
+
+#[cfg(all(test, feature = "metrics"))]
+mod metrics_tests {
+    use super::*;
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+    #[test]
+    fn counters_reach_the_metrics_facade() {
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        metrics::with_local_recorder(&recorder, || {
+            let counters = Counters::default();
+            counters.add(Counter::Acquired, 3);
+            counters.batch(5);
+        });
+        let snapshot = snapshotter.snapshot().into_vec();
+        let found = |name: &str| {
+            snapshot
+                .iter()
+                .find(|(key, ..)| key.key().name() == name)
+                .map(|(.., value)| value)
+        };
+        assert_eq!(
+            found("idemstore_acquired_total"),
+            Some(&DebugValue::Counter(3))
+        );
+        assert_eq!(
+            found("idemstore_batched_ops_total"),
+            Some(&DebugValue::Counter(5))
+        );
+    }
 }

@@ -19,7 +19,7 @@ use crate::fingerprint::Fingerprint;
 use crate::key::Key;
 use crate::record::{Millis, Record, MAX_NOTE_LEN};
 use crate::reservation::{Completed, Lease, Progress, Reservation, Seen};
-use crate::stats::{Counters, Stats};
+use crate::stats::{Counter, Counters, Stats};
 use crate::sweep;
 use crate::tables::{decode_record, Tables, LEASES, RECORDS};
 use crate::wal::{log_path, LogFile};
@@ -339,20 +339,19 @@ impl Store {
     }
 
     fn reservation(&self, key: &Key, outcome: Outcome) -> Reservation {
-        let c = &self.counters;
         let counter = match &outcome {
             Outcome::Acquired { attempt, .. } => {
                 if *attempt > 1 {
-                    Counters::add(&c.takeovers, 1);
+                    self.counters.add(Counter::Takeovers, 1);
                 }
-                &c.acquired
+                Counter::Acquired
             }
-            Outcome::Completed { .. } => &c.replayed,
-            Outcome::InProgress { .. } => &c.in_progress,
-            Outcome::Mismatch => &c.mismatches,
-            _ => &c.needs_review,
+            Outcome::Completed { .. } => Counter::Replayed,
+            Outcome::InProgress { .. } => Counter::InProgress,
+            Outcome::Mismatch => Counter::Mismatches,
+            _ => Counter::NeedsReview,
         };
-        Counters::add(counter, 1);
+        self.counters.add(counter, 1);
         match outcome {
             Outcome::Acquired {
                 token,

@@ -45,7 +45,7 @@ use crate::tables::{IndexEntries, Tables};
 use crate::wal::{LogFile, Wal};
 
 /// How long the committer keeps one redb write transaction open across batches.
-const TXN_SPAN: Duration = Duration::from_millis(5);
+const TXN_SPAN: Duration = Duration::from_millis(20);
 
 /// The first write failure, latched: once set, every call fails.
 #[derive(Debug, Default)]
@@ -161,6 +161,8 @@ pub(crate) struct Syncer {
     file: Arc<dyn LogFile>,
     path: PathBuf,
     state: Mutex<SyncState>,
+    /// Signalled whenever a sync ends (and `syncing` is cleared).
+    idle: Condvar,
     poison: Arc<Poison>,
     overlay: Arc<Overlay>,
     counters: Arc<Counters>,
@@ -182,6 +184,7 @@ impl Syncer {
                 synced_seq: last,
                 ..SyncState::default()
             }),
+            idle: Condvar::new(),
             poison,
             overlay,
             counters,
@@ -233,6 +236,14 @@ impl Syncer {
             return;
         }
         state.syncing = true;
+        drop(state);
+        self.run_syncs(own);
+        self.idle.notify_all();
+    }
+
+    /// The body of [`drive`](Syncer::drive), entered with `syncing` set; clears it on return.
+    fn run_syncs(&self, own: Option<&Request>) {
+        let mut state = self.state.lock();
         loop {
             if let Err(error) = self.poison.check() {
                 // Whatever failed, nothing still waiting will be synced: answer it now.
@@ -299,15 +310,14 @@ impl Syncer {
     fn drive_all(&self) -> Result<(), Error> {
         loop {
             self.drive(None);
-            let state = self.state.lock();
+            let mut state = self.state.lock();
             self.poison.check()?;
             if state.synced_seq >= state.written_seq && state.pending.is_empty() {
                 return Ok(());
             }
             if state.syncing {
-                // A waiter is syncing; wait for it briefly.
-                drop(state);
-                thread::yield_now();
+                // A waiting caller is syncing: wait for it to finish, then go again.
+                self.idle.wait_for(&mut state, Duration::from_millis(100));
             }
         }
     }

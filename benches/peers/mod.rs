@@ -1,0 +1,261 @@
+//! The engines a user would pick instead of idemstore, behind one small trait (after redb's
+//! `BenchDatabase` in `crates/redb-bench-compare`), and the workloads run against them.
+//!
+//! Shared by `benches/engine.rs` (criterion) and `examples/loadgen.rs` (which includes it with
+//! `#[path = "../benches/peers/mod.rs"] mod peers;`), so both measure exactly the same code.
+//!
+//! The workload everywhere: a durable insert-if-absent ("reserve") of a ~24-byte key with a
+//! 32-byte request fingerprint, and a completion that stores a 64-byte result.
+//!
+//! | engine | reserve | complete | reserve_many |
+//! |---|---|---|---|
+//! | `idemstore` | `Store::reserve`, default (durable) settings | `Store::complete` with the lease | `Store::reserve_many` (one shared commit) |
+//! | `redb` | read transaction; if absent, one write transaction (`Durability::Immediate`) | one write transaction | one write transaction for all keys |
+//! | `sqlite` | `INSERT … ON CONFLICT DO NOTHING` in its own transaction, WAL, `synchronous=FULL` | `UPDATE` in its own transaction | one `BEGIN IMMEDIATE` transaction |
+//! | `fdatasync` | in-memory set; a new key overwrites a preallocated 4 KiB block + `fdatasync` | same | one write + one `fdatasync` |
+//!
+//! `fdatasync` is the physical limit of one durable write per operation on this disk, not a
+//! store: no index on disk, no recovery, one mutex around the file.
+//!
+//! Duplicates (a reserve of a stored key) never write on any engine: idemstore and redb answer
+//! them from a read transaction, SQLite's conflicting insert changes no page, and `fdatasync`
+//! answers from its in-memory set. redb and SQLite also read back the stored fingerprint of a
+//! duplicate and compare it, as an idempotency layer must.
+
+#![allow(
+    dead_code,
+    reason = "included by both benches/engine.rs and examples/loadgen.rs, which each use a part"
+)]
+
+mod fdatasync;
+mod redb_txn;
+mod sqlite;
+mod store;
+mod workload;
+
+use std::fmt;
+use std::path::Path;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+pub use fdatasync::Fdatasync;
+pub use redb_txn::RedbTxn;
+pub use sqlite::Sqlite;
+pub use store::Idemstore;
+pub use workload::{prefill, Driver, Workload};
+
+/// Any engine's error, with a message that names the engine and the step.
+pub type BenchError = Box<dyn std::error::Error + Send + Sync>;
+/// A `Result` with [`BenchError`].
+pub type BenchResult<T> = Result<T, BenchError>;
+
+/// The result a completion stores: 64 bytes, about an HTTP status line and a small body.
+pub const RESULT: &[u8; 64] =
+    b"201 Created {\"id\":\"ch_3PzK1c2eZvKYlo2C\",\"amount\":1999,\"ok\":true}";
+
+/// One engine, opened on a fresh directory. Shared by all threads of a run.
+pub trait Engine: Sync + Sized {
+    /// The name used in bench ids and the load generator's table.
+    const NAME: &'static str;
+    /// How many threads [`prefill`] should use: 1 unless concurrent callers share commits.
+    const FILL_THREADS: usize = 1;
+    /// A per-thread handle (SQLite: a connection per thread).
+    type Handle: Handle + Send;
+
+    /// Creates the engine's files in `dir`, which is empty.
+    fn open(dir: &Path) -> BenchResult<Self>;
+
+    /// A handle for the calling thread.
+    fn handle(&self) -> BenchResult<Self::Handle>;
+}
+
+/// The operations measured, on one thread.
+pub trait Handle {
+    /// What [`complete`](Handle::complete) needs from the reserve that won the key (idemstore:
+    /// its `Lease`; the others need nothing).
+    type Lease;
+
+    /// Durably inserts `key` if absent. `Some` when this call reserved it (new), `None` when it
+    /// was already there (a duplicate).
+    fn reserve(&mut self, key: &BenchKey) -> BenchResult<Option<Self::Lease>>;
+
+    /// Durably stores `result` for a key this handle reserved.
+    fn complete(&mut self, key: &BenchKey, lease: Self::Lease, result: &[u8]) -> BenchResult<()>;
+
+    /// Reserves every key, in one durable transaction where the engine can; returns how many
+    /// were new.
+    fn reserve_many(&mut self, keys: &[BenchKey]) -> BenchResult<usize>;
+
+    /// Set-up, not measured: stores `keys` as completed with `result`, as fast as the engine
+    /// allows (the default reserves and completes each key).
+    fn fill(&mut self, keys: &[BenchKey], result: &[u8]) -> BenchResult<()> {
+        for key in keys {
+            let lease = self
+                .reserve(key)?
+                .ok_or_else(|| format!("prefill: key {key} was already stored"))?;
+            self.complete(key, lease, result)?;
+        }
+        Ok(())
+    }
+}
+
+/// A benchmark key: scope `t042`, operation `pay`, id of 16 hex digits (25 bytes flat, 26 in
+/// idemstore's length-prefixed encoding), and the request's 32-byte fingerprint.
+///
+/// Key number `n` maps to a pseudo-random id (a bijection), so keys land all over the B-tree as
+/// client-generated keys do, and distinct numbers never collide.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct BenchKey {
+    flat: [u8; BenchKey::FLAT_LEN],
+    fingerprint: [u8; 32],
+}
+
+impl BenchKey {
+    /// Length of [`flat`](BenchKey::flat): `t042:pay:0123456789abcdef`.
+    pub const FLAT_LEN: usize = 25;
+    /// The operation part of every key.
+    pub const OPERATION: &'static [u8] = b"pay";
+
+    /// Key number `n`.
+    pub fn new(n: u64) -> BenchKey {
+        let h = splitmix64(n);
+        let mut flat = *b"t000:pay:0000000000000000";
+        let tenant = (h >> 40) % 1000;
+        flat[1] = b'0' + (tenant / 100) as u8;
+        flat[2] = b'0' + (tenant / 10 % 10) as u8;
+        flat[3] = b'0' + (tenant % 10) as u8;
+        for (i, byte) in flat[9..].iter_mut().enumerate() {
+            *byte = b"0123456789abcdef"[(h >> (60 - 4 * i) & 0xf) as usize];
+        }
+        let mut fingerprint = [0; 32];
+        for (i, chunk) in fingerprint.chunks_exact_mut(8).enumerate() {
+            chunk.copy_from_slice(&splitmix64(h ^ i as u64).to_le_bytes());
+        }
+        BenchKey { flat, fingerprint }
+    }
+
+    /// The key as one byte string, for engines without structured keys.
+    pub fn flat(&self) -> &[u8; BenchKey::FLAT_LEN] {
+        &self.flat
+    }
+
+    /// The scope (tenant) part.
+    pub fn scope(&self) -> &[u8] {
+        &self.flat[..4]
+    }
+
+    /// The client's id part.
+    pub fn id(&self) -> &[u8] {
+        &self.flat[9..]
+    }
+
+    /// The request's fingerprint.
+    pub fn fingerprint(&self) -> &[u8; 32] {
+        &self.fingerprint
+    }
+}
+
+impl fmt::Display for BenchKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&String::from_utf8_lossy(&self.flat))
+    }
+}
+
+impl fmt::Debug for BenchKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "BenchKey({self})")
+    }
+}
+
+/// Hands out key numbers never used before in this run, to any number of threads.
+#[derive(Debug, Default)]
+pub struct Fresh(AtomicU64);
+
+impl Fresh {
+    /// The next `n` unused key numbers.
+    pub fn take(&self, n: u64) -> std::ops::Range<u64> {
+        let start = self.0.fetch_add(n, Ordering::Relaxed);
+        start..start + n
+    }
+}
+
+/// The engines, by name, for command lines and loops over all of them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kind {
+    /// [`Idemstore`].
+    Idemstore,
+    /// [`RedbTxn`].
+    Redb,
+    /// [`Sqlite`].
+    Sqlite,
+    /// [`Fdatasync`].
+    Fdatasync,
+}
+
+impl Kind {
+    /// Every engine, in the order tables list them.
+    pub const ALL: [Kind; 4] = [Kind::Idemstore, Kind::Redb, Kind::Sqlite, Kind::Fdatasync];
+
+    /// Runs `visitor` with this engine's type.
+    pub fn visit<V: Visit>(self, visitor: V) -> V::Output {
+        match self {
+            Kind::Idemstore => visitor.visit::<Idemstore>(),
+            Kind::Redb => visitor.visit::<RedbTxn>(),
+            Kind::Sqlite => visitor.visit::<Sqlite>(),
+            Kind::Fdatasync => visitor.visit::<Fdatasync>(),
+        }
+    }
+
+    /// The engine's [`Engine::NAME`].
+    pub fn name(self) -> &'static str {
+        struct Name;
+        impl Visit for Name {
+            type Output = &'static str;
+            fn visit<E: Engine>(self) -> &'static str {
+                E::NAME
+            }
+        }
+        self.visit(Name)
+    }
+}
+
+impl fmt::Display for Kind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Kind {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Kind, String> {
+        Kind::ALL
+            .into_iter()
+            .find(|kind| kind.name() == s)
+            .ok_or_else(|| {
+                let names: Vec<_> = Kind::ALL.iter().map(|kind| kind.name()).collect();
+                format!("unknown engine {s:?}; expected one of {}", names.join(", "))
+            })
+    }
+}
+
+/// Something generic over the engine type, run by [`Kind::visit`].
+pub trait Visit {
+    /// What the visit returns.
+    type Output;
+    /// Runs with engine type `E`.
+    fn visit<E: Engine>(self) -> Self::Output;
+}
+
+/// SplitMix64: a fast bijection on `u64` with good mixing.
+pub fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// Adds `what` to an error's message.
+pub(crate) fn context<E: fmt::Display>(what: &'static str) -> impl FnOnce(E) -> BenchError {
+    move |e| format!("{what}: {e}").into()
+}

@@ -64,6 +64,7 @@ mod decide;
 mod error;
 mod file;
 mod fingerprint;
+mod inspect;
 mod key;
 mod record;
 mod reservation;
@@ -85,6 +86,9 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use decide::Resolution;
 pub use error::{Error, KeyPart, LeaseLostReason};
 pub use fingerprint::Fingerprint;
+pub use inspect::{
+    FileInfo, Problem, ProblemKind, RecordClass, ScanFilter, StateCounts, Verification,
+};
 pub use key::{Key, MAX_KEY_PART_LEN};
 pub use record::{Record, Status, MAX_NOTE_LEN};
 pub use reservation::{Completed, Lease, Progress, Reservation, Seen};

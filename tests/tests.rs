@@ -3,8 +3,11 @@
 mod common;
 
 mod bad_input;
+#[cfg(feature = "cli")]
+mod cli;
 mod complete_with;
 mod concurrency;
 mod features;
+mod http;
 mod model;
 mod seeds;

@@ -1,0 +1,552 @@
+//! The `idemstore` binary, run as a user would against store files made by the library.
+//!
+//! The CLI reads the system clock, so fixtures are written through a [`ManualClock`] set in
+//! the past: a reservation made "two hours ago" with a one-hour lease is stale now.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, SystemTime};
+
+use idemstore::redb::{self, ReadableDatabase, ReadableTable};
+use idemstore::{ManualClock, Reservation, Store};
+use serde_json::Value;
+
+use crate::common::{acquire, encoded, fp, key, replayed, RECORDS};
+
+const HOUR: Duration = Duration::from_secs(3600);
+
+/// A store file with one record in each state, in its own temporary directory.
+struct Fixture {
+    _dir: tempfile::TempDir,
+    path: PathBuf,
+    clock: ManualClock,
+}
+
+impl Fixture {
+    /// - `u1/charge/live`: reserved now, lease 1 h: pending;
+    /// - `u1/charge/stale`: reserved 2 h ago: stale for 1 h;
+    /// - `u1/charge/review`: reserved 2 h ago, marked for review;
+    /// - `u1/charge/done`: completed 30 min ago with `201 created`;
+    /// - `u2/refund/old`: completed 48 h ago: expired, not swept.
+    fn new() -> Fixture {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let path = dir.path().join("keys.idem");
+        let fixture = Fixture {
+            _dir: dir,
+            path,
+            clock: ManualClock::new(),
+        };
+        let store = fixture.open();
+        let now = SystemTime::now();
+        fixture.clock.set(now - 48 * HOUR);
+        let old = acquire(&store, &key("u2", "refund", "old"), fp("r"));
+        store.complete(&old, b"200 refunded".to_vec()).unwrap();
+        fixture.clock.set(now - 2 * HOUR);
+        let _stale = acquire(&store, &key("u1", "charge", "stale"), fp("s"));
+        let review = acquire(&store, &key("u1", "charge", "review"), fp("v"));
+        store
+            .mark_needs_review(&review, "gateway timed out")
+            .unwrap();
+        fixture.clock.set(now - HOUR / 2);
+        let done = acquire(&store, &key("u1", "charge", "done"), fp("d"));
+        store.complete(&done, b"201 created".to_vec()).unwrap();
+        fixture.clock.set(now);
+        let _live = acquire(&store, &key("u1", "charge", "live"), fp("l"));
+        fixture
+    }
+
+    /// The fixture's store, with its clock: lease 1 h, retention 24 h.
+    fn open(&self) -> Store {
+        Store::builder()
+            .lease(HOUR)
+            .retention(24 * HOUR)
+            .clock(self.clock.clone())
+            .open(&self.path)
+            .expect("open the fixture store")
+    }
+
+    fn file(&self) -> &str {
+        self.path.to_str().expect("a UTF-8 temporary path")
+    }
+}
+
+fn idemstore(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_idemstore"))
+        .args(args)
+        .output()
+        .expect("run idemstore")
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// Runs the command, expects exit status `code`, and returns its stdout.
+#[track_caller]
+fn run(args: &[&str], code: i32) -> String {
+    let output = idemstore(args);
+    assert_eq!(
+        output.status.code(),
+        Some(code),
+        "idemstore {args:?}\nstdout:\n{}\nstderr:\n{}",
+        stdout(&output),
+        stderr(&output)
+    );
+    stdout(&output)
+}
+
+#[track_caller]
+fn run_json(args: &[&str], code: i32) -> Value {
+    let text = run(args, code);
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}):\n{text}"))
+}
+
+fn ids(records: &Value) -> Vec<&str> {
+    records
+        .as_array()
+        .expect("an array")
+        .iter()
+        .map(|r| r["id"].as_str().expect("an id"))
+        .collect()
+}
+
+#[test]
+fn stats_counts_every_state_and_reports_the_files() {
+    let fx = Fixture::new();
+    let text = run(&["stats", fx.file()], 0);
+    for line in [
+        "pending (live lease)    1",
+        "stale (lease ran out)   1",
+        "needs-review            1",
+        "completed               1",
+        "expired, not yet swept  1",
+        "total                   5",
+    ] {
+        assert!(text.contains(line), "missing {line:?} in:\n{text}");
+    }
+    assert!(text.contains("keys.idem.wal"), "{text}");
+    assert!(
+        text.contains("oldest pending: u1/charge/stale (stale for 1h00m"),
+        "{text}"
+    );
+
+    let stats = run_json(&["stats", fx.file(), "--json"], 0);
+    let counts = &stats["counts"];
+    for (name, n) in [
+        ("pending", 1),
+        ("stale", 1),
+        ("needs_review", 1),
+        ("completed", 1),
+        ("expired", 1),
+        ("damaged", 0),
+        ("total", 5),
+    ] {
+        assert_eq!(counts[name], n, "{name} in {stats:#}");
+    }
+    assert_eq!(stats["next_token"], 6, "five acquisitions: {stats:#}");
+    assert!(stats["wal_seq"].as_u64().unwrap() >= 5, "{stats:#}");
+    assert_eq!(
+        stats["file_bytes"].as_u64().unwrap(),
+        std::fs::metadata(&fx.path).unwrap().len()
+    );
+    assert!(stats["log_path"]
+        .as_str()
+        .unwrap()
+        .ends_with("keys.idem.wal"));
+    assert_eq!(stats["oldest_pending"]["id"], "stale");
+    assert_eq!(stats["oldest_pending"]["attempt"], 1);
+    let stale_for = stats["oldest_pending"]["stale_for_ms"].as_u64().unwrap();
+    assert!((3_600_000..3_700_000).contains(&stale_for), "{stale_for}");
+}
+
+#[test]
+fn get_shows_one_record_its_result_and_refuses_a_missing_key() {
+    let fx = Fixture::new();
+    let text = run(&["get", fx.file(), "u1", "charge", "done"], 0);
+    assert!(
+        text.contains("state        completed (completed 30m"),
+        "{text}"
+    );
+    assert!(
+        text.contains("result       11 bytes: 201 created"),
+        "{text}"
+    );
+
+    let record = run_json(&["get", fx.file(), "u1", "charge", "done", "--json"], 0);
+    assert_eq!(record["state"], "completed");
+    assert_eq!(record["result"], "201 created");
+    assert_eq!(record["result_len"], 11);
+    assert_eq!(
+        (record["attempt"].as_u64(), record["scope"].as_str()),
+        (Some(1), Some("u1"))
+    );
+    assert_eq!(record["fingerprint"].as_str().unwrap().len(), 64);
+
+    let review = run_json(&["--json", "get", fx.file(), "u1", "charge", "review"], 0);
+    assert_eq!(
+        (review["state"].as_str(), review["note"].as_str()),
+        (Some("needs-review"), Some("gateway timed out"))
+    );
+    assert_eq!(review["expires_at"], Value::Null);
+
+    let raw = idemstore(&["get", fx.file(), "u1", "charge", "done", "--raw"]);
+    assert_eq!(raw.stdout, b"201 created");
+
+    let missing = idemstore(&["get", fx.file(), "u1", "charge", "nope"]);
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(
+        stderr(&missing).contains("no record for key u1/charge/nope"),
+        "{}",
+        stderr(&missing)
+    );
+    // An expired record reads as absent, as it does for the library.
+    run(&["get", fx.file(), "u2", "refund", "old"], 1);
+}
+
+#[test]
+fn list_filters_by_state_age_and_limit() {
+    let fx = Fixture::new();
+    let text = run(&["list", fx.file(), "--state", "stale"], 0);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    assert!(lines[0].starts_with("SCOPE  OPERATION  ID"), "{text}");
+    assert!(
+        lines[1].starts_with("u1     charge     stale  stale  1"),
+        "{text}"
+    );
+    assert!(lines[1].contains("stale for 1h00m"), "{text}");
+
+    let stale = |age: &str| {
+        run_json(
+            &[
+                "list",
+                fx.file(),
+                "--state",
+                "stale",
+                "--older-than",
+                age,
+                "--json",
+            ],
+            0,
+        )
+    };
+    assert_eq!(ids(&stale("30m")["records"]), ["stale"]);
+    assert_eq!(ids(&stale("2h")["records"]), Vec::<&str>::new());
+
+    let all = run_json(&["list", fx.file(), "--json"], 0);
+    assert_eq!(all["truncated"], false);
+    assert_eq!(ids(&all["records"]).len(), 5);
+    let pending = run_json(&["list", fx.file(), "--state", "pending", "--json"], 0);
+    assert_eq!(ids(&pending["records"]), ["live"]);
+    assert!(pending["records"][0]["lease_left_ms"].as_u64().unwrap() > 3_000_000);
+    let review = run_json(&["list", fx.file(), "--state", "needs-review", "--json"], 0);
+    assert_eq!(ids(&review["records"]), ["review"]);
+    let expired = run_json(&["list", fx.file(), "--state", "expired", "--json"], 0);
+    assert_eq!(ids(&expired["records"]), ["old"]);
+    let done = run_json(
+        &[
+            "list",
+            fx.file(),
+            "--state",
+            "completed",
+            "--older-than",
+            "20m",
+            "--json",
+        ],
+        0,
+    );
+    assert_eq!(ids(&done["records"]), ["done"]);
+
+    let limited = idemstore(&["list", fx.file(), "--limit", "2", "--json"]);
+    let value: Value = serde_json::from_slice(&limited.stdout).unwrap();
+    assert_eq!(
+        (ids(&value["records"]).len(), &value["truncated"]),
+        (2, &Value::Bool(true))
+    );
+    let limited = idemstore(&["list", fx.file(), "--limit", "2"]);
+    assert!(
+        stderr(&limited).contains("first 2 shown"),
+        "{}",
+        stderr(&limited)
+    );
+
+    run(&["list", fx.file(), "--state", "bogus"], 2);
+    run(&["list", fx.file(), "--older-than", "five minutes"], 2);
+}
+
+#[test]
+fn resolve_completes_or_releases_stale_and_review_keys_only() {
+    let fx = Fixture::new();
+    let result = fx.path.with_file_name("answer.bin");
+    std::fs::write(&result, b"201 charged after recovery").unwrap();
+    let text = run(
+        &[
+            "resolve",
+            fx.file(),
+            "u1",
+            "charge",
+            "stale",
+            "--complete",
+            result.to_str().unwrap(),
+        ],
+        0,
+    );
+    assert!(
+        text.contains("resolved u1/charge/stale (was stale): completed with a 26-byte result"),
+        "{text}"
+    );
+    let value = run_json(
+        &[
+            "resolve",
+            fx.file(),
+            "u1",
+            "charge",
+            "review",
+            "--release",
+            "--json",
+        ],
+        0,
+    );
+    assert_eq!(
+        (value["was"].as_str(), value["action"].as_str()),
+        (Some("needs-review"), Some("release"))
+    );
+
+    // A live lease and a completed key are refused, and nothing changes.
+    let live = idemstore(&["resolve", fx.file(), "u1", "charge", "live", "--release"]);
+    assert_eq!(live.status.code(), Some(1));
+    assert!(
+        stderr(&live).contains("cannot be resolved: its lease is live"),
+        "{}",
+        stderr(&live)
+    );
+    run(
+        &["resolve", fx.file(), "u1", "charge", "done", "--release"],
+        1,
+    );
+    run(&["resolve", fx.file(), "u1", "charge", "stale"], 2); // neither --complete nor --release
+
+    let store = fx.open();
+    let done = replayed(&store, &key("u1", "charge", "stale"), fp("s"));
+    assert_eq!(done.result, b"201 charged after recovery");
+    let again = acquire(
+        &store,
+        &key("u1", "charge", "review"),
+        fp("another body is fine now"),
+    );
+    assert_eq!(again.attempt(), 1, "released keys start afresh");
+    assert!(matches!(
+        store
+            .reserve(&key("u1", "charge", "live"), fp("l"))
+            .unwrap(),
+        Reservation::InProgress { .. }
+    ));
+}
+
+#[test]
+fn sweep_deletes_expired_records_in_slices_durably() {
+    let fx = Fixture::new();
+    {
+        let store = fx.open();
+        fx.clock.set(SystemTime::now() - 30 * HOUR);
+        for i in 0..24 {
+            let lease = acquire(&store, &key("u3", "batch", &format!("k{i}")), fp("b"));
+            store.complete(&lease, b"ok".to_vec()).unwrap();
+        }
+        fx.clock.set(SystemTime::now());
+    }
+    let value = run_json(
+        &[
+            "sweep",
+            fx.file(),
+            "--slice",
+            "10",
+            "--limit",
+            "20",
+            "--json",
+        ],
+        0,
+    );
+    assert_eq!(
+        (value["swept"].as_u64(), value["slices"].as_u64()),
+        (Some(20), Some(2))
+    );
+    assert_eq!(value["remaining_expired"], 5);
+    let text = run(&["sweep", fx.file(), "--slice", "10"], 0);
+    assert!(
+        text.starts_with("swept 5 expired records in 1 slice ("),
+        "{text}"
+    );
+    assert!(text.contains("0 expired records remain"), "{text}");
+    // Durable: a new process and the library see them gone, and nothing else went.
+    let stats = run_json(&["stats", fx.file(), "--json"], 0);
+    assert_eq!(
+        (
+            stats["counts"]["expired"].as_u64(),
+            stats["counts"]["total"].as_u64()
+        ),
+        (Some(0), Some(4))
+    );
+    drop(fx.open());
+    let db = redb::Database::open(&fx.path).unwrap();
+    let txn = db.begin_read().unwrap();
+    let records = txn.open_table(RECORDS).unwrap();
+    assert!(records
+        .get(encoded(&key("u2", "refund", "old")).as_slice())
+        .unwrap()
+        .is_none());
+    assert!(records
+        .get(encoded(&key("u1", "charge", "done")).as_slice())
+        .unwrap()
+        .is_some());
+}
+
+/// Flips one byte of a stored record with redb directly (the store must be closed).
+fn damage(path: &Path, id: &str) {
+    let db = redb::Database::open(path).unwrap();
+    let txn = db.begin_write().unwrap();
+    {
+        let mut table = txn.open_table(RECORDS).unwrap();
+        let raw = encoded(&key("u1", "charge", id));
+        let mut bytes = table.get(raw.as_slice()).unwrap().unwrap().value().to_vec();
+        bytes[10] ^= 0x40;
+        table.insert(raw.as_slice(), bytes.as_slice()).unwrap();
+    }
+    txn.commit().unwrap();
+}
+
+#[test]
+fn check_reports_a_corrupted_record_by_its_key() {
+    let fx = Fixture::new();
+    let text = run(&["check", fx.file()], 0);
+    assert!(
+        text.contains("checked 5 records, 4 expiry index entries, 2 lease index entries"),
+        "{text}"
+    );
+    assert!(text.contains("ok: no problems found"), "{text}");
+
+    damage(&fx.path, "done");
+    let text = run(&["check", fx.file()], 1);
+    assert!(
+        text.contains("damaged-record  key u1/charge/done: damaged record: checksum mismatch"),
+        "{text}"
+    );
+    assert!(text.contains("1 problem found"), "{text}");
+    let value = run_json(&["check", fx.file(), "--json"], 1);
+    assert_eq!(value["ok"], false);
+    let problem = &value["problems"][0];
+    assert_eq!(
+        (problem["kind"].as_str(), problem["id"].as_str()),
+        (Some("damaged-record"), Some("done"))
+    );
+    // The other commands keep working around it, and say so.
+    let stats = run_json(&["stats", fx.file(), "--json"], 0);
+    assert_eq!(stats["counts"]["damaged"], 1);
+    assert!(run(&["stats", fx.file()], 0).contains("damaged (run `idemstore check`)"));
+    let get = idemstore(&["get", fx.file(), "u1", "charge", "done"]);
+    assert_eq!(get.status.code(), Some(1));
+    assert!(
+        stderr(&get).contains("corruption detected in record u1/charge/done"),
+        "{}",
+        stderr(&get)
+    );
+}
+
+#[test]
+fn a_store_open_in_a_service_is_refused_with_a_clear_message() {
+    let fx = Fixture::new();
+    let service = fx.open();
+    let output = idemstore(&["stats", fx.file()]);
+    assert_eq!(output.status.code(), Some(1));
+    let message = stderr(&output);
+    assert!(
+        message.contains("is already open in another process"),
+        "{message}"
+    );
+    assert!(
+        message.contains("hint: stop the service that has the store open"),
+        "{message}"
+    );
+    assert!(output.stdout.is_empty());
+    let json = idemstore(&["stats", fx.file(), "--json"]);
+    let error: Value = serde_json::from_slice(&json.stderr).expect("a JSON error on stderr");
+    assert!(
+        error["error"].as_str().unwrap().contains("already open"),
+        "{error}"
+    );
+    drop(service);
+    run(&["stats", fx.file()], 0);
+}
+
+#[test]
+fn usage_errors_exit_2_and_missing_files_are_not_created() {
+    let help = run(&["--help"], 0);
+    assert!(
+        help.contains("Exit status:") && help.contains("2  usage error"),
+        "{help}"
+    );
+    run(&[], 2);
+    run(&["frobnicate"], 2);
+    run(&["get", "x.idem", "only-scope"], 2);
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("typo.idem");
+    let output = idemstore(&["stats", missing.to_str().unwrap()]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        stderr(&output).contains("does not exist"),
+        "{}",
+        stderr(&output)
+    );
+    assert!(!missing.exists(), "the tool created a store");
+}
+
+#[test]
+fn a_closed_stdout_is_a_normal_exit() {
+    let fx = Fixture::new();
+    {
+        let store = fx.open();
+        let items: Vec<_> = (0..1500)
+            .map(|i| (key("u4", "import", &format!("row-{i:05}")), fp("x")))
+            .collect();
+        for result in store.reserve_many(&items).unwrap() {
+            assert!(matches!(result.unwrap(), Reservation::Acquired(_)));
+        }
+    }
+    // Far more than a pipe buffer: the reader goes away after the first few lines.
+    for args in [
+        vec!["list", fx.file(), "--limit", "100000"],
+        vec!["list", fx.file(), "--limit", "100000", "--json"],
+    ] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_idemstore"))
+            .args(&args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut head = [0u8; 200];
+        child
+            .stdout
+            .as_mut()
+            .unwrap()
+            .read_exact(&mut head)
+            .unwrap();
+        drop(child.stdout.take());
+        let mut errors = String::new();
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut errors)
+            .unwrap();
+        let status = child.wait().unwrap();
+        assert_eq!(status.code(), Some(0), "{args:?}: {errors}");
+        assert!(errors.is_empty(), "{errors}");
+    }
+    // The store is intact after the early exit.
+    assert_eq!(fx.open().counts().unwrap().pending, 1 + 1500);
+}

@@ -156,13 +156,14 @@ impl Overlay {
 
     /// Publishes acknowledged changes.
     pub(crate) fn publish(&self, changes: Vec<(Key, Option<Record>)>) {
-        {
-            let mut map = self.map.write();
-            for (key, record) in &changes {
-                map.insert(key.clone(), record.clone());
-            }
-        }
-        self.waiters.notify(changes.iter().map(|(key, _)| key));
+        // Waiters are woken after the change is visible, or they would read the old state.
+        let keys: Vec<Key> = if self.waiters.any() {
+            changes.iter().map(|(key, _)| key.clone()).collect()
+        } else {
+            Vec::new()
+        };
+        self.map.write().extend(changes);
+        self.waiters.notify(&keys);
     }
 
     /// After the open transaction committed: hands every entry to `cache` and empties itself.

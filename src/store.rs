@@ -278,39 +278,23 @@ impl Store {
         &self,
         items: &[(Key, Fingerprint)],
     ) -> Result<Vec<Result<Reservation, Error>>, Error> {
-        let mut results: Vec<Option<Result<Reservation, Error>>> = Vec::with_capacity(items.len());
-        let mut ops = Vec::new();
-        for (key, fingerprint) in items {
-            match self.answer_without_writing(key, *fingerprint) {
-                Ok(Some(answer)) => results.push(Some(Ok(answer))),
-                Ok(None) => {
-                    results.push(None);
-                    ops.push((
-                        key.clone(),
-                        Op::Reserve {
-                            fingerprint: *fingerprint,
-                        },
-                    ));
-                }
-                Err(error @ Error::Corruption { .. }) => results.push(Some(Err(error))),
-                Err(error) => return Err(error),
-            }
-        }
-        let mut outcomes = if ops.is_empty() {
-            Vec::new()
-        } else {
-            self.committer.submit(ops)?
-        }
-        .into_iter();
-        Ok(results
+        // The whole batch goes to the writer, which answers duplicates from the state it
+        // reads anyway: one pass over the keys, no read transaction per item.
+        let ops = items
+            .iter()
+            .map(|(key, fingerprint)| {
+                let op = Op::Reserve {
+                    fingerprint: *fingerprint,
+                };
+                (key.clone(), op)
+            })
+            .collect();
+        Ok(self
+            .committer
+            .submit(ops)?
             .into_iter()
             .zip(items)
-            .map(|(result, (key, _))| {
-                result.unwrap_or_else(|| {
-                    let outcome = outcomes.next().expect("one outcome per queued item");
-                    outcome.map(|outcome| self.reservation(key, outcome))
-                })
-            })
+            .map(|(outcome, (key, _))| outcome.map(|outcome| self.reservation(key, outcome)))
             .collect())
     }
 
@@ -740,40 +724,19 @@ impl Store {
         keys: &[Key],
         window: Duration,
     ) -> Result<Vec<Result<Seen, Error>>, Error> {
-        self.poison.check()?;
-        let now = self.now();
         let window = duration_millis(window);
-        let mut results: Vec<Option<Result<Seen, Error>>> = Vec::with_capacity(keys.len());
-        let mut ops = Vec::new();
-        for key in keys {
-            match self.read(key) {
-                Ok(Some(record)) if !record.is_expired(now) => {
-                    results.push(Some(Ok(Seen::Duplicate)))
-                }
-                Ok(_) => {
-                    results.push(None);
-                    ops.push((key.clone(), Op::Observe { window }));
-                }
-                Err(error @ Error::Corruption { .. }) => results.push(Some(Err(error))),
-                Err(error) => return Err(error),
-            }
-        }
-        let mut outcomes = if ops.is_empty() {
-            Vec::new()
-        } else {
-            self.committer.submit(ops)?
-        }
-        .into_iter();
-        Ok(results
+        let ops = keys
+            .iter()
+            .map(|key| (key.clone(), Op::Observe { window }))
+            .collect();
+        Ok(self
+            .committer
+            .submit(ops)?
             .into_iter()
-            .map(|result| {
-                result.unwrap_or_else(|| {
-                    match outcomes.next().expect("one outcome per queued item")? {
-                        Outcome::Observed { new: true } => Ok(Seen::New),
-                        Outcome::Observed { new: false } => Ok(Seen::Duplicate),
-                        other => unreachable!("observe never decides {other:?}"),
-                    }
-                })
+            .map(|outcome| match outcome? {
+                Outcome::Observed { new: true } => Ok(Seen::New),
+                Outcome::Observed { new: false } => Ok(Seen::Duplicate),
+                other => unreachable!("observe never decides {other:?}"),
             })
             .collect())
     }

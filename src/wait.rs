@@ -41,6 +41,11 @@ impl Waiters {
         }
     }
 
+    /// Whether any thread is waiting.
+    pub(crate) fn any(&self) -> bool {
+        self.count.load(Ordering::SeqCst) > 0
+    }
+
     /// Wakes every thread waiting for one of `keys`.
     pub(crate) fn notify<'a>(&self, keys: impl IntoIterator<Item = &'a Key>) {
         if self.count.load(Ordering::SeqCst) == 0 {

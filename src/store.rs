@@ -577,6 +577,27 @@ impl Store {
         }
     }
 
+    /// [`release_if_pending`](Store::release_if_pending) for async code; no thread blocks
+    /// while the release is synced.
+    ///
+    /// # Cancel safety
+    /// Dropping the future does not withdraw the release: it may still be committed.
+    ///
+    /// # Errors
+    /// As for [`release_if_pending`](Store::release_if_pending).
+    pub async fn release_if_pending_async(&self, lease: &Lease) -> Result<bool, Error> {
+        let op = Op::Release { token: lease.token };
+        let answer = self
+            .committer
+            .submit_async(vec![(lease.key.clone(), op)])
+            .await;
+        match first(answer)? {
+            Outcome::Released(released) => Ok(released),
+            Outcome::LeaseLost(reason) => Err(self.lease_lost(lease, reason)),
+            other => unreachable!("release never decides {other:?}"),
+        }
+    }
+
     /// Heartbeat for long work: renews the lease for another [`Builder::lease`] from now and
     /// returns the renewed lease.
     ///

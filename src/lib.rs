@@ -64,11 +64,15 @@ mod decide;
 mod error;
 mod file;
 mod fingerprint;
+// Entry points for the fuzz targets in fuzz/, also built for the unit test that replays their
+// corpus; never part of a normal build.
+#[cfg(any(test, fuzzing))]
+pub mod fuzz_api;
 mod inspect;
 mod key;
 mod record;
 mod reservation;
-#[cfg(test)]
+#[cfg(any(test, fuzzing))]
 mod sim;
 mod stats;
 mod store;

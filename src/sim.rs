@@ -1,6 +1,13 @@
 //! A simulated disk for crash and fault tests: it keeps what was written apart from what was
-//! synced, so a test can take the image a process crash or a power loss would leave, and it can
-//! fail the N-th write or sync. Used as both the redb `StorageBackend` and the log file.
+//! synced, so a test can take the image a process crash or a power loss would leave, it can
+//! fail the N-th write or sync, and it can run out of space. Used as both the redb
+//! `StorageBackend` and the log file, by the unit tests and by the fuzz targets
+//! ([`crate::fuzz_api`]).
+//!
+//! The power-loss model: bytes synced by `sync_data` survive; each write since the last sync is
+//! independently lost, kept, or torn (each 512-byte sector of it kept or lost on its own), in
+//! any combination, and the file length is either the synced one or the live one. A process
+//! crash keeps every write (the operating system holds them).
 
 use std::fmt;
 use std::io;
@@ -26,6 +33,9 @@ struct DiskState {
     /// Counts down on every write and sync; the one that reaches zero fails, and so does every
     /// later one (a failed device stays failed).
     fail_in: Option<u64>,
+    /// A full disk: a write or `set_len` that would grow the file past this many bytes fails
+    /// with [`io::ErrorKind::StorageFull`] and changes nothing.
+    size_limit: Option<u64>,
     writes: u64,
     syncs: u64,
 }
@@ -64,7 +74,8 @@ impl SimDisk {
         SimDisk::default()
     }
 
-    fn from_image(image: Vec<u8>) -> SimDisk {
+    /// A disk holding `image`, all of it synced.
+    pub(crate) fn from_image(image: Vec<u8>) -> SimDisk {
         SimDisk(Arc::new(Mutex::new(DiskState {
             live: image.clone(),
             durable: image,
@@ -80,6 +91,21 @@ impl SimDisk {
     /// The `n`-th write or sync from now (1 = the next) fails, and every later one too.
     pub(crate) fn fail_after(&self, n: u64) {
         self.0.lock().fail_in = Some(n);
+    }
+
+    /// Makes the disk full at `limit` bytes (`None`: unlimited): a write or `set_len` that
+    /// would grow the file past it fails with [`io::ErrorKind::StorageFull`], like `ENOSPC`.
+    /// Writes inside the current length still succeed. Unlike [`fail_after`](Self::fail_after)
+    /// the condition is not latched: raising the limit makes writes succeed again.
+    pub(crate) fn set_size_limit(&self, limit: Option<u64>) {
+        self.0.lock().size_limit = limit;
+    }
+
+    /// How many writes and syncs the disk has accepted (each one a distinct crash point).
+    #[cfg(test)]
+    pub(crate) fn io_count(&self) -> u64 {
+        let state = self.0.lock();
+        state.writes + state.syncs
     }
 
     /// What a process crash leaves: every write the process made (the OS has it).
@@ -116,6 +142,7 @@ impl SimDisk {
     }
 
     /// Flips one bit of what is on the disk (live and durable alike).
+    #[cfg(test)]
     pub(crate) fn flip_bit(&self, offset: usize, bit: u8) {
         let mut state = self.0.lock();
         state.live[offset] ^= 1 << bit;
@@ -140,9 +167,23 @@ impl SimDisk {
         Ok(())
     }
 
+    /// Refuses to grow the file past the size limit.
+    fn check_room(state: &DiskState, new_len: u64) -> io::Result<()> {
+        match state.size_limit {
+            Some(limit) if new_len > limit && new_len > state.live.len() as u64 => {
+                Err(io::Error::new(
+                    io::ErrorKind::StorageFull,
+                    format!("no space left on the simulated disk (limit {limit} bytes, the file would grow to {new_len})"),
+                ))
+            }
+            _ => Ok(()),
+        }
+    }
+
     fn do_write(&self, offset: u64, data: &[u8]) -> io::Result<()> {
         let mut state = self.0.lock();
         Self::countdown(&mut state, "write")?;
+        Self::check_room(&state, offset + data.len() as u64)?;
         state.writes += 1;
         if state.frozen {
             return Ok(());
@@ -181,6 +222,7 @@ impl SimDisk {
     fn do_set_len(&self, len: u64) -> io::Result<()> {
         let mut state = self.0.lock();
         Self::countdown(&mut state, "set_len")?;
+        Self::check_room(&state, len)?;
         if state.frozen {
             return Ok(());
         }

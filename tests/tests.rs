@@ -9,5 +9,7 @@ mod complete_with;
 mod concurrency;
 mod features;
 mod http;
+mod kill;
 mod model;
 mod seeds;
+mod stress;

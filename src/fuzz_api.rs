@@ -1,0 +1,264 @@
+//! Entry points for the fuzz targets in `fuzz/`, and the test that replays their corpus.
+//!
+//! This module exists only when the crate is built by `cargo fuzz` (which sets
+//! `--cfg fuzzing`, declared in `build.rs`) or for the crate's own unit tests; a normal build
+//! has no trace of it. It reaches the internals the targets need (the record and log-frame
+//! decoders, log recovery, the simulated disk) without making any of them public.
+//!
+//! Each entry point takes the fuzzer's bytes and runs them to the end. Errors from the store
+//! are expected answers to hostile input and are ignored; a panic means a broken invariant and
+//! is a finding. Inputs are bounded (steps, image sizes) so that one input never runs long.
+//!
+//! - [`decode`]: the record decoder, the frame header and payload decoders, and
+//!   `Wal::recover` on a simulated disk holding the bytes.
+//! - [`open`]: a store opened from a redb file image and a log image, raw or patched from a
+//!   valid store, then used, closed and opened again.
+//! - [`ops`]: a sequence of operations, clock steps, checkpoints, restarts, process crashes,
+//!   power losses, injected I/O failures and full disks, checked against a reference model.
+
+mod decode;
+mod open;
+mod ops;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, UNIX_EPOCH};
+
+use redb::{ReadableDatabase, TableError};
+
+use crate::error::Error;
+use crate::sim::SimDisk;
+use crate::tables::{Tables, META};
+use crate::wal::log_path;
+use crate::{Builder, ManualClock, Store};
+
+pub use decode::decode;
+pub use open::open;
+pub use ops::ops;
+
+/// Lease of the fuzzed stores, in milliseconds.
+const LEASE_MS: u64 = 1_000;
+/// Retention of the fuzzed stores, in milliseconds.
+const RETENTION_MS: u64 = 5_000;
+/// Where every fuzzed store's clock starts, so that runs are repeatable.
+const START_MS: u64 = 1_700_000_000_000;
+
+/// The fuzzer's bytes, read front to back; reads past the end give zeros.
+struct Input<'a>(&'a [u8]);
+
+impl<'a> Input<'a> {
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    fn byte(&mut self) -> u8 {
+        match self.0.split_first() {
+            Some((&b, rest)) => {
+                self.0 = rest;
+                b
+            }
+            None => 0,
+        }
+    }
+
+    fn u16(&mut self) -> u16 {
+        u16::from_le_bytes([self.byte(), self.byte()])
+    }
+
+    fn u32(&mut self) -> u32 {
+        u32::from_le_bytes([self.byte(), self.byte(), self.byte(), self.byte()])
+    }
+
+    /// Up to `n` bytes (fewer at the end).
+    fn take(&mut self, n: usize) -> &'a [u8] {
+        let (head, tail) = self.0.split_at(n.min(self.0.len()));
+        self.0 = tail;
+        head
+    }
+
+    fn rest(&mut self) -> &'a [u8] {
+        self.take(self.0.len())
+    }
+}
+
+/// The store configuration every target uses: a manual clock at [`START_MS`], short leases,
+/// the smallest checkpoint size, small caches.
+fn builder(clock: &ManualClock) -> Builder {
+    let mut builder = Store::builder();
+    builder
+        .clock(clock.clone())
+        .lease(Duration::from_millis(LEASE_MS))
+        .retention(Duration::from_millis(RETENTION_MS))
+        .checkpoint_bytes(64 * 1024)
+        .checkpoint_interval(Duration::from_secs(3600))
+        .cache_size(1 << 20)
+        .cache_records(4);
+    builder
+}
+
+fn clock() -> ManualClock {
+    ManualClock::starting_at(UNIX_EPOCH + Duration::from_millis(START_MS))
+}
+
+/// Opens (creating if empty) a store on simulated disks.
+///
+/// The same steps as the test-only `Store::open_sim`, which cannot be built under
+/// `cfg(fuzzing)` alone because `file::initialize_if_new` is `cfg(test)`.
+fn open_sim(builder: &Builder, db_disk: &SimDisk, log_disk: &SimDisk) -> Result<Store, Error> {
+    let path = PathBuf::from("fuzz.idem");
+    let mut redb_builder = redb::Builder::new();
+    redb_builder.set_cache_size(builder.cache_size);
+    let db = redb_builder
+        .create_with_backend(db_disk.clone())
+        .map_err(|e| Error::storage("opening a simulated store", e))?;
+    let ctx = "initializing a simulated store";
+    let is_new = {
+        let txn = db.begin_read().map_err(|e| Error::storage(ctx, e))?;
+        match txn.open_table(META) {
+            Err(TableError::TableDoesNotExist(_)) => true,
+            Err(e) => return Err(Error::storage(ctx, e)),
+            Ok(_) => false,
+        }
+    };
+    if is_new {
+        let txn = db.begin_write().map_err(|e| Error::storage(ctx, e))?;
+        Tables::open(&txn)?.initialize()?;
+        txn.commit().map_err(|e| Error::storage(ctx, e))?;
+    }
+    crate::file::check_format(&db, &path)?;
+    Store::from_parts(
+        db,
+        Arc::new(log_disk.clone()),
+        log_path(&path),
+        builder,
+        path,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    //! Replays every input checked in under `fuzz/corpus/<target>/` through the same entry
+    //! points, so that a plain `cargo test` keeps every past finding fixed.
+
+    use std::fs;
+    use std::path::Path;
+
+    /// A target's entry point.
+    type Entry = fn(&[u8]);
+
+    fn replay(target: &str, run: Entry) {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("fuzz/corpus")
+            .join(target);
+        let mut files: Vec<_> = fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
+            .map(|entry| entry.expect("directory entry").path())
+            .collect();
+        files.sort();
+        assert!(
+            files.len() >= 5,
+            "{} holds only {} inputs",
+            dir.display(),
+            files.len()
+        );
+        for file in files {
+            let data = fs::read(&file).expect("read a corpus file");
+            let outcome = std::panic::catch_unwind(|| run(&data));
+            assert!(outcome.is_ok(), "corpus input {} fails", file.display());
+        }
+    }
+
+    /// Writes the hand-made seed inputs (`seed-*`) of every target into `fuzz/corpus/`:
+    /// `cargo test --lib fuzz_api::tests::write_seeds -- --ignored`.
+    #[test]
+    #[ignore = "writes files; run by hand when the input formats change"]
+    fn write_seeds() {
+        let fuzz = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz");
+        for (name, crashed) in [("clean", false), ("crashed", true)] {
+            let (db, log) = super::open::base(crashed);
+            fs::create_dir_all(fuzz.join("bases")).expect("create fuzz/bases");
+            fs::write(fuzz.join(format!("bases/{name}.idem")), db).expect("write a base");
+            fs::write(fuzz.join(format!("bases/{name}.idem.wal")), log).expect("write a base");
+        }
+        let root = fuzz.join("corpus");
+        let write = |target: &str, name: &str, data: &[u8]| {
+            let dir = root.join(target);
+            fs::create_dir_all(&dir).expect("create the corpus directory");
+            fs::write(dir.join(format!("seed-{name}")), data).expect("write a seed");
+        };
+        for (name, data) in super::decode::seeds() {
+            write("decode", &name, &data);
+        }
+        for (name, data) in super::decode::known_crashes() {
+            let dir = fuzz.join("known-crashes/decode");
+            fs::create_dir_all(&dir).expect("create the known-crashes directory");
+            fs::write(dir.join(name), data).expect("write a known crash");
+        }
+        for (name, data) in super::open::seeds() {
+            write("open", &name, &data);
+        }
+        for (name, data) in super::ops::seeds() {
+            write("ops", &name, &data);
+        }
+    }
+
+    /// Inputs under `fuzz/known-crashes/<target>/` still fail because of a bug outside the
+    /// fuzz targets (each named in RELIABILITY.md). Once one passes, its bug is fixed: move
+    /// the file into `fuzz/corpus/<target>/`.
+    #[test]
+    fn known_crashes_still_fail() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/known-crashes");
+        let targets: [(&str, Entry); 3] = [
+            ("decode", super::decode),
+            ("open", super::open),
+            ("ops", super::ops),
+        ];
+        for (target, run) in targets {
+            let Ok(entries) = fs::read_dir(root.join(target)) else {
+                continue;
+            };
+            for entry in entries {
+                let file = entry.expect("directory entry").path();
+                let data = fs::read(&file).expect("read a known crash");
+                let outcome = std::panic::catch_unwind(|| run(&data));
+                assert!(
+                    outcome.is_err(),
+                    "{} no longer fails: its bug is fixed, move it into fuzz/corpus/{target}/",
+                    file.display()
+                );
+            }
+        }
+    }
+
+    /// Runs one input file through one target, for triage:
+    /// `IDEMSTORE_FUZZ_INPUT=ops:path cargo test --lib fuzz_api::tests::replay_one -- --ignored`
+    /// (with `IDEMSTORE_FUZZ_TRACE=1`, the `ops` target prints every step).
+    #[test]
+    #[ignore = "needs IDEMSTORE_FUZZ_INPUT=<target>:<file>"]
+    fn replay_one() {
+        let spec = std::env::var("IDEMSTORE_FUZZ_INPUT").expect("IDEMSTORE_FUZZ_INPUT");
+        let (target, file) = spec.split_once(':').expect("<target>:<file>");
+        let data = fs::read(file).expect("read the input");
+        match target {
+            "decode" => super::decode(&data),
+            "open" => super::open(&data),
+            "ops" => super::ops(&data),
+            other => panic!("unknown target {other}"),
+        }
+    }
+
+    #[test]
+    fn decode_corpus_replays() {
+        replay("decode", super::decode);
+    }
+
+    #[test]
+    fn open_corpus_replays() {
+        replay("open", super::open);
+    }
+
+    #[test]
+    fn ops_corpus_replays() {
+        replay("ops", super::ops);
+    }
+}

@@ -183,7 +183,8 @@ fn spawn(spec: String) -> (Child, thread::JoinHandle<Vec<String>>, Arc<AtomicBoo
                 Ok(_) if line.last() != Some(&b'\n') => return lines,
                 Ok(_) => {
                     let text = String::from_utf8_lossy(&line);
-                    if let Some(ack) = text.trim_end().strip_prefix("ACK ") {
+                    // The test harness may have printed `test kill::child ... ` before it.
+                    if let Some((_, ack)) = text.trim_end().split_once("ACK ") {
                         lines.push(ack.to_string());
                         seen.store(true, Ordering::Release);
                     }

@@ -19,7 +19,7 @@ use redb::Database;
 use crate::error::Error;
 use crate::record::Record;
 use crate::tables::{IndexEntries, Tables};
-use crate::wal::{LogFile, Wal};
+use crate::wal::{new_salt, LogFile, Wal};
 
 /// Brings `db` up to date with the log and returns the log, rewound and ready for appends,
 /// and the next fencing token.
@@ -31,11 +31,11 @@ pub(crate) fn recover(
 ) -> Result<(Wal, u64), Error> {
     let ctx = "replaying the log";
     let txn = db.begin_write().map_err(|e| Error::storage(ctx, e))?;
-    let (checkpoint_seq, mut next_token) = {
+    let (checkpoint_seq, mut next_token, salt) = {
         let tables = Tables::open(&txn)?;
-        (tables.wal_seq()?, tables.next_token()?)
+        (tables.wal_seq()?, tables.next_token()?, tables.log_salt()?)
     };
-    let (mut wal, frames) = Wal::recover(log, log_path, checkpoint_seq, strict)?;
+    let (mut wal, frames) = Wal::recover(log, log_path, checkpoint_seq, salt, strict)?;
     #[cfg(feature = "tracing")]
     tracing::info!(
         checkpoint_seq,
@@ -44,8 +44,16 @@ pub(crate) fn recover(
         "idemstore recovery: replaying log frames newer than the checkpoint"
     );
     if frames.is_empty() {
+        // Nothing to replay: the log is rewound under the same salt. Frames left from before
+        // have sequence numbers at or below the checkpoint, so they never extend the new run,
+        // and nothing can forge a frame without knowing the salt.
         txn.abort().map_err(|e| Error::storage(ctx, e))?;
-    } else {
+        wal.rewind(salt);
+        return Ok((wal, next_token));
+    }
+    // The replay and a new salt commit durably together; the log is then rewound.
+    let new_salt = new_salt();
+    {
         let mut tables = Tables::open(&txn)?;
         for frame in &frames {
             for entry in &frame.entries {
@@ -69,9 +77,9 @@ pub(crate) fn recover(
         }
         tables.set_next_token(next_token)?;
         tables.set_wal_seq(wal.last_seq())?;
-        drop(tables);
-        txn.commit().map_err(|e| Error::storage(ctx, e))?;
+        tables.set_log_salt(new_salt)?;
     }
-    wal.rewind();
+    txn.commit().map_err(|e| Error::storage(ctx, e))?;
+    wal.rewind(new_salt);
     Ok((wal, next_token))
 }

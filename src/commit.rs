@@ -868,8 +868,17 @@ impl Writer {
             }
             Err(error) => return Err(self.fail(error)),
         };
-        if self.next_token != token_before {
-            let saved = Tables::open(&txn).and_then(|mut t| t.set_next_token(self.next_token));
+        let new_salt = crate::wal::new_salt();
+        if self.next_token != token_before || kind == CommitKind::Durable {
+            let saved = Tables::open(&txn).and_then(|mut t| {
+                t.set_next_token(self.next_token)?;
+                if kind == CommitKind::Durable {
+                    // Frames after this checkpoint use a new salt, so no frame from before it
+                    // (nor bytes shaped like one) can pass as current after the rewind.
+                    t.set_log_salt(new_salt)?;
+                }
+                Ok(())
+            });
             if let Err(error) = saved {
                 return Err(self.fail(error));
             }
@@ -886,7 +895,7 @@ impl Writer {
                 "idemstore checkpoint: durable redb commit, log rewound"
             );
             // Every frame so far is now in the durable redb file.
-            self.wal.rewind();
+            self.wal.rewind(new_salt);
             self.last_checkpoint = Instant::now();
         }
         self.overlay.waiters.notify(written.iter().map(|w| &w.key));

@@ -172,7 +172,7 @@ fn initialize(db: &Database) -> Result<(), Error> {
 }
 
 /// Initializes a database that has no tables yet (one just created on a test backend).
-#[cfg(test)]
+#[cfg(any(test, fuzzing))]
 pub(crate) fn initialize_if_new(db: &Database) -> Result<(), Error> {
     let ctx = "checking for a new store";
     let txn = db.begin_read().map_err(|e| Error::storage(ctx, e))?;

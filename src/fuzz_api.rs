@@ -20,16 +20,10 @@ mod decode;
 mod open;
 mod ops;
 
-use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
-
-use redb::{ReadableDatabase, TableError};
 
 use crate::error::Error;
 use crate::sim::SimDisk;
-use crate::tables::{Tables, META};
-use crate::wal::log_path;
 use crate::{Builder, ManualClock, Store};
 
 pub use decode::decode;
@@ -100,39 +94,10 @@ fn clock() -> ManualClock {
     ManualClock::starting_at(UNIX_EPOCH + Duration::from_millis(START_MS))
 }
 
-/// Opens (creating if empty) a store on simulated disks.
-///
-/// The same steps as the test-only `Store::open_sim`, which cannot be built under
-/// `cfg(fuzzing)` alone because `file::initialize_if_new` is `cfg(test)`.
+/// Opens (creating if empty) a store on simulated disks: `Store::open_sim`, which refuses a
+/// damaged image (redb's integrity check, and a panic inside redb caught) instead of panicking.
 fn open_sim(builder: &Builder, db_disk: &SimDisk, log_disk: &SimDisk) -> Result<Store, Error> {
-    let path = PathBuf::from("fuzz.idem");
-    let mut redb_builder = redb::Builder::new();
-    redb_builder.set_cache_size(builder.cache_size);
-    let db = redb_builder
-        .create_with_backend(db_disk.clone())
-        .map_err(|e| Error::storage("opening a simulated store", e))?;
-    let ctx = "initializing a simulated store";
-    let is_new = {
-        let txn = db.begin_read().map_err(|e| Error::storage(ctx, e))?;
-        match txn.open_table(META) {
-            Err(TableError::TableDoesNotExist(_)) => true,
-            Err(e) => return Err(Error::storage(ctx, e)),
-            Ok(_) => false,
-        }
-    };
-    if is_new {
-        let txn = db.begin_write().map_err(|e| Error::storage(ctx, e))?;
-        Tables::open(&txn)?.initialize()?;
-        txn.commit().map_err(|e| Error::storage(ctx, e))?;
-    }
-    crate::file::check_format(&db, &path)?;
-    Store::from_parts(
-        db,
-        Arc::new(log_disk.clone()),
-        log_path(&path),
-        builder,
-        path,
-    )
+    Store::open_sim(builder, db_disk, log_disk)
 }
 
 #[cfg(test)]

@@ -73,6 +73,27 @@ impl fmt::Debug for Store {
     }
 }
 
+/// redb's settings for a store.
+fn redb_builder(builder: &Builder) -> redb::Builder {
+    let mut redb_builder = redb::Builder::new();
+    redb_builder
+        .set_cache_size(builder.cache_size)
+        .set_check_integrity_on_open(builder.verify_on_open);
+    redb_builder
+}
+
+/// Runs an open. redb can panic on a damaged file that it trusts; hostile bytes must never
+/// panic the caller, so a panic becomes [`Error::NotAStore`] (redb's integrity check on open,
+/// [`Builder::verify_on_open`], makes this a backstop).
+fn guard_open(path: &Path, open: impl FnOnce() -> Result<Store, Error>) -> Result<Store, Error> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(open)).unwrap_or_else(|_| {
+        Err(Error::NotAStore {
+            path: path.to_path_buf(),
+            reason: "redb panicked while reading it: the file is damaged".into(),
+        })
+    })
+}
+
 impl Store {
     /// Opens the store at `path` with every default, creating it if it does not exist.
     ///
@@ -88,8 +109,11 @@ impl Store {
     }
 
     pub(crate) fn open_with(builder: &Builder, path: &Path) -> Result<Store, Error> {
-        let mut redb_builder = redb::Builder::new();
-        redb_builder.set_cache_size(builder.cache_size);
+        guard_open(path, || Store::open_unguarded(builder, path))
+    }
+
+    fn open_unguarded(builder: &Builder, path: &Path) -> Result<Store, Error> {
+        let redb_builder = redb_builder(builder);
         let db = crate::file::open_or_create(path, &redb_builder)?;
         let log_path = log_path(path);
         let preallocate = builder
@@ -99,28 +123,29 @@ impl Store {
         Store::from_parts(db, Arc::new(log), log_path, builder, path.to_path_buf())
     }
 
-    /// Opens (creating if empty) a store on simulated disks, for crash and fault tests.
-    #[cfg(test)]
+    /// Opens (creating if empty) a store on simulated disks, for crash and fault tests and the
+    /// fuzz targets.
+    #[cfg(any(test, fuzzing))]
     pub(crate) fn open_sim(
         builder: &Builder,
         db_disk: &crate::sim::SimDisk,
         log_disk: &crate::sim::SimDisk,
     ) -> Result<Store, Error> {
         let path = PathBuf::from("sim.idem");
-        let mut redb_builder = redb::Builder::new();
-        redb_builder.set_cache_size(builder.cache_size);
-        let db = redb_builder
-            .create_with_backend(db_disk.clone())
-            .map_err(|e| Error::storage("opening a simulated store", e))?;
-        crate::file::initialize_if_new(&db)?;
-        crate::file::check_format(&db, &path)?;
-        Store::from_parts(
-            db,
-            Arc::new(log_disk.clone()),
-            log_path(&path),
-            builder,
-            path,
-        )
+        guard_open(&path.clone(), || {
+            let db = redb_builder(builder)
+                .create_with_backend(db_disk.clone())
+                .map_err(|e| Error::storage("opening a simulated store", e))?;
+            crate::file::initialize_if_new(&db)?;
+            crate::file::check_format(&db, &path)?;
+            Store::from_parts(
+                db,
+                Arc::new(log_disk.clone()),
+                log_path(&path),
+                builder,
+                path,
+            )
+        })
     }
 
     pub(crate) fn from_parts(

@@ -6,7 +6,8 @@
 //! - `idemstore.leases`: (lease_until, key) → (), for every pending record, so stale
 //!   reservations are found without a scan.
 //! - `idemstore.meta`: "format" → format version, "next_token" → the next fencing token,
-//!   "wal_seq" → the last log frame whose changes this file holds.
+//!   "wal_seq" → the last log frame whose changes this file holds, "log_salt" → the salt of the
+//!   log frames written since the last checkpoint.
 //!
 //! Tables whose names start with `idemstore.` belong to the store; a caller's own tables (see
 //! [`Store::complete_with`](crate::Store::complete_with)) must use other names.
@@ -26,6 +27,7 @@ pub(crate) const META: TableDefinition<&str, u64> = TableDefinition::new("idemst
 pub(crate) const META_FORMAT: &str = "format";
 pub(crate) const META_NEXT_TOKEN: &str = "next_token";
 pub(crate) const META_WAL_SEQ: &str = "wal_seq";
+pub(crate) const META_LOG_SALT: &str = "log_salt";
 
 /// The store format version written by this build.
 pub(crate) const FORMAT_VERSION: u64 = 1;
@@ -82,6 +84,22 @@ impl<'txn> Tables<'txn> {
             .get(META_WAL_SEQ)
             .map_err(|e| Error::storage("reading the log position", e))?;
         Ok(value.map_or(0, |v| v.value()))
+    }
+
+    /// The salt of the log frames written since the last checkpoint (0 before the first one).
+    pub(crate) fn log_salt(&self) -> Result<u64, Error> {
+        let value = self
+            .meta
+            .get(META_LOG_SALT)
+            .map_err(|e| Error::storage("reading the log salt", e))?;
+        Ok(value.map_or(0, |v| v.value()))
+    }
+
+    pub(crate) fn set_log_salt(&mut self, salt: u64) -> Result<(), Error> {
+        self.meta
+            .insert(META_LOG_SALT, salt)
+            .map_err(|e| Error::storage("saving the log salt", e))?;
+        Ok(())
     }
 
     pub(crate) fn set_wal_seq(&mut self, seq: u64) -> Result<(), Error> {

@@ -150,9 +150,12 @@ fn stats_counts_every_state_and_reports_the_files() {
     }
     assert_eq!(stats["next_token"], 6, "five acquisitions: {stats:#}");
     assert!(stats["wal_seq"].as_u64().unwrap() >= 5, "{stats:#}");
-    assert_eq!(
-        stats["file_bytes"].as_u64().unwrap(),
-        std::fs::metadata(&fx.path).unwrap().len()
+    // The size when the tool looked; redb may write a page or two while the tool closes it.
+    let reported = stats["file_bytes"].as_u64().unwrap();
+    let now = std::fs::metadata(&fx.path).unwrap().len();
+    assert!(
+        reported > 0 && reported.abs_diff(now) <= 64 * 1024,
+        "{reported} vs {now}"
     );
     assert!(stats["log_path"]
         .as_str()

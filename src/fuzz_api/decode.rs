@@ -42,6 +42,7 @@ fn record(data: &[u8]) {
 fn encode(frame: &Frame) -> Vec<u8> {
     let mut out = Vec::new();
     frame::encode(
+        0,
         frame.seq,
         frame.next_token,
         frame
@@ -54,7 +55,7 @@ fn encode(frame: &Frame) -> Vec<u8> {
 }
 
 fn raw_frame(data: &[u8]) {
-    let Some(header) = frame::parse_header(data) else {
+    let Some(header) = frame::parse_header(0, data) else {
         return;
     };
     let Some(payload) = data[HEADER_LEN..].get(..header.payload_len) else {
@@ -99,7 +100,7 @@ fn seal(image: &mut [u8]) {
         };
         let payload_crc = crc32fast::hash(&image[at + HEADER_LEN..end]);
         image[at + 12..at + 16].copy_from_slice(&payload_crc.to_le_bytes());
-        let header_crc = crc32fast::hash(&image[at..at + 16]);
+        let header_crc = frame::header_crc(0, &image[at..at + 16]);
         image[at + 16..at + 20].copy_from_slice(&header_crc.to_le_bytes());
         at += frame::padded(HEADER_LEN + len);
     }
@@ -107,9 +108,13 @@ fn seal(image: &mut [u8]) {
 
 fn recover(image: Vec<u8>, checkpoint: u64) {
     let disk = SimDisk::from_image(image);
-    let Ok((mut wal, frames)) =
-        Wal::recover(Arc::new(disk.clone()), "fuzz.wal".into(), checkpoint, true)
-    else {
+    let Ok((mut wal, frames)) = Wal::recover(
+        Arc::new(disk.clone()),
+        "fuzz.wal".into(),
+        checkpoint,
+        0,
+        true,
+    ) else {
         return;
     };
     for (i, frame) in frames.iter().enumerate() {
@@ -123,7 +128,8 @@ fn recover(image: Vec<u8>, checkpoint: u64) {
     // What a restart does next: the frames are checkpointed into the B-tree, the log is
     // rewound, and the first batch is written at offset 0 over whatever was there.
     let checkpoint = wal.last_seq();
-    wal.rewind();
+    // As the store does, the frames after the rewind use a new salt.
+    wal.rewind(1);
     let entry = Entry {
         key: b"\x01k\x01o\x01i".to_vec(),
         record: Some(b"fuzz".to_vec()),
@@ -134,7 +140,13 @@ fn recover(image: Vec<u8>, checkpoint: u64) {
             std::iter::once((entry.key.as_slice(), entry.record.as_deref())),
         )
         .expect("the simulated disk accepts writes");
-    let again = Wal::recover(Arc::new(disk.clone()), "fuzz.wal".into(), checkpoint, true);
+    let again = Wal::recover(
+        Arc::new(disk.clone()),
+        "fuzz.wal".into(),
+        checkpoint,
+        1,
+        true,
+    );
     let frames = match again {
         Ok((_, frames)) => frames,
         Err(e) => panic!("a log with one new frame after a rewind does not recover: {e}"),
@@ -182,7 +194,7 @@ pub(super) fn seeds() -> Vec<(String, Vec<u8>)> {
     let mut log = vec![0u8];
     for seq in 1..=3 {
         let mut out = Vec::new();
-        frame::encode(seq, 10 + seq, entries.iter().copied(), &mut out);
+        frame::encode(0, seq, 10 + seq, entries.iter().copied(), &mut out);
         if seq == 1 {
             seeds.push(("frame".into(), out.clone()));
         }
@@ -199,26 +211,10 @@ pub(super) fn seeds() -> Vec<(String, Vec<u8>)> {
 }
 
 /// Inputs that break the target's invariants because of a known bug in the core (listed in
-/// RELIABILITY.md), kept out of the corpus until it is fixed.
+/// RELIABILITY.md), kept out of the corpus until it is fixed. None at present: finding 1 (a
+/// result shaped like a log frame) was fixed by salting the frame checksums, and its input is
+/// in the corpus.
 #[cfg(test)]
 pub(super) fn known_crashes() -> Vec<(String, Vec<u8>)> {
-    // Finding 1: a record holding the bytes of a valid frame with a high sequence number.
-    // The first frame is replayed and checkpointed; a new, shorter frame at offset 0 after the
-    // rewind leaves the embedded one behind the run, and recovery refuses the log.
-    let mut fake = Vec::new();
-    frame::encode(1_000, 1, std::iter::empty(), &mut fake);
-    // The record starts at byte 45 of the log; put the fake frame at byte 64 (aligned, and past
-    // the 56-byte frame the check writes after the rewind).
-    let mut record = vec![b'.'; 64 - 45];
-    record.extend_from_slice(&fake);
-    record.resize(200, b'.');
-    let key = b"\x01k\x01o\x01x";
-    let mut input = vec![0u8]; // checkpoint 0
-    frame::encode(
-        1,
-        2,
-        std::iter::once((key.as_slice(), Some(record.as_slice()))),
-        &mut input,
-    );
-    vec![("finding-1-result-shaped-like-a-frame".into(), input)]
+    Vec::new()
 }

@@ -7,7 +7,11 @@
 //! entry   = kind u8 (1 put, 2 delete) | key_len u16 | key | [record_len u32 | record]  (put only)
 //! padding = zero bytes up to the next multiple of 8
 //! ```
-//! `header_crc` covers the first 16 header bytes; `payload_crc` covers the payload. Entries are
+//! `header_crc` is the CRC-32 of the log's current salt (8 bytes, little-endian) followed by the
+//! first 16 header bytes; `payload_crc` covers the payload. The salt is a random number that
+//! changes at every checkpoint and is kept in the store's meta table, so a frame written
+//! before the last rewind, or bytes shaped like a frame inside a stored result, never pass as a
+//! current frame: only the store knows the salt. Entries are
 //! after-images (the record as stored, or its deletion), so replaying a frame twice leaves the
 //! same state. Decoding never panics and never allocates more than the bytes it was given.
 
@@ -58,6 +62,7 @@ pub(crate) fn padded(len: usize) -> usize {
 /// Appends the encoding of a frame to `out` (which must start at an aligned length).
 /// Each entry is a key and its new encoded record, or `None` for a deletion.
 pub(crate) fn encode<'a>(
+    salt: u64,
     seq: u64,
     next_token: u64,
     entries: impl ExactSizeIterator<Item = (&'a [u8], Option<&'a [u8]>)>,
@@ -92,16 +97,23 @@ pub(crate) fn encode<'a>(
     );
     header[4..12].copy_from_slice(&seq.to_le_bytes());
     header[12..16].copy_from_slice(&payload_crc.to_le_bytes());
-    let header_crc = crc32fast::hash(&header[..16]);
+    let header_crc = header_crc(salt, &header[..16]);
     header[16..20].copy_from_slice(&header_crc.to_le_bytes());
     out.resize(start + padded(out.len() - start), 0);
 }
 
-/// Parses a header; `None` when the bytes are not a checksum-valid header.
-pub(crate) fn parse_header(bytes: &[u8]) -> Option<Header> {
+pub(crate) fn header_crc(salt: u64, fields: &[u8]) -> u32 {
+    let mut hasher = crc32fast::Hasher::new();
+    hasher.update(&salt.to_le_bytes());
+    hasher.update(fields);
+    hasher.finalize()
+}
+
+/// Parses a header written with `salt`; `None` when the bytes are not a checksum-valid header.
+pub(crate) fn parse_header(salt: u64, bytes: &[u8]) -> Option<Header> {
     let bytes: &[u8; HEADER_LEN] = bytes.get(..HEADER_LEN)?.try_into().ok()?;
     let stored = u32::from_le_bytes(bytes[16..20].try_into().ok()?);
-    if crc32fast::hash(&bytes[..16]) != stored {
+    if header_crc(salt, &bytes[..16]) != stored {
         return None;
     }
     Some(Header {
@@ -183,9 +195,10 @@ mod tests {
     #[test]
     fn round_trip_and_alignment() {
         let mut out = Vec::new();
-        encode(9, 77, refs(&sample()), &mut out);
+        encode(5, 9, 77, refs(&sample()), &mut out);
         assert_eq!(out.len() % ALIGN, 0);
-        let header = parse_header(&out).unwrap();
+        let header = parse_header(5, &out).unwrap();
+        assert_eq!(parse_header(6, &out), None, "another salt never parses");
         assert_eq!(header.seq, 9);
         assert_eq!(header.frame_len(), out.len());
         let frame = decode_payload(
@@ -207,12 +220,12 @@ mod tests {
     #[test]
     fn every_flipped_bit_is_caught() {
         let mut out = Vec::new();
-        encode(3, 5, refs(&sample()), &mut out);
-        let used = HEADER_LEN + parse_header(&out).unwrap().payload_len;
+        encode(0, 3, 5, refs(&sample()), &mut out);
+        let used = HEADER_LEN + parse_header(0, &out).unwrap().payload_len;
         for bit in 0..used * 8 {
             let mut damaged = out.clone();
             damaged[bit / 8] ^= 1 << (bit % 8);
-            let ok = parse_header(&damaged).and_then(|h| {
+            let ok = parse_header(0, &damaged).and_then(|h| {
                 damaged
                     .get(HEADER_LEN..HEADER_LEN + h.payload_len)
                     .and_then(|p| decode_payload(&h, p, 0).ok())

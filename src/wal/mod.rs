@@ -31,7 +31,21 @@ pub(crate) struct Wal {
     offset: u64,
     /// The sequence number of the next frame.
     next_seq: u64,
+    /// Mixed into every frame header's checksum; see [`frame`].
+    salt: u64,
     buf: Vec<u8>,
+}
+
+/// A fresh random salt for the frames after a checkpoint.
+pub(crate) fn new_salt() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    hasher.finish()
 }
 
 /// The log file that belongs to the store at `store_path`.
@@ -52,6 +66,7 @@ impl Wal {
         file: Arc<dyn LogFile>,
         path: PathBuf,
         checkpoint_seq: u64,
+        salt: u64,
         strict: bool,
     ) -> Result<(Wal, Vec<Frame>), Error> {
         let len = file
@@ -62,6 +77,7 @@ impl Wal {
             path,
             offset: 0,
             next_seq: checkpoint_seq + 1,
+            salt,
             buf: Vec::new(),
         };
         let mut frames = Vec::new();
@@ -117,7 +133,7 @@ impl Wal {
         }
         let mut header_bytes = [0u8; HEADER_LEN];
         self.read(&mut header_bytes, offset)?;
-        let Some(header) = parse_header(&header_bytes) else {
+        let Some(header) = parse_header(self.salt, &header_bytes) else {
             return Ok(None);
         };
         let payload_start = offset + HEADER_LEN as u64;
@@ -144,7 +160,7 @@ impl Wal {
             self.read(&mut buf, start)?;
             let mut at = 0;
             while at + HEADER_LEN <= buf.len() && (at as u64) < CHUNK {
-                if let Some(header) = parse_header(&buf[at..]) {
+                if let Some(header) = parse_header(self.salt, &buf[at..]) {
                     let offset = start + at as u64;
                     if header.seq >= expected && self.read_frame(offset, len)?.is_some() {
                         return Err(self.corrupt(
@@ -172,7 +188,7 @@ impl Wal {
     ) -> Result<u64, Error> {
         let seq = self.next_seq;
         self.buf.clear();
-        frame::encode(seq, next_token, entries, &mut self.buf);
+        frame::encode(self.salt, seq, next_token, entries, &mut self.buf);
         self.file
             .write_all_at(&self.buf, self.offset)
             .map_err(|e| {
@@ -200,10 +216,11 @@ impl Wal {
         &self.path
     }
 
-    /// Starts overwriting the log from offset 0. Only after a durable checkpoint that covers
-    /// every frame appended so far.
-    pub(crate) fn rewind(&mut self) {
+    /// Starts overwriting the log from offset 0 with frames under `salt`. Only after a durable
+    /// checkpoint that covers every frame appended so far and recorded `salt`.
+    pub(crate) fn rewind(&mut self, salt: u64) {
         self.offset = 0;
+        self.salt = salt;
     }
 
     /// Bytes appended since the last rewind.

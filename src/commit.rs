@@ -69,8 +69,11 @@ impl Poison {
     }
 }
 
+/// One result per operation of a request.
+pub(crate) type Outcomes = Vec<Result<Outcome, Error>>;
+
 /// The answer to a request: one result per operation, or an error for the whole batch.
-pub(crate) type Answer = Result<Vec<Result<Outcome, Error>>, Error>;
+pub(crate) type Answer = Result<Outcomes, Error>;
 
 /// The most payload bytes (results, notes) one batch takes, so a log frame stays far below
 /// its 4 GiB limit however large the configured results are.
@@ -606,7 +609,10 @@ pub(crate) struct Writer {
 }
 
 impl Writer {
-    #[allow(clippy::too_many_arguments)]
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the writer is assembled once, in Store::from_parts, from the store's parts"
+    )]
     pub(crate) fn new(
         db: Arc<Database>,
         wal: Wal,
@@ -717,11 +723,10 @@ impl Writer {
 
     /// Returns each request's outcomes, the changes, and the sequence number of the frame that
     /// logged them (the last written frame when nothing changed).
-    #[allow(clippy::type_complexity)]
     fn apply_batch(
         &mut self,
         batch: &[Arc<Request>],
-    ) -> Result<(Vec<Vec<Result<Outcome, Error>>>, Vec<Written>, u64), Error> {
+    ) -> Result<(Vec<Outcomes>, Vec<Written>, u64), Error> {
         if self.txn.is_none() {
             self.txn = Some((self.begin(redb::Durability::None)?, Instant::now()));
         }

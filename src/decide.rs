@@ -156,21 +156,16 @@ pub(crate) fn decide(
     let current = current.filter(|record| !record.is_expired(now));
     match op {
         Op::Reserve { fingerprint } => reserve(current, fingerprint, now, policy, next_token),
-        Op::Complete { token, .. } if matches!(&current, Some(r) if r.token == token && matches!(r.state, State::Completed { .. })) => {
-            Decision::answer(Outcome::AlreadyCompleted)
-        }
-        Op::Complete { token, result } => with_own_lease(current, token, |record| Decision {
-            change: Change::Put(Record {
-                expires_at: now.saturating_add(policy.retention),
-                state: State::Completed {
-                    completed_at: now,
-                    result,
-                },
-                ..record
+        Op::Complete { token, result } => match &current {
+            Some(r) if r.token == token && matches!(r.state, State::Completed { .. }) => {
+                Decision::answer(Outcome::AlreadyCompleted)
+            }
+            _ => with_own_lease(current, token, |record| Decision {
+                change: Change::Put(completed(record, None, result, now, policy)),
+                outcome: Outcome::Done,
+                used_token: false,
             }),
-            outcome: Outcome::Done,
-            used_token: false,
-        }),
+        },
         Op::Release { token } => match current {
             None => Decision::answer(Outcome::Released(false)),
             Some(Record {
@@ -243,6 +238,26 @@ pub(crate) fn decide(
                 used_token: true,
             },
         },
+    }
+}
+
+/// `record` completed with `result` at `now`, kept for the retention; under a new token when
+/// one is given (an operator's resolution), else under the record's own.
+fn completed(
+    record: Record,
+    token: Option<u64>,
+    result: Vec<u8>,
+    now: Millis,
+    policy: Policy,
+) -> Record {
+    Record {
+        token: token.unwrap_or(record.token),
+        expires_at: now.saturating_add(policy.retention),
+        state: State::Completed {
+            completed_at: now,
+            result,
+        },
+        ..record
     }
 }
 
@@ -357,15 +372,7 @@ fn resolve(
             used_token: false,
         },
         Resolution::Complete(result) => Decision {
-            change: Change::Put(Record {
-                token: next_token,
-                expires_at: now.saturating_add(policy.retention),
-                state: State::Completed {
-                    completed_at: now,
-                    result,
-                },
-                ..record
-            }),
+            change: Change::Put(completed(record, Some(next_token), result, now, policy)),
             outcome: Outcome::Done,
             used_token: true,
         },

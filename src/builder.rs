@@ -185,7 +185,7 @@ impl Builder {
     }
 
     /// Sweep expired records in the background every `interval` (`None`: only when
-    /// [`Store::sweep`] is called). Each slice deletes at most 1 000 records in one short
+    /// [`Store::sweep`] is called). Each slice deletes at most 200 records in one short
     /// transaction between batches, and slices follow each other while a backlog remains, so
     /// reserves wait at most one slice. Default = `None`.
     pub fn sweep_interval(&mut self, interval: Option<Duration>) -> &mut Self {

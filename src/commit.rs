@@ -49,20 +49,21 @@ const TXN_SPAN: Duration = Duration::from_millis(20);
 
 /// The first write failure, latched: once set, every call fails.
 #[derive(Debug, Default)]
-pub(crate) struct Poison(OnceLock<String>);
+pub(crate) struct Poison(OnceLock<(String, Option<std::io::ErrorKind>)>);
 
 impl Poison {
     pub(crate) fn check(&self) -> Result<(), Error> {
         match self.0.get() {
             None => Ok(()),
-            Some(cause) => Err(Error::Poisoned {
+            Some((cause, io_kind)) => Err(Error::Poisoned {
                 cause: cause.clone(),
+                io_kind: *io_kind,
             }),
         }
     }
 
     fn set(&self, error: &Error) {
-        if self.0.set(error.to_string()).is_ok() {
+        if self.0.set((error.to_string(), error.io_kind())).is_ok() {
             #[cfg(feature = "tracing")]
             tracing::error!(%error, "idemstore poisoned: refusing all further work until reopened");
         }
@@ -279,12 +280,9 @@ impl Syncer {
                     let error = Error::io(format!("syncing log {}", self.path.display()), e);
                     self.poison.set(&error);
                     self.overlay.clear();
-                    let cause = error.to_string();
                     for batch in state.pending.drain(..) {
                         for request in batch.requests {
-                            request.finish(Err(Error::Poisoned {
-                                cause: cause.clone(),
-                            }));
+                            request.finish(Err(error_copy(&error)));
                         }
                     }
                     state.syncing = false;
@@ -504,15 +502,13 @@ fn run_guarded(shared: &Shared, writer: &mut Writer, batch: Vec<Arc<Request>>) {
     let requests = batch.clone();
     let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| writer.run_batch(batch)));
     if run.is_err() {
-        let cause = "a thread panicked while committing a batch";
-        writer.fail(Error::Poisoned {
-            cause: cause.into(),
+        let error = writer.fail(Error::Poisoned {
+            cause: "a thread panicked while committing a batch".into(),
+            io_kind: None,
         });
         for request in requests {
             if request.answer.lock().is_none() {
-                request.finish(Err(Error::Poisoned {
-                    cause: cause.into(),
-                }));
+                request.finish(Err(error_copy(&error)));
             }
         }
         shared.syncer.drive(None);
@@ -703,11 +699,8 @@ impl Writer {
             }
             Err(error) => {
                 let error = self.fail(error);
-                let cause = error.to_string();
                 for request in &batch {
-                    request.finish(Err(Error::Poisoned {
-                        cause: cause.clone(),
-                    }));
+                    request.finish(Err(error_copy(&error)));
                 }
             }
         }
@@ -1003,12 +996,17 @@ impl Writer {
     }
 }
 
-/// Errors are not `Clone`; a batch refused by a poisoned store gets the same message each.
+/// Errors are not `Clone`: every caller of a failed batch gets `Poisoned` with the failure's
+/// message and I/O error kind (so a full disk is recognizable with [`Error::io_kind`]).
 fn error_copy(error: &Error) -> Error {
-    Error::Poisoned {
-        cause: match error {
-            Error::Poisoned { cause } => cause.clone(),
-            other => other.to_string(),
+    match error {
+        Error::Poisoned { cause, io_kind } => Error::Poisoned {
+            cause: cause.clone(),
+            io_kind: *io_kind,
+        },
+        other => Error::Poisoned {
+            cause: other.to_string(),
+            io_kind: other.io_kind(),
         },
     }
 }

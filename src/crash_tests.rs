@@ -431,19 +431,9 @@ fn a_result_shaped_like_a_log_frame_does_not_stop_the_store_from_opening() {
     assert!(store.is_ok(), "{}", store.unwrap_err());
 }
 
-/// Whether `error`, or an error it was caused by, is a full disk; or, for a poisoned store,
-/// whether its recorded cause says so.
+/// Whether `error` is a full disk, by its I/O error kind (also for a poisoned store).
 fn is_disk_full(error: &Error) -> bool {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
-    while let Some(e) = source {
-        if let Some(io) = e.downcast_ref::<std::io::Error>() {
-            if io.kind() == std::io::ErrorKind::StorageFull {
-                return true;
-            }
-        }
-        source = e.source();
-    }
-    error.to_string().contains("no space left")
+    error.io_kind() == Some(std::io::ErrorKind::StorageFull)
 }
 
 /// Reserves and completes new keys with 1 KiB results until a call fails; returns the

@@ -153,6 +153,9 @@ pub enum Error {
     Poisoned {
         /// The first failure.
         cause: String,
+        /// The kind of the operating-system error behind it, when there was one: for example
+        /// [`std::io::ErrorKind::StorageFull`] for a full disk (free space, then reopen).
+        io_kind: Option<std::io::ErrorKind>,
     },
     /// The closure passed to [`Store::complete_with`](crate::Store::complete_with) returned an
     /// error; its transaction was rolled back and the key is still pending.
@@ -185,6 +188,33 @@ impl Error {
         Error::Corruption {
             location,
             reason: reason.into(),
+        }
+    }
+}
+
+impl Error {
+    /// The kind of the operating-system I/O error behind this error, if there is one; for a
+    /// poisoned store, that of the failure that poisoned it. A full disk is
+    /// [`std::io::ErrorKind::StorageFull`].
+    ///
+    /// ```
+    /// use idemstore::Error;
+    ///
+    /// let full = Error::Poisoned {
+    ///     cause: "writing the log: no space left on device".into(),
+    ///     io_kind: Some(std::io::ErrorKind::StorageFull),
+    /// };
+    /// assert_eq!(full.io_kind(), Some(std::io::ErrorKind::StorageFull));
+    /// ```
+    pub fn io_kind(&self) -> Option<std::io::ErrorKind> {
+        match self {
+            Error::Io { source, .. } => Some(source.kind()),
+            Error::Storage { source, .. } => match source.as_ref() {
+                redb::Error::Io(e) => Some(e.kind()),
+                _ => None,
+            },
+            Error::Poisoned { io_kind, .. } => *io_kind,
+            _ => None,
         }
     }
 }
@@ -232,7 +262,7 @@ impl fmt::Display for Error {
             Error::Corruption { location, reason } => {
                 write!(f, "corruption detected in {location}: {reason}")
             }
-            Error::Poisoned { cause } => write!(
+            Error::Poisoned { cause, .. } => write!(
                 f,
                 "store is poisoned after an earlier failed write ({cause}); reopen it to recover"
             ),

@@ -553,3 +553,21 @@ fn a_closed_stdout_is_a_normal_exit() {
     // The store is intact after the early exit.
     assert_eq!(fx.open().counts().unwrap().pending, 1 + 1500);
 }
+
+/// `get` shows a pending key's recovery point (`Store::record_step`), as text and JSON, so an
+/// operator can see where a dead worker got to before resolving its key.
+#[test]
+fn get_shows_the_recovery_point_of_a_pending_key() {
+    let fx = Fixture::new();
+    {
+        let store = fx.open();
+        let lease = acquire(&store, &key("u3", "checkout", "multi"), fp("m"));
+        store.record_step(&lease, 2, b"charged ch_77").unwrap();
+    }
+    let text = run(&["get", fx.file(), "u3", "checkout", "multi"], 0);
+    assert!(text.contains("recovery point"), "{text}");
+    assert!(text.contains("step 2: charged ch_77"), "{text}");
+    let json = run_json(&["get", fx.file(), "u3", "checkout", "multi", "--json"], 0);
+    assert_eq!(json["recovery_step"], 2, "{json:#}");
+    assert_eq!(json["recovery_data"], "charged ch_77", "{json:#}");
+}

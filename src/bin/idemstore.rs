@@ -408,8 +408,17 @@ fn get(store: &Store, key: &Key, out: &mut impl Write, json: bool, raw: bool) ->
         ]),
     ];
     match record.status() {
-        Status::Pending { lease_until, .. } => {
-            rows.push(row(["lease until", &at(lease_until, now)]))
+        Status::Pending {
+            lease_until,
+            progress,
+        } => {
+            rows.push(row(["lease until", &at(lease_until, now)]));
+            if let Some(progress) = progress {
+                rows.push(row([
+                    "recovery point",
+                    &format!("step {}: {}", progress.step, preview(&progress.data, 200)),
+                ]));
+            }
         }
         Status::Completed {
             result,
@@ -666,8 +675,18 @@ fn record_json(
     });
     let fields = value.as_object_mut().expect("an object");
     match record.status() {
-        Status::Pending { lease_until, .. } => {
+        Status::Pending {
+            lease_until,
+            progress,
+        } => {
             fields.insert("lease_until".into(), rfc3339(lease_until).into());
+            if let Some(progress) = progress {
+                fields.insert("recovery_step".into(), progress.step.into());
+                fields.insert(
+                    "recovery_data".into(),
+                    String::from_utf8_lossy(&progress.data).into_owned().into(),
+                );
+            }
             match now.duration_since(lease_until) {
                 Ok(stale_for) => fields.insert("stale_for_ms".into(), millis(stale_for).into()),
                 Err(left) => fields.insert("lease_left_ms".into(), millis(left.duration()).into()),

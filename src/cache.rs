@@ -5,9 +5,10 @@
 //! misses falls back to redb. Eviction is first-in first-out per shard; evicting is always
 //! safe.
 
-use std::collections::hash_map::DefaultHasher;
 use std::collections::{HashMap, VecDeque};
-use std::hash::{Hash, Hasher};
+use std::hash::BuildHasher;
+
+use foldhash::fast::FixedState;
 
 use parking_lot::RwLock;
 
@@ -17,9 +18,13 @@ use crate::wait::Waiters;
 
 const SHARDS: usize = 16;
 
+/// The hasher of every in-memory map here (and of shard selection): fast, and fixed so that a
+/// key's shard never changes.
+type Hasher = FixedState;
+
 #[derive(Debug, Default)]
 struct Shard {
-    map: HashMap<Key, Record>,
+    map: HashMap<Key, Record, Hasher>,
     order: VecDeque<Key>,
 }
 
@@ -40,9 +45,9 @@ impl RecordCache {
     }
 
     fn shard(&self, key: &Key) -> &RwLock<Shard> {
-        let mut hasher = DefaultHasher::new();
-        key.hash(&mut hasher);
-        &self.shards[hasher.finish() as usize % SHARDS]
+        // A different seed from the maps' own, so shard choice and bucket choice differ.
+        let hash = FixedState::with_seed(0x5eed).hash_one(key);
+        &self.shards[hash as usize % SHARDS]
     }
 
     pub(crate) fn get(&self, key: &Key) -> Option<Record> {
@@ -139,7 +144,7 @@ mod tests {
 /// it is emptied each time the open transaction commits (every few milliseconds).
 #[derive(Debug, Default)]
 pub(crate) struct Overlay {
-    map: RwLock<HashMap<Key, Option<Record>>>,
+    map: RwLock<HashMap<Key, Option<Record>, Hasher>>,
     /// Threads waiting for keys to change; woken on every publication.
     pub(crate) waiters: Waiters,
 }

@@ -794,11 +794,7 @@ impl Writer {
             }
             Change::Delete => {
                 tables.write(key.encoded(), old_index, None)?;
-                written.push(Written {
-                    key: key.clone(),
-                    record: None,
-                    encoded: None,
-                });
+                Writer::deleted(written, key.clone());
             }
         }
         Ok(Ok(decision.outcome))

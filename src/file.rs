@@ -67,13 +67,16 @@ fn open_existing(path: &Path, builder: &redb::Builder) -> Result<Database, Error
     // Check the format through a read-only handle first, so a foreign redb database is refused
     // without redb rewriting its header. A store that needs crash recovery cannot be opened
     // read-only; it is checked after the read-write open below.
-    if let Ok(read_only) = builder.open_read_only(path) {
-        check_format(&read_only, path)?;
-    }
+    let checked = match builder.open_read_only(path) {
+        Ok(read_only) => check_format(&read_only, path).map(|()| true)?,
+        Err(_) => false,
+    };
     let db = builder
         .open(path)
         .map_err(|e| open_error(path, "opening", e))?;
-    check_format(&db, path)?;
+    if !checked {
+        check_format(&db, path)?;
+    }
     Ok(db)
 }
 

@@ -72,6 +72,7 @@ mod inspect;
 mod key;
 mod record;
 mod reservation;
+mod reservations;
 #[cfg(any(test, fuzzing))]
 mod sim;
 mod stats;
@@ -96,6 +97,7 @@ pub use inspect::{
 pub use key::{Key, MAX_KEY_PART_LEN};
 pub use record::{Record, Status, MAX_NOTE_LEN};
 pub use reservation::{Completed, Lease, Progress, Reservation, Seen};
+pub use reservations::Reservations;
 pub use stats::Stats;
 pub use store::Store;
 

@@ -1,0 +1,140 @@
+//! [`Reservations`]: the operations every backend offers, so that services, the HTTP layer and
+//! tests are written once and run against the local [`Store`] or a cluster-backed store.
+//!
+//! The trait is async first (a cluster backend answers over the network). Every method returns
+//! a `Send` future, so generic code can run on a multi-threaded executor. The answers are the
+//! same types and the same decisions ([`decide`](crate::decide)) whichever backend gives them.
+
+use std::future::Future;
+
+use crate::{Error, Fingerprint, Key, Lease, Record, Reservation, Resolution, Store};
+
+/// The key-reservation operations, implemented by [`Store`] and by every other backend.
+///
+/// Write generic code against it:
+///
+/// ```
+/// use idemstore::{Fingerprint, Key, Reservation, Reservations, Store};
+///
+/// async fn charge<R: Reservations>(store: &R, id: &str) -> Result<Vec<u8>, idemstore::Error> {
+///     let key = Key::new("user-1", "POST /charges", id)?;
+///     match store.reserve(&key, Fingerprint::of(b"amount=100")).await? {
+///         Reservation::Acquired(lease) => {
+///             let response = b"201 created".to_vec(); // the real work
+///             store.complete(&lease, response.clone()).await?;
+///             Ok(response)
+///         }
+///         Reservation::Completed(done) => Ok(done.result),
+///         _ => Ok(b"409".to_vec()),
+///     }
+/// }
+///
+/// # let dir = tempfile::tempdir()?;
+/// let store = Store::open(dir.path().join("generic.idem"))?;
+/// let runtime = tokio::runtime::Builder::new_current_thread().build()?;
+/// let first = runtime.block_on(charge(&store, "a1"))?;
+/// assert_eq!(runtime.block_on(charge(&store, "a1"))?, first);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// Each method has the meaning, answers and errors of the [`Store`] method of the same name.
+pub trait Reservations: Send + Sync {
+    /// Reserves `key` for a request with this fingerprint; see [`Store::reserve`].
+    fn reserve(
+        &self,
+        key: &Key,
+        fingerprint: Fingerprint,
+    ) -> impl Future<Output = Result<Reservation, Error>> + Send;
+
+    /// Reserves many keys at once; see [`Store::reserve_many`].
+    fn reserve_many(
+        &self,
+        items: &[(Key, Fingerprint)],
+    ) -> impl Future<Output = Result<Vec<Result<Reservation, Error>>, Error>> + Send;
+
+    /// Stores the lease's result; see [`Store::complete`].
+    fn complete(
+        &self,
+        lease: &Lease,
+        result: Vec<u8>,
+    ) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// Deletes the key if this lease still holds it pending; see [`Store::release_if_pending`].
+    fn release_if_pending(&self, lease: &Lease)
+        -> impl Future<Output = Result<bool, Error>> + Send;
+
+    /// Renews the lease; see [`Store::extend`].
+    fn extend(&self, lease: &Lease) -> impl Future<Output = Result<Lease, Error>> + Send;
+
+    /// Parks the key for a person; see [`Store::mark_needs_review`].
+    fn mark_needs_review(
+        &self,
+        lease: &Lease,
+        note: &str,
+    ) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// Settles a key under review or a stale reservation; see [`Store::resolve`].
+    fn resolve(
+        &self,
+        key: &Key,
+        resolution: Resolution,
+    ) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// The stored record, absent when expired; see [`Store::get`].
+    fn get(&self, key: &Key) -> impl Future<Output = Result<Option<Record>, Error>> + Send;
+
+    /// Reservations whose lease ran out, oldest first; see [`Store::stale`].
+    fn stale(&self, limit: usize)
+        -> impl Future<Output = Result<Vec<(Key, Record)>, Error>> + Send;
+
+    /// Deletes up to `limit` expired records; see [`Store::sweep`].
+    fn sweep(&self, limit: usize) -> impl Future<Output = Result<usize, Error>> + Send;
+}
+
+/// The local store. The operations that have an `_async` form use it, so no thread blocks
+/// while a commit is synced; the others run on the calling task (a local commit is one
+/// fdatasync, a few hundred microseconds).
+impl Reservations for Store {
+    async fn reserve(&self, key: &Key, fingerprint: Fingerprint) -> Result<Reservation, Error> {
+        self.reserve_async(key, fingerprint).await
+    }
+
+    async fn reserve_many(
+        &self,
+        items: &[(Key, Fingerprint)],
+    ) -> Result<Vec<Result<Reservation, Error>>, Error> {
+        Store::reserve_many(self, items)
+    }
+
+    async fn complete(&self, lease: &Lease, result: Vec<u8>) -> Result<(), Error> {
+        self.complete_async(lease, result).await
+    }
+
+    async fn release_if_pending(&self, lease: &Lease) -> Result<bool, Error> {
+        self.release_if_pending_async(lease).await
+    }
+
+    async fn extend(&self, lease: &Lease) -> Result<Lease, Error> {
+        Store::extend(self, lease)
+    }
+
+    async fn mark_needs_review(&self, lease: &Lease, note: &str) -> Result<(), Error> {
+        Store::mark_needs_review(self, lease, note)
+    }
+
+    async fn resolve(&self, key: &Key, resolution: Resolution) -> Result<(), Error> {
+        Store::resolve(self, key, resolution)
+    }
+
+    async fn get(&self, key: &Key) -> Result<Option<Record>, Error> {
+        Store::get(self, key)
+    }
+
+    async fn stale(&self, limit: usize) -> Result<Vec<(Key, Record)>, Error> {
+        Store::stale(self, limit)
+    }
+
+    async fn sweep(&self, limit: usize) -> Result<usize, Error> {
+        Store::sweep(self, limit)
+    }
+}

@@ -64,6 +64,8 @@ mod decide;
 mod error;
 mod file;
 mod fingerprint;
+#[cfg(feature = "http")]
+pub mod http;
 // Entry points for the fuzz targets in fuzz/, also built for the unit test that replays their
 // corpus; never part of a normal build.
 #[cfg(any(test, fuzzing))]

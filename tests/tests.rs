@@ -8,6 +8,7 @@ mod cli;
 mod complete_with;
 mod concurrency;
 mod features;
+#[cfg(feature = "http")]
 mod http;
 mod kill;
 mod model;

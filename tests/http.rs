@@ -17,7 +17,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use idemstore::http::IdempotencyLayer;
-use idemstore::Store;
+use idemstore::{
+    Error, Fingerprint, Key, Lease, Record, Reservation, Reservations, Resolution, Store,
+};
 use reqwest::StatusCode;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -174,6 +176,16 @@ impl Service {
             .lease(Duration::from_secs(3600))
             .open(dir.path().join("http.idem"))
             .expect("open store");
+        Service::serve(dir, store, work, configure).await
+    }
+
+    /// The service over any backend.
+    async fn serve<R: Reservations + 'static>(
+        dir: tempfile::TempDir,
+        store: R,
+        work: Duration,
+        configure: impl FnOnce(IdempotencyLayer<R>) -> IdempotencyLayer<R>,
+    ) -> Service {
         let layer = configure(IdempotencyLayer::new(Arc::new(store)).scope(bearer));
         let shop = Arc::new(Shop {
             work,
@@ -649,5 +661,81 @@ async fn a_body_over_the_limit_is_refused_naming_the_limit() {
         refused.text().contains("over 10 bytes"),
         "{}",
         refused.text()
+    );
+}
+
+/// A backend that never releases a key (as when the process dies before it can): the store's
+/// lease is then the only way out.
+struct NeverReleases(Store);
+
+impl Reservations for NeverReleases {
+    async fn reserve(&self, key: &Key, fingerprint: Fingerprint) -> Result<Reservation, Error> {
+        Reservations::reserve(&self.0, key, fingerprint).await
+    }
+    async fn reserve_many(
+        &self,
+        items: &[(Key, Fingerprint)],
+    ) -> Result<Vec<Result<Reservation, Error>>, Error> {
+        Reservations::reserve_many(&self.0, items).await
+    }
+    async fn complete(&self, lease: &Lease, result: Vec<u8>) -> Result<(), Error> {
+        Reservations::complete(&self.0, lease, result).await
+    }
+    async fn release_if_pending(&self, _lease: &Lease) -> Result<bool, Error> {
+        Ok(false)
+    }
+    async fn extend(&self, lease: &Lease) -> Result<Lease, Error> {
+        Reservations::extend(&self.0, lease).await
+    }
+    async fn mark_needs_review(&self, lease: &Lease, note: &str) -> Result<(), Error> {
+        Reservations::mark_needs_review(&self.0, lease, note).await
+    }
+    async fn resolve(&self, key: &Key, resolution: Resolution) -> Result<(), Error> {
+        Reservations::resolve(&self.0, key, resolution).await
+    }
+    async fn get(&self, key: &Key) -> Result<Option<Record>, Error> {
+        Reservations::get(&self.0, key).await
+    }
+    async fn stale(&self, limit: usize) -> Result<Vec<(Key, Record)>, Error> {
+        Reservations::stale(&self.0, limit).await
+    }
+    async fn sweep(&self, limit: usize) -> Result<usize, Error> {
+        Reservations::sweep(&self.0, limit).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn when_no_release_runs_the_lease_is_the_backstop() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let lease = Duration::from_millis(500);
+    let store = Store::builder()
+        .lease(lease)
+        .open(dir.path().join("http.idem"))
+        .expect("open store");
+    let service = Service::serve(dir, NeverReleases(store), Duration::ZERO, |layer| layer).await;
+    let started = Instant::now();
+    let crashed = service
+        .try_post("gina", "/panics", Some("y-1"), "job")
+        .await;
+    assert!(crashed.is_err(), "the connection closes: {crashed:?}");
+    let (first, done, sent) = service
+        .post_until_done("gina", "/panics", "y-1", "job", Duration::from_secs(5))
+        .await;
+    let waited = started.elapsed();
+    assert_eq!(
+        first.status,
+        StatusCode::CONFLICT,
+        "pending until the lease runs out"
+    );
+    assert_eq!(
+        (done.status, done.text()),
+        (StatusCode::CREATED, "done on run 2".into())
+    );
+    assert!(waited >= lease - Duration::from_millis(50), "{waited:?}");
+    assert_eq!(service.shop.runs("gina", "y-1"), 2);
+    println!(
+        "no release: the key was taken over when its {lease:?} lease ran out, after {sent} \
+         request(s), {:.0} ms",
+        waited.as_secs_f64() * 1e3
     );
 }

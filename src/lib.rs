@@ -95,6 +95,7 @@ pub use error::{Error, KeyPart, LeaseLostReason};
 pub use fingerprint::Fingerprint;
 pub use inspect::{
     FileInfo, Problem, ProblemKind, RecordClass, ScanFilter, StateCounts, Verification,
+    VERIFY_PROGRESS_STEP,
 };
 pub use key::{Key, MAX_KEY_PART_LEN};
 pub use record::{Record, Status, MAX_NOTE_LEN};

@@ -106,7 +106,8 @@ enum Command {
         #[arg(long, default_value_t = 1000, value_name = "N")]
         slice: usize,
     },
-    /// Verify every record's checksum, every key, and both indexes; exit 1 on any problem
+    /// Verify every record's checksum, every key, and both indexes, with a progress bar on a
+    /// terminal; exit 1 on any problem
     Check {
         /// The store file
         file: PathBuf,
@@ -248,7 +249,16 @@ fn run(cli: Cli) -> Result<Option<ProblemsFound>> {
             sweep(&open(&file, None)?, limit, slice, &mut out, json)?
         }
         Command::Check { file } => {
-            let report = open(&file, None)?.verify()?;
+            let store = open(&file, None)?;
+            let bar = progress_bar(
+                "checking {bar:40} {pos}/{len} entries ({percent}%), eta {eta}",
+                json,
+            );
+            let report = store.verify_with_progress(|checked, total| {
+                bar.set_length(total);
+                bar.set_position(checked);
+            })?;
+            bar.finish_and_clear();
             check(&report, &mut out, json)?;
             if !report.is_ok() {
                 return Ok(Some(ProblemsFound));
@@ -553,18 +563,11 @@ fn sweep(
 ) -> Result<()> {
     let expired = store.counts()?.expired;
     let target = limit.map_or(expired, |l| expired.min(l as u64));
-    let bar = if json || !io::stderr().is_terminal() {
-        ProgressBar::hidden()
-    } else {
-        let bar = ProgressBar::with_draw_target(Some(target), ProgressDrawTarget::stderr());
-        bar.set_style(
-            ProgressStyle::with_template(
-                "sweeping {bar:40} {pos}/{len} expired records ({percent}%), eta {eta}",
-            )
-            .expect("a valid template"),
-        );
-        bar
-    };
+    let bar = progress_bar(
+        "sweeping {bar:40} {pos}/{len} expired records ({percent}%), eta {eta}",
+        json,
+    );
+    bar.set_length(target);
     let started = Instant::now();
     let (mut swept, mut slices) = (0u64, 0u64);
     loop {
@@ -603,6 +606,18 @@ fn sweep(
         )?;
     }
     Ok(())
+}
+
+/// A progress bar on stderr for a command that walks the whole store, drawn only for a person
+/// watching: hidden with `--json` or when stdout or stderr is not a terminal (a script, a pipe,
+/// a log file).
+fn progress_bar(template: &str, json: bool) -> ProgressBar {
+    if json || !io::stdout().is_terminal() || !io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::stderr());
+    bar.set_style(ProgressStyle::with_template(template).expect("a valid template"));
+    bar
 }
 
 fn check(report: &Verification, out: &mut impl Write, json: bool) -> Result<()> {

@@ -607,7 +607,7 @@ impl Store {
         let mut checked = 0u64;
         let mut tick = |progress: &mut dyn FnMut(u64, u64)| {
             checked += 1;
-            if checked % VERIFY_PROGRESS_STEP == 0 {
+            if checked.is_multiple_of(VERIFY_PROGRESS_STEP) {
                 progress(checked, total.max(checked));
             }
         };

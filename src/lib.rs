@@ -46,6 +46,8 @@
 //! - Duplicates are answered from read transactions that never wait for writers.
 //! - Bounded sweeping of expired keys through an expiry index ([`Store::sweep`]).
 //! - Per-record checksums: damage is reported with the key, never returned as data.
+//! - [`http::IdempotencyLayer`] (feature `http`, on by default): the `Idempotency-Key` header
+//!   for any tower HTTP service, in one `.layer(...)`, on any [`Reservations`] backend.
 //!
 //! The on-disk format is described in `docs/format.md`.
 

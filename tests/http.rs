@@ -739,3 +739,41 @@ async fn when_no_release_runs_the_lease_is_the_backstop() {
         waited.as_secs_f64() * 1e3
     );
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn the_layer_serves_a_plain_tower_stack_too() {
+    use http_body_util::{BodyExt, Full};
+    use std::convert::Infallible;
+    use tower::{ServiceBuilder, ServiceExt};
+
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let store = Arc::new(Store::open(dir.path().join("tower.idem")).expect("open store"));
+    let runs = Arc::new(AtomicUsize::new(0));
+    let service = ServiceBuilder::new()
+        .layer(IdempotencyLayer::new(store))
+        .service_fn({
+            let runs = Arc::clone(&runs);
+            move |request: axum::http::Request<Full<Bytes>>| {
+                let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
+                async move {
+                    let body = request.into_body().collect().await?.to_bytes();
+                    let text = format!("run {run} got {}", String::from_utf8_lossy(&body));
+                    Ok::<_, Infallible>(axum::http::Response::new(Full::new(Bytes::from(text))))
+                }
+            }
+        });
+    let request = || {
+        axum::http::Request::post("/jobs")
+            .header("idempotency-key", "t-1")
+            .body(Full::new(Bytes::from_static(b"payload")))
+            .expect("a request")
+    };
+    let first = service.clone().oneshot(request()).await.expect("answered");
+    let again = service.clone().oneshot(request()).await.expect("answered");
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    let first = first.into_body().collect().await.expect("body").to_bytes();
+    let again = again.into_body().collect().await.expect("body").to_bytes();
+    assert_eq!(&first[..], b"run 1 got payload", "the handler saw the body");
+    assert_eq!(first, again);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}

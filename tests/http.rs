@@ -777,3 +777,45 @@ async fn the_layer_serves_a_plain_tower_stack_too() {
     assert_eq!(first, again);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_longer_than_the_lease_keeps_its_key() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let lease = Duration::from_millis(300);
+    let store = Store::builder()
+        .lease(lease)
+        .open(dir.path().join("http.idem"))
+        .expect("open store");
+    let work = Duration::from_millis(1500); // five leases
+    let service = Arc::new(Service::serve(dir, store, work, |layer| layer).await);
+    let first = tokio::spawn({
+        let service = Arc::clone(&service);
+        async move { service.post("hana", "/orders", Some("l-1"), "book").await }
+    });
+    while service.shop.runs("hana", "l-1") == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Duplicates keep coming while it works; none may take the key over.
+    let tasks: Vec<_> = (0..10)
+        .map(|_| {
+            let service = Arc::clone(&service);
+            tokio::spawn(async move {
+                let patience = Duration::from_secs(10);
+                service
+                    .post_until_done("hana", "/orders", "l-1", "book", patience)
+                    .await
+            })
+        })
+        .collect();
+    let mut replies = vec![first.await.expect("task")];
+    for task in tasks {
+        let (_, last, _) = task.await.expect("task");
+        replies.push(last);
+    }
+    assert_eq!(
+        service.shop.runs("hana", "l-1"),
+        1,
+        "taken over while running"
+    );
+    assert_one_original_and_identical_replays(&replies);
+}

@@ -74,9 +74,14 @@
 //! [`release_if_pending`](crate::Reservations::release_if_pending) on the tokio runtime the
 //! request ran on, so a retry runs the handler again right away. When no release can run (the
 //! process died, or no tokio runtime), the store's lease is the backstop: the key goes stale
-//! when the lease runs out, and the next request takes it over. The layer does not extend
-//! leases: a handler that can run longer than the store's lease
-//! ([`Builder::lease`](crate::Builder::lease), default 60 s) needs a longer lease.
+//! when the lease runs out, and the next request takes it over. While the handler runs, the
+//! layer renews its lease every third of the lease
+//! ([`Reservations::extend`](crate::Reservations::extend)), so a handler that runs longer
+//! than the store's lease ([`Builder::lease`](crate::Builder::lease), default 60 s) is not
+//! taken over by a duplicate.
+//!
+//! The layer runs on tokio: the release and the renewals use the runtime the request runs on,
+//! which must have timers enabled (`enable_all`, as `#[tokio::main]` sets).
 //!
 //! # What is buffered
 //! A guarded request's body is read (up to [`max_body`](IdempotencyLayer::max_body)) to be
@@ -87,6 +92,7 @@
 //! released). Requests that pass through are not buffered.
 
 mod config;
+mod heartbeat;
 mod problem;
 mod release;
 mod service;

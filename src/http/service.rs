@@ -12,6 +12,7 @@ use http_body::Body;
 use http_body_util::{BodyExt, Either, Full, LengthLimitError, Limited};
 
 use crate::http::config::Options;
+use crate::http::heartbeat;
 use crate::http::problem::{problem, Refusal};
 use crate::http::release::ReleaseGuard;
 use crate::http::stored;
@@ -206,7 +207,8 @@ where
     RB: Body<Data = Bytes>,
 {
     let guard = ReleaseGuard::new(Arc::clone(&store), lease);
-    let response = match inner.call(request).await {
+    let call = inner.call(request);
+    let response = match heartbeat::while_running(&*store, guard.lease(), call).await {
         Ok(response) => response,
         Err(error) => {
             guard.release().await;

@@ -8,6 +8,9 @@ use std::time::{Duration, SystemTime};
 
 use crate::{Error, Lease, Reservations};
 
+/// A renewal under way.
+type Renewal<'a> = Pin<Box<dyn Future<Output = Result<Lease, Error>> + Send + 'a>>;
+
 /// The shortest time between two extensions.
 const MIN_PERIOD: Duration = Duration::from_millis(10);
 
@@ -34,8 +37,7 @@ where
     let period = (left / 3).max(MIN_PERIOD);
     let mut work = pin!(work);
     let mut tick = pin!(tokio::time::sleep(period));
-    let mut renewing: Option<Pin<Box<dyn Future<Output = Result<Lease, Error>> + Send + '_>>> =
-        None;
+    let mut renewing: Option<Renewal<'_>> = None;
     let mut stopped = false;
     poll_fn(|cx| {
         if let Poll::Ready(output) = work.as_mut().poll(cx) {

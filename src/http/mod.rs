@@ -1,5 +1,6 @@
-//! An `Idempotency-Key` layer for tower HTTP services (axum, tonic's HTTP stack, hyper with
-//! tower), on any [`Reservations`](crate::Reservations) backend. Feature `http`, on by default.
+//! An `Idempotency-Key` layer for tower HTTP services (axum, or any tower stack whose request
+//! body can be built from `Bytes`), on any [`Reservations`](crate::Reservations) backend.
+//! Feature `http`, on by default.
 //!
 //! A service adds it in one line:
 //!

@@ -7,9 +7,12 @@ mod bad_input;
 mod cli;
 mod complete_with;
 mod concurrency;
+#[cfg(feature = "etcd")]
+mod etcd;
 mod features;
 mod http;
 mod kill;
 mod model;
+mod scenarios;
 mod seeds;
 mod stress;

@@ -2,3 +2,4 @@
 //! `etcd` binary. The scenarios shared with the local store are in `scenarios.rs`.
 
 pub mod cluster;
+mod fault;

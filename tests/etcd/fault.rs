@@ -74,12 +74,23 @@ impl Rng {
     }
 }
 
-async fn client(id: usize, store: EtcdStore, history: Arc<Mutex<History>>, stop: Arc<AtomicBool>, epoch0: Instant) {
-    let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ (id as u64 + 1) * 0x1000_0001);
+async fn client(
+    id: usize,
+    store: EtcdStore,
+    history: Arc<Mutex<History>>,
+    stop: Arc<AtomicBool>,
+    epoch0: Instant,
+) {
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ ((id as u64 + 1) * 0x1000_0001));
     let fingerprint = Fingerprint::of(b"same request");
     while !stop.load(Ordering::Relaxed) {
         let epoch = epoch0.elapsed().as_millis() / KEY_EPOCH.as_millis();
-        let key = Key::new("fault", format!("epoch-{epoch}"), format!("hot-{}", rng.below(HOT_KEYS as u64))).unwrap();
+        let key = Key::new(
+            "fault",
+            format!("epoch-{epoch}"),
+            format!("hot-{}", rng.below(HOT_KEYS as u64)),
+        )
+        .unwrap();
         let started = Instant::now();
         let answer = store.reserve(&key, fingerprint).await;
         let acked = Instant::now();
@@ -124,7 +135,11 @@ async fn client(id: usize, store: EtcdStore, history: Arc<Mutex<History>>, stop:
                 }
             }
             6..=7 => {
-                history.lock().unwrap().releases.push((key, lease.token(), Instant::now()));
+                history
+                    .lock()
+                    .unwrap()
+                    .releases
+                    .push((key, lease.token(), Instant::now()));
                 if let Err(error) = store.release_if_pending(&lease).await {
                     history.lock().unwrap().error(&error);
                 }
@@ -161,7 +176,15 @@ fn acknowledged_work_survives_killed_members_and_fencing_holds() {
     let stop = Arc::new(AtomicBool::new(false));
     let epoch0 = Instant::now();
     let clients: Vec<_> = (0..CLIENTS)
-        .map(|id| runtime.spawn(client(id, store.clone(), history.clone(), stop.clone(), epoch0)))
+        .map(|id| {
+            runtime.spawn(client(
+                id,
+                store.clone(),
+                history.clone(),
+                stop.clone(),
+                epoch0,
+            ))
+        })
         .collect();
 
     let mut rng = Rng(0xD1B5_4A32_D192_ED03);
@@ -206,20 +229,32 @@ fn acknowledged_work_survives_killed_members_and_fencing_holds() {
 }
 
 fn check(history: &History, final_state: &HashMap<Key, Option<idemstore::Record>>) {
-    assert!(history.acquired.len() >= 20, "too little happened to test anything");
+    assert!(
+        history.acquired.len() >= 20,
+        "too little happened to test anything"
+    );
     assert_eq!(history.errors.get("other"), None, "unexpected errors");
     assert!(history.completed.len() >= 5, "too few completions");
     let takeovers = history
         .acquired
         .iter()
-        .filter(|a| final_state[&a.key].as_ref().is_some_and(|r| r.attempt() > 1))
+        .filter(|a| {
+            final_state[&a.key]
+                .as_ref()
+                .is_some_and(|r| r.attempt() > 1)
+        })
         .count();
     assert!(takeovers > 0, "no stale lease was taken over");
 
     // No (key, token) was acquired twice.
     let mut seen = HashSet::new();
     for a in &history.acquired {
-        assert!(seen.insert((a.key.clone(), a.token)), "({}, {}) acquired twice", a.key, a.token);
+        assert!(
+            seen.insert((a.key.clone(), a.token)),
+            "({}, {}) acquired twice",
+            a.key,
+            a.token
+        );
     }
 
     let mut by_key: HashMap<&Key, Vec<&Acquired>> = HashMap::new();
@@ -246,7 +281,12 @@ fn check(history: &History, final_state: &HashMap<Key, Option<idemstore::Record>
         for a in acquisitions.iter() {
             for b in acquisitions.iter() {
                 if a.acked < b.started {
-                    assert!(a.token < b.token, "key {key}: token {} acknowledged before token {} was asked for", a.token, b.token);
+                    assert!(
+                        a.token < b.token,
+                        "key {key}: token {} acknowledged before token {} was asked for",
+                        a.token,
+                        b.token
+                    );
                 }
             }
         }
@@ -254,9 +294,16 @@ fn check(history: &History, final_state: &HashMap<Key, Option<idemstore::Record>
         // unless that one was released.
         let last = acquisitions.last().unwrap();
         match &final_state[*key] {
-            Some(record) => assert!(record.token() >= last.token, "key {key}: acquisition {} lost", last.token),
+            Some(record) => assert!(
+                record.token() >= last.token,
+                "key {key}: acquisition {} lost",
+                last.token
+            ),
             None => assert!(
-                history.releases.iter().any(|(k, t, _)| k == *key && *t == last.token),
+                history
+                    .releases
+                    .iter()
+                    .any(|(k, t, _)| k == *key && *t == last.token),
                 "key {key}: acquisition {} lost, and it was never released",
                 last.token
             ),
@@ -280,10 +327,19 @@ fn check(history: &History, final_state: &HashMap<Key, Option<idemstore::Record>
         let record = final_state[&done.key]
             .as_ref()
             .unwrap_or_else(|| panic!("key {}: acknowledged completion lost", done.key));
-        assert_eq!(record.token(), done.token, "key {}: completion by {} lost", done.key, done.token);
+        assert_eq!(
+            record.token(),
+            done.token,
+            "key {}: completion by {} lost",
+            done.key,
+            done.token
+        );
         match record.status() {
             Status::Completed { result, .. } => assert_eq!(result, done.result.as_slice()),
-            other => panic!("key {}: completed by {} but holds {other:?}", done.key, done.token),
+            other => panic!(
+                "key {}: completed by {} but holds {other:?}",
+                done.key, done.token
+            ),
         }
     }
 }

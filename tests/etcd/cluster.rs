@@ -22,6 +22,7 @@ struct Member {
 
 /// A running 3-member cluster.
 pub struct Cluster {
+    binary: PathBuf,
     dir: TempDir,
     members: Vec<Member>,
     initial_cluster: String,
@@ -37,8 +38,13 @@ fn etcd_binary() -> PathBuf {
 }
 
 impl Cluster {
-    /// Starts three members and waits until they elected a leader.
+    /// Starts three members from `$ETCD_BIN` or `etcd` on PATH and waits until they are ready.
     pub fn start() -> Cluster {
+        Cluster::start_with(etcd_binary())
+    }
+
+    /// Starts three members from `binary`.
+    pub fn start_with(binary: impl Into<PathBuf>) -> Cluster {
         let dir = tempfile::tempdir().expect("temporary directory for etcd");
         // Hold the listeners until all ports are chosen, so no two are the same.
         let ports: Vec<(u16, u16)> = (0..3).map(|_| (free_port(), free_port())).collect();
@@ -58,6 +64,7 @@ impl Cluster {
             .collect::<Vec<_>>()
             .join(",");
         let mut cluster = Cluster {
+            binary: binary.into(),
             dir,
             members,
             initial_cluster,
@@ -79,7 +86,7 @@ impl Cluster {
             .expect("etcd log file");
         let client = format!("http://127.0.0.1:{}", member.client_port);
         let peer = format!("http://127.0.0.1:{}", member.peer_port);
-        let child = Command::new(etcd_binary())
+        let child = Command::new(&self.binary)
             .args(["--name", &member.name])
             .arg("--data-dir")
             .arg(&data)
@@ -105,7 +112,7 @@ impl Cluster {
             .stdout(log.try_clone().expect("log file handle"))
             .stderr(log)
             .spawn()
-            .unwrap_or_else(|e| panic!("starting {}: {e}; {INSTALL}", etcd_binary().display()));
+            .unwrap_or_else(|e| panic!("starting {}: {e}; {INSTALL}", self.binary.display()));
         self.members[i].child = Some(child);
     }
 

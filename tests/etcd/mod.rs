@@ -3,3 +3,4 @@
 
 pub mod cluster;
 mod fault;
+mod store;

@@ -249,7 +249,8 @@ async fn a_damaged_value_is_corruption_naming_the_key(cluster: &Cluster, client:
 
 #[test]
 fn settings_out_of_range_are_refused_before_connecting() {
-    let cases: [(&str, fn(&mut idemstore::EtcdBuilder)); 4] = [
+    type Change = fn(&mut idemstore::EtcdBuilder);
+    let cases: [(&str, Change); 4] = [
         ("max_txn_ops", |b| {
             b.max_txn_ops(4);
         }),

@@ -105,6 +105,17 @@ impl Inner {
                         ambiguous,
                     })
                 }
+                Err(error) if refused(&error) => {
+                    let landed = if ambiguous {
+                        "an earlier copy may or may not have been applied"
+                    } else {
+                        "nothing was applied"
+                    };
+                    return Err(Error::Cluster {
+                        context: format!("{}; the cluster refused the request, {landed}", what()),
+                        source: Box::new(error),
+                    });
+                }
                 Err(error) => {
                     ambiguous = true;
                     if started.elapsed() + pause > self.op_deadline {
@@ -252,6 +263,21 @@ impl Inner {
             .enumerate()
             .map(|(i, key)| self.stored_in(key, responses.get(i)))
             .collect())
+    }
+}
+
+/// Whether the cluster refused the request for good (an invalid or oversized request, no
+/// permission): resending cannot help. Every other error (unavailable, timed out, leader
+/// changed, too many requests) is retried.
+fn refused(error: &etcd_client::Error) -> bool {
+    // gRPC codes: 3 invalid argument, 5 not found, 6 already exists, 7 permission denied,
+    // 9 failed precondition, 11 out of range, 12 unimplemented, 16 unauthenticated.
+    match error {
+        etcd_client::Error::GRpcStatus(status) => {
+            matches!(status.code() as i32, 3 | 5 | 6 | 7 | 9 | 11 | 12 | 16)
+        }
+        etcd_client::Error::InvalidArgs(_) => true,
+        _ => false,
     }
 }
 

@@ -57,6 +57,7 @@ fn etcd_only_operations() {
         batches_fill_transactions_within_max_txn_ops(&cluster).await;
         indexes_follow_every_change_and_the_sweeper_empties_them(&cluster, &mut client).await;
         a_damaged_value_is_corruption_naming_the_key(&cluster, &mut client).await;
+        a_refused_request_fails_at_once_and_says_nothing_was_applied(&cluster, &mut client).await;
     });
 }
 
@@ -245,6 +246,32 @@ async fn a_damaged_value_is_corruption_naming_the_key(cluster: &Cluster, client:
             }
         }
     }
+}
+
+async fn a_refused_request_fails_at_once_and_says_nothing_was_applied(
+    cluster: &Cluster,
+    client: &mut Client,
+) {
+    let env = Env::new();
+    // More operations per transaction than the cluster's --max-txn-ops (128) allows.
+    let store = store(cluster, "refused/", &env.clock, 1024).await;
+    let items: Vec<(Key, Fingerprint)> = (0..100)
+        .map(|i| (key("q", "o", &format!("{i}")), fp("m")))
+        .collect();
+    let started = Instant::now();
+    match store.reserve_many(&items).await {
+        Err(error @ Error::Cluster { .. }) => {
+            assert!(error.to_string().contains("nothing was applied"), "{error}");
+            assert!(error.to_string().contains("too many operations"), "{error}");
+        }
+        other => panic!("expected a Cluster error, got {other:?}"),
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "a refusal is not retried"
+    );
+    assert_eq!(count(client, "refused/").await, 0);
+    assert_eq!(store.sweep(0).await.unwrap(), 0);
 }
 
 #[test]

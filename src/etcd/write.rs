@@ -335,3 +335,80 @@ fn no_response(key: &Key) -> Error {
         source: "the cluster's answer held no read response".into(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fingerprint::Fingerprint;
+    use crate::record::{Record, State};
+
+    fn stored(nonce: Nonce, mod_revision: i64, create_revision: i64) -> Stored {
+        Stored {
+            record: Record {
+                fingerprint: Fingerprint::of(b"b"),
+                token: 1,
+                attempt: 1,
+                expires_at: 10,
+                state: State::Pending {
+                    lease_until: 5,
+                    progress: None,
+                },
+            },
+            nonce,
+            mod_revision,
+            create_revision,
+        }
+    }
+
+    const OURS: Nonce = Nonce { store: 1, write: 7 };
+    const THEIRS: Nonce = Nonce { store: 2, write: 7 };
+
+    #[test]
+    fn a_put_landed_only_if_its_nonce_is_there() {
+        let put = Change::Put(stored(OURS, 0, 0).record);
+        assert!(landed(None, Some(&stored(OURS, 9, 9)), OURS, &put));
+        assert!(!landed(None, Some(&stored(THEIRS, 9, 9)), OURS, &put));
+        assert!(!landed(None, None, OURS, &put));
+        assert!(!landed(
+            None,
+            Some(&stored(OURS, 9, 9)),
+            OURS,
+            &Change::Keep
+        ));
+    }
+
+    #[test]
+    fn a_delete_landed_if_the_key_is_gone_or_was_created_again_since() {
+        let before = stored(THEIRS, 5, 3);
+        assert!(landed(Some(&before), None, OURS, &Change::Delete));
+        assert!(landed(
+            Some(&before),
+            Some(&stored(THEIRS, 8, 8)),
+            OURS,
+            &Change::Delete
+        ));
+        // Changed but never deleted: the compare failed for another reason.
+        assert!(!landed(
+            Some(&before),
+            Some(&stored(THEIRS, 8, 3)),
+            OURS,
+            &Change::Delete
+        ));
+        assert!(!landed(None, None, OURS, &Change::Delete));
+    }
+
+    #[test]
+    fn tokens_are_given_only_to_acquisitions() {
+        let acquired = Outcome::Acquired {
+            token: placeholder(2),
+            attempt: 1,
+            lease_until: 5,
+            progress: None,
+        };
+        match with_token(acquired, 40) {
+            Outcome::Acquired { token, .. } => assert_eq!(token, (40 << 10) | 2),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(with_token(Outcome::Done, 40), Outcome::Done);
+    }
+}

@@ -180,6 +180,7 @@ impl EtcdBuilder {
             op_deadline: self.op_deadline,
             store_id: random_id(),
             writes: AtomicU64::new(0),
+            resends: AtomicU64::new(0),
         });
         // One read, so that a wrong address fails here rather than at the first reserve.
         store

@@ -27,6 +27,8 @@ pub(crate) struct Inner {
     pub(crate) op_deadline: Duration,
     pub(crate) store_id: u64,
     pub(crate) writes: AtomicU64,
+    /// Requests sent again after an error or a timeout.
+    pub(crate) resends: AtomicU64,
 }
 
 impl Inner {
@@ -95,6 +97,15 @@ impl EtcdStore {
 
     pub(crate) fn inner(&self) -> &Inner {
         &self.inner
+    }
+
+    /// How many requests this store (and its clones) sent again because the cluster gave no
+    /// definite answer (a member down, a leader election, a timeout). Each was settled by the
+    /// resent request's answer, never guessed.
+    pub fn resends(&self) -> u64 {
+        self.inner
+            .resends
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Reserves `key`; the answers of [`Store::reserve`](crate::Store::reserve).

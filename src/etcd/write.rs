@@ -129,6 +129,8 @@ impl Inner {
                         });
                     }
                     tokio::time::sleep(pause).await;
+                    self.resends
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     pause = (pause * 2).min(Duration::from_millis(500));
                 }
             }

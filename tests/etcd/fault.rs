@@ -22,6 +22,7 @@ const KEY_EPOCH: Duration = Duration::from_millis(1500);
 struct Acquired {
     key: Key,
     token: u64,
+    attempt: u32,
     started: Instant,
     acked: Instant,
     /// When the store decided (lease_until less the lease) and until when it owns the key.
@@ -113,6 +114,7 @@ async fn client(
         history.lock().unwrap().acquired.push(Acquired {
             key: key.clone(),
             token: lease.token(),
+            attempt: lease.attempt(),
             started,
             acked,
             decided_at: lease.lease_until() - LEASE,
@@ -225,6 +227,10 @@ fn acknowledged_work_survives_killed_members_and_fencing_holds() {
         history.errors,
         final_state.len()
     );
+    eprintln!(
+        "fault test: {} requests resent after no definite answer",
+        store.resends()
+    );
     check(&history, &final_state);
 }
 
@@ -234,6 +240,11 @@ fn check(history: &History, final_state: &HashMap<Key, Option<idemstore::Record>
         "too little happened to test anything"
     );
     assert_eq!(history.errors.get("other"), None, "unexpected errors");
+    assert_eq!(
+        history.errors.get("cluster"),
+        None,
+        "with one member down at a time every operation gets a definite answer"
+    );
     assert!(history.completed.len() >= 5, "too few completions");
     let takeovers = history
         .acquired
@@ -275,6 +286,18 @@ fn check(history: &History, final_state: &HashMap<Key, Option<idemstore::Record>
                 "key {key}: token {} acquired while token {} held a live lease and had not released it",
                 b.token,
                 a.token
+            );
+        }
+        // Every caller learned whether it holds the key: a takeover (attempt n > 1) follows an
+        // acquisition of attempt n - 1 that some caller was told about.
+        for b in acquisitions.iter().filter(|b| b.attempt > 1) {
+            assert!(
+                acquisitions
+                    .iter()
+                    .any(|a| a.attempt == b.attempt - 1 && a.token < b.token),
+                "key {key}: token {} took over attempt {} that no caller was told it acquired",
+                b.token,
+                b.attempt - 1
             );
         }
         // Tokens rose: an acquisition acknowledged before another began has the smaller token.

@@ -40,7 +40,7 @@ impl Inner {
 /// A key-reservation store on an etcd v3 cluster (feature `etcd`): the operations and answers
 /// of [`Store`](crate::Store), shared by every instance of a service on every host.
 ///
-/// Every transition is the same [`decide`](crate::Reservations) function as the local store's:
+/// Every transition is the same `decide` function as the local store's:
 /// the record is read, the decision is made, and the change is written in one etcd
 /// transaction that applies only if the record's `mod_revision` is still the one read (or, for
 /// a new key, `create_revision == 0`); on a conflict the decision is made again. An answer is

@@ -57,7 +57,7 @@ use peers::{prefill, BenchResult, Driver, Engine, Fresh, Kind, Visit, Workload};
 #[derive(Parser, Debug)]
 #[command(version)]
 struct Args {
-    /// Engines to run, comma-separated: idemstore, redb, sqlite, fdatasync.
+    /// Engines to run, comma-separated: idemstore, redb, sqlite, fdatasync; etcd with --features etcd.
     #[arg(
         long,
         value_delimiter = ',',

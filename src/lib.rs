@@ -64,6 +64,8 @@ mod commit;
 mod crash_tests;
 mod decide;
 mod error;
+#[cfg(feature = "etcd")]
+mod etcd;
 mod file;
 mod fingerprint;
 #[cfg(feature = "http")]
@@ -94,6 +96,11 @@ pub use builder::{
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decide::Resolution;
 pub use error::{Error, KeyPart, LeaseLostReason};
+#[cfg(feature = "etcd")]
+pub use etcd::{
+    EtcdBuilder, EtcdStore, Sweeper, DEFAULT_ETCD_PREFIX, DEFAULT_MAX_TXN_OPS, DEFAULT_OP_DEADLINE,
+    DEFAULT_REQUEST_TIMEOUT,
+};
 pub use fingerprint::Fingerprint;
 pub use inspect::{
     FileInfo, Problem, ProblemKind, RecordClass, ScanFilter, StateCounts, Verification,
@@ -108,6 +115,10 @@ pub use store::Store;
 
 /// The redb crate this store is built on, for [`Store::complete_with`] callers.
 pub use redb;
+
+/// The etcd client crate, for [`EtcdStore::complete_with`] callers' own operations.
+#[cfg(feature = "etcd")]
+pub use etcd_client;
 
 /// A `Result` with idemstore's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -27,6 +27,8 @@
     reason = "included by both benches/engine.rs and examples/loadgen.rs, which each use a part"
 )]
 
+#[cfg(feature = "etcd")]
+mod etcd;
 mod fdatasync;
 mod redb_txn;
 mod sqlite;
@@ -190,6 +192,9 @@ pub enum Kind {
     Sqlite,
     /// [`Fdatasync`].
     Fdatasync,
+    /// [`etcd::Etcd`] (feature `etcd`; not in [`Kind::ALL`]: it starts a cluster).
+    #[cfg(feature = "etcd")]
+    Etcd,
 }
 
 impl Kind {
@@ -203,6 +208,8 @@ impl Kind {
             Kind::Redb => visitor.visit::<RedbTxn>(),
             Kind::Sqlite => visitor.visit::<Sqlite>(),
             Kind::Fdatasync => visitor.visit::<Fdatasync>(),
+            #[cfg(feature = "etcd")]
+            Kind::Etcd => visitor.visit::<etcd::Etcd>(),
         }
     }
 
@@ -229,6 +236,10 @@ impl FromStr for Kind {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Kind, String> {
+        #[cfg(feature = "etcd")]
+        if s == "etcd" {
+            return Ok(Kind::Etcd);
+        }
         Kind::ALL
             .into_iter()
             .find(|kind| kind.name() == s)

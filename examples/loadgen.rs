@@ -8,6 +8,8 @@
 //! cargo run --release --example loadgen -- --scenario all --passes 3
 //! # The same as JSON on stdout (per pass and medians), no progress bar:
 //! cargo run --release --example loadgen -- --scenario all --passes 3 --json > run.json
+//! # The table on stdout and the JSON in a file:
+//! cargo run --release --example loadgen -- --scenario all --passes 3 --save run.json
 //! # Some scenarios, some engines, shorter cells:
 //! cargo run --release --example loadgen -- --scenario reserve-32,cycle-32 \
 //!     --engines idemstore,redis --seconds 2
@@ -112,6 +114,10 @@ struct Args {
     /// Print JSON instead of the table, and no progress bar.
     #[arg(long)]
     json: bool,
+
+    /// Also write the JSON report to this file (the table still goes to stdout).
+    #[arg(long)]
+    save: Option<PathBuf>,
 }
 
 /// What a scenario runs.
@@ -797,8 +803,15 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let json = serde_json::to_string_pretty(&report).expect("the report serializes") + "\n";
+    if let Some(path) = &args.save {
+        if let Err(e) = std::fs::write(path, &json) {
+            eprintln!("loadgen: writing {}: {e}", path.display());
+            return ExitCode::FAILURE;
+        }
+    }
     let text = if args.json {
-        serde_json::to_string_pretty(&report).expect("the report serializes") + "\n"
+        json
     } else {
         table(&report, &scenarios)
     };

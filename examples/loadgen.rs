@@ -707,14 +707,15 @@ fn run(args: &Args) -> BenchResult<(Report, Vec<Scenario>)> {
     };
     let mut skipped = Vec::new();
     for kind in Kind::ALL {
+        if !scenarios.iter().any(|s| s.engines.contains(&kind)) {
+            continue;
+        }
         if let Err(reason) = kind.available() {
-            if scenarios.iter().any(|s| s.engines.contains(&kind)) {
-                eprintln!("loadgen: skipping {kind}: {reason}");
-                skipped.push(Skipped {
-                    engine: kind.name(),
-                    reason,
-                });
-            }
+            eprintln!("loadgen: skipping {kind}: {reason}");
+            skipped.push(Skipped {
+                engine: kind.name(),
+                reason,
+            });
             for s in &mut scenarios {
                 s.engines.retain(|&k| k != kind);
             }
@@ -764,14 +765,20 @@ fn run(args: &Args) -> BenchResult<(Report, Vec<Scenario>)> {
                 }
                 .map_err(|e| format!("{} on {kind}, pass {pass}: {e}", scenario.name))?;
                 let row = row(scenario, pass, kind.name(), &measured);
-                bar.println(format!(
+                let line = format!(
                     "pass {pass} {:<16} {:>19} {:>11} ops/s  p50 {:>9}  p99 {:>9}",
                     scenario.name,
                     row.engine,
                     thousands(row.ops_per_sec),
                     latency_text(row.p50_us),
                     latency_text(row.p99_us)
-                ));
+                );
+                // Progress on stderr also when it is not a terminal (the bar is then hidden).
+                if bar.is_hidden() {
+                    eprintln!("{line}");
+                } else {
+                    bar.println(line);
+                }
                 runs.push(row);
             }
         }

@@ -39,7 +39,7 @@ mod peers;
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Barrier};
+use std::sync::{Arc, Barrier, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use criterion::measurement::WallTime;
@@ -160,7 +160,13 @@ impl Visit for Bench<'_, '_, '_> {
     fn visit<E: Engine>(self) {
         let Bench { group, cases } = self;
         if let Err(reason) = E::available() {
-            eprintln!("skipping {}: {reason}", E::NAME);
+            // Said once per engine, not once per benchmark.
+            static SKIPPED: Mutex<Vec<&str>> = Mutex::new(Vec::new());
+            let mut skipped = SKIPPED.lock().unwrap_or_else(PoisonError::into_inner);
+            if !skipped.contains(&E::NAME) {
+                skipped.push(E::NAME);
+                eprintln!("skipping {}: {reason}", E::NAME);
+            }
             return;
         }
         let keys = cases

@@ -445,6 +445,7 @@ fn row(scenario: &Scenario, pass: u32, engine: &'static str, m: &Measured) -> Ro
         p99_us: micros(m.latency.value_at_quantile(0.99)),
         max_us: micros(m.latency.max()),
         vs: Vec::new(),
+        p50_vs_fdatasync: None,
     }
 }
 

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
-use super::peers::Kind;
+use super::peers::{Kind, Workload};
 use super::Scenario;
 
 /// One engine in one scenario in one pass.
@@ -26,6 +26,9 @@ pub(crate) struct Row {
     /// ops/s divided by the named engine's in the same scenario and pass (`32 threads`: the
     /// same engine's `cycle-32`), for each that ran.
     pub(crate) vs: Vec<(String, f64)>,
+    /// p50 divided by fdatasync's p50 in the same scenario and pass (lower is better; the
+    /// one-caller latency target is stated this way).
+    pub(crate) p50_vs_fdatasync: Option<f64>,
 }
 
 /// The peers each row is divided by, in column order.
@@ -54,10 +57,13 @@ pub(crate) struct Report {
 
 /// Fills in each row's ratios against the peers of its scenario and pass.
 pub(crate) fn add_ratios(runs: &mut [Row]) {
-    let rate = |runs: &[Row], scenario: &str, pass: u32, engine: &str| {
+    let find = |runs: &[Row], scenario: &str, pass: u32, engine: &str| {
         runs.iter()
             .find(|r| r.scenario == scenario && r.pass == pass && r.engine == engine)
-            .map(|r| r.ops_per_sec)
+            .map(|r| (r.ops_per_sec, r.p50_us))
+    };
+    let rate = |runs: &[Row], scenario: &str, pass: u32, engine: &str| {
+        find(runs, scenario, pass, engine).map(|(rate, _)| rate)
     };
     for i in 0..runs.len() {
         let (scenario, pass) = (runs[i].scenario.clone(), runs[i].pass);
@@ -73,6 +79,8 @@ pub(crate) fn add_ratios(runs: &mut [Row]) {
             }
         }
         runs[i].vs = vs;
+        runs[i].p50_vs_fdatasync = find(runs, &scenario, pass, Kind::Fdatasync.name())
+            .map(|(_, p50)| runs[i].p50_us / p50);
     }
 }
 
@@ -102,6 +110,7 @@ pub(crate) fn medians(runs: &[Row]) -> Vec<Row> {
             .filter(|o| o.scenario == r.scenario && o.engine == r.engine)
             .collect();
         let of = |f: fn(&Row) -> f64| median(same.iter().map(|r| f(r)).collect());
+        let p50_ratios: Vec<f64> = same.iter().filter_map(|r| r.p50_vs_fdatasync).collect();
         let vs =
             r.vs.iter()
                 .map(|(peer, _)| {
@@ -120,6 +129,7 @@ pub(crate) fn medians(runs: &[Row]) -> Vec<Row> {
             p99_us: of(|r| r.p99_us),
             max_us: of(|r| r.max_us),
             vs,
+            p50_vs_fdatasync: (!p50_ratios.is_empty()).then(|| median(p50_ratios)),
             ..r.clone()
         });
     }
@@ -197,6 +207,13 @@ pub(crate) fn table(report: &Report, scenarios: &[Scenario]) -> String {
             let head = format!("vs {}", c.replace(" threads", " thr"));
             out.push_str(&format!(" {head:>12}"));
         }
+        // One caller writing: the latency target is p50 against one fdatasync.
+        let p50_column = scenario.clients == 1
+            && scenario.workload() == Workload::Reserve
+            && rows.iter().any(|r| r.p50_vs_fdatasync.is_some());
+        if p50_column {
+            out.push_str(&format!(" {:>14}", "p50/fdatasync"));
+        }
         out.push('\n');
         for r in rows {
             out.push_str(&format!(
@@ -211,6 +228,13 @@ pub(crate) fn table(report: &Report, scenarios: &[Scenario]) -> String {
                 out.push_str(&format!(
                     " {:>12}",
                     v.map_or("-".to_string(), |(_, v)| format!("{v:.2}x"))
+                ));
+            }
+            if p50_column {
+                let v = r.p50_vs_fdatasync;
+                out.push_str(&format!(
+                    " {:>14}",
+                    v.map_or("-".to_string(), |v| format!("{v:.2}x"))
                 ));
             }
             out.push('\n');

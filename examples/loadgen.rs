@@ -4,7 +4,7 @@
 //! ratios against each peer measured in the same run.
 //!
 //! ```text
-//! # Every scenario of the hot-path targets, every engine, 3 interleaved passes (~8 minutes):
+//! # Every scenario of the hot-path targets, every engine, 3 interleaved passes (~7 minutes):
 //! cargo run --release --example loadgen -- --scenario all --passes 3
 //! # The same as JSON on stdout (per pass and medians), no progress bar:
 //! cargo run --release --example loadgen -- --scenario all --passes 3 --json > run.json

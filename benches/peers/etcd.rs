@@ -146,7 +146,7 @@ impl Handle for EtcdHandle {
     type Lease = Lease;
 
     fn reserve(&mut self, key: &BenchKey) -> BenchResult<Option<Lease>> {
-        let fingerprint = Fingerprint::from_bytes(*key.fingerprint());
+        let fingerprint = Fingerprint::of(key.body());
         let key_ = etcd_key(key)?;
         acquired(
             key,
@@ -164,7 +164,7 @@ impl Handle for EtcdHandle {
     fn reserve_many(&mut self, keys: &[BenchKey]) -> BenchResult<usize> {
         let items = keys
             .iter()
-            .map(|key| Ok((etcd_key(key)?, Fingerprint::from_bytes(*key.fingerprint()))))
+            .map(|key| Ok((etcd_key(key)?, Fingerprint::of(key.body()))))
             .collect::<BenchResult<Vec<_>>>()?;
         let results = self
             .runtime

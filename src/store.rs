@@ -128,8 +128,8 @@ impl Store {
     #[cfg(any(test, fuzzing))]
     pub(crate) fn open_sim(
         builder: &Builder,
-        db_disk: &crate::sim::SimDisk,
-        log_disk: &crate::sim::SimDisk,
+        db_disk: &crate::testing::sim::SimDisk,
+        log_disk: &crate::testing::sim::SimDisk,
     ) -> Result<Store, Error> {
         let path = PathBuf::from("sim.idem");
         guard_open(&path.clone(), || {

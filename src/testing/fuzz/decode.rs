@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use crate::record::Record;
-use crate::sim::SimDisk;
+use crate::testing::sim::SimDisk;
 use crate::wal::frame::{self, Entry, Frame, Header, HEADER_LEN};
 use crate::wal::Wal;
 

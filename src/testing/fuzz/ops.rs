@@ -12,7 +12,7 @@ use std::time::Duration;
 use crate::clock::to_millis;
 use crate::error::{Error, LeaseLostReason};
 use crate::record::Millis;
-use crate::sim::{Rng, SimDisk};
+use crate::testing::sim::{Rng, SimDisk};
 use crate::{Fingerprint, Key, Lease, ManualClock, Record, Reservation, Resolution, Status, Store};
 
 use super::{builder, clock, open_sim, Input, LEASE_MS, RETENTION_MS};

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 
-use crate::sim::{Rng, SimDisk};
+use crate::testing::sim::{Rng, SimDisk};
 use crate::wal::{LogFile, Wal};
 use crate::{Builder, Error, Fingerprint, Key, Lease, ManualClock, Reservation, Status, Store};
 

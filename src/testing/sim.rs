@@ -2,7 +2,7 @@
 //! synced, so a test can take the image a process crash or a power loss would leave, it can
 //! fail the N-th write or sync, and it can run out of space. Used as both the redb
 //! `StorageBackend` and the log file, by the unit tests and by the fuzz targets
-//! ([`crate::fuzz_api`]).
+//! ([`crate::testing::fuzz`]).
 //!
 //! The power-loss model: bytes synced by `sync_data` survive; each write since the last sync is
 //! independently lost, kept, or torn (each 512-byte sector of it kept or lost on its own), in

@@ -1,0 +1,13 @@
+//! Test scaffolding, built only for the crate's own tests and for `cargo fuzz` (`cfg(fuzzing)`,
+//! declared in `build.rs`); a normal build has no trace of it.
+//!
+//! - [`sim`]: the simulated disk (written vs synced bytes, process-crash and power-loss images,
+//!   injected failures) under both redb and the log.
+//! - `crash` (tests only): the crash model on the simulated disk.
+//! - [`fuzz`]: the entry points of the fuzz targets in `fuzz/`, and the test that replays
+//!   their corpus.
+
+#[cfg(test)]
+mod crash;
+pub mod fuzz;
+pub(crate) mod sim;

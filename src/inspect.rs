@@ -17,7 +17,7 @@ use redb::{ReadOnlyTable, ReadTransaction, ReadableDatabase, ReadableTable};
 use crate::clock::duration_millis;
 use crate::error::Error;
 use crate::key::Key;
-use crate::record::{Millis, Record, State};
+use crate::record::{Millis, Phase, Record, State};
 use crate::store::Store;
 use crate::tables::{IndexEntries, EXPIRY, LEASES, META, META_NEXT_TOKEN, META_WAL_SEQ, RECORDS};
 use crate::wal::log_path;
@@ -66,14 +66,12 @@ impl RecordClass {
     /// as [`reserve`](Store::reserve): a lease is live while `now < lease_until`, and a record
     /// reads as absent from `expires_at` on.
     fn of(record: &Record, now: Millis) -> RecordClass {
-        if record.is_expired(now) {
-            return RecordClass::Expired;
-        }
-        match record.state {
-            State::Pending { lease_until, .. } if now < lease_until => RecordClass::Pending,
-            State::Pending { .. } => RecordClass::Stale,
-            State::Completed { .. } => RecordClass::Completed,
-            State::NeedsReview { .. } => RecordClass::NeedsReview,
+        match record.phase(now) {
+            Phase::Expired => RecordClass::Expired,
+            Phase::Live => RecordClass::Pending,
+            Phase::Stale => RecordClass::Stale,
+            Phase::Completed => RecordClass::Completed,
+            Phase::NeedsReview => RecordClass::NeedsReview,
         }
     }
 }

@@ -36,7 +36,7 @@ use redb::{Database, WriteTransaction};
 use crate::builder::Durability;
 use crate::cache::{Overlay, RecordCache};
 use crate::clock::{to_millis, Clock};
-use crate::decide::{decide, Change, Op, Outcome, Policy};
+use crate::decide::{decide, Change, Operation, Policy};
 use crate::error::Error;
 use crate::key::Key;
 use crate::record::{Millis, Record};
@@ -71,37 +71,60 @@ impl Poison {
 }
 
 /// One result per operation of a request.
-pub(crate) type Outcomes = Vec<Result<Outcome, Error>>;
+pub(crate) type Outcomes<T> = Vec<Result<T, Error>>;
 
 /// The answer to a request: one result per operation, or an error for the whole batch.
-pub(crate) type Answer = Result<Outcomes, Error>;
+pub(crate) type Answer<T> = Result<Outcomes<T>, Error>;
 
 /// The most payload bytes (results, notes) one batch takes, so a log frame stays far below
 /// its 4 GiB limit however large the configured results are.
 const MAX_BATCH_BYTES: usize = 64 << 20;
 
-/// One caller's queued operations and the slot their answer is delivered to.
-pub(crate) struct Request {
-    ops: Mutex<Vec<(Key, Op)>>,
+/// One caller's queued operations (all of one kind) and the slot their answer is delivered
+/// to.
+pub(crate) struct Request<O: Operation> {
+    ops: Mutex<Vec<(Key, O)>>,
     /// Payload bytes of the operations, for [`MAX_BATCH_BYTES`].
     bytes: usize,
-    answer: Mutex<Option<Answer>>,
+    /// The decided outcomes, held until the batch's frame is durable.
+    staged: Mutex<Option<Outcomes<O::Outcome>>>,
+    answer: Mutex<Option<Answer<O::Outcome>>>,
     waiter: Waiter,
 }
 
-enum Waiter {
+pub(crate) enum Waiter {
     Thread(Thread),
     Task(Mutex<Option<Waker>>),
 }
 
-impl Request {
-    fn finish(&self, answer: Answer) {
-        *self.answer.lock() = Some(answer);
-        self.wake();
+/// A queued request of any kind, as the committer and the syncer see it.
+pub(crate) trait Queued: Send + Sync {
+    /// Payload bytes, for [`MAX_BATCH_BYTES`].
+    fn bytes(&self) -> usize;
+    fn waiter(&self) -> &Waiter;
+    fn is_answered(&self) -> bool;
+    /// Decides and applies the operations; their outcomes are staged until
+    /// [`publish`](Queued::publish). Returns how many operations there were.
+    fn apply(
+        &self,
+        writer: &mut Writer,
+        tables: &mut Tables<'_>,
+        now: Millis,
+        written: &mut Vec<Written>,
+    ) -> Result<usize, Error>;
+    /// Answers with the staged outcomes (the batch is durable) and wakes the caller.
+    fn publish(&self);
+    /// Answers with an error for the whole request and wakes the caller.
+    fn fail(&self, error: Error);
+}
+
+impl Waiter {
+    fn is_thread(&self) -> bool {
+        matches!(self, Waiter::Thread(_))
     }
 
     fn wake(&self) {
-        match &self.waiter {
+        match self {
             Waiter::Thread(thread) => thread.unpark(),
             Waiter::Task(waker) => {
                 if let Some(waker) = waker.lock().take() {
@@ -110,23 +133,70 @@ impl Request {
             }
         }
     }
+}
 
-    fn take_answer(&self) -> Option<Answer> {
+impl<O: Operation> Request<O> {
+    fn finish(&self, answer: Answer<O::Outcome>) {
+        *self.answer.lock() = Some(answer);
+        self.waiter.wake();
+    }
+
+    fn take_answer(&self) -> Option<Answer<O::Outcome>> {
         self.answer.lock().take()
+    }
+}
+
+impl<O: Operation> Queued for Request<O> {
+    fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    fn waiter(&self) -> &Waiter {
+        &self.waiter
+    }
+
+    fn is_answered(&self) -> bool {
+        self.answer.lock().is_some()
+    }
+
+    fn apply(
+        &self,
+        writer: &mut Writer,
+        tables: &mut Tables<'_>,
+        now: Millis,
+        written: &mut Vec<Written>,
+    ) -> Result<usize, Error> {
+        let ops = std::mem::take(&mut *self.ops.lock());
+        let count = ops.len();
+        let mut outcomes = Vec::with_capacity(count);
+        for (key, op) in ops {
+            outcomes.push(writer.apply(tables, &key, op, now, written)?);
+        }
+        *self.staged.lock() = Some(outcomes);
+        Ok(count)
+    }
+
+    fn publish(&self) {
+        let outcomes = self.staged.lock().take().unwrap_or_default();
+        self.finish(Ok(outcomes));
+    }
+
+    fn fail(&self, error: Error) {
+        self.finish(Err(error));
     }
 }
 
 /// A future that resolves when its request has been answered.
 ///
 /// Dropping it does not withdraw the request: the operations may still be committed.
-pub(crate) struct CommitFuture {
-    request: Arc<Request>,
+pub(crate) struct CommitFuture<O: Operation> {
+    request: Arc<Request<O>>,
 }
 
-impl Future for CommitFuture {
-    type Output = Answer;
+impl<O: Operation> Future for CommitFuture<O> {
+    type Output = Answer<O::Outcome>;
 
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Answer> {
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         if let Some(answer) = self.request.take_answer() {
             return Poll::Ready(answer);
         }
@@ -144,8 +214,7 @@ impl Future for CommitFuture {
 /// A batch written to the log, waiting for a sync before its callers are answered.
 struct PendingBatch {
     seq: u64,
-    requests: Vec<Arc<Request>>,
-    answers: Vec<Vec<Result<Outcome, Error>>>,
+    requests: Vec<Arc<dyn Queued>>,
     changes: Vec<(Key, Option<Record>)>,
 }
 
@@ -197,7 +266,7 @@ impl Syncer {
 
     /// Queues a batch whose frame `seq` was written; returns the thread to wake so that it
     /// runs the sync, if no sync is running.
-    fn push(&self, batch: PendingBatch) -> Option<Arc<Request>> {
+    fn push(&self, batch: PendingBatch) -> Option<Arc<dyn Queued>> {
         let mut state = self.state.lock();
         if batch.seq <= state.synced_seq {
             // It logged nothing and everything it saw is durable.
@@ -208,7 +277,7 @@ impl Syncer {
         let driver = batch
             .requests
             .iter()
-            .find(|r| matches!(r.waiter, Waiter::Thread(_)))
+            .find(|r| r.waiter().is_thread())
             .cloned();
         state.pending.push_back(batch);
         if state.syncing {
@@ -227,14 +296,14 @@ impl Syncer {
 
     fn answer(&self, batch: PendingBatch) {
         self.overlay.publish(batch.changes);
-        for (request, outcomes) in batch.requests.iter().zip(batch.answers) {
-            request.finish(Ok(outcomes));
+        for request in &batch.requests {
+            request.publish();
         }
     }
 
     /// Runs syncs until every written frame is durable, or until `own` (the calling waiter's
     /// request) is answered and another waiting thread can take over.
-    pub(crate) fn drive(&self, own: Option<&Request>) {
+    pub(crate) fn drive(&self, own: Option<&dyn Queued>) {
         let mut state = self.state.lock();
         if state.syncing {
             return;
@@ -246,14 +315,14 @@ impl Syncer {
     }
 
     /// The body of [`drive`](Syncer::drive), entered with `syncing` set; clears it on return.
-    fn run_syncs(&self, own: Option<&Request>) {
+    fn run_syncs(&self, own: Option<&dyn Queued>) {
         let mut state = self.state.lock();
         loop {
             if let Err(error) = self.poison.check() {
                 // Whatever failed, nothing still waiting will be synced: answer it now.
                 for batch in state.pending.drain(..) {
                     for request in batch.requests {
-                        request.finish(Err(error_copy(&error)));
+                        request.fail(error_copy(&error));
                     }
                 }
                 state.syncing = false;
@@ -282,25 +351,23 @@ impl Syncer {
                     self.overlay.clear();
                     for batch in state.pending.drain(..) {
                         for request in batch.requests {
-                            request.finish(Err(error_copy(&error)));
+                            request.fail(error_copy(&error));
                         }
                     }
                     state.syncing = false;
                     return;
                 }
             }
-            let own_answered = own.is_some_and(|r| r.answer.lock().is_some());
+            let own_answered = own.is_some_and(|r| r.is_answered());
             if own_answered {
-                let next = state.pending.front().and_then(|b| {
-                    b.requests
-                        .iter()
-                        .find(|r| matches!(r.waiter, Waiter::Thread(_)))
-                        .cloned()
-                });
+                let next = state
+                    .pending
+                    .front()
+                    .and_then(|b| b.requests.iter().find(|r| r.waiter().is_thread()).cloned());
                 if let Some(next) = next {
                     state.syncing = false;
                     drop(state);
-                    next.wake();
+                    next.waiter().wake();
                     return;
                 }
             }
@@ -325,7 +392,7 @@ impl Syncer {
 }
 
 struct Queue {
-    requests: Vec<Arc<Request>>,
+    requests: Vec<Arc<dyn Queued>>,
     /// The committer is waiting for work and must be notified.
     idle: bool,
     shutdown: bool,
@@ -370,17 +437,18 @@ impl Committer {
         })
     }
 
-    fn enqueue(&self, ops: Vec<(Key, Op)>, waiter: Waiter) -> Arc<Request> {
+    fn enqueue<O: Operation>(&self, ops: Vec<(Key, O)>, waiter: Waiter) -> Arc<Request<O>> {
         let bytes = ops.iter().map(|(_, op)| op.payload_len()).sum();
         let request = Arc::new(Request {
             bytes,
             ops: Mutex::new(ops),
+            staged: Mutex::new(None),
             answer: Mutex::new(None),
             waiter,
         });
-        let is_task = matches!(request.waiter, Waiter::Task(_));
+        let is_task = !request.waiter.is_thread();
         let mut queue = self.shared.queue.lock();
-        queue.requests.push(Arc::clone(&request));
+        queue.requests.push(Arc::clone(&request) as Arc<dyn Queued>);
         // A blocked caller leads its own batch (see `submit`); only async requests need the
         // committer thread.
         if is_task && queue.idle {
@@ -396,7 +464,7 @@ impl Committer {
     /// and whatever else is queued) itself, then drives the sync, so a lone caller is answered
     /// without any hand-off between threads. Otherwise it waits to be answered, or to be woken
     /// to lead the next batch or run a sync.
-    pub(crate) fn submit(&self, ops: Vec<(Key, Op)>) -> Answer {
+    pub(crate) fn submit<O: Operation>(&self, ops: Vec<(Key, O)>) -> Answer<O::Outcome> {
         let request = self.enqueue(ops, Waiter::Thread(thread::current()));
         loop {
             if let Some(answer) = request.take_answer() {
@@ -410,7 +478,7 @@ impl Committer {
                 drop(writer);
                 wake_next(&self.shared);
             }
-            self.shared.syncer.drive(Some(&request));
+            self.shared.syncer.drive(Some(&*request));
             if let Some(answer) = request.take_answer() {
                 return answer;
             }
@@ -419,13 +487,13 @@ impl Committer {
     }
 
     /// Runs one operation in the next batch and blocks until it is durable.
-    pub(crate) fn submit_one(&self, key: Key, op: Op) -> Result<Outcome, Error> {
+    pub(crate) fn submit_one<O: Operation>(&self, key: Key, op: O) -> Result<O::Outcome, Error> {
         first(self.submit(vec![(key, op)]))
     }
 
     /// Queues `ops` for the next batch; the future resolves once it is durable. No thread
     /// blocks while it waits.
-    pub(crate) fn submit_async(&self, ops: Vec<(Key, Op)>) -> CommitFuture {
+    pub(crate) fn submit_async<O: Operation>(&self, ops: Vec<(Key, O)>) -> CommitFuture<O> {
         CommitFuture {
             request: self.enqueue(ops, Waiter::Task(Mutex::new(None))),
         }
@@ -443,7 +511,7 @@ impl Committer {
 }
 
 /// The single result of a one-operation answer.
-pub(crate) fn first(answer: Answer) -> Result<Outcome, Error> {
+pub(crate) fn first<T>(answer: Answer<T>) -> Result<T, Error> {
     answer?
         .into_iter()
         .next()
@@ -498,7 +566,7 @@ fn run(shared: &Shared) {
 
 /// Runs a batch; a panic (a bug, or inside redb) poisons the store and answers every caller
 /// instead of leaving them waiting.
-fn run_guarded(shared: &Shared, writer: &mut Writer, batch: Vec<Arc<Request>>) {
+fn run_guarded(shared: &Shared, writer: &mut Writer, batch: Vec<Arc<dyn Queued>>) {
     let requests = batch.clone();
     let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| writer.run_batch(batch)));
     if run.is_err() {
@@ -507,8 +575,8 @@ fn run_guarded(shared: &Shared, writer: &mut Writer, batch: Vec<Arc<Request>>) {
             io_kind: None,
         });
         for request in requests {
-            if request.answer.lock().is_none() {
-                request.finish(Err(error_copy(&error)));
+            if !request.is_answered() {
+                request.fail(error_copy(&error));
             }
         }
         shared.syncer.drive(None);
@@ -522,7 +590,7 @@ fn wake_next(shared: &Shared) {
     let Some(first) = queue.requests.first() else {
         return;
     };
-    match &first.waiter {
+    match first.waiter() {
         Waiter::Thread(thread) => thread.unpark(),
         Waiter::Task(_) => {
             if queue.idle {
@@ -534,12 +602,12 @@ fn wake_next(shared: &Shared) {
 }
 
 /// Takes the oldest queued requests, up to [`MAX_BATCH_BYTES`] of payload (at least one).
-fn take_batch(queue: &mut Vec<Arc<Request>>) -> Vec<Arc<Request>> {
+fn take_batch(queue: &mut Vec<Arc<dyn Queued>>) -> Vec<Arc<dyn Queued>> {
     let mut bytes = 0;
     let count = queue
         .iter()
         .take_while(|r| {
-            bytes += r.bytes;
+            bytes += r.bytes();
             bytes <= MAX_BATCH_BYTES
         })
         .count()
@@ -667,29 +735,27 @@ impl Writer {
     }
 
     /// Decides, applies and logs one batch; hands it to the syncer.
-    fn run_batch(&mut self, batch: Vec<Arc<Request>>) {
+    fn run_batch(&mut self, batch: Vec<Arc<dyn Queued>>) {
         if let Err(error) = self.poison.check() {
             for request in &batch {
-                request.finish(Err(error_copy(&error)));
+                request.fail(error_copy(&error));
             }
             return;
         }
         match self.apply_batch(&batch) {
-            Ok((answers, written, seq)) => {
-                self.counters
-                    .batch(answers.iter().map(|a| a.len() as u64).sum());
+            Ok((ops, written, seq)) => {
+                self.counters.batch(ops as u64);
                 let changes = written.into_iter().map(|w| (w.key, w.record)).collect();
                 let pending = PendingBatch {
                     seq,
                     requests: batch,
-                    answers,
                     changes,
                 };
                 match self.schedule.durability {
                     Durability::Buffered { .. } => self.syncer.answer_now(pending),
                     Durability::Immediate => {
                         if let Some(driver) = self.syncer.push(pending) {
-                            driver.wake();
+                            driver.waiter().wake();
                         }
                         if !self.every_pending_batch_has_a_thread() {
                             self.syncer.drive(None);
@@ -700,7 +766,7 @@ impl Writer {
             Err(error) => {
                 let error = self.fail(error);
                 for request in &batch {
-                    request.finish(Err(error_copy(&error)));
+                    request.fail(error_copy(&error));
                 }
             }
         }
@@ -709,19 +775,21 @@ impl Writer {
     /// Whether every batch waiting for a sync has a blocked thread that can run it; when not
     /// (async callers only), the committer syncs.
     fn every_pending_batch_has_a_thread(&self) -> bool {
-        self.syncer.state.lock().pending.iter().all(|b| {
-            b.requests
-                .iter()
-                .any(|r| matches!(r.waiter, Waiter::Thread(_)))
-        })
+        self.syncer
+            .state
+            .lock()
+            .pending
+            .iter()
+            .all(|b| b.requests.iter().any(|r| r.waiter().is_thread()))
     }
 
-    /// Returns each request's outcomes, the changes, and the sequence number of the frame that
-    /// logged them (the last written frame when nothing changed).
+    /// Decides and applies every request (staging their outcomes); returns how many operations
+    /// there were, the changes, and the sequence number of the frame that logged them (the last
+    /// written frame when nothing changed).
     fn apply_batch(
         &mut self,
-        batch: &[Arc<Request>],
-    ) -> Result<(Vec<Outcomes>, Vec<Written>, u64), Error> {
+        batch: &[Arc<dyn Queued>],
+    ) -> Result<(usize, Vec<Written>, u64), Error> {
         if self.txn.is_none() {
             self.txn = Some((self.begin(redb::Durability::None)?, Instant::now()));
         }
@@ -729,15 +797,10 @@ impl Writer {
         let (txn, since) = self.txn.take().expect("opened above");
         let result = (|| {
             let mut tables = Tables::open(&txn)?;
-            let mut answers = Vec::with_capacity(batch.len());
+            let mut ops = 0;
             let mut written = Vec::new();
             for request in batch {
-                let ops = std::mem::take(&mut *request.ops.lock());
-                let mut outcomes = Vec::with_capacity(ops.len());
-                for (key, op) in ops {
-                    outcomes.push(self.apply(&mut tables, &key, op, now, &mut written)?);
-                }
-                answers.push(outcomes);
+                ops += request.apply(self, &mut tables, now, &mut written)?;
             }
             let seq = if written.is_empty() {
                 self.wal.last_seq()
@@ -750,7 +813,7 @@ impl Writer {
                 tables.set_next_token(self.next_token)?;
                 seq
             };
-            Ok((answers, written, seq))
+            Ok((ops, written, seq))
         })();
         if result.is_ok() {
             self.txn = Some((txn, since));
@@ -760,14 +823,14 @@ impl Writer {
 
     /// Decides and applies one operation inside an open transaction, recording the change in
     /// `written`. The inner `Err` is an error for this operation alone (a corrupt record).
-    pub(crate) fn apply(
+    pub(crate) fn apply<O: Operation>(
         &mut self,
         tables: &mut Tables<'_>,
         key: &Key,
-        op: Op,
+        op: O,
         now: Millis,
         written: &mut Vec<Written>,
-    ) -> Result<Result<Outcome, Error>, Error> {
+    ) -> Result<Result<O::Outcome, Error>, Error> {
         let old = match tables.load(key.encoded())? {
             Ok(old) => old,
             Err(corrupt) => return Ok(Err(corrupt)),

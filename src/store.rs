@@ -13,12 +13,17 @@ use crate::cache::{Overlay, RecordCache};
 use crate::checkpoint;
 use crate::clock::{duration_millis, from_millis, to_millis, Clock};
 use crate::commit::{first, CommitKind, Committer, Poison, Schedule, Writer};
-use crate::decide::{decide, Change, Op, Outcome, Policy, Resolution};
+use crate::decide::answer;
+use crate::decide::op::{
+    Complete, Completion, Extend, MarkNeedsReview, Observe, RecordStep, Release, Reserve, Reserved,
+    Resolve,
+};
+use crate::decide::{decide, Change, Policy, Resolution};
 use crate::error::{Error, LeaseLostReason};
 use crate::fingerprint::Fingerprint;
 use crate::key::Key;
 use crate::record::{Millis, Record, MAX_NOTE_LEN};
-use crate::reservation::{Completed, Lease, Progress, Reservation, Seen};
+use crate::reservation::{Lease, Progress, Reservation, Seen};
 use crate::stats::{Counter, Counters, Stats};
 use crate::sweep;
 use crate::tables::{decode_record, Tables, LEASES, RECORDS};
@@ -248,10 +253,10 @@ impl Store {
         if let Some(answer) = self.answer_without_writing(key, fingerprint)? {
             return Ok(answer);
         }
-        let outcome = self
+        let reserved = self
             .committer
-            .submit_one(key.clone(), Op::Reserve { fingerprint })?;
-        Ok(self.reservation(key, outcome))
+            .submit_one(key.clone(), Reserve { fingerprint })?;
+        Ok(self.reservation(key, reserved))
     }
 
     /// The duplicate path: answers a reserve from the cache or a read transaction when the
@@ -269,7 +274,7 @@ impl Store {
         // again by the writer against the latest state.
         let decision = decide(
             Some(record),
-            Op::Reserve { fingerprint },
+            Reserve { fingerprint },
             self.now(),
             self.policy,
             0,
@@ -308,7 +313,7 @@ impl Store {
         let ops = items
             .iter()
             .map(|(key, fingerprint)| {
-                let op = Op::Reserve {
+                let op = Reserve {
                     fingerprint: *fingerprint,
                 };
                 (key.clone(), op)
@@ -319,7 +324,7 @@ impl Store {
             .submit(ops)?
             .into_iter()
             .zip(items)
-            .map(|(outcome, (key, _))| outcome.map(|outcome| self.reservation(key, outcome)))
+            .map(|(reserved, (key, _))| reserved.map(|reserved| self.reservation(key, reserved)))
             .collect())
     }
 
@@ -342,60 +347,26 @@ impl Store {
         }
         let answer = self
             .committer
-            .submit_async(vec![(key.clone(), Op::Reserve { fingerprint })])
+            .submit_async(vec![(key.clone(), Reserve { fingerprint })])
             .await;
         Ok(self.reservation(key, first(answer)?))
     }
 
-    fn reservation(&self, key: &Key, outcome: Outcome) -> Reservation {
-        let counter = match &outcome {
-            Outcome::Acquired { attempt, .. } => {
+    fn reservation(&self, key: &Key, reserved: Reserved) -> Reservation {
+        let counter = match &reserved {
+            Reserved::Acquired { attempt, .. } => {
                 if *attempt > 1 {
                     self.counters.add(Counter::Takeovers, 1);
                 }
                 Counter::Acquired
             }
-            Outcome::Completed { .. } => Counter::Replayed,
-            Outcome::InProgress { .. } => Counter::InProgress,
-            Outcome::Mismatch => Counter::Mismatches,
-            _ => Counter::NeedsReview,
+            Reserved::Completed { .. } => Counter::Replayed,
+            Reserved::InProgress { .. } => Counter::InProgress,
+            Reserved::Mismatch => Counter::Mismatches,
+            Reserved::NeedsReview { .. } => Counter::NeedsReview,
         };
         self.counters.add(counter, 1);
-        match outcome {
-            Outcome::Acquired {
-                token,
-                attempt,
-                lease_until,
-                progress,
-            } => Reservation::Acquired(Lease {
-                key: key.clone(),
-                token,
-                attempt,
-                lease_until: from_millis(lease_until),
-                progress,
-            }),
-            Outcome::Completed {
-                result,
-                completed_at,
-                expires_at,
-                attempt,
-            } => Reservation::Completed(Completed {
-                result,
-                completed_at: from_millis(completed_at),
-                expires_at: from_millis(expires_at),
-                attempt,
-            }),
-            Outcome::InProgress {
-                retry_after,
-                attempt,
-            } => Reservation::InProgress {
-                retry_after,
-                attempt,
-            },
-            Outcome::Mismatch => Reservation::Mismatch,
-            Outcome::NeedsReview { note } => Reservation::NeedsReview { note },
-            other => unreachable!("reserve never decides {other:?}"),
-        }
+        answer::reservation(key, reserved)
     }
 
     /// Stores `result` for the lease's key: duplicates get it until the retention ends.
@@ -410,11 +381,11 @@ impl Store {
     pub fn complete(&self, lease: &Lease, result: impl Into<Vec<u8>>) -> Result<(), Error> {
         let result = result.into();
         self.check_result(lease, &result)?;
-        let op = Op::Complete {
+        let op = Complete {
             token: lease.token,
             result,
         };
-        self.expect_done(lease, self.committer.submit_one(lease.key.clone(), op)?)
+        answer::completion(lease, self.committer.submit_one(lease.key.clone(), op)?)
     }
 
     /// [`complete`](Store::complete) for async code; no thread blocks while the commit is
@@ -432,7 +403,7 @@ impl Store {
     ) -> Result<(), Error> {
         let result = result.into();
         self.check_result(lease, &result)?;
-        let op = Op::Complete {
+        let op = Complete {
             token: lease.token,
             result,
         };
@@ -440,7 +411,7 @@ impl Store {
             .committer
             .submit_async(vec![(lease.key.clone(), op)])
             .await;
-        self.expect_done(lease, first(answer)?)
+        answer::completion(lease, first(answer)?)
     }
 
     /// Completes many leases with one shared commit. Returns one result per item, in order.
@@ -462,7 +433,7 @@ impl Store {
                     results.push(None);
                     ops.push((
                         lease.key.clone(),
-                        Op::Complete {
+                        Complete {
                             token: lease.token,
                             result,
                         },
@@ -483,7 +454,7 @@ impl Store {
             .map(|(result, lease)| {
                 result.unwrap_or_else(|| {
                     let outcome = outcomes.next().expect("one outcome per queued item");
-                    outcome.and_then(|outcome| self.expect_done(lease, outcome))
+                    outcome.and_then(|outcome| answer::completion(lease, outcome))
                 })
             })
             .collect())
@@ -498,22 +469,6 @@ impl Store {
             });
         }
         Ok(())
-    }
-
-    fn expect_done(&self, lease: &Lease, outcome: Outcome) -> Result<(), Error> {
-        match outcome {
-            Outcome::Done | Outcome::AlreadyCompleted => Ok(()),
-            Outcome::LeaseLost(reason) => Err(self.lease_lost(lease, reason)),
-            other => unreachable!("a lease operation never decides {other:?}"),
-        }
-    }
-
-    fn lease_lost(&self, lease: &Lease, reason: LeaseLostReason) -> Error {
-        Error::LeaseLost {
-            key: lease.key.clone(),
-            token: lease.token,
-            reason,
-        }
     }
 
     /// Completes the lease's key and runs `f` in the same redb write transaction, so the
@@ -557,7 +512,7 @@ impl Store {
     {
         let result = result.into();
         self.check_result(lease, &result)?;
-        let op = Op::Complete {
+        let op = Complete {
             token: lease.token,
             result,
         };
@@ -570,17 +525,16 @@ impl Store {
                 };
                 drop(tables);
                 let reason = match outcome {
-                    Outcome::Done => {
+                    Ok(Completion::Stored) => {
                         return Ok(f(txn).map_err(|e| Error::Callback { source: e.into() }))
                     }
                     // The caller's writes were committed with the first completion.
-                    Outcome::AlreadyCompleted => LeaseLostReason::Completed {
+                    Ok(Completion::AlreadyCompleted) => LeaseLostReason::Completed {
                         by_token: lease.token,
                     },
-                    Outcome::LeaseLost(reason) => reason,
-                    other => unreachable!("complete never decides {other:?}"),
+                    Err(reason) => reason,
                 };
-                Ok(Err(self.lease_lost(lease, reason)))
+                Ok(Err(answer::lease_lost(lease, reason)))
             })
         })
     }
@@ -594,12 +548,8 @@ impl Store {
     /// # Errors
     /// [`Error::LeaseLost`] when another lease took the key over or it is marked for review.
     pub fn release_if_pending(&self, lease: &Lease) -> Result<bool, Error> {
-        let op = Op::Release { token: lease.token };
-        match self.committer.submit_one(lease.key.clone(), op)? {
-            Outcome::Released(released) => Ok(released),
-            Outcome::LeaseLost(reason) => Err(self.lease_lost(lease, reason)),
-            other => unreachable!("release never decides {other:?}"),
-        }
+        let op = Release { token: lease.token };
+        answer::with_lease(lease, self.committer.submit_one(lease.key.clone(), op)?)
     }
 
     /// [`release_if_pending`](Store::release_if_pending) for async code; no thread blocks
@@ -611,16 +561,12 @@ impl Store {
     /// # Errors
     /// As for [`release_if_pending`](Store::release_if_pending).
     pub async fn release_if_pending_async(&self, lease: &Lease) -> Result<bool, Error> {
-        let op = Op::Release { token: lease.token };
-        let answer = self
+        let op = Release { token: lease.token };
+        let outcome = self
             .committer
             .submit_async(vec![(lease.key.clone(), op)])
             .await;
-        match first(answer)? {
-            Outcome::Released(released) => Ok(released),
-            Outcome::LeaseLost(reason) => Err(self.lease_lost(lease, reason)),
-            other => unreachable!("release never decides {other:?}"),
-        }
+        answer::with_lease(lease, first(outcome)?)
     }
 
     /// Heartbeat for long work: renews the lease for another [`Builder::lease`] from now and
@@ -629,15 +575,13 @@ impl Store {
     /// # Errors
     /// [`Error::LeaseLost`] when the reservation was taken over, completed or released.
     pub fn extend(&self, lease: &Lease) -> Result<Lease, Error> {
-        let op = Op::Extend { token: lease.token };
-        match self.committer.submit_one(lease.key.clone(), op)? {
-            Outcome::Extended { lease_until } => Ok(Lease {
-                lease_until: from_millis(lease_until),
-                ..lease.clone()
-            }),
-            Outcome::LeaseLost(reason) => Err(self.lease_lost(lease, reason)),
-            other => unreachable!("extend never decides {other:?}"),
-        }
+        let op = Extend { token: lease.token };
+        let lease_until =
+            answer::with_lease(lease, self.committer.submit_one(lease.key.clone(), op)?)?;
+        Ok(Lease {
+            lease_until: from_millis(lease_until),
+            ..lease.clone()
+        })
     }
 
     /// Parks the lease's key for a person: the outcome of the work is unknown (a payment
@@ -655,11 +599,11 @@ impl Store {
                 len: note.len(),
             });
         }
-        let op = Op::MarkNeedsReview {
+        let op = MarkNeedsReview {
             token: lease.token,
             note: note.to_string(),
         };
-        self.expect_done(lease, self.committer.submit_one(lease.key.clone(), op)?)
+        answer::with_lease(lease, self.committer.submit_one(lease.key.clone(), op)?)
     }
 
     /// Records a recovery point for multi-step work: step `step` is done, with `data` (what
@@ -692,14 +636,14 @@ impl Store {
     /// [`Error::LeaseLost`] when the lease no longer owns the key.
     pub fn record_step(&self, lease: &Lease, step: u32, data: &[u8]) -> Result<(), Error> {
         self.check_result(lease, data)?;
-        let op = Op::RecordStep {
+        let op = RecordStep {
             token: lease.token,
             progress: Progress {
                 step,
                 data: data.to_vec(),
             },
         };
-        self.expect_done(lease, self.committer.submit_one(lease.key.clone(), op)?)
+        answer::with_lease(lease, self.committer.submit_one(lease.key.clone(), op)?)
     }
 
     /// Like [`reserve`](Store::reserve), but when another caller in this process holds the key,
@@ -773,17 +717,13 @@ impl Store {
         let window = duration_millis(window);
         let ops = keys
             .iter()
-            .map(|key| (key.clone(), Op::Observe { window }))
+            .map(|key| (key.clone(), Observe { window }))
             .collect();
         Ok(self
             .committer
             .submit(ops)?
             .into_iter()
-            .map(|outcome| match outcome? {
-                Outcome::Observed { new: true } => Ok(Seen::New),
-                Outcome::Observed { new: false } => Ok(Seen::Duplicate),
-                other => unreachable!("observe never decides {other:?}"),
-            })
+            .map(|new| new.map(answer::seen))
             .collect())
     }
 
@@ -802,17 +742,10 @@ impl Store {
                 });
             }
         }
-        match self
+        let outcome = self
             .committer
-            .submit_one(key.clone(), Op::Resolve(resolution))?
-        {
-            Outcome::Done => Ok(()),
-            Outcome::NotResolvable(reason) => Err(Error::NotResolvable {
-                key: key.clone(),
-                reason,
-            }),
-            other => unreachable!("resolve never decides {other:?}"),
-        }
+            .submit_one(key.clone(), Resolve(resolution))?;
+        answer::resolved(key, outcome)
     }
 
     /// The record stored for `key`, or `None` when it is absent or expired.

@@ -12,7 +12,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use redb::{ReadOnlyTable, ReadTransaction, ReadableDatabase, ReadableTable};
+use redb::{ReadOnlyTable, ReadableTable};
 
 use crate::clock::duration_millis;
 use crate::error::Error;
@@ -325,13 +325,6 @@ fn storage(source: impl Into<redb::Error>) -> Error {
 type RecordsTable = ReadOnlyTable<&'static [u8], &'static [u8]>;
 
 impl Store {
-    /// Commits the writer's open transaction (see the module docs) and begins a snapshot.
-    fn snapshot(&self) -> Result<ReadTransaction, Error> {
-        self.poison.check()?;
-        self.committer.with_writer(|_| Ok(()))?;
-        self.db.begin_read().map_err(storage)
-    }
-
     /// The [`RecordClass`] of `record` now, by the store's clock.
     ///
     /// ```
@@ -524,16 +517,16 @@ impl Store {
             Ok(meta.get(name).map_err(storage)?.map_or(0, |v| v.value()))
         };
         let (wal_seq, next_token) = (read(META_WAL_SEQ)?, read(META_NEXT_TOKEN)?);
-        let size = |path: &PathBuf| {
+        let size = |path: &std::path::Path| {
             std::fs::metadata(path)
                 .map(|m| m.len())
                 .map_err(|e| Error::io(format!("reading the size of {}", path.display()), e))
         };
-        let log_path = log_path(&self.path);
+        let log_path = log_path(self.path());
         Ok(FileInfo {
-            file_bytes: size(&self.path)?,
+            file_bytes: size(self.path())?,
             log_bytes: size(&log_path)?,
-            path: self.path.clone(),
+            path: self.path().to_path_buf(),
             log_path,
             wal_seq,
             next_token,
@@ -793,7 +786,6 @@ mod tests {
         let _c = acquire(&store, "c");
         let key = |id: &str| Key::new("u", "op", id).unwrap();
         store
-            .committer
             .with_writer(|writer| {
                 writer.transact(crate::commit::CommitKind::Durable, |_, txn, _, _| {
                     let mut tables = Tables::open(txn)?;
@@ -826,7 +818,7 @@ mod tests {
                 })
             })
             .unwrap();
-        store.cache.clear();
+        store.clear_cache();
         let report = store.verify().unwrap();
         let kinds: Vec<_> = report
             .problems

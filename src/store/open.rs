@@ -1,0 +1,143 @@
+//! Opening a store: the file checks, crash-safe creation, recovery, and assembling the
+//! commit path. Every open goes through [`Store::from_parts`].
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use redb::Database;
+
+use crate::builder::{Builder, Durability};
+use crate::cache::{Overlay, RecordCache};
+use crate::checkpoint;
+use crate::clock::duration_millis;
+use crate::commit::{Committer, Poison, Schedule, Writer};
+use crate::decide::Policy;
+use crate::error::Error;
+use crate::stats::Counters;
+use crate::wal::{log_path, LogFile};
+
+use super::Store;
+
+/// redb's settings for a store.
+fn redb_builder(builder: &Builder) -> redb::Builder {
+    let mut redb_builder = redb::Builder::new();
+    redb_builder
+        .set_cache_size(builder.cache_size)
+        .set_check_integrity_on_open(builder.verify_on_open);
+    redb_builder
+}
+
+/// Runs an open. redb can panic on a damaged file that it trusts; hostile bytes must never
+/// panic the caller, so a panic becomes [`Error::NotAStore`] (redb's integrity check on open,
+/// [`Builder::verify_on_open`](crate::Builder::verify_on_open), makes this a backstop).
+fn guard_open(path: &Path, open: impl FnOnce() -> Result<Store, Error>) -> Result<Store, Error> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(open)).unwrap_or_else(|_| {
+        Err(Error::NotAStore {
+            path: path.to_path_buf(),
+            reason: "redb panicked while reading it: the file is damaged".into(),
+        })
+    })
+}
+impl Store {
+    /// Opens the store at `path` with every default, creating it if it does not exist.
+    ///
+    /// # Errors
+    /// See [`Builder::open`](crate::Builder::open).
+    pub fn open(path: impl AsRef<Path>) -> Result<Store, Error> {
+        Builder::new().open(path)
+    }
+
+    /// A [`Builder`] to configure retention, leases, limits and the clock.
+    pub fn builder() -> Builder {
+        Builder::new()
+    }
+
+    pub(crate) fn open_with(builder: &Builder, path: &Path) -> Result<Store, Error> {
+        guard_open(path, || Store::open_unguarded(builder, path))
+    }
+
+    pub(super) fn open_unguarded(builder: &Builder, path: &Path) -> Result<Store, Error> {
+        let redb_builder = redb_builder(builder);
+        let db = crate::file::open_or_create(path, &redb_builder)?;
+        let log_path = log_path(path);
+        let preallocate = builder
+            .preallocate_log
+            .then_some(builder.checkpoint_bytes + (1 << 20));
+        let log = crate::file::open_log(&log_path, preallocate)?;
+        Store::from_parts(db, Arc::new(log), log_path, builder, path.to_path_buf())
+    }
+
+    /// Opens (creating if empty) a store on simulated disks, for crash and fault tests and the
+    /// fuzz targets.
+    #[cfg(any(test, fuzzing))]
+    pub(crate) fn open_sim(
+        builder: &Builder,
+        db_disk: &crate::testing::sim::SimDisk,
+        log_disk: &crate::testing::sim::SimDisk,
+    ) -> Result<Store, Error> {
+        let path = PathBuf::from("sim.idem");
+        guard_open(&path.clone(), || {
+            let db = redb_builder(builder)
+                .create_with_backend(db_disk.clone())
+                .map_err(|e| Error::storage("opening a simulated store", e))?;
+            crate::file::initialize_if_new(&db)?;
+            crate::file::check_format(&db, &path)?;
+            Store::from_parts(
+                db,
+                Arc::new(log_disk.clone()),
+                log_path(&path),
+                builder,
+                path,
+            )
+        })
+    }
+
+    pub(crate) fn from_parts(
+        db: Database,
+        log: Arc<dyn LogFile>,
+        log_path: PathBuf,
+        builder: &Builder,
+        path: PathBuf,
+    ) -> Result<Store, Error> {
+        let strict = builder.durability == Durability::Immediate;
+        let (wal, next_token) = checkpoint::recover(&db, log, log_path, strict)?;
+        let db = Arc::new(db);
+        let policy = Policy {
+            lease: duration_millis(builder.lease),
+            retention: duration_millis(builder.retention),
+        };
+        let poison = Arc::new(Poison::default());
+        let cache = Arc::new(RecordCache::new(builder.cache_records));
+        let overlay = Arc::new(Overlay::default());
+        let counters = Arc::new(Counters::default());
+        let writer = Writer::new(
+            Arc::clone(&db),
+            wal,
+            Arc::clone(&builder.clock),
+            policy,
+            next_token,
+            Arc::clone(&poison),
+            Arc::clone(&cache),
+            Arc::clone(&overlay),
+            Arc::clone(&counters),
+            Schedule {
+                durability: builder.durability,
+                checkpoint_bytes: builder.checkpoint_bytes,
+                checkpoint_interval: builder.checkpoint_interval,
+                sweep_interval: builder.sweep_interval,
+            },
+        );
+        Ok(Store {
+            db,
+            cache,
+            overlay,
+            counters,
+            committer: Committer::start(writer)?,
+            clock: Arc::clone(&builder.clock),
+            policy,
+            max_result_len: builder.max_result_len,
+            poison,
+            path,
+        })
+    }
+}

@@ -1,0 +1,87 @@
+//! Reads: records by key, stale reservations, and snapshots for inspection.
+
+use redb::ReadableDatabase;
+
+use crate::error::Error;
+use crate::key::Key;
+use crate::record::Record;
+use crate::sweep;
+use crate::tables::{decode_record, LEASES, RECORDS};
+
+use super::Store;
+
+impl Store {
+    /// A redb read transaction on the store's file, to read the caller's own tables (those
+    /// written with [`complete_with`](Store::complete_with)) while the store is open. It sees
+    /// every durable redb commit; tables named `idemstore.*` belong to the store.
+    ///
+    /// # Errors
+    /// Storage errors.
+    pub fn begin_read(&self) -> Result<redb::ReadTransaction, Error> {
+        self.poison.check()?;
+        self.db
+            .begin_read()
+            .map_err(|e| Error::storage("starting a read transaction", e))
+    }
+
+    /// The record stored for `key`, or `None` when it is absent or expired.
+    ///
+    /// # Errors
+    /// [`Error::Corruption`] naming the key when its record is damaged.
+    pub fn get(&self, key: &Key) -> Result<Option<Record>, Error> {
+        self.poison.check()?;
+        let now = self.now();
+        Ok(self.read(key)?.filter(|record| !record.is_expired(now)))
+    }
+
+    /// The stored record, from the cache or a read transaction; expired or not.
+    pub(super) fn read(&self, key: &Key) -> Result<Option<Record>, Error> {
+        if let Some(state) = self.overlay.get(key) {
+            return Ok(state);
+        }
+        if let Some(record) = self.cache.get(key) {
+            return Ok(Some(record));
+        }
+        let ctx = "reading a record";
+        let txn = self.db.begin_read().map_err(|e| Error::storage(ctx, e))?;
+        let table = txn
+            .open_table(RECORDS)
+            .map_err(|e| Error::storage(ctx, e))?;
+        let value = table
+            .get(key.encoded())
+            .map_err(|e| Error::storage(ctx, e))?;
+        value
+            .map(|bytes| decode_record(key.encoded(), bytes.value()))
+            .transpose()
+    }
+
+    /// Up to `limit` reservations whose lease ran out without completion, oldest first: work
+    /// that may have had side effects and died. Recover each by asking the external system
+    /// about the key, then take it over with [`reserve`](Store::reserve) or settle it with
+    /// [`resolve`](Store::resolve).
+    ///
+    /// # Errors
+    /// [`Error::Corruption`] naming the key of a damaged record; storage errors.
+    pub fn stale(&self, limit: usize) -> Result<Vec<(Key, Record)>, Error> {
+        // Commit what the committer holds in its open transaction, so the listing sees every
+        // acknowledged operation.
+        self.committer.with_writer(|_| Ok(()))?;
+        let ctx = "listing stale reservations";
+        let txn = self.db.begin_read().map_err(|e| Error::storage(ctx, e))?;
+        let records = txn
+            .open_table(RECORDS)
+            .map_err(|e| Error::storage(ctx, e))?;
+        let leases = txn.open_table(LEASES).map_err(|e| Error::storage(ctx, e))?;
+        sweep::stale(&records, &leases, self.now(), limit)
+    }
+
+    /// Commits the writer's open transaction and begins a snapshot that sees every
+    /// acknowledged operation (for inspection).
+    pub(crate) fn snapshot(&self) -> Result<redb::ReadTransaction, Error> {
+        self.poison.check()?;
+        self.committer.with_writer(|_| Ok(()))?;
+        self.db
+            .begin_read()
+            .map_err(|e| Error::storage("inspecting the store", e))
+    }
+}

@@ -55,7 +55,6 @@
 
 mod builder;
 mod cache;
-mod checkpoint;
 mod clock;
 mod commit;
 mod decide;
@@ -64,7 +63,9 @@ mod file;
 mod fingerprint;
 mod inspect;
 mod key;
+mod poison;
 mod record;
+mod recovery;
 mod reservation;
 mod reservations;
 mod stats;

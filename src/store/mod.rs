@@ -20,9 +20,10 @@ use redb::Database;
 
 use crate::cache::{Overlay, RecordCache};
 use crate::clock::{to_millis, Clock};
-use crate::commit::{Committer, Poison, Writer};
+use crate::commit::{Committer, Writer};
 use crate::decide::Policy;
 use crate::error::Error;
+use crate::poison::Poison;
 use crate::record::Millis;
 use crate::stats::{Counters, Stats};
 

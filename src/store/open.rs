@@ -8,11 +8,12 @@ use redb::Database;
 
 use crate::builder::{Builder, Durability};
 use crate::cache::{Overlay, RecordCache};
-use crate::checkpoint;
 use crate::clock::duration_millis;
-use crate::commit::{Committer, Poison, Schedule, Writer};
+use crate::commit::{Committer, Schedule, Writer};
 use crate::decide::Policy;
 use crate::error::Error;
+use crate::poison::Poison;
+use crate::recovery;
 use crate::stats::Counters;
 use crate::wal::{log_path, LogFile};
 
@@ -100,7 +101,7 @@ impl Store {
         path: PathBuf,
     ) -> Result<Store, Error> {
         let strict = builder.durability == Durability::Immediate;
-        let (wal, next_token) = checkpoint::recover(&db, log, log_path, strict)?;
+        let (wal, next_token) = recovery::recover(&db, log, log_path, strict)?;
         let db = Arc::new(db);
         let policy = Policy {
             lease: duration_millis(builder.lease),

@@ -1,11 +1,6 @@
-//! Checkpoints and recovery.
+//! Recovery: replaying the log into redb when a store is opened.
 //!
-//! A checkpoint is a durable redb commit: it makes every batch applied so far durable in the
-//! B-tree file (whose meta table records the last applied log frame), after which the log is
-//! rewound and overwritten from its start. The committer checkpoints when the log grows past
-//! [`Builder::checkpoint_bytes`](crate::Builder::checkpoint_bytes), when the oldest
-//! un-checkpointed frame is older than
-//! [`Builder::checkpoint_interval`](crate::Builder::checkpoint_interval), and on close.
+//! (Checkpoints, which make redb durable and rewind the log, are in `commit/checkpoint.rs`.)
 //!
 //! Opening a store replays the log frames newer than the file's checkpoint into redb, in one
 //! durable transaction, and then rewinds the log. Frames are after-images, so replaying a

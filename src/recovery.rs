@@ -56,17 +56,16 @@ pub(crate) fn recover(
                 // index entries that do not match a record.
                 let old = tables.load(&entry.key)?.ok().flatten();
                 let old_index = old.as_ref().map(IndexEntries::of);
-                let new = match &entry.record {
+                match &entry.record {
                     Some(bytes) => {
                         let record = Record::decode(bytes).map_err(|reason| Error::Corruption {
                             location: format!("log frame seq {}", frame.seq),
                             reason: format!("a logged record does not decode: {reason}"),
                         })?;
-                        Some((bytes.as_slice(), IndexEntries::of(&record)))
+                        tables.put(&entry.key, old_index, &record, bytes)?;
                     }
-                    None => None,
-                };
-                tables.write(&entry.key, old_index, new)?;
+                    None => tables.delete(&entry.key, old_index)?,
+                }
             }
             next_token = next_token.max(frame.next_token);
         }

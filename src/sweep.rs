@@ -31,21 +31,12 @@ pub(crate) fn sweep_expired(
         .map_err(|e| Error::storage(ctx, e))?;
     let mut deleted = Vec::new();
     for (deadline, key) in due {
-        tables
-            .expiry
-            .remove((deadline, key.as_slice()))
-            .map_err(|e| Error::storage(ctx, e))?;
-        if let Ok(Some(record)) = tables.load(&key)? {
-            if record.expires_at == deadline {
-                let mut index = IndexEntries::of(&record);
-                index.expiry = None; // removed above
-                tables.unindex(&key, index)?;
-                tables
-                    .records
-                    .remove(key.as_slice())
-                    .map_err(|e| Error::storage(ctx, e))?;
+        match tables.load(&key)? {
+            Ok(Some(record)) if record.expires_at == deadline => {
+                tables.delete(&key, Some(IndexEntries::of(&record)))?;
                 deleted.extend(Key::decode(&key));
             }
+            _ => tables.drop_expiry_entry(deadline, &key)?,
         }
     }
     Ok(deleted)

@@ -140,46 +140,60 @@ impl<'txn> Tables<'txn> {
             .transpose())
     }
 
-    /// Stores `new` (an encoded record and its index entries) under `key`, or deletes the key
-    /// when `new` is `None`, keeping both indexes exact. `old` is where the previous record
-    /// stood in the indexes.
-    pub(crate) fn write(
+    /// Stores `record` (encoded as `encoded`) under `key` and keeps both indexes exact: the
+    /// entries of the record stored there now (`old`, from [`IndexEntries::of`], `None` when
+    /// absent or unreadable) go, `record`'s come. Every write of a record goes through here or
+    /// [`delete`](Tables::delete).
+    pub(crate) fn put(
         &mut self,
         key: &[u8],
         old: Option<IndexEntries>,
-        new: Option<(&[u8], IndexEntries)>,
+        record: &Record,
+        encoded: &[u8],
     ) -> Result<(), Error> {
         let ctx = "writing a record";
         if let Some(old) = old {
             self.unindex(key, old)?;
         }
-        match new {
-            Some((bytes, index)) => {
-                self.records
-                    .insert(key, bytes)
-                    .map_err(|e| Error::storage(ctx, e))?;
-                if let Some(deadline) = index.expiry {
-                    self.expiry
-                        .insert((deadline, key), ())
-                        .map_err(|e| Error::storage(ctx, e))?;
-                }
-                if let Some(lease_until) = index.lease {
-                    self.leases
-                        .insert((lease_until, key), ())
-                        .map_err(|e| Error::storage(ctx, e))?;
-                }
-            }
-            None => {
-                self.records
-                    .remove(key)
-                    .map_err(|e| Error::storage(ctx, e))?;
-            }
+        self.records
+            .insert(key, encoded)
+            .map_err(|e| Error::storage(ctx, e))?;
+        let index = IndexEntries::of(record);
+        if let Some(deadline) = index.expiry {
+            self.expiry
+                .insert((deadline, key), ())
+                .map_err(|e| Error::storage(ctx, e))?;
+        }
+        if let Some(lease_until) = index.lease {
+            self.leases
+                .insert((lease_until, key), ())
+                .map_err(|e| Error::storage(ctx, e))?;
         }
         Ok(())
     }
 
+    /// Deletes `key` with its index entries (`old`, as for [`put`](Tables::put)).
+    pub(crate) fn delete(&mut self, key: &[u8], old: Option<IndexEntries>) -> Result<(), Error> {
+        if let Some(old) = old {
+            self.unindex(key, old)?;
+        }
+        self.records
+            .remove(key)
+            .map_err(|e| Error::storage("deleting a record", e))?;
+        Ok(())
+    }
+
+    /// Drops one expiry-index entry that matches no record (a damaged or replaced record);
+    /// the sweep uses it so it never stalls on such an entry.
+    pub(crate) fn drop_expiry_entry(&mut self, deadline: Millis, key: &[u8]) -> Result<(), Error> {
+        self.expiry
+            .remove((deadline, key))
+            .map_err(|e| Error::storage("updating the indexes", e))?;
+        Ok(())
+    }
+
     /// Removes a record's index entries.
-    pub(crate) fn unindex(&mut self, key: &[u8], index: IndexEntries) -> Result<(), Error> {
+    fn unindex(&mut self, key: &[u8], index: IndexEntries) -> Result<(), Error> {
         let ctx = "updating the indexes";
         if let Some(deadline) = index.expiry {
             self.expiry

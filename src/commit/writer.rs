@@ -223,11 +223,7 @@ impl Writer {
             Change::Keep => {}
             Change::Put(record) => {
                 let encoded = record.encode();
-                tables.write(
-                    key.encoded(),
-                    old_index,
-                    Some((&encoded, IndexEntries::of(&record))),
-                )?;
+                tables.put(key.encoded(), old_index, &record, &encoded)?;
                 written.push(Written {
                     key: key.clone(),
                     record: Some(record),
@@ -235,7 +231,7 @@ impl Writer {
                 });
             }
             Change::Delete => {
-                tables.write(key.encoded(), old_index, None)?;
+                tables.delete(key.encoded(), old_index)?;
                 Writer::deleted(written, key.clone());
             }
         }

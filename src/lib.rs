@@ -59,7 +59,6 @@ mod clock;
 mod commit;
 mod decide;
 mod error;
-mod file;
 mod fingerprint;
 mod inspect;
 mod key;

@@ -1,5 +1,6 @@
-//! Opening a store: the file checks, crash-safe creation, recovery, and assembling the
-//! commit path. Every open goes through [`Store::from_parts`].
+//! Opening a store, all in one place: the file checks and crash-safe creation (`file.rs`),
+//! recovery ([`crate::recovery`]), and assembling the commit path. Every open goes through
+//! [`Store::from_parts`].
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -18,6 +19,8 @@ use crate::stats::Counters;
 use crate::wal::{log_path, LogFile};
 
 use super::Store;
+
+mod file;
 
 /// redb's settings for a store.
 fn redb_builder(builder: &Builder) -> redb::Builder {
@@ -59,12 +62,12 @@ impl Store {
 
     pub(super) fn open_unguarded(builder: &Builder, path: &Path) -> Result<Store, Error> {
         let redb_builder = redb_builder(builder);
-        let db = crate::file::open_or_create(path, &redb_builder)?;
+        let db = file::open_or_create(path, &redb_builder)?;
         let log_path = log_path(path);
         let preallocate = builder
             .preallocate_log
             .then_some(builder.checkpoint_bytes + (1 << 20));
-        let log = crate::file::open_log(&log_path, preallocate)?;
+        let log = file::open_log(&log_path, preallocate)?;
         Store::from_parts(db, Arc::new(log), log_path, builder, path.to_path_buf())
     }
 
@@ -81,8 +84,8 @@ impl Store {
             let db = redb_builder(builder)
                 .create_with_backend(db_disk.clone())
                 .map_err(|e| Error::storage("opening a simulated store", e))?;
-            crate::file::initialize_if_new(&db)?;
-            crate::file::check_format(&db, &path)?;
+            file::initialize_if_new(&db)?;
+            file::check_format(&db, &path)?;
             Store::from_parts(
                 db,
                 Arc::new(log_disk.clone()),

@@ -163,6 +163,18 @@ pub enum Error {
         /// The closure's error.
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// The log next to the store file cannot be shown to be the store's own (its identity
+    /// block is damaged, or it is not an idemstore log). Nothing was replayed and both files
+    /// were left untouched. (A log that carries another store's identity is not an error: it
+    /// is set aside under a new name and never replayed; see `docs/format.md`.)
+    ForeignLog {
+        /// The store file.
+        store: PathBuf,
+        /// The log file.
+        log: PathBuf,
+        /// What is wrong with the log.
+        reason: String,
+    },
 }
 
 impl Error {
@@ -269,6 +281,15 @@ impl fmt::Display for Error {
             Error::Callback { source } => {
                 write!(f, "complete_with callback failed, transaction rolled back: {source}")
             }
+            Error::ForeignLog { store, log, reason } => write!(
+                f,
+                "log {} cannot be shown to belong to store {} ({reason}); nothing was replayed and \
+                 both files were left untouched: if the log is not needed, move it away and open \
+                 again; if the store was restored from a backup, put back the log that was saved \
+                 with it",
+                log.display(),
+                store.display()
+            ),
         }
     }
 }

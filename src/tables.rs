@@ -7,7 +7,8 @@
 //!   reservations are found without a scan.
 //! - `idemstore.meta`: "format" → format version, "next_token" → the next fencing token,
 //!   "wal_seq" → the last log frame whose changes this file holds, "log_salt" → the salt of the
-//!   log frames written since the last checkpoint.
+//!   log frames written since the last checkpoint, "store_id" → the store's random identity,
+//!   which its log carries.
 //!
 //! Tables whose names start with `idemstore.` belong to the store; a caller's own tables (see
 //! [`Store::complete_with`](crate::Store::complete_with)) must use other names.
@@ -28,9 +29,12 @@ pub(crate) const META_FORMAT: &str = "format";
 pub(crate) const META_NEXT_TOKEN: &str = "next_token";
 pub(crate) const META_WAL_SEQ: &str = "wal_seq";
 pub(crate) const META_LOG_SALT: &str = "log_salt";
+pub(crate) const META_STORE_ID: &str = "store_id";
 
-/// The store format version written by this build.
-pub(crate) const FORMAT_VERSION: u64 = 1;
+/// The store format version written by this build. Version 2: the store's random identity
+/// and first log salt are made at creation; the log starts with an identity block; frames
+/// carry the highest sequence number known durable.
+pub(crate) const FORMAT_VERSION: u64 = 2;
 
 /// Decodes a stored record, naming the key on damage.
 pub(crate) fn decode_record(key: &[u8], bytes: &[u8]) -> Result<Record, Error> {
@@ -62,7 +66,8 @@ impl<'txn> Tables<'txn> {
         })
     }
 
-    /// Writes the format marker and the first token into a new store.
+    /// Writes the format marker, the first token, the store's random identity and its first
+    /// log salt into a new store: both are durable before any frame is written.
     pub(crate) fn initialize(&mut self) -> Result<(), Error> {
         let ctx = "initializing a new store";
         self.meta
@@ -74,7 +79,25 @@ impl<'txn> Tables<'txn> {
         self.meta
             .insert(META_WAL_SEQ, 0)
             .map_err(|e| Error::storage(ctx, e))?;
+        self.meta
+            .insert(META_STORE_ID, crate::wal::new_salt().max(1))
+            .map_err(|e| Error::storage(ctx, e))?;
+        self.meta
+            .insert(META_LOG_SALT, crate::wal::new_salt())
+            .map_err(|e| Error::storage(ctx, e))?;
         Ok(())
+    }
+
+    /// The store's random identity, made at creation; the log carries it.
+    pub(crate) fn store_id(&self) -> Result<u64, Error> {
+        let value = self
+            .meta
+            .get(META_STORE_ID)
+            .map_err(|e| Error::storage("reading the store's identity", e))?;
+        value.map(|v| v.value()).ok_or_else(|| Error::Corruption {
+            location: "table idemstore.meta".into(),
+            reason: "the store's identity is missing".into(),
+        })
     }
 
     /// The last log frame whose changes this file holds.
@@ -86,7 +109,7 @@ impl<'txn> Tables<'txn> {
         Ok(value.map_or(0, |v| v.value()))
     }
 
-    /// The salt of the log frames written since the last checkpoint (0 before the first one).
+    /// The salt of the log frames written since the last checkpoint (random from creation on).
     pub(crate) fn log_salt(&self) -> Result<u64, Error> {
         let value = self
             .meta

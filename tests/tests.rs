@@ -10,6 +10,7 @@ mod concurrency;
 mod features;
 mod http;
 mod kill;
+mod log_identity;
 mod model;
 mod seeds;
 mod stress;

@@ -306,8 +306,8 @@ fn replay_restores_every_acknowledged_reserve_and_twice_gives_the_same_state() {
 #[test]
 fn damaged_frame_followed_by_valid_frames_refuses_to_open() {
     let (clock, db, log) = ops_then_process_crash(50);
-    // Byte 30 is inside the first frame's payload.
-    log.flip_bit(30, 3);
+    // Byte 62 is inside the first frame's payload (frames start after the 32-byte identity).
+    log.flip_bit(62, 3);
     let err = Store::open_sim(&builder(&clock), &db, &log).unwrap_err();
     assert!(matches!(err, Error::Corruption { .. }), "{err}");
     assert!(err.to_string().contains("offset"), "{err}");

@@ -1,10 +1,11 @@
 //! The write-ahead log: every batch of changes is appended here, as one checksummed frame,
 //! and synced before anyone in the batch is answered. redb then receives the batch in a
 //! non-durable transaction; a periodic durable redb commit (a checkpoint) makes the log's
-//! contents redundant, after which the log is rewound and overwritten in place from offset 0,
-//! so a sync flushes data blocks only, not file metadata.
+//! contents redundant, after which the log is rewound and overwritten in place from its first
+//! frame, so a sync flushes data blocks only, not file metadata. The log starts with its
+//! store's identity ([`identity`]), so a store never replays another store's log.
 //!
-//! Recovery reads the frames from offset 0 that form an unbroken run of sequence numbers and
+//! Recovery reads the frames from the first one that form an unbroken run of sequence numbers and
 //! replays those newer than the checkpoint recorded in redb. The run ends at the first frame
 //! that is torn, fails its checksum, or is an older frame left from before the last rewind. If
 //! any checksum-valid frame with a later sequence number lies beyond that end, an acknowledged
@@ -12,12 +13,14 @@
 
 mod file;
 pub(crate) mod frame;
+pub(crate) mod identity;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub(crate) use file::{LogFile, OsFile};
 pub(crate) use frame::Frame;
+pub(crate) use identity::LOG_HEADER_LEN;
 
 use crate::error::Error;
 use frame::{parse_header, HEADER_LEN};
@@ -75,7 +78,7 @@ impl Wal {
         let mut wal = Wal {
             file,
             path,
-            offset: 0,
+            offset: LOG_HEADER_LEN,
             next_seq: checkpoint_seq + 1,
             salt,
             buf: Vec::new(),
@@ -88,7 +91,7 @@ impl Wal {
             }
             if previous.is_none() && header.seq > checkpoint_seq + 1 {
                 return Err(wal.corrupt(
-                    0,
+                    LOG_HEADER_LEN,
                     format!(
                         "the log starts at seq {} but the store's checkpoint is at seq {checkpoint_seq}: frames in between are missing",
                         header.seq
@@ -216,16 +219,16 @@ impl Wal {
         &self.path
     }
 
-    /// Starts overwriting the log from offset 0 with frames under `salt`. Only after a durable
-    /// checkpoint that covers every frame appended so far and recorded `salt`.
+    /// Starts overwriting the log from its first frame with frames under `salt`. Only after a
+    /// durable checkpoint that covers every frame appended so far and recorded `salt`.
     pub(crate) fn rewind(&mut self, salt: u64) {
-        self.offset = 0;
+        self.offset = LOG_HEADER_LEN;
         self.salt = salt;
     }
 
     /// Bytes appended since the last rewind.
     pub(crate) fn len_since_rewind(&self) -> u64 {
-        self.offset
+        self.offset - LOG_HEADER_LEN
     }
 
     /// The sequence number of the last frame appended (0 when none ever was).

@@ -228,6 +228,34 @@ pub(crate) fn open_log(path: &Path, preallocate: Option<u64>) -> Result<OsFile, 
     Ok(OsFile(file))
 }
 
+/// Renames another store's log at `path` out of the way (it is never deleted), with a name
+/// that says whose it was and when it was set aside, and makes the rename durable. Returns the
+/// new name.
+pub(crate) fn set_aside(path: &Path, other: u64) -> Result<PathBuf, Error> {
+    let millis = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
+    let mut name = path.as_os_str().to_os_string();
+    name.push(format!(".foreign-{other:016x}-{millis}"));
+    let aside = PathBuf::from(name);
+    fs::rename(path, &aside).map_err(|e| {
+        Error::io(
+            format!(
+                "setting aside log {} (it belongs to another store) as {}",
+                path.display(),
+                aside.display()
+            ),
+            e,
+        )
+    })?;
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
+    sync_dir(dir)?;
+    Ok(aside)
+}
+
 fn zero_fill(file: &File, size: u64) -> io::Result<()> {
     use std::os::unix::fs::FileExt;
     const CHUNK: usize = 1 << 20;

@@ -16,6 +16,8 @@ use crate::error::Error;
 use crate::poison::Poison;
 use crate::recovery;
 use crate::stats::Counters;
+use crate::tables::Tables;
+use crate::wal::identity::{self, Identity};
 use crate::wal::{log_path, LogFile};
 
 use super::Store;
@@ -42,6 +44,39 @@ fn guard_open(path: &Path, open: impl FnOnce() -> Result<Store, Error>) -> Resul
         })
     })
 }
+/// The store's random identity, from its meta table.
+fn store_id(db: &Database) -> Result<u64, Error> {
+    let ctx = "reading the store's identity";
+    let txn = db.begin_write().map_err(|e| Error::storage(ctx, e))?;
+    let id = Tables::open(&txn)?.store_id();
+    txn.abort().map_err(|e| Error::storage(ctx, e))?;
+    id
+}
+
+/// Whose log `log` is; refuses one whose identity block is damaged (it may be the store's own,
+/// so it is neither replayed nor set aside).
+fn log_identity(
+    log: &dyn LogFile,
+    store_id: u64,
+    store: &Path,
+    log_path: &Path,
+) -> Result<Identity, Error> {
+    let identity = identity::read(log, store_id).map_err(|e| {
+        Error::io(
+            format!("reading the identity of log {}", log_path.display()),
+            e,
+        )
+    })?;
+    if identity == Identity::Damaged {
+        return Err(Error::ForeignLog {
+            store: store.to_path_buf(),
+            log: log_path.to_path_buf(),
+            reason: "its first 32 bytes are not a valid idemstore log identity".into(),
+        });
+    }
+    Ok(identity)
+}
+
 impl Store {
     /// Opens the store at `path` with every default, creating it if it does not exist.
     ///
@@ -63,11 +98,26 @@ impl Store {
     pub(super) fn open_unguarded(builder: &Builder, path: &Path) -> Result<Store, Error> {
         let redb_builder = redb_builder(builder);
         let db = file::open_or_create(path, &redb_builder)?;
+        let store_id = store_id(&db)?;
         let log_path = log_path(path);
         let preallocate = builder
             .preallocate_log
             .then_some(builder.checkpoint_bytes + (1 << 20));
-        let log = file::open_log(&log_path, preallocate)?;
+        let mut log = file::open_log(&log_path, preallocate)?;
+        if let Identity::Other(other) = log_identity(&log, store_id, path, &log_path)? {
+            // Another store's log (a deleted store's at the same path, or one copied here):
+            // never replayed, never deleted, set aside under a name that says whose it is.
+            drop(log);
+            let aside = file::set_aside(&log_path, other)?;
+            #[cfg(feature = "tracing")]
+            tracing::warn!(
+                log = %log_path.display(),
+                set_aside = %aside.display(),
+                "idemstore: the log belonged to another store; set aside, not replayed"
+            );
+            let _ = aside;
+            log = file::open_log(&log_path, preallocate)?;
+        }
         Store::from_parts(db, Arc::new(log), log_path, builder, path.to_path_buf())
     }
 
@@ -103,6 +153,21 @@ impl Store {
         builder: &Builder,
         path: PathBuf,
     ) -> Result<Store, Error> {
+        let store_id = store_id(&db)?;
+        match log_identity(&*log, store_id, &path, &log_path)? {
+            Identity::Ours => {}
+            Identity::Fresh => identity::claim(&*log, store_id, &log_path)?,
+            // Set aside by the caller when it can rename files; refused otherwise.
+            Identity::Other(_) | Identity::Damaged => {
+                return Err(Error::ForeignLog {
+                    store: path,
+                    log: log_path,
+                    reason: format!(
+                        "it carries another store's identity (this store is {store_id:#018x})"
+                    ),
+                })
+            }
+        }
         let strict = builder.durability == Durability::Immediate;
         let (wal, next_token) = recovery::recover(&db, log, log_path, strict)?;
         let db = Arc::new(db);

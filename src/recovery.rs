@@ -14,7 +14,7 @@ use redb::Database;
 use crate::error::Error;
 use crate::record::Record;
 use crate::tables::{IndexEntries, Tables};
-use crate::wal::{new_salt, LogFile, Wal};
+use crate::wal::{new_salt, LogFile, Recovered, Wal};
 
 /// Brings `db` up to date with the log and returns the log, rewound and ready for appends,
 /// and the next fencing token.
@@ -30,7 +30,11 @@ pub(crate) fn recover(
         let tables = Tables::open(&txn)?;
         (tables.wal_seq()?, tables.next_token()?, tables.log_salt()?)
     };
-    let (mut wal, frames) = Wal::recover(log, log_path, checkpoint_seq, salt, strict)?;
+    let Recovered {
+        mut wal,
+        frames,
+        dropped_tail,
+    } = Wal::recover(log, log_path, checkpoint_seq, salt, strict)?;
     #[cfg(feature = "tracing")]
     tracing::info!(
         checkpoint_seq,
@@ -38,15 +42,17 @@ pub(crate) fn recover(
         entries = frames.iter().map(|f| f.entries.len()).sum::<usize>(),
         "idemstore recovery: replaying log frames newer than the checkpoint"
     );
-    if frames.is_empty() {
-        // Nothing to replay: the log is rewound under the same salt. Frames left from before
-        // have sequence numbers at or below the checkpoint, so they never extend the new run,
-        // and nothing can forge a frame without knowing the salt.
+    if frames.is_empty() && !dropped_tail {
+        // Nothing to replay or drop: the log is rewound under the same salt. Frames left from
+        // before have sequence numbers at or below the checkpoint, so they never extend the new
+        // run, and nothing can forge a frame without knowing the salt.
         txn.abort().map_err(|e| Error::storage(ctx, e))?;
         wal.rewind(salt);
         return Ok((wal, next_token));
     }
-    // The replay and a new salt commit durably together; the log is then rewound.
+    // The replay and a new salt commit durably together; the log is then rewound. A dropped
+    // tail also takes a new salt: under the old one, a dropped frame could line up with the
+    // end of a new run and pass as its next frame.
     let new_salt = new_salt();
     {
         let mut tables = Tables::open(&txn)?;

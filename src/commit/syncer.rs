@@ -181,6 +181,11 @@ impl Syncer {
         }
     }
 
+    /// The last frame known durable (recorded in every new frame; see `Wal::recover`).
+    pub(super) fn synced_seq(&self) -> u64 {
+        self.state.lock().synced_seq
+    }
+
     /// Syncs until every written frame is durable and answered; fails if the store is poisoned.
     pub(super) fn drive_all(&self) -> Result<(), Error> {
         loop {

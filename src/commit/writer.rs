@@ -187,7 +187,8 @@ impl Writer {
                 let entries = written
                     .iter()
                     .map(|w| (w.key.encoded(), w.encoded.as_deref()));
-                let seq = self.wal.append(self.next_token, entries)?;
+                let durable = self.syncer.synced_seq();
+                let seq = self.wal.append(self.next_token, durable, entries)?;
                 tables.set_wal_seq(seq)?;
                 tables.set_next_token(self.next_token)?;
                 seq

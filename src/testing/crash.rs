@@ -11,7 +11,7 @@ use std::time::Duration;
 use proptest::prelude::*;
 
 use crate::testing::sim::{Rng, SimDisk};
-use crate::wal::{LogFile, Wal};
+use crate::wal::{LogFile, Recovered, Wal};
 use crate::{Builder, Error, Fingerprint, Key, Lease, ManualClock, Reservation, Status, Store};
 
 const KEYS: usize = 6;
@@ -317,13 +317,16 @@ fn damaged_frame_followed_by_valid_frames_refuses_to_open() {
 fn torn_tail_ends_the_log() {
     let disk = SimDisk::new();
     let file: std::sync::Arc<dyn LogFile> = std::sync::Arc::new(disk.clone());
-    let (mut wal, frames) = Wal::recover(file, "t.wal".into(), 0, 0, true).unwrap();
+    let Recovered {
+        mut wal, frames, ..
+    } = Wal::recover(file, "t.wal".into(), 0, 0, true).unwrap();
     assert!(frames.is_empty());
     for i in 0..5u8 {
         let key = vec![1, b'a', 1, b'b', 1, i];
         let record = vec![i; 100];
         wal.append(
             10 + u64::from(i),
+            u64::from(i),
             std::iter::once((key.as_slice(), Some(record.as_slice()))),
         )
         .unwrap();
@@ -332,7 +335,7 @@ fn torn_tail_ends_the_log() {
     let bytes = disk.bytes();
     let torn = SimDisk::new();
     torn.write_all_at(&bytes[..bytes.len() - 40], 0).unwrap();
-    let (wal, frames) =
+    let Recovered { wal, frames, .. } =
         Wal::recover(std::sync::Arc::new(torn), "t.wal".into(), 0, 0, true).unwrap();
     assert_eq!(frames.len(), 4);
     assert_eq!(wal.last_seq(), 4);
@@ -340,7 +343,9 @@ fn torn_tail_ends_the_log() {
     // Frames at or below the checkpoint are skipped.
     let again = SimDisk::new();
     again.write_all_at(&bytes, 0).unwrap();
-    let (_, frames) = Wal::recover(std::sync::Arc::new(again), "t.wal".into(), 3, 0, true).unwrap();
+    let frames = Wal::recover(std::sync::Arc::new(again), "t.wal".into(), 3, 0, true)
+        .unwrap()
+        .frames;
     assert_eq!(frames.iter().map(|f| f.seq).collect::<Vec<_>>(), vec![4, 5]);
 }
 
@@ -415,7 +420,7 @@ fn a_result_shaped_like_a_log_frame_does_not_stop_the_store_from_opening() {
     let (db, log) = (SimDisk::new(), SimDisk::new());
     let store = Store::open_sim(&builder(&clock), &db, &log).unwrap();
     let mut fake = Vec::new();
-    crate::wal::frame::encode(0, 1 << 40, 1, std::iter::empty(), &mut fake);
+    crate::wal::frame::encode(0, 1 << 40, 1 << 40, 1, std::iter::empty(), &mut fake);
     // Copies 41 bytes apart: one of the eight starts at a multiple of 8 in the log.
     fake.extend_from_slice(&[0; 9]);
     let result = fake.repeat(8);

@@ -9,5 +9,7 @@
 
 #[cfg(test)]
 mod crash;
+#[cfg(test)]
+mod findings;
 pub mod fuzz;
 pub(crate) mod sim;

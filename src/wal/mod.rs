@@ -7,9 +7,11 @@
 //!
 //! Recovery reads the frames from the first one that form an unbroken run of sequence numbers and
 //! replays those newer than the checkpoint recorded in redb. The run ends at the first frame
-//! that is torn, fails its checksum, or is an older frame left from before the last rewind. If
-//! any checksum-valid frame with a later sequence number lies beyond that end, an acknowledged
-//! batch was damaged and opening fails rather than dropping it silently.
+//! that is torn, fails its checksum, or is an older frame left from before the last rewind.
+//! Each frame records the highest sequence number known durable when it was written, so a
+//! valid later frame beyond that end tells whether the missing frame had been synced (an
+//! acknowledged batch was lost: opening fails) or not (an unacknowledged tail, torn or
+//! reordered by a power loss: dropped). See [`Wal::recover`].
 
 mod file;
 pub(crate) mod frame;
@@ -24,6 +26,17 @@ pub(crate) use identity::LOG_HEADER_LEN;
 
 use crate::error::Error;
 use frame::{parse_header, HEADER_LEN};
+
+/// What [`Wal::recover`] found.
+#[derive(Debug)]
+pub(crate) struct Recovered {
+    /// The log, positioned after the last frame of the run.
+    pub(crate) wal: Wal,
+    /// The frames newer than the checkpoint, in order.
+    pub(crate) frames: Vec<Frame>,
+    /// Valid frames of this salt lay after the run and were dropped (never acknowledged).
+    pub(crate) dropped_tail: bool,
+}
 
 /// An open log positioned for appending.
 #[derive(Debug)]
@@ -59,19 +72,27 @@ pub(crate) fn log_path(store_path: &Path) -> PathBuf {
 }
 
 impl Wal {
-    /// Reads the log and returns the frames newer than `checkpoint_seq`, in order, and the
-    /// log positioned to continue after them (to be rewound once they are checkpointed).
+    /// Reads the log and returns the frames newer than `checkpoint_seq`, in order, the log
+    /// positioned to continue after them (to be rewound once they are checkpointed), and
+    /// whether anything after them was dropped (then the caller must change the salt before
+    /// appending, so a dropped frame can never pass as current later).
     ///
-    /// With `strict`, a damaged frame followed by a valid later one refuses the open (an
-    /// acknowledged batch was lost). Without it (a buffered log, whose unsynced frames a power
-    /// loss may keep or drop in any order), the log just ends at the damaged frame.
+    /// The run of frames ends at the first frame that is torn, fails its checksum, or is an
+    /// older frame left from before the last rewind; say the run ends where frame `E` was
+    /// expected. Every valid frame (of this salt) found beyond that point with a sequence
+    /// number of `E` or more records the highest sequence number that was durable when it was
+    /// written. With `strict`, if any of them says `E` was durable, frame `E` could have been
+    /// acknowledged and is gone: the open is refused. Otherwise `E` was never synced, so
+    /// nothing from `E` on was acknowledged (a sync covers every earlier write), and the tail
+    /// is dropped. Without `strict` (a buffered log, whose answers precede their sync) the tail
+    /// is always dropped.
     pub(crate) fn recover(
         file: Arc<dyn LogFile>,
         path: PathBuf,
         checkpoint_seq: u64,
         salt: u64,
         strict: bool,
-    ) -> Result<(Wal, Vec<Frame>), Error> {
+    ) -> Result<Recovered, Error> {
         let len = file
             .len()
             .map_err(|e| Error::io(format!("reading the length of log {}", path.display()), e))?;
@@ -90,13 +111,7 @@ impl Wal {
                 break; // an older frame left from before a rewind: the log ends here
             }
             if previous.is_none() && header.seq > checkpoint_seq + 1 {
-                return Err(wal.corrupt(
-                    LOG_HEADER_LEN,
-                    format!(
-                        "the log starts at seq {} but the store's checkpoint is at seq {checkpoint_seq}: frames in between are missing",
-                        header.seq
-                    ),
-                ));
+                break; // the first frame after the checkpoint is missing: judged below
             }
             let frame = frame::decode_payload(&header, &payload, wal.offset)?;
             previous = Some(header.seq);
@@ -106,11 +121,26 @@ impl Wal {
                 frames.push(frame);
             }
         }
+        let expected = previous
+            .map_or(checkpoint_seq + 1, |p| p + 1)
+            .max(checkpoint_seq + 1);
+        let later = wal.valid_frames_after(wal.offset, len, expected)?;
         if strict {
-            let expected = previous.map_or(checkpoint_seq + 1, |p| p + 1);
-            wal.refuse_valid_frames_after(wal.offset, len, expected.max(checkpoint_seq + 1))?;
+            if let Some((offset, header)) = later.iter().find(|(_, h)| h.durable >= expected) {
+                return Err(wal.corrupt(
+                    wal.offset,
+                    format!(
+                        "frame seq {expected} is missing or damaged here, but the valid frame seq {} at offset {offset} records that every frame up to seq {} was durable when it was written: an acknowledged batch was lost; refusing to open rather than drop it",
+                        header.seq, header.durable
+                    ),
+                ));
+            }
         }
-        Ok((wal, frames))
+        Ok(Recovered {
+            dropped_tail: !later.is_empty(),
+            wal,
+            frames,
+        })
     }
 
     fn corrupt(&self, offset: u64, reason: String) -> Error {
@@ -151,10 +181,16 @@ impl Wal {
         Ok(Some((header, payload)))
     }
 
-    /// Fails if a valid frame with seq ≥ `expected` lies anywhere after `from`: the run ended at
-    /// a damaged frame that had been acknowledged.
-    fn refuse_valid_frames_after(&self, from: u64, len: u64, expected: u64) -> Result<(), Error> {
+    /// Every valid frame (of this salt) with seq ≥ `expected` that starts after `from`, with
+    /// its offset.
+    fn valid_frames_after(
+        &self,
+        from: u64,
+        len: u64,
+        expected: u64,
+    ) -> Result<Vec<(u64, frame::Header)>, Error> {
         const CHUNK: u64 = 1 << 20;
+        let mut found = Vec::new();
         let mut start = from;
         let mut buf = Vec::new();
         while start + HEADER_LEN as u64 <= len {
@@ -166,32 +202,29 @@ impl Wal {
                 if let Some(header) = parse_header(self.salt, &buf[at..]) {
                     let offset = start + at as u64;
                     if header.seq >= expected && self.read_frame(offset, len)?.is_some() {
-                        return Err(self.corrupt(
-                            from,
-                            format!(
-                                "the frame here is damaged, but a valid frame with seq {} follows at offset {offset}; refusing to drop acknowledged batches",
-                                header.seq
-                            ),
-                        ));
+                        found.push((offset, header));
                     }
                 }
                 at += frame::ALIGN;
             }
             start += CHUNK;
         }
-        Ok(())
+        Ok(found)
     }
 
     /// Appends one frame holding `entries`; returns its sequence number. Not yet durable: the
     /// caller syncs [`file`](Wal::file).
+    ///
+    /// `durable` is the highest sequence number known durable now (see [`recover`](Wal::recover)).
     pub(crate) fn append<'a>(
         &mut self,
         next_token: u64,
+        durable: u64,
         entries: impl ExactSizeIterator<Item = (&'a [u8], Option<&'a [u8]>)>,
     ) -> Result<u64, Error> {
         let seq = self.next_seq;
         self.buf.clear();
-        frame::encode(self.salt, seq, next_token, entries, &mut self.buf);
+        frame::encode(self.salt, seq, durable, next_token, entries, &mut self.buf);
         self.file
             .write_all_at(&self.buf, self.offset)
             .map_err(|e| {

@@ -11,7 +11,6 @@ use crate::decide::Operation;
 use crate::error::Error;
 use crate::key::Key;
 
-use super::request::MAX_BATCH_BYTES;
 use super::request::{Answer, CommitFuture, Queued, Request, Waiter};
 use super::{Syncer, Writer};
 use crate::poison::error_copy;
@@ -28,6 +27,8 @@ struct Shared {
     work: Condvar,
     writer: Mutex<Writer>,
     syncer: Arc<Syncer>,
+    /// The most payload bytes one batch takes (see [`Limits`](crate::builder::Limits)).
+    batch_bytes: usize,
 }
 
 /// Owns the committer thread.
@@ -37,7 +38,7 @@ pub(crate) struct Committer {
 }
 
 impl Committer {
-    pub(crate) fn start(writer: Writer) -> Result<Committer, Error> {
+    pub(crate) fn start(writer: Writer, batch_bytes: usize) -> Result<Committer, Error> {
         let syncer = Arc::clone(&writer.syncer);
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue {
@@ -48,6 +49,7 @@ impl Committer {
             work: Condvar::new(),
             writer: Mutex::new(writer),
             syncer,
+            batch_bytes,
         });
         let thread = thread::Builder::new()
             .name("idemstore-committer".into())
@@ -62,25 +64,52 @@ impl Committer {
         })
     }
 
-    fn enqueue<O: Operation>(&self, ops: Vec<(Key, O)>, waiter: Waiter) -> Arc<Request<O>> {
-        let bytes = ops.iter().map(|(_, op)| op.payload_len()).sum();
-        let request = Arc::new(Request {
-            bytes,
-            ops: Mutex::new(ops),
-            staged: Mutex::new(None),
-            answer: Mutex::new(None),
-            waiter,
-        });
-        let is_task = !request.waiter.is_thread();
+    /// Queues `ops` as one or more requests, in order: each holds at most the batch limit of
+    /// log entries (or one operation), so that no request, however large, makes a frame over
+    /// the format's limit. Always at least one request, so an empty one is answered too.
+    fn enqueue<O: Operation>(
+        &self,
+        ops: Vec<(Key, O)>,
+        waiter: impl Fn() -> Waiter,
+    ) -> Vec<Arc<Request<O>>> {
+        let limit = self.shared.batch_bytes;
+        let mut chunks = Vec::new();
+        let mut chunk = Vec::new();
+        let mut bytes = 0;
+        for (key, op) in ops {
+            let size = entry_bytes(&key, &op);
+            if !chunk.is_empty() && bytes + size > limit {
+                chunks.push((std::mem::take(&mut chunk), bytes));
+                bytes = 0;
+            }
+            bytes += size;
+            chunk.push((key, op));
+        }
+        chunks.push((chunk, bytes));
+        let requests: Vec<_> = chunks
+            .into_iter()
+            .map(|(ops, bytes)| {
+                Arc::new(Request {
+                    bytes,
+                    ops: Mutex::new(ops),
+                    staged: Mutex::new(None),
+                    answer: Mutex::new(None),
+                    waiter: waiter(),
+                })
+            })
+            .collect();
+        let is_task = !requests[0].waiter.is_thread();
         let mut queue = self.shared.queue.lock();
-        queue.requests.push(Arc::clone(&request) as Arc<dyn Queued>);
+        for request in &requests {
+            queue.requests.push(Arc::clone(request) as Arc<dyn Queued>);
+        }
         // A blocked caller leads its own batch (see `submit`); only async requests need the
         // committer thread.
         if is_task && queue.idle {
             queue.idle = false;
             self.shared.work.notify_one();
         }
-        request
+        requests
     }
 
     /// Runs `ops` in the next batch and blocks until it is durable.
@@ -90,22 +119,26 @@ impl Committer {
     /// without any hand-off between threads. Otherwise it waits to be answered, or to be woken
     /// to lead the next batch or run a sync.
     pub(crate) fn submit<O: Operation>(&self, ops: Vec<(Key, O)>) -> Answer<O::Outcome> {
-        let request = self.enqueue(ops, Waiter::Thread(thread::current()));
+        let requests = self.enqueue(ops, || Waiter::Thread(thread::current()));
+        let last = requests.last().expect("at least one request");
         loop {
-            if let Some(answer) = request.take_answer() {
-                return answer;
+            if requests.iter().all(|r| r.is_answered()) {
+                return collect(&requests);
             }
             if let Some(mut writer) = self.shared.writer.try_lock() {
-                let batch = take_batch(&mut self.shared.queue.lock().requests);
+                let batch = take_batch(
+                    &mut self.shared.queue.lock().requests,
+                    self.shared.batch_bytes,
+                );
                 if !batch.is_empty() {
                     run_guarded(&self.shared, &mut writer, batch);
                 }
                 drop(writer);
                 wake_next(&self.shared);
             }
-            self.shared.syncer.drive(Some(&*request));
-            if let Some(answer) = request.take_answer() {
-                return answer;
+            self.shared.syncer.drive(Some(&**last));
+            if requests.iter().all(|r| r.is_answered()) {
+                return collect(&requests);
             }
             thread::park();
         }
@@ -120,7 +153,7 @@ impl Committer {
     /// blocks while it waits.
     pub(crate) fn submit_async<O: Operation>(&self, ops: Vec<(Key, O)>) -> CommitFuture<O> {
         CommitFuture {
-            request: self.enqueue(ops, Waiter::Task(Mutex::new(None))),
+            requests: self.enqueue(ops, || Waiter::Task(Mutex::new(None))),
         }
     }
 
@@ -132,6 +165,33 @@ impl Committer {
         let mut writer = self.shared.writer.lock();
         writer.flush()?;
         f(&mut writer)
+    }
+}
+
+/// The bytes an operation adds to a log frame, at most: its key, its record and the entry's
+/// framing. Requests are split by this measure.
+fn entry_bytes<O: Operation>(key: &Key, op: &O) -> usize {
+    /// An entry's framing (kind, lengths) and a record's fixed fields and checksum, rounded up.
+    const ENTRY_OVERHEAD: usize = 96;
+    key.encoded().len() + ENTRY_OVERHEAD + op.payload_len()
+}
+
+/// The answers of a request's parts, in order, once every part is answered: one result per
+/// operation, or the first error of a whole part.
+pub(super) fn collect<O: Operation>(requests: &[Arc<Request<O>>]) -> Answer<O::Outcome> {
+    let mut outcomes = Vec::new();
+    let mut failed = None;
+    for request in requests {
+        match request.take_answer().expect("every part is answered") {
+            Ok(part) => outcomes.extend(part),
+            Err(error) => {
+                failed.get_or_insert(error);
+            }
+        }
+    }
+    match failed {
+        Some(error) => Err(error),
+        None => Ok(outcomes),
     }
 }
 
@@ -176,7 +236,7 @@ fn run(shared: &Shared) {
             if queue.requests.is_empty() && queue.shutdown {
                 break;
             }
-            take_batch(&mut queue.requests)
+            take_batch(&mut queue.requests, shared.batch_bytes)
         };
         let mut writer = shared.writer.lock();
         if !batch.is_empty() {
@@ -226,14 +286,14 @@ fn wake_next(shared: &Shared) {
     }
 }
 
-/// Takes the oldest queued requests, up to [`MAX_BATCH_BYTES`] of payload (at least one).
-fn take_batch(queue: &mut Vec<Arc<dyn Queued>>) -> Vec<Arc<dyn Queued>> {
+/// Takes the oldest queued requests, up to `limit` bytes of payload (at least one).
+fn take_batch(queue: &mut Vec<Arc<dyn Queued>>, limit: usize) -> Vec<Arc<dyn Queued>> {
     let mut bytes = 0;
     let count = queue
         .iter()
         .take_while(|r| {
             bytes += r.bytes();
-            bytes <= MAX_BATCH_BYTES
+            bytes <= limit
         })
         .count()
         .max(1)

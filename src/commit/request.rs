@@ -22,15 +22,11 @@ pub(crate) type Outcomes<T> = Vec<Result<T, Error>>;
 /// The answer to a request: one result per operation, or an error for the whole batch.
 pub(crate) type Answer<T> = Result<Outcomes<T>, Error>;
 
-/// The most payload bytes (results, notes) one batch takes, so a log frame stays far below
-/// its 4 GiB limit however large the configured results are.
-pub(super) const MAX_BATCH_BYTES: usize = 64 << 20;
-
 /// One caller's queued operations (all of one kind) and the slot their answer is delivered
 /// to.
 pub(crate) struct Request<O: Operation> {
     pub(super) ops: Mutex<Vec<(Key, O)>>,
-    /// Payload bytes of the operations, for [`MAX_BATCH_BYTES`].
+    /// Payload bytes of the operations, for the batch limit.
     pub(super) bytes: usize,
     /// The decided outcomes, held until the batch's frame is durable.
     pub(super) staged: Mutex<Option<Outcomes<O::Outcome>>>,
@@ -45,7 +41,7 @@ pub(crate) enum Waiter {
 
 /// A queued request of any kind, as the committer and the syncer see it.
 pub(crate) trait Queued: Send + Sync {
-    /// Payload bytes, for [`MAX_BATCH_BYTES`].
+    /// Payload bytes, for the batch limit.
     fn bytes(&self) -> usize;
     fn waiter(&self) -> &Waiter;
     fn is_answered(&self) -> bool;
@@ -136,23 +132,28 @@ impl<O: Operation> Queued for Request<O> {
 ///
 /// Dropping it does not withdraw the request: the operations may still be committed.
 pub(crate) struct CommitFuture<O: Operation> {
-    pub(super) request: Arc<Request<O>>,
+    /// The request's parts (see `Committer::enqueue`).
+    pub(super) requests: Vec<Arc<Request<O>>>,
 }
 
 impl<O: Operation> Future for CommitFuture<O> {
     type Output = Answer<O::Outcome>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        if let Some(answer) = self.request.take_answer() {
-            return Poll::Ready(answer);
+        let all_answered = |requests: &[Arc<Request<O>>]| requests.iter().all(|r| r.is_answered());
+        if all_answered(&self.requests) {
+            return Poll::Ready(super::queue::collect(&self.requests));
         }
-        if let Waiter::Task(slot) = &self.request.waiter {
-            *slot.lock() = Some(cx.waker().clone());
+        for request in &self.requests {
+            if let Waiter::Task(slot) = &request.waiter {
+                *slot.lock() = Some(cx.waker().clone());
+            }
         }
-        // The answer may have arrived between the first check and storing the waker.
-        match self.request.take_answer() {
-            Some(answer) => Poll::Ready(answer),
-            None => Poll::Pending,
+        // An answer may have arrived between the first check and storing the waker.
+        if all_answered(&self.requests) {
+            Poll::Ready(super::queue::collect(&self.requests))
+        } else {
+            Poll::Pending
         }
     }
 }

@@ -66,8 +66,13 @@ impl Store {
 
     /// Completes many leases with one shared commit. Returns one result per item, in order.
     ///
+    /// A call whose results add up to more than one batch takes (64 MiB of log entries) is
+    /// committed in several consecutive batches, each durable before this returns.
+    ///
     /// # Errors
-    /// The outer error is a failure of the whole batch; an item fails alone with
+    /// The outer error is a failure of the batch (a poisoned store, a failed sync); when the
+    /// call spanned several batches, the items of earlier ones may have been committed, as for
+    /// any failed write. An item fails alone with
     /// [`Error::ResultTooLarge`] or [`Error::LeaseLost`].
     pub fn complete_many(
         &self,

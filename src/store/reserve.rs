@@ -91,7 +91,9 @@ impl Store {
     /// As for [`reserve`](Store::reserve): every `Acquired` is durable when this returns.
     ///
     /// # Errors
-    /// The outer error is a failure of the whole batch (a poisoned store, a failed sync).
+    /// The outer error is a failure of the batch (a poisoned store, a failed sync). A very
+    /// large call (over 64 MiB of log entries) is committed in several consecutive batches;
+    /// then the items of earlier ones may have been committed, as for any failed write.
     pub fn reserve_many(
         &self,
         items: &[(Key, Fingerprint)],

@@ -420,7 +420,15 @@ fn a_result_shaped_like_a_log_frame_does_not_stop_the_store_from_opening() {
     let (db, log) = (SimDisk::new(), SimDisk::new());
     let store = Store::open_sim(&builder(&clock), &db, &log).unwrap();
     let mut fake = Vec::new();
-    crate::wal::frame::encode(0, 1 << 40, 1 << 40, 1, std::iter::empty(), &mut fake);
+    crate::wal::frame::encode(
+        usize::MAX,
+        0,
+        1 << 40,
+        1 << 40,
+        1,
+        std::iter::empty(),
+        &mut fake,
+    );
     // Copies 41 bytes apart: one of the eight starts at a multiple of 8 in the log.
     fake.extend_from_slice(&[0; 9]);
     let result = fake.repeat(8);

@@ -81,3 +81,47 @@ fn power_loss_keeping_a_later_unacknowledged_frame_still_opens() {
         }
     });
 }
+
+/// Finding 3: the batch limit bounded how many requests join a batch, not one request, so one
+/// `complete_many` with enough large results made a frame over the format's limit, hit the
+/// encoder's `expect`, and the caught panic poisoned the store. Here the limits are scaled
+/// down (a 1 MiB frame, 256 KiB batches) so that the input is megabytes, not gigabytes: eight
+/// 200 KiB results in one call. No input from a caller may poison the store.
+#[test]
+fn one_oversized_request_never_poisons_the_store() {
+    let clock = ManualClock::new();
+    let mut b = builder(&clock);
+    b.max_result_len(200 << 10);
+    b.limits.batch_bytes = 256 << 10;
+    b.limits.frame_bytes = 1 << 20;
+    let (db, log) = (SimDisk::new(), SimDisk::new());
+    let store = Store::open_sim(&b, &db, &log).unwrap();
+    let leases: Vec<_> = (0..8)
+        .map(
+            |i| match store.reserve(&key(&format!("big-{i}")), fp()).unwrap() {
+                Reservation::Acquired(lease) => lease,
+                other => panic!("{other:?}"),
+            },
+        )
+        .collect();
+    let items = leases.iter().map(|l| (l, vec![7u8; 200 << 10])).collect();
+    let results = store
+        .complete_many(items)
+        .expect("a large request is not an error of the store");
+    for result in results {
+        result.expect("each completion fits the limits on its own");
+    }
+    assert!(
+        matches!(
+            store.reserve(&key("after"), fp()),
+            Ok(Reservation::Acquired(_))
+        ),
+        "the store still works"
+    );
+    for lease in &leases {
+        let record = store.get(lease.key()).unwrap().unwrap();
+        assert!(
+            matches!(record.status(), crate::Status::Completed { result, .. } if result.len() == 200 << 10)
+        );
+    }
+}

@@ -69,6 +69,7 @@ pub(crate) fn padded(len: usize) -> usize {
 /// Appends the encoding of a frame to `out` (which must start at an aligned length).
 /// Each entry is a key and its new encoded record, or `None` for a deletion.
 pub(crate) fn encode<'a>(
+    max_payload: usize,
     salt: u64,
     seq: u64,
     durable: u64,
@@ -96,6 +97,12 @@ pub(crate) fn encode<'a>(
         }
     }
     let payload_len = out.len() - start - HEADER_LEN;
+    // Unreachable by input: a batch holds at most 64 MiB of entries or one request part of one
+    // operation (a result is at most 256 MiB), far below the u32 length field's limit.
+    assert!(
+        payload_len <= max_payload,
+        "a frame of {payload_len} bytes is over the format's limit of {max_payload}"
+    );
     let payload_crc = crc32fast::hash(&out[start + HEADER_LEN..]);
     let header = &mut out[start..start + HEADER_LEN];
     header[0..4].copy_from_slice(
@@ -206,7 +213,7 @@ mod tests {
     #[test]
     fn round_trip_and_alignment() {
         let mut out = Vec::new();
-        encode(5, 9, 8, 77, refs(&sample()), &mut out);
+        encode(usize::MAX, 5, 9, 8, 77, refs(&sample()), &mut out);
         assert_eq!(out.len() % ALIGN, 0);
         let header = parse_header(5, &out).unwrap();
         assert_eq!(parse_header(6, &out), None, "another salt never parses");
@@ -232,7 +239,7 @@ mod tests {
     #[test]
     fn every_flipped_bit_is_caught() {
         let mut out = Vec::new();
-        encode(0, 3, 2, 5, refs(&sample()), &mut out);
+        encode(usize::MAX, 0, 3, 2, 5, refs(&sample()), &mut out);
         let used = HEADER_LEN + parse_header(0, &out).unwrap().payload_len;
         for bit in 0..used * 8 {
             let mut damaged = out.clone();

@@ -49,6 +49,8 @@ pub(crate) struct Wal {
     next_seq: u64,
     /// Mixed into every frame header's checksum; see [`frame`].
     salt: u64,
+    /// The largest frame payload (see [`Limits`](crate::builder::Limits)).
+    max_payload: usize,
     buf: Vec<u8>,
 }
 
@@ -102,6 +104,7 @@ impl Wal {
             offset: LOG_HEADER_LEN,
             next_seq: checkpoint_seq + 1,
             salt,
+            max_payload: u32::MAX as usize,
             buf: Vec::new(),
         };
         let mut frames = Vec::new();
@@ -224,7 +227,15 @@ impl Wal {
     ) -> Result<u64, Error> {
         let seq = self.next_seq;
         self.buf.clear();
-        frame::encode(self.salt, seq, durable, next_token, entries, &mut self.buf);
+        frame::encode(
+            self.max_payload,
+            self.salt,
+            seq,
+            durable,
+            next_token,
+            entries,
+            &mut self.buf,
+        );
         self.file
             .write_all_at(&self.buf, self.offset)
             .map_err(|e| {
@@ -240,6 +251,11 @@ impl Wal {
         self.offset += self.buf.len() as u64;
         self.next_seq += 1;
         Ok(seq)
+    }
+
+    /// Sets the largest frame payload (tests scale it down).
+    pub(crate) fn set_max_payload(&mut self, max: usize) {
+        self.max_payload = max;
     }
 
     /// The file, for syncing from another thread.

@@ -169,7 +169,8 @@ impl Store {
             }
         }
         let strict = builder.durability == Durability::Immediate;
-        let (wal, next_token) = recovery::recover(&db, log, log_path, strict)?;
+        let (mut wal, next_token) = recovery::recover(&db, log, log_path, strict)?;
+        wal.set_max_payload(builder.limits.frame_bytes);
         let db = Arc::new(db);
         let policy = Policy {
             lease: duration_millis(builder.lease),
@@ -201,7 +202,7 @@ impl Store {
             cache,
             overlay,
             counters,
-            committer: Committer::start(writer)?,
+            committer: Committer::start(writer, builder.limits.batch_bytes)?,
             clock: Arc::clone(&builder.clock),
             policy,
             max_result_len: builder.max_result_len,

@@ -42,6 +42,7 @@ fn record(data: &[u8]) {
 fn encode(frame: &Frame) -> Vec<u8> {
     let mut out = Vec::new();
     frame::encode(
+        usize::MAX,
         0,
         frame.seq,
         frame.durable,
@@ -203,7 +204,15 @@ pub(super) fn seeds() -> Vec<(String, Vec<u8>)> {
     let mut log = vec![0u8; 1 + LOG_HEADER_LEN as usize];
     for seq in 1..=3 {
         let mut out = Vec::new();
-        frame::encode(0, seq, seq - 1, 10 + seq, entries.iter().copied(), &mut out);
+        frame::encode(
+            usize::MAX,
+            0,
+            seq,
+            seq - 1,
+            10 + seq,
+            entries.iter().copied(),
+            &mut out,
+        );
         if seq == 1 {
             seeds.push(("frame".into(), out.clone()));
         }

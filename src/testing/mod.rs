@@ -12,4 +12,6 @@ mod crash;
 #[cfg(test)]
 mod findings;
 pub mod fuzz;
+#[cfg(test)]
+mod power;
 pub(crate) mod sim;

@@ -34,25 +34,43 @@ impl Store {
         Ok(self.read(key)?.filter(|record| !record.is_expired(now)))
     }
 
-    /// The stored record, from the cache or a read transaction; expired or not.
+    /// The stored record, from the overlay, the cache or a read transaction; expired or not.
     pub(super) fn read(&self, key: &Key) -> Result<Option<Record>, Error> {
-        if let Some(state) = self.overlay.get(key) {
-            return Ok(state);
-        }
-        if let Some(record) = self.cache.get(key) {
-            return Ok(Some(record));
-        }
+        self.read_many([key]).remove(0)
+    }
+
+    /// The stored records of `keys`, in order (see [`read`](Store::read)); the ones that are
+    /// neither in the overlay nor in the cache are read in one read transaction.
+    pub(super) fn read_many<'k>(
+        &self,
+        keys: impl IntoIterator<Item = &'k Key>,
+    ) -> Vec<Result<Option<Record>, Error>> {
         let ctx = "reading a record";
-        let txn = self.db.begin_read().map_err(|e| Error::storage(ctx, e))?;
-        let table = txn
-            .open_table(RECORDS)
-            .map_err(|e| Error::storage(ctx, e))?;
-        let value = table
-            .get(key.encoded())
-            .map_err(|e| Error::storage(ctx, e))?;
-        value
-            .map(|bytes| decode_record(key.encoded(), bytes.value()))
-            .transpose()
+        let mut table = None;
+        keys.into_iter()
+            .map(|key| {
+                if let Some(state) = self.overlay.get(key) {
+                    return Ok(state);
+                }
+                if let Some(record) = self.cache.get(key) {
+                    return Ok(Some(record));
+                }
+                if table.is_none() {
+                    let txn = self.db.begin_read().map_err(|e| Error::storage(ctx, e))?;
+                    let opened = txn
+                        .open_table(RECORDS)
+                        .map_err(|e| Error::storage(ctx, e))?;
+                    table = Some(opened);
+                }
+                let table = table.as_ref().expect("opened above");
+                let value = table
+                    .get(key.encoded())
+                    .map_err(|e| Error::storage(ctx, e))?;
+                value
+                    .map(|bytes| decode_record(key.encoded(), bytes.value()))
+                    .transpose()
+            })
+            .collect()
     }
 
     /// Up to `limit` reservations whose lease ran out without completion, oldest first: work

@@ -11,6 +11,7 @@ use crate::decide::{decide, Change};
 use crate::error::Error;
 use crate::fingerprint::Fingerprint;
 use crate::key::Key;
+use crate::record::Record;
 use crate::reservation::{Reservation, Seen};
 use crate::stats::Counter;
 
@@ -55,19 +56,27 @@ impl Store {
         fingerprint: Fingerprint,
     ) -> Result<Option<Reservation>, Error> {
         self.poison.check()?;
-        let Some(record) = self.read(key)? else {
-            return Ok(None);
-        };
+        let record = self.read(key)?;
+        Ok(self.decide_without_writing(key, fingerprint, record))
+    }
+
+    /// The answer to a reserve of `key` given its stored `record`, when it needs no write.
+    fn decide_without_writing(
+        &self,
+        key: &Key,
+        fingerprint: Fingerprint,
+        record: Option<Record>,
+    ) -> Option<Reservation> {
         // The token is a placeholder: a decision that would use it is discarded and taken
         // again by the writer against the latest state.
         let decision = decide(
-            Some(record),
+            Some(record?),
             Reserve { fingerprint },
             self.now(),
             self.policy,
             0,
         );
-        Ok((decision.change == Change::Keep).then(|| self.reservation(key, decision.outcome)))
+        (decision.change == Change::Keep).then(|| self.reservation(key, decision.outcome))
     }
 
     /// Reserves many keys with one shared commit (one log sync for the whole batch). Returns
@@ -98,23 +107,43 @@ impl Store {
         &self,
         items: &[(Key, Fingerprint)],
     ) -> Result<Vec<Result<Reservation, Error>>, Error> {
-        // The whole batch goes to the writer, which answers duplicates from the state it
-        // reads anyway: one pass over the keys, no read transaction per item.
-        let ops = items
+        // Duplicates (and mismatches, keys in progress) are answered from what is
+        // acknowledged, without the writer; only the rest waits for a commit.
+        self.poison.check()?;
+        let mut answers: Vec<Option<Result<Reservation, Error>>> = self
+            .read_many(items.iter().map(|(key, _)| key))
+            .into_iter()
+            .zip(items)
+            .map(|(record, (key, fingerprint))| match record {
+                Ok(record) => self
+                    .decide_without_writing(key, *fingerprint, record)
+                    .map(Ok),
+                Err(error) => Some(Err(error)),
+            })
+            .collect();
+        let ops: Vec<_> = items
             .iter()
-            .map(|(key, fingerprint)| {
+            .zip(&answers)
+            .filter(|(_, answer)| answer.is_none())
+            .map(|((key, fingerprint), _)| {
                 let op = Reserve {
                     fingerprint: *fingerprint,
                 };
                 (key.clone(), op)
             })
             .collect();
-        Ok(self
-            .committer
-            .submit(ops)?
+        if !ops.is_empty() {
+            let mut decided = self.committer.submit(ops)?.into_iter();
+            for ((key, _), answer) in items.iter().zip(&mut answers) {
+                if answer.is_none() {
+                    let reserved = decided.next().expect("one outcome per queued item");
+                    *answer = Some(reserved.map(|reserved| self.reservation(key, reserved)));
+                }
+            }
+        }
+        Ok(answers
             .into_iter()
-            .zip(items)
-            .map(|(reserved, (key, _))| reserved.map(|reserved| self.reservation(key, reserved)))
+            .map(|answer| answer.expect("every item answered"))
             .collect())
     }
 
@@ -228,15 +257,37 @@ impl Store {
         window: Duration,
     ) -> Result<Vec<Result<Seen, Error>>, Error> {
         let window = duration_millis(window);
-        let ops = keys
-            .iter()
-            .map(|key| (key.clone(), Observe { window }))
-            .collect();
-        Ok(self
-            .committer
-            .submit(ops)?
+        // Keys already stored are duplicates, answered from what is acknowledged without the
+        // writer; only new keys wait for a commit.
+        self.poison.check()?;
+        let now = self.now();
+        let mut answers: Vec<Option<Result<Seen, Error>>> = self
+            .read_many(keys)
             .into_iter()
-            .map(|new| new.map(answer::seen))
+            .map(|record| match record {
+                Ok(Some(record)) if !record.is_expired(now) => Some(Ok(Seen::Duplicate)),
+                Ok(_) => None,
+                Err(error) => Some(Err(error)),
+            })
+            .collect();
+        let ops: Vec<_> = keys
+            .iter()
+            .zip(&answers)
+            .filter(|(_, answer)| answer.is_none())
+            .map(|(key, _)| (key.clone(), Observe { window }))
+            .collect();
+        if !ops.is_empty() {
+            let mut decided = self.committer.submit(ops)?.into_iter();
+            for answer in &mut answers {
+                if answer.is_none() {
+                    let new = decided.next().expect("one outcome per queued item");
+                    *answer = Some(new.map(answer::seen));
+                }
+            }
+        }
+        Ok(answers
+            .into_iter()
+            .map(|answer| answer.expect("every key answered"))
             .collect())
     }
 }

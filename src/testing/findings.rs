@@ -125,3 +125,75 @@ fn one_oversized_request_never_poisons_the_store() {
         );
     }
 }
+
+/// Runs `f` on another thread and fails if it does not return within a few seconds; `unblock`
+/// runs then (so the stuck thread can finish) before the test fails.
+fn returns_promptly<T: Send>(
+    what: &str,
+    f: impl FnOnce() -> T + Send,
+    unblock: impl FnOnce(),
+) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    thread::scope(|s| {
+        s.spawn(move || {
+            let _ = tx.send(f());
+        });
+        match rx.recv_timeout(Duration::from_secs(3)) {
+            Ok(value) => value,
+            Err(_) => {
+                unblock();
+                panic!("{what} did not return within 3 s");
+            }
+        }
+    })
+}
+
+/// Finding 4: `reserve_many`, `observe` and `observe_many` always went through the writer, so a
+/// batch of duplicates waited for the fdatasync running for someone else's batch. Here that
+/// sync never ends until the test lets it: duplicates must be answered anyway.
+#[test]
+fn a_batch_of_duplicates_never_waits_for_a_sync() {
+    let clock = ManualClock::new();
+    let (db, log) = (SimDisk::new(), SimDisk::new());
+    let store = Store::open_sim(&builder(&clock), &db, &log).unwrap();
+    let done: Vec<Key> = (0..10).map(|i| key(&format!("done-{i}"))).collect();
+    for k in &done {
+        let Reservation::Acquired(lease) = store.reserve(k, fp()).unwrap() else {
+            panic!("a new key")
+        };
+        store.complete(&lease, b"ok".to_vec()).unwrap();
+    }
+    let window = Duration::from_secs(60);
+    let seen = key("seen");
+    assert_eq!(store.observe(&seen, window).unwrap(), crate::Seen::New);
+    log.hold_syncs();
+    thread::scope(|s| {
+        let store = &store;
+        s.spawn(move || store.reserve(&key("slow"), fp()));
+        wait_until("another batch's sync is running", || {
+            log.syncs_waiting() == 1
+        });
+        let items: Vec<_> = done.iter().map(|k| (k.clone(), fp())).collect();
+        let answers = returns_promptly(
+            "reserve_many of duplicates",
+            || store.reserve_many(&items).unwrap(),
+            || log.release_syncs(),
+        );
+        assert!(answers
+            .iter()
+            .all(|a| matches!(a, Ok(Reservation::Completed(_)))));
+        let again = returns_promptly(
+            "observe of a duplicate",
+            || store.observe(&seen, window).unwrap(),
+            || log.release_syncs(),
+        );
+        assert_eq!(again, crate::Seen::Duplicate);
+        let many = returns_promptly(
+            "observe_many of duplicates",
+            || store.observe_many(&done, window).unwrap(),
+            || log.release_syncs(),
+        );
+        assert!(many.iter().all(|a| matches!(a, Ok(crate::Seen::Duplicate))));
+        log.release_syncs();
+    });
+}

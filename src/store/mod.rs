@@ -65,6 +65,9 @@ pub struct Store {
     max_result_len: usize,
     poison: Arc<Poison>,
     path: PathBuf,
+    /// Runs once at the start of the next read (tests of races with poisoning).
+    #[cfg(test)]
+    read_hook: parking_lot::Mutex<Option<Box<dyn FnOnce() + Send>>>,
 }
 
 impl fmt::Debug for Store {
@@ -118,6 +121,12 @@ impl Store {
         f: impl FnOnce(&mut Writer) -> Result<R, Error>,
     ) -> Result<R, Error> {
         self.committer.with_writer(f)
+    }
+
+    /// Runs `hook` once at the start of the next read, after its caller checked the poison.
+    #[cfg(test)]
+    pub(crate) fn before_next_read(&self, hook: impl FnOnce() + Send + 'static) {
+        *self.read_hook.lock() = Some(Box::new(hook));
     }
 
     /// Forgets every cached record, so the next reads go to redb.

@@ -197,3 +197,36 @@ fn a_batch_of_duplicates_never_waits_for_a_sync() {
         log.release_syncs();
     });
 }
+
+/// Finding 5, reads: a read that checked the poison just before the store was poisoned found
+/// the overlay and the cache emptied and fell back to redb, whose committed state can be older
+/// than what was acknowledged. It must return the latest acknowledged state or `Poisoned`.
+#[test]
+fn a_read_racing_the_poisoning_never_returns_an_older_state() {
+    let clock = ManualClock::new();
+    let (db, log) = (SimDisk::new(), SimDisk::new());
+    let store = std::sync::Arc::new(Store::open_sim(&builder(&clock), &db, &log).unwrap());
+    let k = key("k");
+    let Reservation::Acquired(lease) = store.reserve(&k, fp()).unwrap() else {
+        panic!("a new key")
+    };
+    // redb holds the pending record durably; the completion is acknowledged from the log and
+    // the overlay, not yet committed to redb.
+    store.checkpoint().unwrap();
+    store.complete(&lease, b"done".to_vec()).unwrap();
+    let poisoner = std::sync::Arc::clone(&store);
+    let failing = log.clone();
+    store.before_next_read(move || {
+        failing.fail_after(1);
+        assert!(poisoner.reserve(&key("other"), fp()).is_err());
+    });
+    match store.get(&k) {
+        Err(crate::Error::Poisoned { .. }) => {}
+        Ok(Some(record)) => assert!(
+            matches!(record.status(), crate::Status::Completed { .. }),
+            "a read returned {:?}, older than the acknowledged completion",
+            record.status()
+        ),
+        other => panic!("a read returned {other:?}, older than the acknowledged completion"),
+    }
+}

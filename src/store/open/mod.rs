@@ -208,6 +208,8 @@ impl Store {
             max_result_len: builder.max_result_len,
             poison,
             path,
+            #[cfg(test)]
+            read_hook: parking_lot::Mutex::new(None),
         })
     }
 }

@@ -119,6 +119,7 @@ impl Committer {
     /// without any hand-off between threads. Otherwise it waits to be answered, or to be woken
     /// to lead the next batch or run a sync.
     pub(crate) fn submit<O: Operation>(&self, ops: Vec<(Key, O)>) -> Answer<O::Outcome> {
+        not_in_callback()?;
         let requests = self.enqueue(ops, || Waiter::Thread(thread::current()));
         let last = requests.last().expect("at least one request");
         loop {
@@ -162,10 +163,39 @@ impl Committer {
         &self,
         f: impl FnOnce(&mut Writer) -> Result<R, Error>,
     ) -> Result<R, Error> {
+        not_in_callback()?;
         let mut writer = self.shared.writer.lock();
         writer.flush()?;
         f(&mut writer)
     }
+
+    /// Runs `f` (the closure of `complete_with`) marked as holding the writer, so that a call
+    /// from inside it that needs the writer fails with [`Error::Reentrant`] instead of
+    /// waiting for itself forever.
+    pub(crate) fn in_callback<R>(f: impl FnOnce() -> R) -> R {
+        struct Reset;
+        impl Drop for Reset {
+            fn drop(&mut self) {
+                IN_CALLBACK.with(|flag| flag.set(false));
+            }
+        }
+        IN_CALLBACK.with(|flag| flag.set(true));
+        let _reset = Reset;
+        f()
+    }
+}
+
+thread_local! {
+    /// This thread runs a `complete_with` closure: it holds the writer.
+    static IN_CALLBACK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Refuses a call that needs the writer from inside a `complete_with` closure.
+fn not_in_callback() -> Result<(), Error> {
+    if IN_CALLBACK.with(|flag| flag.get()) {
+        return Err(Error::Reentrant);
+    }
+    Ok(())
 }
 
 /// The bytes an operation adds to a log frame, at most: its key, its record and the entry's

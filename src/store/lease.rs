@@ -4,7 +4,7 @@
 use redb::WriteTransaction;
 
 use crate::clock::from_millis;
-use crate::commit::{first, CommitKind};
+use crate::commit::{first, CommitKind, Committer};
 use crate::decide::answer;
 use crate::decide::op::{
     Complete, Completion, Extend, MarkNeedsReview, RecordStep, Release, Resolve,
@@ -132,6 +132,9 @@ impl Store {
     ///
     /// `f` runs only if the lease still owns the key. If `f` returns an error, nothing is
     /// written and the key stays pending. Tables named `idemstore.*` belong to the store.
+    /// `f` runs while the store's writer is held: reads of the store work inside it, but a
+    /// call that needs the writer (a write, `checkpoint`, `sweep`, `stale`, inspection) fails
+    /// with [`Error::Reentrant`].
     ///
     /// ```
     /// use idemstore::{redb::TableDefinition, Fingerprint, Key, Reservation, Store};
@@ -181,7 +184,8 @@ impl Store {
                 drop(tables);
                 let reason = match outcome {
                     Ok(Completion::Stored) => {
-                        return Ok(f(txn).map_err(|e| Error::Callback { source: e.into() }))
+                        let result = Committer::in_callback(|| f(txn));
+                        return Ok(result.map_err(|e| Error::Callback { source: e.into() }));
                     }
                     // The caller's writes were committed with the first completion.
                     Ok(Completion::AlreadyCompleted) => LeaseLostReason::Completed {

@@ -8,7 +8,7 @@
 //! - `read.rs`: get, stale, snapshots.
 
 mod lease;
-mod open;
+pub(crate) mod open;
 mod read;
 mod reserve;
 

@@ -230,3 +230,22 @@ fn a_read_racing_the_poisoning_never_returns_an_older_state() {
         other => panic!("a read returned {other:?}, older than the acknowledged completion"),
     }
 }
+
+/// Finding 5, directory entry: the log's directory entry was synced only when the log file had
+/// just been created. If a process created it and died before that sync, the next open found
+/// the file (still in the page cache), acknowledged writes into it, and a power loss could then
+/// take the whole log away. Every open makes the entry durable before the first answer.
+#[test]
+fn every_open_makes_the_logs_directory_entry_durable() {
+    use crate::store::open::file::SYNCED_DIRS;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("dir-sync.idem");
+    drop(Store::open(&path).unwrap());
+    SYNCED_DIRS.lock().retain(|d| d != dir.path());
+    let store = Store::open(&path).unwrap();
+    assert!(
+        SYNCED_DIRS.lock().iter().any(|d| d == dir.path()),
+        "reopening a store with an existing log did not sync the log's directory"
+    );
+    drop(store);
+}

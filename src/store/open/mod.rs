@@ -22,7 +22,7 @@ use crate::wal::{log_path, LogFile};
 
 use super::Store;
 
-mod file;
+pub(crate) mod file;
 
 /// redb's settings for a store.
 fn redb_builder(builder: &Builder) -> redb::Builder {

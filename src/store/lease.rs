@@ -41,6 +41,10 @@ impl Store {
     /// [`complete`](Store::complete) for async code; no thread blocks while the commit is
     /// synced.
     ///
+    /// # Backpressure
+    /// At most 4,096 async requests wait in the commit queue; a future started when it is full
+    /// waits (without queueing anything) until a batch makes room.
+    ///
     /// # Cancel safety
     /// Dropping the future does not withdraw the completion: it may still be committed.
     ///
@@ -213,6 +217,10 @@ impl Store {
 
     /// [`release_if_pending`](Store::release_if_pending) for async code; no thread blocks
     /// while the release is synced.
+    ///
+    /// # Backpressure
+    /// At most 4,096 async requests wait in the commit queue; a future started when it is full
+    /// waits (without queueing anything) until a batch makes room.
     ///
     /// # Cancel safety
     /// Dropping the future does not withdraw the release: it may still be committed.

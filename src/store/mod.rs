@@ -129,6 +129,12 @@ impl Store {
         *self.read_hook.lock() = Some(Box::new(hook));
     }
 
+    /// How many async requests wait in the commit queue.
+    #[cfg(test)]
+    pub(crate) fn queued_async(&self) -> usize {
+        self.committer.queued_async()
+    }
+
     /// Forgets every cached record, so the next reads go to redb.
     #[cfg(test)]
     pub(crate) fn clear_cache(&self) {

@@ -1,6 +1,7 @@
 //! Reproductions of the findings of issue 8 that need the simulated disk or the engine's
 //! internals; each failed on the code before its fix (the commit that fixed it says how).
 
+use std::future::Future;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -248,4 +249,59 @@ fn every_open_makes_the_logs_directory_entry_durable() {
         "reopening a store with an existing log did not sync the log's directory"
     );
     drop(store);
+}
+
+/// Polls `future` to the end on this thread.
+fn block_on<F: Future>(future: F) -> F::Output {
+    struct Unpark(thread::Thread);
+    impl std::task::Wake for Unpark {
+        fn wake(self: std::sync::Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = std::task::Waker::from(std::sync::Arc::new(Unpark(thread::current())));
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut future = std::pin::pin!(future);
+    loop {
+        if let std::task::Poll::Ready(value) = future.as_mut().poll(&mut cx) {
+            return value;
+        }
+        thread::park_timeout(Duration::from_millis(10));
+    }
+}
+
+/// Finding 5, async queue: async requests were queued without bound, so while the disk was
+/// slow memory grew with every new task. Here syncs are held and 40 tasks each start an async
+/// reserve with the queue bounded at 8: at most 8 may wait in the queue, the rest wait to be
+/// let in (backpressure), and every one completes once syncs resume.
+#[test]
+fn the_async_queue_is_bounded_and_callers_wait() {
+    let clock = ManualClock::new();
+    let mut b = builder(&clock);
+    b.limits.queued_async = 8;
+    let (db, log) = (SimDisk::new(), SimDisk::new());
+    let store = Store::open_sim(&b, &db, &log).unwrap();
+    log.hold_syncs();
+    let keys: Vec<Key> = (0..40).map(|i| key(&format!("async-{i}"))).collect();
+    let mut futures: Vec<_> = keys
+        .iter()
+        .map(|k| Box::pin(store.reserve_async(k, fp())))
+        .collect();
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    assert!(futures[0].as_mut().poll(&mut cx).is_pending());
+    wait_until("the first batch's sync is running", || {
+        log.syncs_waiting() == 1
+    });
+    for future in &mut futures[1..] {
+        assert!(future.as_mut().poll(&mut cx).is_pending());
+    }
+    let queued = store.queued_async();
+    log.release_syncs();
+    assert!(
+        queued <= 8,
+        "{queued} async requests queued while the bound is 8"
+    );
+    for future in futures {
+        assert!(matches!(block_on(future), Ok(Reservation::Acquired(_))));
+    }
 }

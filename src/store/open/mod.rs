@@ -202,7 +202,7 @@ impl Store {
             cache,
             overlay,
             counters,
-            committer: Committer::start(writer, builder.limits.batch_bytes)?,
+            committer: Committer::start(writer, builder.limits)?,
             clock: Arc::clone(&builder.clock),
             policy,
             max_result_len: builder.max_result_len,

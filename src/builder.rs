@@ -80,6 +80,30 @@ pub struct Builder {
     pub(crate) preallocate_log: bool,
     pub(crate) verify_on_open: bool,
     pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) limits: Limits,
+}
+
+/// The size limits of one batch and one log frame. Fixed in normal builds; tests scale them
+/// down so that oversized input is a few megabytes rather than gigabytes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limits {
+    /// The most bytes of log entries (keys, records, results) one batch takes, so a frame
+    /// stays far below its limit however large the configured results are.
+    pub(crate) batch_bytes: usize,
+    /// The largest frame payload the log format can hold (its length field is a `u32`).
+    pub(crate) frame_bytes: usize,
+    /// The most async requests waiting in the commit queue; more wait to be let in.
+    pub(crate) queued_async: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            batch_bytes: 64 << 20,
+            frame_bytes: u32::MAX as usize,
+            queued_async: 4096,
+        }
+    }
 }
 
 impl Default for Builder {
@@ -97,6 +121,7 @@ impl Default for Builder {
             preallocate_log: false,
             verify_on_open: true,
             clock: Arc::new(SystemClock),
+            limits: Limits::default(),
         }
     }
 }

@@ -173,6 +173,23 @@ pub enum Error {
         /// The client's last error.
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// A store operation that needs the writer (any write, `checkpoint`, `sweep`, `stale`,
+    /// inspection) was called from inside a [`Store::complete_with`](crate::Store::complete_with)
+    /// closure, which runs while the store's writer is held. Reads work there; do the rest
+    /// after `complete_with` returns.
+    Reentrant,
+    /// The log next to the store file cannot be shown to be the store's own (its identity
+    /// block is damaged, or it is not an idemstore log). Nothing was replayed and both files
+    /// were left untouched. (A log that carries another store's identity is not an error: it
+    /// is set aside under a new name and never replayed; see `docs/format.md`.)
+    ForeignLog {
+        /// The store file.
+        store: PathBuf,
+        /// The log file.
+        log: PathBuf,
+        /// What is wrong with the log.
+        reason: String,
+    },
 }
 
 impl Error {
@@ -280,6 +297,20 @@ impl fmt::Display for Error {
                 write!(f, "complete_with callback failed, transaction rolled back: {source}")
             }
             Error::Cluster { context, source } => write!(f, "cluster error while {context}: {source}"),
+            Error::Reentrant => f.write_str(
+                "a store operation that needs the writer was called from inside a complete_with \
+                 closure, which runs while the writer is held; reads work there, do the rest \
+                 after complete_with returns",
+            ),
+            Error::ForeignLog { store, log, reason } => write!(
+                f,
+                "log {} cannot be shown to belong to store {} ({reason}); nothing was replayed and \
+                 both files were left untouched: if the log is not needed, move it away and open \
+                 again; if the store was restored from a backup, put back the log that was saved \
+                 with it",
+                log.display(),
+                store.display()
+            ),
         }
     }
 }

@@ -57,34 +57,30 @@
 
 mod builder;
 mod cache;
-mod checkpoint;
 mod clock;
 mod commit;
-#[cfg(test)]
-mod crash_tests;
 mod decide;
 mod error;
 #[cfg(feature = "etcd")]
 mod etcd;
-mod file;
 mod fingerprint;
 #[cfg(feature = "http")]
 pub mod http;
-// Entry points for the fuzz targets in fuzz/, also built for the unit test that replays their
-// corpus; never part of a normal build.
-#[cfg(any(test, fuzzing))]
-pub mod fuzz_api;
 mod inspect;
 mod key;
+mod poison;
 mod record;
+mod recovery;
 mod reservation;
 mod reservations;
-#[cfg(any(test, fuzzing))]
-mod sim;
 mod stats;
 mod store;
 mod sweep;
 mod tables;
+// Test scaffolding: the simulated disk, the crash model and the fuzz targets' entry points;
+// never part of a normal build.
+#[cfg(any(test, fuzzing))]
+pub mod testing;
 mod wait;
 mod wal;
 

@@ -8,7 +8,7 @@ use redb::{ReadOnlyTable, ReadableTable};
 
 use crate::error::Error;
 use crate::key::Key;
-use crate::record::{Millis, Record, State};
+use crate::record::{Millis, Phase, Record};
 use crate::tables::{decode_record, IndexEntries, Tables};
 
 /// Deletes up to `limit` records that expired at or before `now`; returns their keys.
@@ -31,21 +31,12 @@ pub(crate) fn sweep_expired(
         .map_err(|e| Error::storage(ctx, e))?;
     let mut deleted = Vec::new();
     for (deadline, key) in due {
-        tables
-            .expiry
-            .remove((deadline, key.as_slice()))
-            .map_err(|e| Error::storage(ctx, e))?;
-        if let Ok(Some(record)) = tables.load(&key)? {
-            if record.expires_at == deadline {
-                let mut index = IndexEntries::of(&record);
-                index.expiry = None; // removed above
-                tables.unindex(&key, index)?;
-                tables
-                    .records
-                    .remove(key.as_slice())
-                    .map_err(|e| Error::storage(ctx, e))?;
+        match tables.load(&key)? {
+            Ok(Some(record)) if record.expires_at == deadline => {
+                tables.delete(&key, Some(IndexEntries::of(&record)))?;
                 deleted.extend(Key::decode(&key));
             }
+            _ => tables.drop_expiry_entry(deadline, &key)?,
         }
     }
     Ok(deleted)
@@ -76,9 +67,7 @@ pub(crate) fn stale(
         let record = decode_record(key_bytes, bytes.value())?;
         let key = Key::decode(key_bytes)
             .ok_or_else(|| Error::corrupt_record(key_bytes, "key does not decode"))?;
-        if matches!(record.state, State::Pending { lease_until, .. } if lease_until <= now)
-            && !record.is_expired(now)
-        {
+        if record.phase(now) == Phase::Stale {
             found.push((key, record));
         }
     }

@@ -7,7 +7,8 @@
 //!   reservations are found without a scan.
 //! - `idemstore.meta`: "format" → format version, "next_token" → the next fencing token,
 //!   "wal_seq" → the last log frame whose changes this file holds, "log_salt" → the salt of the
-//!   log frames written since the last checkpoint.
+//!   log frames written since the last checkpoint, "store_id" → the store's random identity,
+//!   which its log carries.
 //!
 //! Tables whose names start with `idemstore.` belong to the store; a caller's own tables (see
 //! [`Store::complete_with`](crate::Store::complete_with)) must use other names.
@@ -28,9 +29,12 @@ pub(crate) const META_FORMAT: &str = "format";
 pub(crate) const META_NEXT_TOKEN: &str = "next_token";
 pub(crate) const META_WAL_SEQ: &str = "wal_seq";
 pub(crate) const META_LOG_SALT: &str = "log_salt";
+pub(crate) const META_STORE_ID: &str = "store_id";
 
-/// The store format version written by this build.
-pub(crate) const FORMAT_VERSION: u64 = 1;
+/// The store format version written by this build. Version 2: the store's random identity
+/// and first log salt are made at creation; the log starts with an identity block; frames
+/// carry the highest sequence number known durable.
+pub(crate) const FORMAT_VERSION: u64 = 2;
 
 /// Decodes a stored record, naming the key on damage.
 pub(crate) fn decode_record(key: &[u8], bytes: &[u8]) -> Result<Record, Error> {
@@ -62,7 +66,8 @@ impl<'txn> Tables<'txn> {
         })
     }
 
-    /// Writes the format marker and the first token into a new store.
+    /// Writes the format marker, the first token, the store's random identity and its first
+    /// log salt into a new store: both are durable before any frame is written.
     pub(crate) fn initialize(&mut self) -> Result<(), Error> {
         let ctx = "initializing a new store";
         self.meta
@@ -74,7 +79,25 @@ impl<'txn> Tables<'txn> {
         self.meta
             .insert(META_WAL_SEQ, 0)
             .map_err(|e| Error::storage(ctx, e))?;
+        self.meta
+            .insert(META_STORE_ID, crate::wal::new_salt().max(1))
+            .map_err(|e| Error::storage(ctx, e))?;
+        self.meta
+            .insert(META_LOG_SALT, crate::wal::new_salt())
+            .map_err(|e| Error::storage(ctx, e))?;
         Ok(())
+    }
+
+    /// The store's random identity, made at creation; the log carries it.
+    pub(crate) fn store_id(&self) -> Result<u64, Error> {
+        let value = self
+            .meta
+            .get(META_STORE_ID)
+            .map_err(|e| Error::storage("reading the store's identity", e))?;
+        value.map(|v| v.value()).ok_or_else(|| Error::Corruption {
+            location: "table idemstore.meta".into(),
+            reason: "the store's identity is missing".into(),
+        })
     }
 
     /// The last log frame whose changes this file holds.
@@ -86,7 +109,7 @@ impl<'txn> Tables<'txn> {
         Ok(value.map_or(0, |v| v.value()))
     }
 
-    /// The salt of the log frames written since the last checkpoint (0 before the first one).
+    /// The salt of the log frames written since the last checkpoint (random from creation on).
     pub(crate) fn log_salt(&self) -> Result<u64, Error> {
         let value = self
             .meta
@@ -140,46 +163,60 @@ impl<'txn> Tables<'txn> {
             .transpose())
     }
 
-    /// Stores `new` (an encoded record and its index entries) under `key`, or deletes the key
-    /// when `new` is `None`, keeping both indexes exact. `old` is where the previous record
-    /// stood in the indexes.
-    pub(crate) fn write(
+    /// Stores `record` (encoded as `encoded`) under `key` and keeps both indexes exact: the
+    /// entries of the record stored there now (`old`, from [`IndexEntries::of`], `None` when
+    /// absent or unreadable) go, `record`'s come. Every write of a record goes through here or
+    /// [`delete`](Tables::delete).
+    pub(crate) fn put(
         &mut self,
         key: &[u8],
         old: Option<IndexEntries>,
-        new: Option<(&[u8], IndexEntries)>,
+        record: &Record,
+        encoded: &[u8],
     ) -> Result<(), Error> {
         let ctx = "writing a record";
         if let Some(old) = old {
             self.unindex(key, old)?;
         }
-        match new {
-            Some((bytes, index)) => {
-                self.records
-                    .insert(key, bytes)
-                    .map_err(|e| Error::storage(ctx, e))?;
-                if let Some(deadline) = index.expiry {
-                    self.expiry
-                        .insert((deadline, key), ())
-                        .map_err(|e| Error::storage(ctx, e))?;
-                }
-                if let Some(lease_until) = index.lease {
-                    self.leases
-                        .insert((lease_until, key), ())
-                        .map_err(|e| Error::storage(ctx, e))?;
-                }
-            }
-            None => {
-                self.records
-                    .remove(key)
-                    .map_err(|e| Error::storage(ctx, e))?;
-            }
+        self.records
+            .insert(key, encoded)
+            .map_err(|e| Error::storage(ctx, e))?;
+        let index = IndexEntries::of(record);
+        if let Some(deadline) = index.expiry {
+            self.expiry
+                .insert((deadline, key), ())
+                .map_err(|e| Error::storage(ctx, e))?;
+        }
+        if let Some(lease_until) = index.lease {
+            self.leases
+                .insert((lease_until, key), ())
+                .map_err(|e| Error::storage(ctx, e))?;
         }
         Ok(())
     }
 
+    /// Deletes `key` with its index entries (`old`, as for [`put`](Tables::put)).
+    pub(crate) fn delete(&mut self, key: &[u8], old: Option<IndexEntries>) -> Result<(), Error> {
+        if let Some(old) = old {
+            self.unindex(key, old)?;
+        }
+        self.records
+            .remove(key)
+            .map_err(|e| Error::storage("deleting a record", e))?;
+        Ok(())
+    }
+
+    /// Drops one expiry-index entry that matches no record (a damaged or replaced record);
+    /// the sweep uses it so it never stalls on such an entry.
+    pub(crate) fn drop_expiry_entry(&mut self, deadline: Millis, key: &[u8]) -> Result<(), Error> {
+        self.expiry
+            .remove((deadline, key))
+            .map_err(|e| Error::storage("updating the indexes", e))?;
+        Ok(())
+    }
+
     /// Removes a record's index entries.
-    pub(crate) fn unindex(&mut self, key: &[u8], index: IndexEntries) -> Result<(), Error> {
+    fn unindex(&mut self, key: &[u8], index: IndexEntries) -> Result<(), Error> {
         let ctx = "updating the indexes";
         if let Some(deadline) = index.expiry {
             self.expiry

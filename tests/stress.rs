@@ -6,8 +6,11 @@
 //!
 //! - fencing tokens are unique across the store, and each key's are handed out in increasing
 //!   order: an acquisition is above every token acknowledged for that key before it started;
-//! - at most one live owner per key: once a newer token was acknowledged for a key, an older
-//!   lease's complete, extend, mark or release is refused;
+//! - at most one live owner per key at any moment: no acquisition is decided while another
+//!   lease on the key is live, i.e. inside an acknowledged live interval of it (from its
+//!   acquisition or an acknowledged extend to that lease deadline, cut short when its holder
+//!   asks to complete, release or mark it); and once a newer token was acknowledged for a key,
+//!   an older lease's complete, extend, mark or release is refused;
 //! - a result (or note) always belongs to the key it is read from, and to the record's token,
 //!   which was acquired for that key: nothing crosses keys or scopes;
 //! - each thread's reads of a key never go back to an older token.
@@ -18,7 +21,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread;
-use std::time::{Duration, Instant, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use idemstore::{
     Error, Fingerprint, Key, Lease, ManualClock, Record, Reservation, Resolution, Status, Store,
@@ -63,8 +66,80 @@ fn signer(bytes: &[u8]) -> (usize, u64) {
     (s * IDS.len() + i, token)
 }
 
+/// The acknowledged live intervals of every lease, by token, to check that no two leases of
+/// a key are ever live at the same moment.
+#[derive(Default)]
+struct Owners {
+    leases: HashMap<u64, Owned>,
+}
+
+struct Owned {
+    key: usize,
+    /// From each acknowledged acquisition or extend (its decision time: the new deadline
+    /// minus the lease) to its deadline.
+    live: Vec<(SystemTime, SystemTime)>,
+    /// When its holder first asked to complete, release or mark it (no later than that was
+    /// decided): its live intervals end there.
+    ending_from: Option<SystemTime>,
+}
+
+impl Owners {
+    fn acquired(&mut self, k: usize, lease: &Lease) {
+        let until = lease.lease_until();
+        self.leases.insert(
+            lease.token(),
+            Owned {
+                key: k,
+                live: vec![(until - LEASE, until)],
+                ending_from: None,
+            },
+        );
+        self.check(lease.token());
+    }
+
+    fn extended(&mut self, lease: &Lease) {
+        let until = lease.lease_until();
+        if let Some(owned) = self.leases.get_mut(&lease.token()) {
+            owned.live.push((until - LEASE, until));
+        }
+        self.check(lease.token());
+    }
+
+    fn ending(&mut self, token: u64, now: SystemTime) {
+        if let Some(owned) = self.leases.get_mut(&token) {
+            owned.ending_from.get_or_insert(now);
+        }
+    }
+
+    /// The lease `token` (just acquired or extended) against every other lease of its key: the
+    /// later-acquired one's acquisition never falls inside the earlier one's live intervals.
+    fn check(&self, token: u64) {
+        let Some(this) = self.leases.get(&token) else {
+            return;
+        };
+        for (&other, that) in self.leases.iter().filter(|(_, o)| o.key == this.key) {
+            let ((t1, earlier), (t2, later)) = match other.cmp(&token) {
+                std::cmp::Ordering::Less => ((other, that), (token, this)),
+                std::cmp::Ordering::Greater => ((token, this), (other, that)),
+                std::cmp::Ordering::Equal => continue,
+            };
+            let acquired_at = later.live[0].0;
+            for &(from, until) in &earlier.live {
+                let until = earlier.ending_from.map_or(until, |e| until.min(e));
+                assert!(
+                    !(from <= acquired_at && acquired_at < until),
+                    "key {}: token {t2} acquired at {acquired_at:?} while token {t1} was live from {from:?} to {until:?}",
+                    this.key
+                );
+            }
+        }
+    }
+}
+
 struct Shared {
     store: Store,
+    clock: ManualClock,
+    owners: Mutex<Owners>,
     /// Every token handed out, and the key it was handed out for.
     tokens: Mutex<HashMap<u64, usize>>,
     /// Per key, the highest token whose acquisition has been acknowledged.
@@ -87,6 +162,12 @@ fn bump(counter: &AtomicU64) {
 }
 
 impl Shared {
+    /// Records that the lease's holder asks to end it now (before the call).
+    fn ending(&self, lease: &Lease) {
+        let now = self.clock.time();
+        self.owners.lock().unwrap().ending(lease.token(), now);
+    }
+
     /// Checks a record read from key `k` and returns its token. A pending record may be read
     /// before its acquirer has registered the token, so that check waits for the end.
     fn check_record(&self, k: usize, record: &Record, later: &mut Vec<(usize, u64)>) -> u64 {
@@ -146,6 +227,7 @@ impl Worker {
             (0..=3, _) => self.reserve(k),
             (4..=5, Some(lease)) => {
                 let newer = shared.acquired[k].load(Ordering::SeqCst) > lease.token();
+                shared.ending(&lease);
                 match store.complete(&lease, signed(k, lease.token())) {
                     Ok(()) => {
                         assert!(
@@ -165,6 +247,7 @@ impl Worker {
             }
             (6, Some(lease)) => {
                 let newer = shared.acquired[k].load(Ordering::SeqCst) > lease.token();
+                shared.ending(&lease);
                 match store.release_if_pending(&lease) {
                     Ok(released) => {
                         assert!(
@@ -190,6 +273,7 @@ impl Worker {
                             "key {k}: token {} extended after a newer acquisition",
                             lease.token()
                         );
+                        shared.owners.lock().unwrap().extended(&renewed);
                         self.leases[k] = Some(renewed);
                     }
                     Err(Error::LeaseLost { .. }) => {
@@ -201,6 +285,7 @@ impl Worker {
             }
             (8, Some(lease)) if self.below(4) == 0 => {
                 let newer = shared.acquired[k].load(Ordering::SeqCst) > lease.token();
+                shared.ending(&lease);
                 match store.mark_needs_review(&lease, &signed(k, lease.token())) {
                     Ok(()) => assert!(
                         !newer,
@@ -235,6 +320,7 @@ impl Worker {
                 let previous = shared.tokens.lock().unwrap().insert(token, k);
                 assert_eq!(previous, None, "token {token} handed out twice");
                 shared.acquired[k].fetch_max(token, Ordering::SeqCst);
+                shared.owners.lock().unwrap().acquired(k, &lease);
                 self.saw(k, token);
                 bump(&shared.counts.acquired);
                 if lease.is_retry() {
@@ -301,6 +387,8 @@ fn many_threads_on_few_keys_keep_one_owner_and_results_in_their_keys() {
     };
     let shared = Arc::new(Shared {
         store: open(),
+        clock: clock.clone(),
+        owners: Mutex::new(Owners::default()),
         tokens: Mutex::new(HashMap::new()),
         acquired: (0..KEYS).map(|_| AtomicU64::new(0)).collect(),
         counts: Counts::default(),

@@ -13,6 +13,7 @@ mod features;
 #[cfg(feature = "http")]
 mod http;
 mod kill;
+mod log_identity;
 mod model;
 mod scenarios;
 mod seeds;

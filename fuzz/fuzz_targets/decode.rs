@@ -1,7 +1,7 @@
-//! Fuzz target `decode`: see `idemstore::fuzz_api::decode` for the input format and the checks.
+//! Fuzz target `decode`: see `idemstore::testing::fuzz::decode` for the input format and the checks.
 //!
 //! Run from the repository root: `RUSTC_BOOTSTRAP=1 cargo fuzz run decode` (fuzz/README.md).
 
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| idemstore::fuzz_api::decode(data));
+libfuzzer_sys::fuzz_target!(|data: &[u8]| idemstore::testing::fuzz::decode(data));

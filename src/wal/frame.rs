@@ -2,13 +2,16 @@
 //!
 //! ```text
 //! frame   = header payload padding
-//! header  = payload_len u32 | seq u64 | payload_crc u32 | header_crc u32     (20 bytes, LE)
+//! header  = payload_len u32 | seq u64 | durable u64 | payload_crc u32 | header_crc u32
+//!           (28 bytes, LE)
 //! payload = next_token u64 | count u32 | entry*count
 //! entry   = kind u8 (1 put, 2 delete) | key_len u16 | key | [record_len u32 | record]  (put only)
 //! padding = zero bytes up to the next multiple of 8
 //! ```
+//! `durable` is the highest sequence number known durable (synced) when the frame was written:
+//! recovery uses it to tell an unacknowledged torn tail from a lost acknowledged frame.
 //! `header_crc` is the CRC-32 of the log's current salt (8 bytes, little-endian) followed by the
-//! first 16 header bytes; `payload_crc` covers the payload. The salt is a random number that
+//! first 24 header bytes; `payload_crc` covers the payload. The salt is a random number that
 //! changes at every checkpoint and is kept in the store's meta table, so a frame written
 //! before the last rewind, or bytes shaped like a frame inside a stored result, never pass as a
 //! current frame: only the store knows the salt. Entries are
@@ -18,7 +21,7 @@
 use crate::error::Error;
 
 /// Size of a frame header in bytes.
-pub(crate) const HEADER_LEN: usize = 20;
+pub(crate) const HEADER_LEN: usize = 28;
 /// Frames start at multiples of this many bytes.
 pub(crate) const ALIGN: usize = 8;
 
@@ -36,6 +39,8 @@ pub(crate) struct Entry {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Frame {
     pub(crate) seq: u64,
+    /// The highest sequence number known durable when the frame was written.
+    pub(crate) durable: u64,
     pub(crate) next_token: u64,
     pub(crate) entries: Vec<Entry>,
 }
@@ -45,6 +50,8 @@ pub(crate) struct Frame {
 pub(crate) struct Header {
     pub(crate) payload_len: usize,
     pub(crate) seq: u64,
+    /// The highest sequence number known durable when the frame was written.
+    pub(crate) durable: u64,
     pub(crate) payload_crc: u32,
 }
 
@@ -62,8 +69,10 @@ pub(crate) fn padded(len: usize) -> usize {
 /// Appends the encoding of a frame to `out` (which must start at an aligned length).
 /// Each entry is a key and its new encoded record, or `None` for a deletion.
 pub(crate) fn encode<'a>(
+    max_payload: usize,
     salt: u64,
     seq: u64,
+    durable: u64,
     next_token: u64,
     entries: impl ExactSizeIterator<Item = (&'a [u8], Option<&'a [u8]>)>,
     out: &mut Vec<u8>,
@@ -88,6 +97,12 @@ pub(crate) fn encode<'a>(
         }
     }
     let payload_len = out.len() - start - HEADER_LEN;
+    // Unreachable by input: a batch holds at most 64 MiB of entries or one request part of one
+    // operation (a result is at most 256 MiB), far below the u32 length field's limit.
+    assert!(
+        payload_len <= max_payload,
+        "a frame of {payload_len} bytes is over the format's limit of {max_payload}"
+    );
     let payload_crc = crc32fast::hash(&out[start + HEADER_LEN..]);
     let header = &mut out[start..start + HEADER_LEN];
     header[0..4].copy_from_slice(
@@ -96,9 +111,10 @@ pub(crate) fn encode<'a>(
             .to_le_bytes(),
     );
     header[4..12].copy_from_slice(&seq.to_le_bytes());
-    header[12..16].copy_from_slice(&payload_crc.to_le_bytes());
-    let header_crc = header_crc(salt, &header[..16]);
-    header[16..20].copy_from_slice(&header_crc.to_le_bytes());
+    header[12..20].copy_from_slice(&durable.to_le_bytes());
+    header[20..24].copy_from_slice(&payload_crc.to_le_bytes());
+    let header_crc = header_crc(salt, &header[..24]);
+    header[24..28].copy_from_slice(&header_crc.to_le_bytes());
     out.resize(start + padded(out.len() - start), 0);
 }
 
@@ -112,14 +128,15 @@ pub(crate) fn header_crc(salt: u64, fields: &[u8]) -> u32 {
 /// Parses a header written with `salt`; `None` when the bytes are not a checksum-valid header.
 pub(crate) fn parse_header(salt: u64, bytes: &[u8]) -> Option<Header> {
     let bytes: &[u8; HEADER_LEN] = bytes.get(..HEADER_LEN)?.try_into().ok()?;
-    let stored = u32::from_le_bytes(bytes[16..20].try_into().ok()?);
-    if header_crc(salt, &bytes[..16]) != stored {
+    let stored = u32::from_le_bytes(bytes[24..28].try_into().ok()?);
+    if header_crc(salt, &bytes[..24]) != stored {
         return None;
     }
     Some(Header {
         payload_len: u32::from_le_bytes(bytes[0..4].try_into().ok()?) as usize,
         seq: u64::from_le_bytes(bytes[4..12].try_into().ok()?),
-        payload_crc: u32::from_le_bytes(bytes[12..16].try_into().ok()?),
+        durable: u64::from_le_bytes(bytes[12..20].try_into().ok()?),
+        payload_crc: u32::from_le_bytes(bytes[20..24].try_into().ok()?),
     })
 }
 
@@ -164,6 +181,7 @@ pub(crate) fn decode_payload(header: &Header, payload: &[u8], offset: u64) -> Re
     }
     Ok(Frame {
         seq: header.seq,
+        durable: header.durable,
         next_token,
         entries,
     })
@@ -195,11 +213,11 @@ mod tests {
     #[test]
     fn round_trip_and_alignment() {
         let mut out = Vec::new();
-        encode(5, 9, 77, refs(&sample()), &mut out);
+        encode(usize::MAX, 5, 9, 8, 77, refs(&sample()), &mut out);
         assert_eq!(out.len() % ALIGN, 0);
         let header = parse_header(5, &out).unwrap();
         assert_eq!(parse_header(6, &out), None, "another salt never parses");
-        assert_eq!(header.seq, 9);
+        assert_eq!((header.seq, header.durable), (9, 8));
         assert_eq!(header.frame_len(), out.len());
         let frame = decode_payload(
             &header,
@@ -211,6 +229,7 @@ mod tests {
             frame,
             Frame {
                 seq: 9,
+                durable: 8,
                 next_token: 77,
                 entries: sample()
             }
@@ -220,7 +239,7 @@ mod tests {
     #[test]
     fn every_flipped_bit_is_caught() {
         let mut out = Vec::new();
-        encode(0, 3, 5, refs(&sample()), &mut out);
+        encode(usize::MAX, 0, 3, 2, 5, refs(&sample()), &mut out);
         let used = HEADER_LEN + parse_header(0, &out).unwrap().payload_len;
         for bit in 0..used * 8 {
             let mut damaged = out.clone();
@@ -240,6 +259,7 @@ mod tests {
         let header = Header {
             payload_len: payload.len(),
             seq: 1,
+            durable: 0,
             payload_crc: crc32fast::hash(&payload),
         };
         assert!(decode_payload(&header, &payload, 0).is_err());

@@ -1,26 +1,42 @@
 //! The write-ahead log: every batch of changes is appended here, as one checksummed frame,
 //! and synced before anyone in the batch is answered. redb then receives the batch in a
 //! non-durable transaction; a periodic durable redb commit (a checkpoint) makes the log's
-//! contents redundant, after which the log is rewound and overwritten in place from offset 0,
-//! so a sync flushes data blocks only, not file metadata.
+//! contents redundant, after which the log is rewound and overwritten in place from its first
+//! frame, so a sync flushes data blocks only, not file metadata. The log starts with its
+//! store's identity ([`identity`]), so a store never replays another store's log.
 //!
-//! Recovery reads the frames from offset 0 that form an unbroken run of sequence numbers and
+//! Recovery reads the frames from the first one that form an unbroken run of sequence numbers and
 //! replays those newer than the checkpoint recorded in redb. The run ends at the first frame
-//! that is torn, fails its checksum, or is an older frame left from before the last rewind. If
-//! any checksum-valid frame with a later sequence number lies beyond that end, an acknowledged
-//! batch was damaged and opening fails rather than dropping it silently.
+//! that is torn, fails its checksum, or is an older frame left from before the last rewind.
+//! Each frame records the highest sequence number known durable when it was written, so a
+//! valid later frame beyond that end tells whether the missing frame had been synced (an
+//! acknowledged batch was lost: opening fails) or not (an unacknowledged tail, torn or
+//! reordered by a power loss: dropped). See [`Wal::recover`].
 
 mod file;
 pub(crate) mod frame;
+pub(crate) mod identity;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 pub(crate) use file::{LogFile, OsFile};
 pub(crate) use frame::Frame;
+pub(crate) use identity::LOG_HEADER_LEN;
 
 use crate::error::Error;
 use frame::{parse_header, HEADER_LEN};
+
+/// What [`Wal::recover`] found.
+#[derive(Debug)]
+pub(crate) struct Recovered {
+    /// The log, positioned after the last frame of the run.
+    pub(crate) wal: Wal,
+    /// The frames newer than the checkpoint, in order.
+    pub(crate) frames: Vec<Frame>,
+    /// Valid frames of this salt lay after the run and were dropped (never acknowledged).
+    pub(crate) dropped_tail: bool,
+}
 
 /// An open log positioned for appending.
 #[derive(Debug)]
@@ -33,6 +49,8 @@ pub(crate) struct Wal {
     next_seq: u64,
     /// Mixed into every frame header's checksum; see [`frame`].
     salt: u64,
+    /// The largest frame payload (see [`Limits`](crate::builder::Limits)).
+    max_payload: usize,
     buf: Vec<u8>,
 }
 
@@ -56,28 +74,37 @@ pub(crate) fn log_path(store_path: &Path) -> PathBuf {
 }
 
 impl Wal {
-    /// Reads the log and returns the frames newer than `checkpoint_seq`, in order, and the
-    /// log positioned to continue after them (to be rewound once they are checkpointed).
+    /// Reads the log and returns the frames newer than `checkpoint_seq`, in order, the log
+    /// positioned to continue after them (to be rewound once they are checkpointed), and
+    /// whether anything after them was dropped (then the caller must change the salt before
+    /// appending, so a dropped frame can never pass as current later).
     ///
-    /// With `strict`, a damaged frame followed by a valid later one refuses the open (an
-    /// acknowledged batch was lost). Without it (a buffered log, whose unsynced frames a power
-    /// loss may keep or drop in any order), the log just ends at the damaged frame.
+    /// The run of frames ends at the first frame that is torn, fails its checksum, or is an
+    /// older frame left from before the last rewind; say the run ends where frame `E` was
+    /// expected. Every valid frame (of this salt) found beyond that point with a sequence
+    /// number of `E` or more records the highest sequence number that was durable when it was
+    /// written. With `strict`, if any of them says `E` was durable, frame `E` could have been
+    /// acknowledged and is gone: the open is refused. Otherwise `E` was never synced, so
+    /// nothing from `E` on was acknowledged (a sync covers every earlier write), and the tail
+    /// is dropped. Without `strict` (a buffered log, whose answers precede their sync) the tail
+    /// is always dropped.
     pub(crate) fn recover(
         file: Arc<dyn LogFile>,
         path: PathBuf,
         checkpoint_seq: u64,
         salt: u64,
         strict: bool,
-    ) -> Result<(Wal, Vec<Frame>), Error> {
+    ) -> Result<Recovered, Error> {
         let len = file
             .len()
             .map_err(|e| Error::io(format!("reading the length of log {}", path.display()), e))?;
         let mut wal = Wal {
             file,
             path,
-            offset: 0,
+            offset: LOG_HEADER_LEN,
             next_seq: checkpoint_seq + 1,
             salt,
+            max_payload: u32::MAX as usize,
             buf: Vec::new(),
         };
         let mut frames = Vec::new();
@@ -87,13 +114,7 @@ impl Wal {
                 break; // an older frame left from before a rewind: the log ends here
             }
             if previous.is_none() && header.seq > checkpoint_seq + 1 {
-                return Err(wal.corrupt(
-                    0,
-                    format!(
-                        "the log starts at seq {} but the store's checkpoint is at seq {checkpoint_seq}: frames in between are missing",
-                        header.seq
-                    ),
-                ));
+                break; // the first frame after the checkpoint is missing: judged below
             }
             let frame = frame::decode_payload(&header, &payload, wal.offset)?;
             previous = Some(header.seq);
@@ -103,11 +124,26 @@ impl Wal {
                 frames.push(frame);
             }
         }
+        let expected = previous
+            .map_or(checkpoint_seq + 1, |p| p + 1)
+            .max(checkpoint_seq + 1);
+        let later = wal.valid_frames_after(wal.offset, len, expected)?;
         if strict {
-            let expected = previous.map_or(checkpoint_seq + 1, |p| p + 1);
-            wal.refuse_valid_frames_after(wal.offset, len, expected.max(checkpoint_seq + 1))?;
+            if let Some((offset, header)) = later.iter().find(|(_, h)| h.durable >= expected) {
+                return Err(wal.corrupt(
+                    wal.offset,
+                    format!(
+                        "frame seq {expected} is missing or damaged here, but the valid frame seq {} at offset {offset} records that every frame up to seq {} was durable when it was written: an acknowledged batch was lost; refusing to open rather than drop it",
+                        header.seq, header.durable
+                    ),
+                ));
+            }
         }
-        Ok((wal, frames))
+        Ok(Recovered {
+            dropped_tail: !later.is_empty(),
+            wal,
+            frames,
+        })
     }
 
     fn corrupt(&self, offset: u64, reason: String) -> Error {
@@ -148,10 +184,16 @@ impl Wal {
         Ok(Some((header, payload)))
     }
 
-    /// Fails if a valid frame with seq ≥ `expected` lies anywhere after `from`: the run ended at
-    /// a damaged frame that had been acknowledged.
-    fn refuse_valid_frames_after(&self, from: u64, len: u64, expected: u64) -> Result<(), Error> {
+    /// Every valid frame (of this salt) with seq ≥ `expected` that starts after `from`, with
+    /// its offset.
+    fn valid_frames_after(
+        &self,
+        from: u64,
+        len: u64,
+        expected: u64,
+    ) -> Result<Vec<(u64, frame::Header)>, Error> {
         const CHUNK: u64 = 1 << 20;
+        let mut found = Vec::new();
         let mut start = from;
         let mut buf = Vec::new();
         while start + HEADER_LEN as u64 <= len {
@@ -163,32 +205,37 @@ impl Wal {
                 if let Some(header) = parse_header(self.salt, &buf[at..]) {
                     let offset = start + at as u64;
                     if header.seq >= expected && self.read_frame(offset, len)?.is_some() {
-                        return Err(self.corrupt(
-                            from,
-                            format!(
-                                "the frame here is damaged, but a valid frame with seq {} follows at offset {offset}; refusing to drop acknowledged batches",
-                                header.seq
-                            ),
-                        ));
+                        found.push((offset, header));
                     }
                 }
                 at += frame::ALIGN;
             }
             start += CHUNK;
         }
-        Ok(())
+        Ok(found)
     }
 
     /// Appends one frame holding `entries`; returns its sequence number. Not yet durable: the
     /// caller syncs [`file`](Wal::file).
+    ///
+    /// `durable` is the highest sequence number known durable now (see [`recover`](Wal::recover)).
     pub(crate) fn append<'a>(
         &mut self,
         next_token: u64,
+        durable: u64,
         entries: impl ExactSizeIterator<Item = (&'a [u8], Option<&'a [u8]>)>,
     ) -> Result<u64, Error> {
         let seq = self.next_seq;
         self.buf.clear();
-        frame::encode(self.salt, seq, next_token, entries, &mut self.buf);
+        frame::encode(
+            self.max_payload,
+            self.salt,
+            seq,
+            durable,
+            next_token,
+            entries,
+            &mut self.buf,
+        );
         self.file
             .write_all_at(&self.buf, self.offset)
             .map_err(|e| {
@@ -206,6 +253,11 @@ impl Wal {
         Ok(seq)
     }
 
+    /// Sets the largest frame payload (tests scale it down).
+    pub(crate) fn set_max_payload(&mut self, max: usize) {
+        self.max_payload = max;
+    }
+
     /// The file, for syncing from another thread.
     pub(crate) fn file(&self) -> Arc<dyn LogFile> {
         Arc::clone(&self.file)
@@ -216,16 +268,16 @@ impl Wal {
         &self.path
     }
 
-    /// Starts overwriting the log from offset 0 with frames under `salt`. Only after a durable
-    /// checkpoint that covers every frame appended so far and recorded `salt`.
+    /// Starts overwriting the log from its first frame with frames under `salt`. Only after a
+    /// durable checkpoint that covers every frame appended so far and recorded `salt`.
     pub(crate) fn rewind(&mut self, salt: u64) {
-        self.offset = 0;
+        self.offset = LOG_HEADER_LEN;
         self.salt = salt;
     }
 
     /// Bytes appended since the last rewind.
     pub(crate) fn len_since_rewind(&self) -> u64 {
-        self.offset
+        self.offset - LOG_HEADER_LEN
     }
 
     /// The sequence number of the last frame appended (0 when none ever was).

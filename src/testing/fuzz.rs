@@ -23,7 +23,7 @@ mod ops;
 use std::time::{Duration, UNIX_EPOCH};
 
 use crate::error::Error;
-use crate::sim::SimDisk;
+use crate::testing::sim::SimDisk;
 use crate::{Builder, ManualClock, Store};
 
 pub use decode::decode;
@@ -134,7 +134,7 @@ mod tests {
     }
 
     /// Writes the hand-made seed inputs (`seed-*`) of every target into `fuzz/corpus/`:
-    /// `cargo test --lib fuzz_api::tests::write_seeds -- --ignored`.
+    /// `cargo test --lib testing::fuzz::tests::write_seeds -- --ignored`.
     #[test]
     #[ignore = "writes files; run by hand when the input formats change"]
     fn write_seeds() {
@@ -196,7 +196,7 @@ mod tests {
     }
 
     /// Runs one input file through one target, for triage:
-    /// `IDEMSTORE_FUZZ_INPUT=ops:path cargo test --lib fuzz_api::tests::replay_one -- --ignored`
+    /// `IDEMSTORE_FUZZ_INPUT=ops:path cargo test --lib testing::fuzz::tests::replay_one -- --ignored`
     /// (with `IDEMSTORE_FUZZ_TRACE=1`, the `ops` target prints every step).
     #[test]
     #[ignore = "needs IDEMSTORE_FUZZ_INPUT=<target>:<file>"]

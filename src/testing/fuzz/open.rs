@@ -1,6 +1,6 @@
 //! The `open` target: a store opened from damaged or made-up file images.
 
-use crate::sim::SimDisk;
+use crate::testing::sim::SimDisk;
 use crate::{Fingerprint, Key, Reservation, Status, Store};
 
 use super::{builder, clock, open_sim, Input};

@@ -10,8 +10,11 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 
-use crate::sim::{Rng, SimDisk};
-use crate::wal::{LogFile, Wal};
+use crate::clock::to_millis;
+use crate::record::Millis;
+use crate::testing::model::{body, Model};
+use crate::testing::sim::{Rng, SimDisk};
+use crate::wal::{LogFile, Recovered, Wal};
 use crate::{Builder, Error, Fingerprint, Key, Lease, ManualClock, Reservation, Status, Store};
 
 const KEYS: usize = 6;
@@ -34,11 +37,15 @@ fn count(what: usize, n: u64) {
     COVERED[what].fetch_add(n, Ordering::Relaxed);
 }
 
+/// The crash model's retention: its clock never moves, so nothing expires.
+const RETENTION_MS: Millis = 24 * 3600 * 1000;
+
 fn builder(clock: &ManualClock) -> Builder {
     let mut builder = Store::builder();
     builder
         .clock(clock.clone())
         .lease(Duration::from_secs(3600))
+        .retention(Duration::from_millis(RETENTION_MS))
         .checkpoint_bytes(64 * 1024)
         .checkpoint_interval(Duration::from_secs(3600))
         .cache_records(16);
@@ -54,13 +61,6 @@ fn result_for(i: usize, token: u64) -> Vec<u8> {
     let mut result = format!("key {i} done by token {token};").into_bytes();
     result.resize(700, b'.');
     result
-}
-
-#[derive(Debug, Clone, PartialEq)]
-enum Expected {
-    Absent,
-    Pending { token: u64 },
-    Completed { result: Vec<u8> },
 }
 
 #[derive(Debug, Clone)]
@@ -91,7 +91,8 @@ struct Harness {
     db: SimDisk,
     log: SimDisk,
     store: Option<Store>,
-    expected: Vec<Expected>,
+    /// What each key must hold: the shared reference model (`testing/model.rs`).
+    expected: Vec<Model>,
     leases: HashMap<usize, Lease>,
     max_token: u64,
 }
@@ -107,7 +108,7 @@ impl Harness {
             db,
             log,
             store: Some(store),
-            expected: vec![Expected::Absent; KEYS],
+            expected: vec![Model::Absent; KEYS],
             leases: HashMap::new(),
             max_token: 0,
         }
@@ -143,43 +144,49 @@ impl Harness {
         }
         match step {
             Step::Reserve(i) => {
-                let outcome = self
-                    .store()
-                    .reserve(&key(i), Fingerprint::of(b"req"))
-                    .unwrap();
+                let outcome = self.store().reserve(&key(i), body(0)).unwrap();
                 match (&self.expected[i], outcome) {
-                    (Expected::Absent, Reservation::Acquired(lease)) => {
+                    (Model::Absent, Reservation::Acquired(lease)) => {
                         assert!(lease.token() > self.max_token, "token reused");
                         self.max_token = lease.token();
-                        self.expected[i] = Expected::Pending {
+                        self.expected[i] = Model::Pending {
                             token: lease.token(),
+                            attempt: lease.attempt(),
+                            body: 0,
+                            lease_until: to_millis(lease.lease_until()),
                         };
                         self.leases.insert(i, lease);
                     }
-                    (Expected::Pending { token }, Reservation::InProgress { .. }) => {
+                    (Model::Pending { token, .. }, Reservation::InProgress { .. }) => {
                         assert_eq!(self.leases[&i].token(), *token);
                     }
-                    (Expected::Completed { result }, Reservation::Completed(done)) => {
+                    (Model::Completed { result, .. }, Reservation::Completed(done)) => {
                         assert_eq!(&done.result, result);
                     }
                     (expected, got) => panic!("key {i}: expected {expected:?}, got {got:?}"),
                 }
             }
             Step::Complete(i) => {
-                if let (Expected::Pending { token }, Some(lease)) =
+                if let (Model::Pending { token, attempt, .. }, Some(lease)) =
                     (&self.expected[i], self.leases.get(&i))
                 {
                     let result = result_for(i, *token);
                     self.store().complete(lease, result.clone()).unwrap();
-                    self.expected[i] = Expected::Completed { result };
+                    self.expected[i] = Model::Completed {
+                        token: *token,
+                        attempt: *attempt,
+                        body: 0,
+                        result,
+                        expires_at: self.now() + RETENTION_MS,
+                    };
                 }
             }
             Step::Release(i) => {
-                if let (Expected::Pending { .. }, Some(lease)) =
+                if let (Model::Pending { .. }, Some(lease)) =
                     (&self.expected[i], self.leases.get(&i))
                 {
                     assert!(self.store().release_if_pending(lease).unwrap());
-                    self.expected[i] = Expected::Absent;
+                    self.expected[i] = Model::Absent;
                 }
             }
             Step::Checkpoint => self.store().checkpoint().unwrap(),
@@ -204,25 +211,24 @@ impl Harness {
         }
     }
 
-    /// Every key holds exactly what was acknowledged.
+    fn now(&self) -> Millis {
+        to_millis(self.clock.time())
+    }
+
+    /// Every key holds exactly what was acknowledged (token, attempt, body, deadlines, result).
     fn verify(&self) {
+        let now = self.now();
         for (i, expected) in self.expected.iter().enumerate() {
             let record = self.store().get(&key(i)).unwrap();
-            match (expected, record.as_ref().map(|r| (r.token(), r.status()))) {
-                (Expected::Absent, None) => {}
-                (Expected::Pending { token }, Some((t, Status::Pending { .. }))) => {
-                    assert_eq!(*token, t, "key {i}: pending under another token");
-                }
-                (
-                    Expected::Completed { result },
-                    Some((_, Status::Completed { result: got, .. })),
-                ) => {
-                    assert_eq!(result.as_slice(), got, "key {i}: completed result altered");
-                }
-                (expected, got) => {
-                    panic!("key {i} after recovery: expected {expected:?}, got {got:?}")
-                }
-            }
+            assert!(
+                expected
+                    .visible(now, RETENTION_MS)
+                    .matches(record.as_ref(), self.max_token),
+                "key {i} after recovery: expected {expected:?}, got {:?}",
+                record
+                    .as_ref()
+                    .map(|r| (r.token(), r.attempt(), r.status()))
+            );
         }
     }
 }
@@ -306,8 +312,8 @@ fn replay_restores_every_acknowledged_reserve_and_twice_gives_the_same_state() {
 #[test]
 fn damaged_frame_followed_by_valid_frames_refuses_to_open() {
     let (clock, db, log) = ops_then_process_crash(50);
-    // Byte 30 is inside the first frame's payload.
-    log.flip_bit(30, 3);
+    // Byte 62 is inside the first frame's payload (frames start after the 32-byte identity).
+    log.flip_bit(62, 3);
     let err = Store::open_sim(&builder(&clock), &db, &log).unwrap_err();
     assert!(matches!(err, Error::Corruption { .. }), "{err}");
     assert!(err.to_string().contains("offset"), "{err}");
@@ -317,13 +323,16 @@ fn damaged_frame_followed_by_valid_frames_refuses_to_open() {
 fn torn_tail_ends_the_log() {
     let disk = SimDisk::new();
     let file: std::sync::Arc<dyn LogFile> = std::sync::Arc::new(disk.clone());
-    let (mut wal, frames) = Wal::recover(file, "t.wal".into(), 0, 0, true).unwrap();
+    let Recovered {
+        mut wal, frames, ..
+    } = Wal::recover(file, "t.wal".into(), 0, 0, true).unwrap();
     assert!(frames.is_empty());
     for i in 0..5u8 {
         let key = vec![1, b'a', 1, b'b', 1, i];
         let record = vec![i; 100];
         wal.append(
             10 + u64::from(i),
+            u64::from(i),
             std::iter::once((key.as_slice(), Some(record.as_slice()))),
         )
         .unwrap();
@@ -332,7 +341,7 @@ fn torn_tail_ends_the_log() {
     let bytes = disk.bytes();
     let torn = SimDisk::new();
     torn.write_all_at(&bytes[..bytes.len() - 40], 0).unwrap();
-    let (wal, frames) =
+    let Recovered { wal, frames, .. } =
         Wal::recover(std::sync::Arc::new(torn), "t.wal".into(), 0, 0, true).unwrap();
     assert_eq!(frames.len(), 4);
     assert_eq!(wal.last_seq(), 4);
@@ -340,7 +349,9 @@ fn torn_tail_ends_the_log() {
     // Frames at or below the checkpoint are skipped.
     let again = SimDisk::new();
     again.write_all_at(&bytes, 0).unwrap();
-    let (_, frames) = Wal::recover(std::sync::Arc::new(again), "t.wal".into(), 3, 0, true).unwrap();
+    let frames = Wal::recover(std::sync::Arc::new(again), "t.wal".into(), 3, 0, true)
+        .unwrap()
+        .frames;
     assert_eq!(frames.iter().map(|f| f.seq).collect::<Vec<_>>(), vec![4, 5]);
 }
 
@@ -415,7 +426,15 @@ fn a_result_shaped_like_a_log_frame_does_not_stop_the_store_from_opening() {
     let (db, log) = (SimDisk::new(), SimDisk::new());
     let store = Store::open_sim(&builder(&clock), &db, &log).unwrap();
     let mut fake = Vec::new();
-    crate::wal::frame::encode(0, 1 << 40, 1, std::iter::empty(), &mut fake);
+    crate::wal::frame::encode(
+        usize::MAX,
+        0,
+        1 << 40,
+        1 << 40,
+        1,
+        std::iter::empty(),
+        &mut fake,
+    );
     // Copies 41 bytes apart: one of the eight starts at a multiple of 8 in the log.
     fake.extend_from_slice(&[0; 9]);
     let result = fake.repeat(8);

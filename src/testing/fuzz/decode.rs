@@ -3,9 +3,9 @@
 use std::sync::Arc;
 
 use crate::record::Record;
-use crate::sim::SimDisk;
+use crate::testing::sim::SimDisk;
 use crate::wal::frame::{self, Entry, Frame, Header, HEADER_LEN};
-use crate::wal::Wal;
+use crate::wal::{Recovered, Wal, LOG_HEADER_LEN};
 
 use super::Input;
 
@@ -42,8 +42,10 @@ fn record(data: &[u8]) {
 fn encode(frame: &Frame) -> Vec<u8> {
     let mut out = Vec::new();
     frame::encode(
+        usize::MAX,
         0,
         frame.seq,
+        frame.durable,
         frame.next_token,
         frame
             .entries
@@ -75,6 +77,7 @@ fn sealed_payload(data: &[u8]) {
     let header = Header {
         payload_len: data.len(),
         seq: 1,
+        durable: 0,
         payload_crc: crc32fast::hash(data),
     };
     if let Ok(frame) = frame::decode_payload(&header, data, 0) {
@@ -86,10 +89,10 @@ fn sealed_payload(data: &[u8]) {
     }
 }
 
-/// Makes the checksums of the run of frames from offset 0 valid, as far as their length
-/// fields stay inside the image.
+/// Makes the checksums of the run of frames from the first frame (after the log's identity
+/// block) valid, as far as their length fields stay inside the image.
 fn seal(image: &mut [u8]) {
-    let mut at = 0;
+    let mut at = LOG_HEADER_LEN as usize;
     while at + HEADER_LEN <= image.len() {
         let len = u32::from_le_bytes(image[at..at + 4].try_into().expect("4 bytes")) as usize;
         let Some(end) = (at + HEADER_LEN)
@@ -99,22 +102,25 @@ fn seal(image: &mut [u8]) {
             return;
         };
         let payload_crc = crc32fast::hash(&image[at + HEADER_LEN..end]);
-        image[at + 12..at + 16].copy_from_slice(&payload_crc.to_le_bytes());
-        let header_crc = frame::header_crc(0, &image[at..at + 16]);
-        image[at + 16..at + 20].copy_from_slice(&header_crc.to_le_bytes());
+        image[at + 20..at + 24].copy_from_slice(&payload_crc.to_le_bytes());
+        let header_crc = frame::header_crc(0, &image[at..at + 24]);
+        image[at + 24..at + 28].copy_from_slice(&header_crc.to_le_bytes());
         at += frame::padded(HEADER_LEN + len);
     }
 }
 
 fn recover(image: Vec<u8>, checkpoint: u64) {
     let disk = SimDisk::from_image(image);
-    let Ok((mut wal, frames)) = Wal::recover(
+    let Ok(Recovered {
+        mut wal, frames, ..
+    }) = Wal::recover(
         Arc::new(disk.clone()),
         "fuzz.wal".into(),
         checkpoint,
         0,
         true,
-    ) else {
+    )
+    else {
         return;
     };
     for (i, frame) in frames.iter().enumerate() {
@@ -126,7 +132,8 @@ fn recover(image: Vec<u8>, checkpoint: u64) {
     }
     assert_eq!(wal.last_seq(), checkpoint + frames.len() as u64);
     // What a restart does next: the frames are checkpointed into the B-tree, the log is
-    // rewound, and the first batch is written at offset 0 over whatever was there.
+    // rewound, and the first batch is written at the first frame's offset over whatever was
+    // there.
     let checkpoint = wal.last_seq();
     // As the store does, the frames after the rewind use a new salt.
     wal.rewind(1);
@@ -137,6 +144,7 @@ fn recover(image: Vec<u8>, checkpoint: u64) {
     let seq = wal
         .append(
             7,
+            checkpoint,
             std::iter::once((entry.key.as_slice(), entry.record.as_deref())),
         )
         .expect("the simulated disk accepts writes");
@@ -148,13 +156,14 @@ fn recover(image: Vec<u8>, checkpoint: u64) {
         true,
     );
     let frames = match again {
-        Ok((_, frames)) => frames,
+        Ok(recovered) => recovered.frames,
         Err(e) => panic!("a log with one new frame after a rewind does not recover: {e}"),
     };
     assert_eq!(
         frames,
         vec![Frame {
             seq,
+            durable: checkpoint,
             next_token: 7,
             entries: vec![entry]
         }],
@@ -191,10 +200,19 @@ pub(super) fn seeds() -> Vec<(String, Vec<u8>)> {
         ),
         (b"\x01a\x01b\x01d".as_slice(), None),
     ];
-    let mut log = vec![0u8];
+    // The checkpoint byte, then the log: its identity block (zeros here), then frames.
+    let mut log = vec![0u8; 1 + LOG_HEADER_LEN as usize];
     for seq in 1..=3 {
         let mut out = Vec::new();
-        frame::encode(0, seq, 10 + seq, entries.iter().copied(), &mut out);
+        frame::encode(
+            usize::MAX,
+            0,
+            seq,
+            seq - 1,
+            10 + seq,
+            entries.iter().copied(),
+            &mut out,
+        );
         if seq == 1 {
             seeds.push(("frame".into(), out.clone()));
         }

@@ -1,11 +1,6 @@
-//! Checkpoints and recovery.
+//! Recovery: replaying the log into redb when a store is opened.
 //!
-//! A checkpoint is a durable redb commit: it makes every batch applied so far durable in the
-//! B-tree file (whose meta table records the last applied log frame), after which the log is
-//! rewound and overwritten from its start. The committer checkpoints when the log grows past
-//! [`Builder::checkpoint_bytes`](crate::Builder::checkpoint_bytes), when the oldest
-//! un-checkpointed frame is older than
-//! [`Builder::checkpoint_interval`](crate::Builder::checkpoint_interval), and on close.
+//! (Checkpoints, which make redb durable and rewind the log, are in `commit/checkpoint.rs`.)
 //!
 //! Opening a store replays the log frames newer than the file's checkpoint into redb, in one
 //! durable transaction, and then rewinds the log. Frames are after-images, so replaying a
@@ -19,7 +14,7 @@ use redb::Database;
 use crate::error::Error;
 use crate::record::Record;
 use crate::tables::{IndexEntries, Tables};
-use crate::wal::{new_salt, LogFile, Wal};
+use crate::wal::{new_salt, LogFile, Recovered, Wal};
 
 /// Brings `db` up to date with the log and returns the log, rewound and ready for appends,
 /// and the next fencing token.
@@ -35,7 +30,11 @@ pub(crate) fn recover(
         let tables = Tables::open(&txn)?;
         (tables.wal_seq()?, tables.next_token()?, tables.log_salt()?)
     };
-    let (mut wal, frames) = Wal::recover(log, log_path, checkpoint_seq, salt, strict)?;
+    let Recovered {
+        mut wal,
+        frames,
+        dropped_tail,
+    } = Wal::recover(log, log_path, checkpoint_seq, salt, strict)?;
     #[cfg(feature = "tracing")]
     tracing::info!(
         checkpoint_seq,
@@ -43,15 +42,17 @@ pub(crate) fn recover(
         entries = frames.iter().map(|f| f.entries.len()).sum::<usize>(),
         "idemstore recovery: replaying log frames newer than the checkpoint"
     );
-    if frames.is_empty() {
-        // Nothing to replay: the log is rewound under the same salt. Frames left from before
-        // have sequence numbers at or below the checkpoint, so they never extend the new run,
-        // and nothing can forge a frame without knowing the salt.
+    if frames.is_empty() && !dropped_tail {
+        // Nothing to replay or drop: the log is rewound under the same salt. Frames left from
+        // before have sequence numbers at or below the checkpoint, so they never extend the new
+        // run, and nothing can forge a frame without knowing the salt.
         txn.abort().map_err(|e| Error::storage(ctx, e))?;
         wal.rewind(salt);
         return Ok((wal, next_token));
     }
-    // The replay and a new salt commit durably together; the log is then rewound.
+    // The replay and a new salt commit durably together; the log is then rewound. A dropped
+    // tail also takes a new salt: under the old one, a dropped frame could line up with the
+    // end of a new run and pass as its next frame.
     let new_salt = new_salt();
     {
         let mut tables = Tables::open(&txn)?;
@@ -61,17 +62,16 @@ pub(crate) fn recover(
                 // index entries that do not match a record.
                 let old = tables.load(&entry.key)?.ok().flatten();
                 let old_index = old.as_ref().map(IndexEntries::of);
-                let new = match &entry.record {
+                match &entry.record {
                     Some(bytes) => {
                         let record = Record::decode(bytes).map_err(|reason| Error::Corruption {
                             location: format!("log frame seq {}", frame.seq),
                             reason: format!("a logged record does not decode: {reason}"),
                         })?;
-                        Some((bytes.as_slice(), IndexEntries::of(&record)))
+                        tables.put(&entry.key, old_index, &record, bytes)?;
                     }
-                    None => None,
-                };
-                tables.write(&entry.key, old_index, new)?;
+                    None => tables.delete(&entry.key, old_index)?,
+                }
             }
             next_token = next_token.max(frame.next_token);
         }

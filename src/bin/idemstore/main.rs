@@ -1,0 +1,83 @@
+//! `idemstore`: look into and repair an idemstore file from the command line.
+//!
+//! ```text
+//! idemstore stats  keys.idem
+//! idemstore list   keys.idem --state stale --older-than 5m
+//! idemstore get    keys.idem user-7 charge 4f0c-a1
+//! idemstore resolve keys.idem user-7 charge 4f0c-a1 --complete response.bin
+//! idemstore sweep  keys.idem
+//! idemstore check  keys.idem
+//! ```
+//!
+//! Every command opens the store like a service would ([`Store::open`]: one process owns a
+//! file, and opening replays its write-ahead log), so it runs while no service has the store
+//! open. Tables by default, `--json` for scripts. A closed output pipe ends the command
+//! quietly with status 0.
+
+use std::fmt::Write as _;
+use std::io::{self, IsTerminal, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use idemstore::{
+    Error, Key, Record, RecordClass, Resolution, ScanFilter, Status, Store, Verification,
+};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use serde_json::{json, Value};
+
+mod args;
+mod commands;
+mod render;
+
+use args::*;
+use commands::*;
+use render::*;
+
+/// What a command reports when it succeeded but must exit 1 (`check` found problems).
+struct ProblemsFound;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse(); // usage errors exit 2, --help and --version exit 0
+    let json = cli.json;
+    match run(cli) {
+        Ok(None) => ExitCode::SUCCESS,
+        Ok(Some(ProblemsFound)) => ExitCode::FAILURE,
+        Err(error) if is_broken_pipe(&error) => ExitCode::SUCCESS,
+        Err(error) => {
+            report(&error, json);
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn is_broken_pipe(error: &anyhow::Error) -> bool {
+    error.chain().any(|cause| {
+        cause
+            .downcast_ref::<io::Error>()
+            .is_some_and(|e| e.kind() == io::ErrorKind::BrokenPipe)
+    })
+}
+
+fn report(error: &anyhow::Error, json: bool) {
+    let hint = match error.downcast_ref::<Error>() {
+        Some(Error::AlreadyOpen { .. }) => Some(
+            "stop the service that has the store open, then run this again \
+             (the tool opens the store itself to replay its log)",
+        ),
+        Some(Error::Poisoned { .. }) => Some("run the command again: reopening recovers"),
+        _ => None,
+    };
+    let mut stderr = io::stderr().lock();
+    let _ = if json {
+        let value = json!({ "error": format!("{error:#}"), "hint": hint });
+        writeln!(stderr, "{value}")
+    } else {
+        writeln!(stderr, "idemstore: error: {error:#}").and_then(|()| match hint {
+            Some(hint) => writeln!(stderr, "hint: {hint}"),
+            None => Ok(()),
+        })
+    };
+}

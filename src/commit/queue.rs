@@ -1,0 +1,422 @@
+//! The commit queue and the committer thread: callers queue requests, the first free
+//! caller (or the committer thread, for async callers) leads the next batch.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+use std::thread::{self, JoinHandle};
+use std::time::Duration;
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::decide::Operation;
+use crate::error::Error;
+use crate::key::Key;
+
+use super::request::{Answer, Queued, Request, Waiter};
+use super::{Syncer, Writer};
+use crate::builder::Limits;
+use crate::poison::error_copy;
+
+struct Queue {
+    requests: Vec<Arc<dyn Queued>>,
+    /// How many of `requests` are async (a blocked thread is its own bound; tasks are not).
+    tasks: usize,
+    /// Async callers waiting for room in the queue.
+    room: Vec<Waker>,
+    /// The committer is waiting for work and must be notified.
+    idle: bool,
+    shutdown: bool,
+}
+
+struct Shared {
+    queue: Mutex<Queue>,
+    work: Condvar,
+    writer: Mutex<Writer>,
+    syncer: Arc<Syncer>,
+    limits: Limits,
+}
+
+/// Owns the committer thread.
+pub(crate) struct Committer {
+    shared: Arc<Shared>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Committer {
+    pub(crate) fn start(writer: Writer, limits: Limits) -> Result<Committer, Error> {
+        let syncer = Arc::clone(&writer.syncer);
+        let shared = Arc::new(Shared {
+            queue: Mutex::new(Queue {
+                requests: Vec::new(),
+                tasks: 0,
+                room: Vec::new(),
+                idle: false,
+                shutdown: false,
+            }),
+            work: Condvar::new(),
+            writer: Mutex::new(writer),
+            syncer,
+            limits,
+        });
+        let thread = thread::Builder::new()
+            .name("idemstore-committer".into())
+            .spawn({
+                let shared = Arc::clone(&shared);
+                move || run(&shared)
+            })
+            .map_err(|e| Error::io("starting the committer thread", e))?;
+        Ok(Committer {
+            shared,
+            thread: Some(thread),
+        })
+    }
+
+    /// Queues `ops` for a blocked caller (see [`parts`]).
+    fn enqueue<O: Operation>(&self, ops: Vec<(Key, O)>) -> Vec<Arc<Request<O>>> {
+        let requests = parts(ops, self.shared.limits.batch_bytes, || {
+            Waiter::Thread(thread::current())
+        });
+        let mut queue = self.shared.queue.lock();
+        for request in &requests {
+            queue.requests.push(Arc::clone(request) as Arc<dyn Queued>);
+        }
+        // A blocked caller leads its own batch (see `submit`): no need to wake the committer.
+        requests
+    }
+
+    /// Runs `ops` in the next batch and blocks until it is durable.
+    ///
+    /// The caller leads when the writer is free: it runs the queued batch (its own request
+    /// and whatever else is queued) itself, then drives the sync, so a lone caller is answered
+    /// without any hand-off between threads. Otherwise it waits to be answered, or to be woken
+    /// to lead the next batch or run a sync.
+    pub(crate) fn submit<O: Operation>(&self, ops: Vec<(Key, O)>) -> Answer<O::Outcome> {
+        not_in_callback()?;
+        let requests = self.enqueue(ops);
+        let last = requests.last().expect("at least one request");
+        loop {
+            if requests.iter().all(|r| r.is_answered()) {
+                return collect(&requests);
+            }
+            if let Some(mut writer) = self.shared.writer.try_lock() {
+                let batch = take_batch(
+                    &mut self.shared.queue.lock(),
+                    self.shared.limits.batch_bytes,
+                );
+                if !batch.is_empty() {
+                    run_guarded(&self.shared, &mut writer, batch);
+                }
+                drop(writer);
+                wake_next(&self.shared);
+            }
+            self.shared.syncer.drive(Some(&**last));
+            if requests.iter().all(|r| r.is_answered()) {
+                return collect(&requests);
+            }
+            thread::park();
+        }
+    }
+
+    /// Runs one operation in the next batch and blocks until it is durable.
+    pub(crate) fn submit_one<O: Operation>(&self, key: Key, op: O) -> Result<O::Outcome, Error> {
+        first(self.submit(vec![(key, op)]))
+    }
+
+    /// Queues `ops` for the next batch; the future resolves once it is durable. No thread
+    /// blocks while it waits. When [`Limits::queued_async`] async requests are queued already,
+    /// the future first waits for room (backpressure), so memory does not grow with the number
+    /// of waiting tasks.
+    pub(crate) fn submit_async<O: Operation>(&self, ops: Vec<(Key, O)>) -> CommitFuture<O> {
+        CommitFuture {
+            shared: Arc::clone(&self.shared),
+            state: FutureState::Waiting(Some(ops)),
+        }
+    }
+
+    /// How many async requests are queued now.
+    #[cfg(test)]
+    pub(crate) fn queued_async(&self) -> usize {
+        let queue = self.shared.queue.lock();
+        queue
+            .requests
+            .iter()
+            .filter(|r| !r.waiter().is_thread())
+            .count()
+    }
+
+    /// Runs `f` with the writer to itself, after the open transaction is committed.
+    pub(crate) fn with_writer<R>(
+        &self,
+        f: impl FnOnce(&mut Writer) -> Result<R, Error>,
+    ) -> Result<R, Error> {
+        not_in_callback()?;
+        let mut writer = self.shared.writer.lock();
+        writer.flush()?;
+        f(&mut writer)
+    }
+
+    /// Runs `f` (the closure of `complete_with`) marked as holding the writer, so that a call
+    /// from inside it that needs the writer fails with [`Error::Reentrant`] instead of
+    /// waiting for itself forever.
+    pub(crate) fn in_callback<R>(f: impl FnOnce() -> R) -> R {
+        struct Reset;
+        impl Drop for Reset {
+            fn drop(&mut self) {
+                IN_CALLBACK.with(|flag| flag.set(false));
+            }
+        }
+        IN_CALLBACK.with(|flag| flag.set(true));
+        let _reset = Reset;
+        f()
+    }
+}
+
+thread_local! {
+    /// This thread runs a `complete_with` closure: it holds the writer.
+    static IN_CALLBACK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Refuses a call that needs the writer from inside a `complete_with` closure.
+fn not_in_callback() -> Result<(), Error> {
+    if IN_CALLBACK.with(|flag| flag.get()) {
+        return Err(Error::Reentrant);
+    }
+    Ok(())
+}
+
+/// The bytes an operation adds to a log frame, at most: its key, its record and the entry's
+/// framing. Requests are split by this measure.
+fn entry_bytes<O: Operation>(key: &Key, op: &O) -> usize {
+    /// An entry's framing (kind, lengths) and a record's fixed fields and checksum, rounded up.
+    const ENTRY_OVERHEAD: usize = 96;
+    key.encoded().len() + ENTRY_OVERHEAD + op.payload_len()
+}
+
+/// The answers of a request's parts, in order, once every part is answered: one result per
+/// operation, or the first error of a whole part.
+fn collect<O: Operation>(requests: &[Arc<Request<O>>]) -> Answer<O::Outcome> {
+    let mut outcomes = Vec::new();
+    let mut failed = None;
+    for request in requests {
+        match request.take_answer().expect("every part is answered") {
+            Ok(part) => outcomes.extend(part),
+            Err(error) => {
+                failed.get_or_insert(error);
+            }
+        }
+    }
+    match failed {
+        Some(error) => Err(error),
+        None => Ok(outcomes),
+    }
+}
+
+/// The single result of a one-operation answer.
+pub(crate) fn first<T>(answer: Answer<T>) -> Result<T, Error> {
+    answer?
+        .into_iter()
+        .next()
+        .expect("one answer per operation")
+}
+
+impl Drop for Committer {
+    fn drop(&mut self) {
+        self.shared.queue.lock().shutdown = true;
+        self.shared.work.notify_one();
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// The longest the committer thread sleeps: callers lead their own batches, so it wakes this
+/// often to commit their open transaction and run background work.
+const IDLE_TICK: Duration = Duration::from_millis(10);
+
+/// The committer thread: async batches and background work until shut down, then a final
+/// checkpoint.
+fn run(shared: &Shared) {
+    loop {
+        let tick = shared
+            .writer
+            .lock()
+            .next_tick()
+            .map_or(IDLE_TICK, |t| t.min(IDLE_TICK));
+        let batch = {
+            let mut queue = shared.queue.lock();
+            if queue.requests.is_empty() && !queue.shutdown {
+                queue.idle = true;
+                let _ = shared.work.wait_for(&mut queue, tick);
+                queue.idle = false;
+            }
+            if queue.requests.is_empty() && queue.shutdown {
+                break;
+            }
+            take_batch(&mut queue, shared.limits.batch_bytes)
+        };
+        let mut writer = shared.writer.lock();
+        if !batch.is_empty() {
+            run_guarded(shared, &mut writer, batch);
+        }
+        writer.background_work();
+        drop(writer);
+        wake_next(shared);
+    }
+    shared.writer.lock().close();
+}
+
+/// Runs a batch; a panic (a bug, or inside redb) poisons the store and answers every caller
+/// instead of leaving them waiting.
+fn run_guarded(shared: &Shared, writer: &mut Writer, batch: Vec<Arc<dyn Queued>>) {
+    let requests = batch.clone();
+    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| writer.run_batch(batch)));
+    if run.is_err() {
+        let error = writer.fail(Error::Poisoned {
+            cause: "a thread panicked while committing a batch".into(),
+            io_kind: None,
+        });
+        for request in requests {
+            if !request.is_answered() {
+                request.fail(error_copy(&error));
+            }
+        }
+        shared.syncer.drive(None);
+    }
+}
+
+/// After a batch, wakes whoever should lead the next one: the oldest queued blocked caller,
+/// or the committer thread for async requests.
+fn wake_next(shared: &Shared) {
+    let mut queue = shared.queue.lock();
+    let Some(first) = queue.requests.first() else {
+        return;
+    };
+    match first.waiter() {
+        Waiter::Thread(thread) => thread.unpark(),
+        Waiter::Task(_) => {
+            if queue.idle {
+                queue.idle = false;
+                shared.work.notify_one();
+            }
+        }
+    }
+}
+
+/// Takes the oldest queued requests, up to `limit` bytes of payload (at least one), and lets
+/// waiting async callers in when that made room.
+fn take_batch(queue: &mut Queue, limit: usize) -> Vec<Arc<dyn Queued>> {
+    let mut bytes = 0;
+    let requests = &mut queue.requests;
+    let count = requests
+        .iter()
+        .take_while(|r| {
+            bytes += r.bytes();
+            bytes <= limit
+        })
+        .count()
+        .max(1)
+        .min(requests.len());
+    let batch: Vec<_> = if count == requests.len() {
+        std::mem::take(requests)
+    } else {
+        requests.drain(..count).collect()
+    };
+    let tasks = batch.iter().filter(|r| !r.waiter().is_thread()).count();
+    if tasks > 0 {
+        queue.tasks -= tasks;
+        for waker in queue.room.drain(..) {
+            waker.wake();
+        }
+    }
+    batch
+}
+
+/// Splits `ops` into requests, in order: each holds at most `limit` bytes of log entries (or
+/// one operation), so that no request, however large, makes a frame over the format's limit.
+/// Always at least one request, so an empty one is answered too.
+fn parts<O: Operation>(
+    ops: Vec<(Key, O)>,
+    limit: usize,
+    waiter: impl Fn() -> Waiter,
+) -> Vec<Arc<Request<O>>> {
+    let mut chunks = Vec::new();
+    let mut chunk = Vec::new();
+    let mut bytes = 0;
+    for (key, op) in ops {
+        let size = entry_bytes(&key, &op);
+        if !chunk.is_empty() && bytes + size > limit {
+            chunks.push((std::mem::take(&mut chunk), bytes));
+            bytes = 0;
+        }
+        bytes += size;
+        chunk.push((key, op));
+    }
+    chunks.push((chunk, bytes));
+    chunks
+        .into_iter()
+        .map(|(ops, bytes)| Request::new(ops, bytes, waiter()))
+        .collect()
+}
+
+/// A future that resolves when its request has been answered.
+///
+/// Dropping it does not withdraw a request already queued: the operations may still be
+/// committed.
+pub(crate) struct CommitFuture<O: Operation> {
+    shared: Arc<Shared>,
+    state: FutureState<O>,
+}
+
+enum FutureState<O: Operation> {
+    /// Waiting for room in the queue.
+    Waiting(Option<Vec<(Key, O)>>),
+    /// Queued: the request's parts.
+    Queued(Vec<Arc<Request<O>>>),
+}
+
+impl<O: Operation + Unpin> Future for CommitFuture<O> {
+    type Output = Answer<O::Outcome>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        if let FutureState::Waiting(ops) = &mut this.state {
+            let mut queue = this.shared.queue.lock();
+            if queue.tasks > 0 && queue.tasks >= this.shared.limits.queued_async {
+                queue.room.push(cx.waker().clone());
+                return Poll::Pending;
+            }
+            let ops = ops.take().unwrap_or_default();
+            let requests = parts(ops, this.shared.limits.batch_bytes, || {
+                Waiter::Task(Mutex::new(Some(cx.waker().clone())))
+            });
+            queue.tasks += requests.len();
+            for request in &requests {
+                queue.requests.push(Arc::clone(request) as Arc<dyn Queued>);
+            }
+            if queue.idle {
+                queue.idle = false;
+                this.shared.work.notify_one();
+            }
+            drop(queue);
+            this.state = FutureState::Queued(requests);
+        }
+        let FutureState::Queued(requests) = &this.state else {
+            return Poll::Pending;
+        };
+        let all_answered = |requests: &[Arc<Request<O>>]| requests.iter().all(|r| r.is_answered());
+        if all_answered(requests) {
+            return Poll::Ready(collect(requests));
+        }
+        for request in requests {
+            request.set_waker(cx.waker());
+        }
+        // An answer may have arrived between the first check and storing the waker.
+        if all_answered(requests) {
+            Poll::Ready(collect(requests))
+        } else {
+            Poll::Pending
+        }
+    }
+}

@@ -1,0 +1,144 @@
+//! Requests and their answers: what a caller queues (operations of one kind), the slot its
+//! answer is delivered to, and the future an async caller awaits.
+
+use std::sync::Arc;
+use std::task::Waker;
+use std::thread::Thread;
+
+use parking_lot::Mutex;
+
+use super::{Writer, Written};
+use crate::decide::Operation;
+use crate::error::Error;
+use crate::key::Key;
+use crate::record::Millis;
+use crate::tables::Tables;
+
+/// One result per operation of a request.
+pub(crate) type Outcomes<T> = Vec<Result<T, Error>>;
+
+/// The answer to a request: one result per operation, or an error for the whole batch.
+pub(crate) type Answer<T> = Result<Outcomes<T>, Error>;
+
+/// One caller's queued operations (all of one kind) and the slot their answer is delivered
+/// to.
+pub(crate) struct Request<O: Operation> {
+    pub(super) ops: Mutex<Vec<(Key, O)>>,
+    /// Payload bytes of the operations, for the batch limit.
+    pub(super) bytes: usize,
+    /// The decided outcomes, held until the batch's frame is durable.
+    pub(super) staged: Mutex<Option<Outcomes<O::Outcome>>>,
+    pub(super) answer: Mutex<Option<Answer<O::Outcome>>>,
+    pub(super) waiter: Waiter,
+}
+
+pub(crate) enum Waiter {
+    Thread(Thread),
+    Task(Mutex<Option<Waker>>),
+}
+
+/// A queued request of any kind, as the committer and the syncer see it.
+pub(crate) trait Queued: Send + Sync {
+    /// Payload bytes, for the batch limit.
+    fn bytes(&self) -> usize;
+    fn waiter(&self) -> &Waiter;
+    fn is_answered(&self) -> bool;
+    /// Decides and applies the operations; their outcomes are staged until
+    /// [`publish`](Queued::publish). Returns how many operations there were.
+    fn apply(
+        &self,
+        writer: &mut Writer,
+        tables: &mut Tables<'_>,
+        now: Millis,
+        written: &mut Vec<Written>,
+    ) -> Result<usize, Error>;
+    /// Answers with the staged outcomes (the batch is durable) and wakes the caller.
+    fn publish(&self);
+    /// Answers with an error for the whole request and wakes the caller.
+    fn fail(&self, error: Error);
+}
+
+impl Waiter {
+    pub(super) fn is_thread(&self) -> bool {
+        matches!(self, Waiter::Thread(_))
+    }
+
+    pub(super) fn wake(&self) {
+        match self {
+            Waiter::Thread(thread) => thread.unpark(),
+            Waiter::Task(waker) => {
+                if let Some(waker) = waker.lock().take() {
+                    waker.wake();
+                }
+            }
+        }
+    }
+}
+
+impl<O: Operation> Request<O> {
+    pub(super) fn new(ops: Vec<(Key, O)>, bytes: usize, waiter: Waiter) -> Arc<Request<O>> {
+        Arc::new(Request {
+            ops: Mutex::new(ops),
+            bytes,
+            staged: Mutex::new(None),
+            answer: Mutex::new(None),
+            waiter,
+        })
+    }
+
+    /// Wakes `waker` when the answer arrives (an async caller's latest waker).
+    pub(super) fn set_waker(&self, waker: &Waker) {
+        if let Waiter::Task(slot) = &self.waiter {
+            *slot.lock() = Some(waker.clone());
+        }
+    }
+
+    pub(super) fn finish(&self, answer: Answer<O::Outcome>) {
+        *self.answer.lock() = Some(answer);
+        self.waiter.wake();
+    }
+
+    pub(super) fn take_answer(&self) -> Option<Answer<O::Outcome>> {
+        self.answer.lock().take()
+    }
+}
+
+impl<O: Operation> Queued for Request<O> {
+    fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    fn waiter(&self) -> &Waiter {
+        &self.waiter
+    }
+
+    fn is_answered(&self) -> bool {
+        self.answer.lock().is_some()
+    }
+
+    fn apply(
+        &self,
+        writer: &mut Writer,
+        tables: &mut Tables<'_>,
+        now: Millis,
+        written: &mut Vec<Written>,
+    ) -> Result<usize, Error> {
+        let ops = std::mem::take(&mut *self.ops.lock());
+        let count = ops.len();
+        let mut outcomes = Vec::with_capacity(count);
+        for (key, op) in ops {
+            outcomes.push(writer.apply(tables, &key, op, now, written)?);
+        }
+        *self.staged.lock() = Some(outcomes);
+        Ok(count)
+    }
+
+    fn publish(&self) {
+        let outcomes = self.staged.lock().take().unwrap_or_default();
+        self.finish(Ok(outcomes));
+    }
+
+    fn fail(&self, error: Error) {
+        self.finish(Err(error));
+    }
+}

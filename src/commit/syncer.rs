@@ -1,0 +1,204 @@
+//! The syncer: one fdatasync makes every frame written so far durable; then the batches it
+//! covers are published to the overlay and their callers answered, in order.
+
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::cache::Overlay;
+use crate::error::Error;
+use crate::key::Key;
+use crate::record::Record;
+use crate::stats::{Counter, Counters};
+use crate::wal::{LogFile, Wal};
+
+use super::Queued;
+use crate::poison::{error_copy, Poison};
+
+/// A batch written to the log, waiting for a sync before its callers are answered.
+pub(super) struct PendingBatch {
+    pub(super) seq: u64,
+    pub(super) requests: Vec<Arc<dyn Queued>>,
+    pub(super) changes: Vec<(Key, Option<Record>)>,
+}
+
+#[derive(Default)]
+pub(super) struct SyncState {
+    /// The last frame fully written to the log.
+    pub(super) written_seq: u64,
+    /// The last frame known durable.
+    pub(super) synced_seq: u64,
+    /// A thread is running a sync now.
+    pub(super) syncing: bool,
+    pub(super) pending: VecDeque<PendingBatch>,
+}
+
+/// Makes written frames durable and answers their batches. See the module docs.
+pub(crate) struct Syncer {
+    pub(super) file: Arc<dyn LogFile>,
+    pub(super) path: PathBuf,
+    pub(super) state: Mutex<SyncState>,
+    /// Signalled whenever a sync ends (and `syncing` is cleared).
+    pub(super) idle: Condvar,
+    pub(super) poison: Arc<Poison>,
+    pub(super) overlay: Arc<Overlay>,
+    pub(super) counters: Arc<Counters>,
+}
+
+impl Syncer {
+    pub(super) fn new(
+        wal: &Wal,
+        poison: Arc<Poison>,
+        overlay: Arc<Overlay>,
+        counters: Arc<Counters>,
+    ) -> Syncer {
+        let last = wal.last_seq();
+        Syncer {
+            file: wal.file(),
+            path: wal.path().to_path_buf(),
+            state: Mutex::new(SyncState {
+                written_seq: last,
+                synced_seq: last,
+                ..SyncState::default()
+            }),
+            idle: Condvar::new(),
+            poison,
+            overlay,
+            counters,
+        }
+    }
+
+    /// Queues a batch whose frame `seq` was written; returns the thread to wake so that it
+    /// runs the sync, if no sync is running.
+    pub(super) fn push(&self, batch: PendingBatch) -> Option<Arc<dyn Queued>> {
+        let mut state = self.state.lock();
+        if batch.seq <= state.synced_seq {
+            // It logged nothing and everything it saw is durable.
+            self.answer(batch);
+            return None;
+        }
+        state.written_seq = state.written_seq.max(batch.seq);
+        let driver = batch
+            .requests
+            .iter()
+            .find(|r| r.waiter().is_thread())
+            .cloned();
+        state.pending.push_back(batch);
+        if state.syncing {
+            None
+        } else {
+            driver
+        }
+    }
+
+    /// Answers a batch without a sync (buffered durability).
+    pub(super) fn answer_now(&self, batch: PendingBatch) {
+        let mut state = self.state.lock();
+        state.written_seq = state.written_seq.max(batch.seq);
+        self.answer(batch);
+    }
+
+    fn answer(&self, batch: PendingBatch) {
+        self.overlay.publish(batch.changes);
+        for request in &batch.requests {
+            request.publish();
+        }
+    }
+
+    /// Runs syncs until every written frame is durable, or until `own` (the calling waiter's
+    /// request) is answered and another waiting thread can take over.
+    pub(crate) fn drive(&self, own: Option<&dyn Queued>) {
+        let mut state = self.state.lock();
+        if state.syncing {
+            return;
+        }
+        state.syncing = true;
+        drop(state);
+        self.run_syncs(own);
+        self.idle.notify_all();
+    }
+
+    /// The body of [`drive`](Syncer::drive), entered with `syncing` set; clears it on return.
+    fn run_syncs(&self, own: Option<&dyn Queued>) {
+        let mut state = self.state.lock();
+        loop {
+            if let Err(error) = self.poison.check() {
+                // Whatever failed, nothing still waiting will be synced: answer it now.
+                for batch in state.pending.drain(..) {
+                    for request in batch.requests {
+                        request.fail(error_copy(&error));
+                    }
+                }
+                state.syncing = false;
+                return;
+            }
+            let target = state.written_seq;
+            if state.synced_seq >= target {
+                state.syncing = false;
+                return;
+            }
+            drop(state);
+            let result = self.file.sync_data();
+            self.counters.add(Counter::Syncs, 1);
+            state = self.state.lock();
+            match result {
+                Ok(()) => {
+                    state.synced_seq = state.synced_seq.max(target);
+                    while state.pending.front().is_some_and(|b| b.seq <= target) {
+                        let batch = state.pending.pop_front().expect("checked front");
+                        self.answer(batch);
+                    }
+                }
+                Err(e) => {
+                    let error = Error::io(format!("syncing log {}", self.path.display()), e);
+                    self.poison.set(&error);
+                    self.overlay.clear();
+                    for batch in state.pending.drain(..) {
+                        for request in batch.requests {
+                            request.fail(error_copy(&error));
+                        }
+                    }
+                    state.syncing = false;
+                    return;
+                }
+            }
+            let own_answered = own.is_some_and(|r| r.is_answered());
+            if own_answered {
+                let next = state
+                    .pending
+                    .front()
+                    .and_then(|b| b.requests.iter().find(|r| r.waiter().is_thread()).cloned());
+                if let Some(next) = next {
+                    state.syncing = false;
+                    drop(state);
+                    next.waiter().wake();
+                    return;
+                }
+            }
+        }
+    }
+
+    /// The last frame known durable (recorded in every new frame; see `Wal::recover`).
+    pub(super) fn synced_seq(&self) -> u64 {
+        self.state.lock().synced_seq
+    }
+
+    /// Syncs until every written frame is durable and answered; fails if the store is poisoned.
+    pub(super) fn drive_all(&self) -> Result<(), Error> {
+        loop {
+            self.drive(None);
+            let mut state = self.state.lock();
+            self.poison.check()?;
+            if state.synced_seq >= state.written_seq && state.pending.is_empty() {
+                return Ok(());
+            }
+            if state.syncing {
+                // A waiting caller is syncing: wait for it to finish, then go again.
+                self.idle.wait_for(&mut state, Duration::from_millis(100));
+            }
+        }
+    }
+}

@@ -1,0 +1,102 @@
+//! The state machine: one pure function per operation that every path uses.
+//!
+//! [`decide`] takes the stored record (if any), an operation and the current time and returns
+//! the change to store and the outcome to answer. It performs no I/O, so the single-operation
+//! path, batches, `complete_with`, and a backend on another engine all apply exactly the same
+//! transitions, and property tests check them against a plain reference model.
+//!
+//! Each operation ([`op`]) is its own type with its own outcome type ([`Operation::Outcome`]):
+//! a reserve can only answer what a reserve answers, so the mapping from an outcome to the
+//! public answer ([`answer`]) is total, with no "never happens" branch a caller could reach.
+
+pub(crate) mod answer;
+pub(crate) mod op;
+
+use crate::record::{Millis, Record};
+
+pub use op::Resolution;
+
+/// Times that shape every decision, fixed when the store is opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Policy {
+    /// How long an acquisition owns a key before it goes stale.
+    pub(crate) lease: Millis,
+    /// How long a completed key (or an abandoned reservation past its lease) is kept.
+    pub(crate) retention: Millis,
+}
+
+/// What to do to the stored record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Change {
+    Keep,
+    Put(Record),
+    Delete,
+}
+
+/// The result of deciding one operation: the change to store and the outcome to answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Decision<O> {
+    pub(crate) change: Change,
+    pub(crate) outcome: O,
+    /// Whether `next_token` was used; the caller must then never hand it out again.
+    pub(crate) used_token: bool,
+}
+
+impl<O> Decision<O> {
+    /// An answer that changes nothing.
+    pub(crate) fn answer(outcome: O) -> Decision<O> {
+        Decision {
+            change: Change::Keep,
+            outcome,
+            used_token: false,
+        }
+    }
+
+    /// A change that does not use a new token.
+    pub(crate) fn change(change: Change, outcome: O) -> Decision<O> {
+        Decision {
+            change,
+            outcome,
+            used_token: false,
+        }
+    }
+}
+
+/// One kind of operation a caller can ask for, and what it answers.
+pub(crate) trait Operation: Send + 'static {
+    /// What deciding this operation answers.
+    type Outcome: Send + 'static;
+
+    /// Decides the operation against `current`, which is not expired at `now`. `next_token`
+    /// is the fencing token to give a new acquisition.
+    fn decide_live(
+        self,
+        current: Option<Record>,
+        now: Millis,
+        policy: Policy,
+        next_token: u64,
+    ) -> Decision<Self::Outcome>;
+
+    /// The bytes this operation adds to a log frame, beyond its key and record header.
+    fn payload_len(&self) -> usize {
+        0
+    }
+}
+
+/// Decides `op` against `current` at time `now`.
+///
+/// A record past its `expires_at` reads as absent, so sweeping is invisible to callers: it only
+/// reclaims space. `next_token` is the fencing token to give a new acquisition.
+pub(crate) fn decide<O: Operation>(
+    current: Option<Record>,
+    op: O,
+    now: Millis,
+    policy: Policy,
+    next_token: u64,
+) -> Decision<O::Outcome> {
+    let current = current.filter(|record| !record.is_expired(now));
+    op.decide_live(current, now, policy, next_token)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,426 @@
+//! Unit tests of the transitions.
+
+use std::time::Duration;
+
+use super::op::*;
+use super::*;
+use crate::error::LeaseLostReason;
+use crate::fingerprint::Fingerprint;
+use crate::record::State;
+use crate::reservation::Progress;
+
+const POLICY: Policy = Policy {
+    lease: 1_000,
+    retention: 10_000,
+};
+const NOW: Millis = 50_000;
+
+fn fp() -> Fingerprint {
+    Fingerprint::of(b"request")
+}
+
+fn pending(token: u64, attempt: u32, lease_until: Millis) -> Record {
+    Record {
+        fingerprint: fp(),
+        token,
+        attempt,
+        expires_at: lease_until + POLICY.retention,
+        state: State::Pending {
+            lease_until,
+            progress: None,
+        },
+    }
+}
+
+fn completed(token: u64, expires_at: Millis) -> Record {
+    Record {
+        fingerprint: fp(),
+        token,
+        attempt: 1,
+        expires_at,
+        state: State::Completed {
+            completed_at: expires_at - POLICY.retention,
+            result: b"ok".to_vec(),
+        },
+    }
+}
+
+fn review(token: u64) -> Record {
+    Record {
+        fingerprint: fp(),
+        token,
+        attempt: 1,
+        expires_at: Millis::MAX,
+        state: State::NeedsReview {
+            since: NOW - 1,
+            note: "charge unknown".into(),
+        },
+    }
+}
+
+fn reserve(current: Option<Record>) -> Decision<Reserved> {
+    decide(current, Reserve { fingerprint: fp() }, NOW, POLICY, 42)
+}
+
+#[test]
+fn absent_key_is_acquired_with_a_new_token() {
+    let d = reserve(None);
+    assert!(d.used_token);
+    assert_eq!(
+        d.outcome,
+        Reserved::Acquired {
+            token: 42,
+            attempt: 1,
+            lease_until: NOW + 1_000,
+            progress: None,
+        }
+    );
+    assert_eq!(d.change, Change::Put(pending(42, 1, NOW + 1_000)));
+}
+
+#[test]
+fn completed_past_retention_is_acquired_afresh() {
+    let d = reserve(Some(completed(7, NOW)));
+    assert!(matches!(
+        d.outcome,
+        Reserved::Acquired {
+            token: 42,
+            attempt: 1,
+            ..
+        }
+    ));
+}
+
+#[test]
+fn fingerprint_mismatch_changes_nothing_in_any_state() {
+    for record in [
+        pending(7, 1, NOW + 5),
+        pending(7, 1, NOW - 5),
+        completed(7, NOW + 5),
+        review(7),
+    ] {
+        let d = decide(
+            Some(record),
+            Reserve {
+                fingerprint: Fingerprint::of(b"other body"),
+            },
+            NOW,
+            POLICY,
+            42,
+        );
+        assert_eq!(d, Decision::answer(Reserved::Mismatch));
+    }
+}
+
+#[test]
+fn completed_within_retention_replays_the_result() {
+    let d = reserve(Some(completed(7, NOW + 1)));
+    assert_eq!(d.change, Change::Keep);
+    assert!(!d.used_token);
+    assert!(matches!(d.outcome, Reserved::Completed { ref result, .. } if result == b"ok"));
+}
+
+#[test]
+fn live_lease_is_in_progress_with_time_left() {
+    let d = reserve(Some(pending(7, 1, NOW + 300)));
+    assert_eq!(
+        d,
+        Decision::answer(Reserved::InProgress {
+            retry_after: Duration::from_millis(300),
+            attempt: 1
+        })
+    );
+}
+
+#[test]
+fn stale_lease_is_taken_over_with_next_attempt() {
+    let d = reserve(Some(pending(7, 3, NOW)));
+    assert!(d.used_token);
+    assert_eq!(
+        d.outcome,
+        Reserved::Acquired {
+            token: 42,
+            attempt: 4,
+            lease_until: NOW + 1_000,
+            progress: None,
+        }
+    );
+}
+
+#[test]
+fn abandoned_pending_past_retention_reads_as_absent() {
+    let record = pending(7, 3, NOW - POLICY.retention);
+    let d = reserve(Some(record));
+    assert!(matches!(d.outcome, Reserved::Acquired { attempt: 1, .. }));
+}
+
+#[test]
+fn needs_review_stays_until_resolved() {
+    let d = reserve(Some(review(7)));
+    assert_eq!(
+        d,
+        Decision::answer(Reserved::NeedsReview {
+            note: "charge unknown".into()
+        })
+    );
+}
+
+#[test]
+fn complete_by_owner_stores_result_for_retention() {
+    let d = decide(
+        Some(pending(7, 2, NOW + 10)),
+        Complete {
+            token: 7,
+            result: b"done".to_vec(),
+        },
+        NOW,
+        POLICY,
+        42,
+    );
+    assert_eq!(d.outcome, Ok(Completion::Stored));
+    let Change::Put(record) = d.change else {
+        panic!("expected a put")
+    };
+    assert_eq!(record.expires_at, NOW + POLICY.retention);
+    assert_eq!(record.attempt, 2);
+    assert_eq!(
+        record.state,
+        State::Completed {
+            completed_at: NOW,
+            result: b"done".to_vec()
+        }
+    );
+}
+
+#[test]
+fn complete_after_own_lease_ran_out_but_not_taken_over_is_accepted() {
+    let d = decide(
+        Some(pending(7, 1, NOW - 1)),
+        Complete {
+            token: 7,
+            result: vec![],
+        },
+        NOW,
+        POLICY,
+        42,
+    );
+    assert_eq!(d.outcome, Ok(Completion::Stored));
+}
+
+#[test]
+fn old_owner_after_takeover_loses_every_operation() {
+    let now_held = pending(9, 2, NOW + 10);
+    let lost = LeaseLostReason::TakenOver { by_token: 9 };
+    let held = || Some(now_held.clone());
+    let complete = Complete {
+        token: 7,
+        result: vec![],
+    };
+    assert_eq!(
+        decide(held(), complete, NOW, POLICY, 42),
+        Decision::answer(Err(lost.clone()))
+    );
+    assert_eq!(
+        decide(held(), Release { token: 7 }, NOW, POLICY, 42),
+        Decision::answer(Err(lost.clone()))
+    );
+    assert_eq!(
+        decide(held(), Extend { token: 7 }, NOW, POLICY, 42),
+        Decision::answer(Err(lost.clone()))
+    );
+    let review = MarkNeedsReview {
+        token: 7,
+        note: String::new(),
+    };
+    assert_eq!(
+        decide(held(), review, NOW, POLICY, 42),
+        Decision::answer(Err(lost.clone()))
+    );
+}
+
+#[test]
+fn repeated_completion_by_same_lease_keeps_first_result() {
+    let d = decide(
+        Some(completed(7, NOW + 5)),
+        Complete {
+            token: 7,
+            result: b"second".to_vec(),
+        },
+        NOW,
+        POLICY,
+        42,
+    );
+    assert_eq!(d, Decision::answer(Ok(Completion::AlreadyCompleted)));
+    let extend = decide(
+        Some(completed(7, NOW + 5)),
+        Extend { token: 7 },
+        NOW,
+        POLICY,
+        42,
+    );
+    assert_eq!(
+        extend.outcome,
+        Err(LeaseLostReason::Completed { by_token: 7 })
+    );
+}
+
+#[test]
+fn release_never_deletes_a_completed_key() {
+    for token in [7, 8] {
+        let d = decide(
+            Some(completed(7, NOW + 5)),
+            Release { token },
+            NOW,
+            POLICY,
+            42,
+        );
+        assert_eq!(d, Decision::answer(Ok(false)));
+    }
+    let gone = decide(None, Release { token: 7 }, NOW, POLICY, 42);
+    assert_eq!(gone, Decision::answer(Ok(false)));
+}
+
+#[test]
+fn release_by_owner_deletes_pending() {
+    let d = decide(
+        Some(pending(7, 1, NOW + 5)),
+        Release { token: 7 },
+        NOW,
+        POLICY,
+        42,
+    );
+    assert_eq!(d.change, Change::Delete);
+    assert_eq!(d.outcome, Ok(true));
+}
+
+#[test]
+fn extend_moves_lease_and_expiry() {
+    let d = decide(
+        Some(pending(7, 1, NOW + 5)),
+        Extend { token: 7 },
+        NOW,
+        POLICY,
+        42,
+    );
+    assert_eq!(d.outcome, Ok(NOW + 1_000));
+    assert_eq!(d.change, Change::Put(pending(7, 1, NOW + 1_000)));
+}
+
+#[test]
+fn mark_needs_review_parks_the_key_forever() {
+    let d = decide(
+        Some(pending(7, 1, NOW + 5)),
+        MarkNeedsReview {
+            token: 7,
+            note: "x".into(),
+        },
+        NOW,
+        POLICY,
+        42,
+    );
+    let Change::Put(record) = d.change else {
+        panic!("expected a put")
+    };
+    assert_eq!(record.expires_at, Millis::MAX);
+    assert!(!record.is_expired(Millis::MAX - 1));
+}
+
+#[test]
+fn recovery_point_is_kept_by_extend_and_inherited_by_a_takeover() {
+    let progress = Progress {
+        step: 2,
+        data: b"ch_1".to_vec(),
+    };
+    let d = decide(
+        Some(pending(7, 1, NOW + 5)),
+        RecordStep {
+            token: 7,
+            progress: progress.clone(),
+        },
+        NOW,
+        POLICY,
+        42,
+    );
+    let Change::Put(record) = d.change else {
+        panic!("expected a put")
+    };
+    let Change::Put(extended) = decide(Some(record), Extend { token: 7 }, NOW, POLICY, 42).change
+    else {
+        panic!("expected a put")
+    };
+    let stale_at = NOW + POLICY.lease;
+    let takeover = decide(
+        Some(extended),
+        Reserve { fingerprint: fp() },
+        stale_at,
+        POLICY,
+        43,
+    );
+    assert_eq!(
+        takeover.outcome,
+        Reserved::Acquired {
+            token: 43,
+            attempt: 2,
+            lease_until: stale_at + POLICY.lease,
+            progress: Some(progress),
+        }
+    );
+    let lost = decide(
+        Some(pending(9, 1, NOW + 5)),
+        RecordStep {
+            token: 7,
+            progress: Progress {
+                step: 1,
+                data: vec![],
+            },
+        },
+        NOW,
+        POLICY,
+        42,
+    );
+    assert!(lost.outcome.is_err());
+}
+
+#[test]
+fn observe_records_new_keys_for_the_window_only() {
+    let first = decide(None, Observe { window: 300 }, NOW, POLICY, 42);
+    assert!(first.outcome);
+    let Change::Put(record) = first.change else {
+        panic!("expected a put")
+    };
+    assert_eq!(record.expires_at, NOW + 300);
+    let again = decide(
+        Some(record.clone()),
+        Observe { window: 300 },
+        NOW + 299,
+        POLICY,
+        43,
+    );
+    assert_eq!(again, Decision::answer(false));
+    let later = decide(Some(record), Observe { window: 300 }, NOW + 300, POLICY, 43);
+    assert!(later.outcome);
+}
+
+#[test]
+fn resolve_applies_only_to_review_or_stale() {
+    let release = |record| decide(record, Resolve(Resolution::Release), NOW, POLICY, 42);
+    assert_eq!(release(Some(review(7))).change, Change::Delete);
+    assert_eq!(release(Some(pending(7, 1, NOW))).change, Change::Delete);
+    assert!(release(Some(pending(7, 1, NOW + 1))).outcome.is_err());
+    assert!(release(Some(completed(7, NOW + 1))).outcome.is_err());
+    assert!(release(None).outcome.is_err());
+    let d = decide(
+        Some(review(7)),
+        Resolve(Resolution::Complete(b"refunded".to_vec())),
+        NOW,
+        POLICY,
+        42,
+    );
+    assert!(matches!(
+        d.change,
+        Change::Put(Record {
+            state: State::Completed { .. },
+            ..
+        })
+    ));
+}

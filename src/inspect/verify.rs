@@ -1,0 +1,183 @@
+//! The full consistency check of records and indexes.
+
+use redb::ReadableTableMetadata;
+
+use super::*;
+
+/// How many entries [`Store::verify_with_progress`] checks between two progress calls.
+pub const VERIFY_PROGRESS_STEP: u64 = 4096;
+
+impl Store {
+    /// Checks the whole store: every record's checksum and encoding, every key's encoding,
+    /// that every record has exactly the expiry and lease index entries it should and that
+    /// every index entry matches a record, and that no record's fencing token is at or above
+    /// the next token. Changes nothing.
+    ///
+    /// ```
+    /// use idemstore::{Fingerprint, Key, Store};
+    ///
+    /// # let dir = tempfile::tempdir()?;
+    /// let store = Store::open(dir.path().join("keys.idem"))?;
+    /// let _ = store.reserve(&Key::new("user-1", "charge", "k1")?, Fingerprint::of(b"x"))?;
+    /// let report = store.verify()?;
+    /// assert!(report.is_ok(), "{:?}", report.problems);
+    /// assert_eq!((report.records, report.lease_entries, report.expiry_entries), (1, 1, 1));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// Storage errors (including damage redb itself detects in its pages), and
+    /// [`Error::Poisoned`]. Damage to records and indexes is reported in the result.
+    pub fn verify(&self) -> Result<Verification, Error> {
+        self.verify_with_progress(|_, _| {})
+    }
+
+    /// [`verify`](Self::verify), calling `progress(checked, total)` as it goes: entries
+    /// checked so far (records, then expiry and lease index entries) out of all of them.
+    /// It is called every [`VERIFY_PROGRESS_STEP`] entries and once at the end, so a command
+    /// line tool can draw a progress bar over a big store.
+    ///
+    /// ```
+    /// use idemstore::{Fingerprint, Key, Store};
+    ///
+    /// # let dir = tempfile::tempdir()?;
+    /// let store = Store::open(dir.path().join("keys.idem"))?;
+    /// let _ = store.reserve(&Key::new("user-1", "charge", "k1")?, Fingerprint::of(b"x"))?;
+    /// let mut last = (0, 0);
+    /// let report = store.verify_with_progress(|checked, total| last = (checked, total))?;
+    /// assert!(report.is_ok());
+    /// assert_eq!(last, (3, 3)); // one record, its expiry and its lease index entry
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`verify`](Self::verify).
+    pub fn verify_with_progress(
+        &self,
+        mut progress: impl FnMut(u64, u64),
+    ) -> Result<Verification, Error> {
+        let txn = self.snapshot()?;
+        let records = txn.open_table(RECORDS).map_err(storage)?;
+        let expiry = txn.open_table(EXPIRY).map_err(storage)?;
+        let leases = txn.open_table(LEASES).map_err(storage)?;
+        let meta = txn.open_table(META).map_err(storage)?;
+        let total = [records.len(), expiry.len(), leases.len()]
+            .into_iter()
+            .try_fold(0u64, |sum, len| len.map(|len| sum + len))
+            .map_err(storage)?;
+        let mut checked = 0u64;
+        let mut tick = |progress: &mut dyn FnMut(u64, u64)| {
+            checked += 1;
+            if checked.is_multiple_of(VERIFY_PROGRESS_STEP) {
+                progress(checked, total.max(checked));
+            }
+        };
+        let mut report = Verification::default();
+        let next_token = match meta.get(META_NEXT_TOKEN).map_err(storage)? {
+            Some(v) => Some(v.value()),
+            None => {
+                report.problems.push(Problem::new(
+                    ProblemKind::Meta,
+                    &[],
+                    "the next fencing token (meta next_token) is missing",
+                ));
+                None
+            }
+        };
+        for entry in records.iter().map_err(storage)? {
+            let (key, value) = entry.map_err(storage)?;
+            let key = key.value();
+            report.records += 1;
+            tick(&mut progress);
+            if Key::decode(key).is_none() {
+                report.problems.push(Problem::new(
+                    ProblemKind::BadKey,
+                    key,
+                    "the stored key is not a valid (scope, operation, id) encoding",
+                ));
+            }
+            let record = match Record::decode(value.value()) {
+                Ok(record) => record,
+                Err(reason) => {
+                    report.problems.push(Problem::new(
+                        ProblemKind::DamagedRecord,
+                        key,
+                        format!("damaged record: {reason}"),
+                    ));
+                    continue;
+                }
+            };
+            let index = IndexEntries::of(&record);
+            if let Some(deadline) = index.expiry {
+                if expiry.get((deadline, key)).map_err(storage)?.is_none() {
+                    report.problems.push(Problem::new(
+                        ProblemKind::MissingIndexEntry,
+                        key,
+                        format!(
+                            "no expiry index entry at its expiry {}",
+                            describe_millis(deadline)
+                        ),
+                    ));
+                }
+            }
+            if let Some(lease_until) = index.lease {
+                if leases.get((lease_until, key)).map_err(storage)?.is_none() {
+                    report.problems.push(Problem::new(
+                        ProblemKind::MissingIndexEntry,
+                        key,
+                        format!(
+                            "no lease index entry at its lease deadline {}",
+                            describe_millis(lease_until)
+                        ),
+                    ));
+                }
+            }
+            if next_token.is_some_and(|next| record.token >= next) {
+                report.problems.push(Problem::new(
+                    ProblemKind::TokenAhead,
+                    key,
+                    format!(
+                        "fencing token {} is not below the store's next token {}",
+                        record.token,
+                        next_token.unwrap_or_default()
+                    ),
+                ));
+            }
+        }
+        for (name, table, count) in [
+            ("expiry", &expiry, &mut report.expiry_entries),
+            ("lease", &leases, &mut report.lease_entries),
+        ] {
+            for entry in table.iter().map_err(storage)? {
+                let (index, _) = entry.map_err(storage)?;
+                let (at, key) = index.value();
+                *count += 1;
+                tick(&mut progress);
+                let detail = match records.get(key).map_err(storage)? {
+                    None => "points to no record",
+                    Some(value) => match Record::decode(value.value()) {
+                        Err(_) => continue, // reported with the record
+                        Ok(record) => {
+                            let expected = IndexEntries::of(&record);
+                            let matches = match name {
+                                "expiry" => expected.expiry == Some(at),
+                                _ => expected.lease == Some(at),
+                            };
+                            if matches {
+                                continue;
+                            }
+                            "does not match the record"
+                        }
+                    },
+                };
+                report.problems.push(Problem::new(
+                    ProblemKind::StrayIndexEntry,
+                    key,
+                    format!("{name} index entry at {} {detail}", describe_millis(at)),
+                ));
+            }
+        }
+        progress(checked, checked);
+        Ok(report)
+    }
+}

@@ -1,0 +1,165 @@
+//! Records: the state stored for each key. The versioned, checksummed binary encoding is in
+//! [`codec`]; its layout is documented byte by byte in `docs/format.md`.
+
+use std::time::SystemTime;
+
+use crate::clock::from_millis;
+use crate::fingerprint::Fingerprint;
+use crate::reservation::Progress;
+
+mod codec;
+
+/// Longest review note accepted by [`Store::mark_needs_review`](crate::Store::mark_needs_review), in bytes.
+pub const MAX_NOTE_LEN: usize = 4096;
+
+/// Time in milliseconds since the Unix epoch; `u64::MAX` means never.
+pub(crate) type Millis = u64;
+
+/// The stored state of one key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    pub(crate) fingerprint: Fingerprint,
+    /// The fencing token of the acquisition that produced this state.
+    pub(crate) token: u64,
+    /// How many times the key has been acquired.
+    pub(crate) attempt: u32,
+    /// When the record stops existing (it then reads as absent, and a sweep deletes it).
+    pub(crate) expires_at: Millis,
+    pub(crate) state: State,
+}
+
+/// The state-specific part of a [`Record`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum State {
+    Pending {
+        lease_until: Millis,
+        progress: Option<Progress>,
+    },
+    Completed {
+        completed_at: Millis,
+        result: Vec<u8>,
+    },
+    NeedsReview {
+        since: Millis,
+        note: String,
+    },
+}
+
+/// Where a record stands at a moment, from [`Record::phase`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Phase {
+    /// Past `expires_at`: reads as absent; a sweep deletes it.
+    Expired,
+    /// Pending, and its lease is running: the holder owns the key.
+    Live,
+    /// Pending, and its lease ran out: the next reserve takes it over.
+    Stale,
+    /// Completed: its result is replayed.
+    Completed,
+    /// Parked for a person.
+    NeedsReview,
+}
+
+/// A read-only view of a record's state, from [`Record::status`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Status<'a> {
+    /// Reserved; the lease holder is doing the work.
+    Pending {
+        /// When the lease runs out and the key becomes stale.
+        lease_until: SystemTime,
+        /// The last recovery point recorded with
+        /// [`Store::record_step`](crate::Store::record_step).
+        progress: Option<&'a Progress>,
+    },
+    /// Done; the result is replayed to duplicates.
+    Completed {
+        /// The stored result.
+        result: &'a [u8],
+        /// When it was completed.
+        completed_at: SystemTime,
+    },
+    /// Parked for a person; duplicates are refused until it is resolved.
+    NeedsReview {
+        /// The note left by [`Store::mark_needs_review`](crate::Store::mark_needs_review).
+        note: &'a str,
+        /// When it was marked.
+        since: SystemTime,
+    },
+}
+
+impl Record {
+    /// The fingerprint of the request that first reserved the key.
+    pub fn fingerprint(&self) -> Fingerprint {
+        self.fingerprint
+    }
+
+    /// The fencing token of the latest acquisition.
+    pub fn token(&self) -> u64 {
+        self.token
+    }
+
+    /// How many times the key has been acquired (1 for a first attempt).
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// When the record expires: for a completed key, the end of its retention; for a pending
+    /// key, the end of its lease plus the retention (an abandoned reservation). `None` for a
+    /// key under review, which never expires.
+    pub fn expires_at(&self) -> Option<SystemTime> {
+        (self.expires_at != Millis::MAX).then(|| from_millis(self.expires_at))
+    }
+
+    /// The state-specific part.
+    pub fn status(&self) -> Status<'_> {
+        match &self.state {
+            State::Pending {
+                lease_until,
+                progress,
+            } => Status::Pending {
+                lease_until: from_millis(*lease_until),
+                progress: progress.as_ref(),
+            },
+            State::Completed {
+                completed_at,
+                result,
+            } => Status::Completed {
+                result,
+                completed_at: from_millis(*completed_at),
+            },
+            State::NeedsReview { since, note } => Status::NeedsReview {
+                note,
+                since: from_millis(*since),
+            },
+        }
+    }
+
+    /// Whether the record reads as absent at `now`.
+    pub(crate) fn is_expired(&self, now: Millis) -> bool {
+        now >= self.expires_at
+    }
+
+    /// Where the record stands at `now`: the one lease-phase predicate that deciding,
+    /// sweeping, listing stale keys and inspection share. A lease is live while
+    /// `now < lease_until`; a record reads as absent from `expires_at` on.
+    pub(crate) fn phase(&self, now: Millis) -> Phase {
+        if self.is_expired(now) {
+            return Phase::Expired;
+        }
+        match self.state {
+            State::Pending { lease_until, .. } if now < lease_until => Phase::Live,
+            State::Pending { .. } => Phase::Stale,
+            State::Completed { .. } => Phase::Completed,
+            State::NeedsReview { .. } => Phase::NeedsReview,
+        }
+    }
+
+    /// The lease deadline, for a pending record.
+    pub(crate) fn lease_until(&self) -> Option<Millis> {
+        match self.state {
+            State::Pending { lease_until, .. } => Some(lease_until),
+            _ => None,
+        }
+    }
+}

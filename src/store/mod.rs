@@ -1,0 +1,143 @@
+//! [`Store`]: the public operations. Reads of existing keys go straight to the overlay, the
+//! cache or a redb read transaction; every write goes through the commit path in
+//! [`crate::commit`].
+//!
+//! - `open.rs`: opening (checks, creation, recovery) and assembling the parts;
+//! - `reserve.rs`: reserve (one, many, async, waiting) and observe;
+//! - `lease.rs`: complete, release, extend, review, recovery points, resolve;
+//! - `read.rs`: get, stale, snapshots.
+
+mod lease;
+pub(crate) mod open;
+mod read;
+mod reserve;
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use redb::Database;
+
+use crate::cache::{Overlay, RecordCache};
+use crate::clock::{to_millis, Clock};
+use crate::commit::{Committer, Writer};
+use crate::decide::Policy;
+use crate::error::Error;
+use crate::poison::Poison;
+use crate::record::Millis;
+use crate::stats::{Counters, Stats};
+
+/// An open idempotency store: one file, owned by one process.
+///
+/// `Store` is `Send + Sync`; share it between threads with `&Store` or `Arc<Store>`.
+///
+/// ```
+/// use idemstore::{Fingerprint, Key, Reservation, Store};
+///
+/// # let dir = tempfile::tempdir()?;
+/// let store = Store::open(dir.path().join("keys.idem"))?;
+/// let key = Key::new("user-7", "checkout", "b7d1e0")?;
+/// let request = Fingerprint::of(b"cart=42&total=1999");
+///
+/// match store.reserve(&key, request)? {
+///     Reservation::Acquired(lease) => {
+///         let receipt = b"order 1001 placed"; // do the work here
+///         store.complete(&lease, receipt.to_vec())?;
+///     }
+///     other => panic!("a fresh key is acquired, got {other:?}"),
+/// }
+///
+/// // The retry gets the stored result instead of running the work again.
+/// match store.reserve(&key, request)? {
+///     Reservation::Completed(done) => assert_eq!(done.result, b"order 1001 placed"),
+///     other => panic!("expected the stored result, got {other:?}"),
+/// }
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct Store {
+    db: Arc<Database>,
+    cache: Arc<RecordCache>,
+    overlay: Arc<Overlay>,
+    counters: Arc<Counters>,
+    committer: Committer,
+    clock: Arc<dyn Clock>,
+    policy: Policy,
+    max_result_len: usize,
+    poison: Arc<Poison>,
+    path: PathBuf,
+    /// Runs once at the start of the next read (tests of races with poisoning).
+    #[cfg(test)]
+    read_hook: parking_lot::Mutex<Option<Box<dyn FnOnce() + Send>>>,
+}
+
+impl fmt::Debug for Store {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Store")
+            .field("path", &self.path)
+            .field("policy", &self.policy)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Store {
+    /// The store's file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Counters of what the store has done since it was opened.
+    pub fn stats(&self) -> Stats {
+        self.counters.snapshot()
+    }
+
+    pub(crate) fn now(&self) -> Millis {
+        to_millis(self.clock.now())
+    }
+
+    /// Deletes up to `limit` expired records and returns how many were deleted. Expired
+    /// records already read as absent; sweeping reclaims their space. Run it periodically
+    /// with a bound that keeps each call short, since it holds the writer while it runs.
+    ///
+    /// # Errors
+    /// Storage errors; a failed sweep poisons the store like any failed write.
+    pub fn sweep(&self, limit: usize) -> Result<usize, Error> {
+        self.committer.with_writer(|writer| writer.sweep(limit))
+    }
+
+    /// Makes everything acknowledged so far durable in the B-tree file and rewinds the log.
+    /// The store does this by itself (see [`Builder::checkpoint_bytes`](crate::Builder::checkpoint_bytes)); call it before a
+    /// backup or to bound the next open's replay.
+    ///
+    /// # Errors
+    /// Storage errors; a failed checkpoint poisons the store like any failed write.
+    pub fn checkpoint(&self) -> Result<(), Error> {
+        self.committer.with_writer(Writer::checkpoint)
+    }
+
+    /// Runs `f` with the writer to itself (tests that damage the file on purpose).
+    #[cfg(test)]
+    pub(crate) fn with_writer<R>(
+        &self,
+        f: impl FnOnce(&mut Writer) -> Result<R, Error>,
+    ) -> Result<R, Error> {
+        self.committer.with_writer(f)
+    }
+
+    /// Runs `hook` once at the start of the next read, after its caller checked the poison.
+    #[cfg(test)]
+    pub(crate) fn before_next_read(&self, hook: impl FnOnce() + Send + 'static) {
+        *self.read_hook.lock() = Some(Box::new(hook));
+    }
+
+    /// How many async requests wait in the commit queue.
+    #[cfg(test)]
+    pub(crate) fn queued_async(&self) -> usize {
+        self.committer.queued_async()
+    }
+
+    /// Forgets every cached record, so the next reads go to redb.
+    #[cfg(test)]
+    pub(crate) fn clear_cache(&self) {
+        self.cache.clear();
+    }
+}

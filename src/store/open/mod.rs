@@ -1,0 +1,215 @@
+//! Opening a store, all in one place: the file checks and crash-safe creation (`file.rs`),
+//! recovery ([`crate::recovery`]), and assembling the commit path. Every open goes through
+//! [`Store::from_parts`].
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use redb::Database;
+
+use crate::builder::{Builder, Durability};
+use crate::cache::{Overlay, RecordCache};
+use crate::clock::duration_millis;
+use crate::commit::{Committer, Schedule, Writer};
+use crate::decide::Policy;
+use crate::error::Error;
+use crate::poison::Poison;
+use crate::recovery;
+use crate::stats::Counters;
+use crate::tables::Tables;
+use crate::wal::identity::{self, Identity};
+use crate::wal::{log_path, LogFile};
+
+use super::Store;
+
+pub(crate) mod file;
+
+/// redb's settings for a store.
+fn redb_builder(builder: &Builder) -> redb::Builder {
+    let mut redb_builder = redb::Builder::new();
+    redb_builder
+        .set_cache_size(builder.cache_size)
+        .set_check_integrity_on_open(builder.verify_on_open);
+    redb_builder
+}
+
+/// Runs an open. redb can panic on a damaged file that it trusts; hostile bytes must never
+/// panic the caller, so a panic becomes [`Error::NotAStore`] (redb's integrity check on open,
+/// [`Builder::verify_on_open`](crate::Builder::verify_on_open), makes this a backstop).
+fn guard_open(path: &Path, open: impl FnOnce() -> Result<Store, Error>) -> Result<Store, Error> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(open)).unwrap_or_else(|_| {
+        Err(Error::NotAStore {
+            path: path.to_path_buf(),
+            reason: "redb panicked while reading it: the file is damaged".into(),
+        })
+    })
+}
+/// The store's random identity, from its meta table.
+fn store_id(db: &Database) -> Result<u64, Error> {
+    let ctx = "reading the store's identity";
+    let txn = db.begin_write().map_err(|e| Error::storage(ctx, e))?;
+    let id = Tables::open(&txn)?.store_id();
+    txn.abort().map_err(|e| Error::storage(ctx, e))?;
+    id
+}
+
+/// Whose log `log` is; refuses one whose identity block is damaged (it may be the store's own,
+/// so it is neither replayed nor set aside).
+fn log_identity(
+    log: &dyn LogFile,
+    store_id: u64,
+    store: &Path,
+    log_path: &Path,
+) -> Result<Identity, Error> {
+    let identity = identity::read(log, store_id).map_err(|e| {
+        Error::io(
+            format!("reading the identity of log {}", log_path.display()),
+            e,
+        )
+    })?;
+    if identity == Identity::Damaged {
+        return Err(Error::ForeignLog {
+            store: store.to_path_buf(),
+            log: log_path.to_path_buf(),
+            reason: "its first 32 bytes are not a valid idemstore log identity".into(),
+        });
+    }
+    Ok(identity)
+}
+
+impl Store {
+    /// Opens the store at `path` with every default, creating it if it does not exist.
+    ///
+    /// # Errors
+    /// See [`Builder::open`](crate::Builder::open).
+    pub fn open(path: impl AsRef<Path>) -> Result<Store, Error> {
+        Builder::new().open(path)
+    }
+
+    /// A [`Builder`] to configure retention, leases, limits and the clock.
+    pub fn builder() -> Builder {
+        Builder::new()
+    }
+
+    pub(crate) fn open_with(builder: &Builder, path: &Path) -> Result<Store, Error> {
+        guard_open(path, || Store::open_unguarded(builder, path))
+    }
+
+    pub(super) fn open_unguarded(builder: &Builder, path: &Path) -> Result<Store, Error> {
+        let redb_builder = redb_builder(builder);
+        let db = file::open_or_create(path, &redb_builder)?;
+        let store_id = store_id(&db)?;
+        let log_path = log_path(path);
+        let preallocate = builder
+            .preallocate_log
+            .then_some(builder.checkpoint_bytes + (1 << 20));
+        let mut log = file::open_log(&log_path, preallocate)?;
+        if let Identity::Other(other) = log_identity(&log, store_id, path, &log_path)? {
+            // Another store's log (a deleted store's at the same path, or one copied here):
+            // never replayed, never deleted, set aside under a name that says whose it is.
+            drop(log);
+            let aside = file::set_aside(&log_path, other)?;
+            #[cfg(feature = "tracing")]
+            tracing::warn!(
+                log = %log_path.display(),
+                set_aside = %aside.display(),
+                "idemstore: the log belonged to another store; set aside, not replayed"
+            );
+            let _ = aside;
+            log = file::open_log(&log_path, preallocate)?;
+        }
+        Store::from_parts(db, Arc::new(log), log_path, builder, path.to_path_buf())
+    }
+
+    /// Opens (creating if empty) a store on simulated disks, for crash and fault tests and the
+    /// fuzz targets.
+    #[cfg(any(test, fuzzing))]
+    pub(crate) fn open_sim(
+        builder: &Builder,
+        db_disk: &crate::testing::sim::SimDisk,
+        log_disk: &crate::testing::sim::SimDisk,
+    ) -> Result<Store, Error> {
+        let path = PathBuf::from("sim.idem");
+        guard_open(&path.clone(), || {
+            let db = redb_builder(builder)
+                .create_with_backend(db_disk.clone())
+                .map_err(|e| Error::storage("opening a simulated store", e))?;
+            file::initialize_if_new(&db)?;
+            file::check_format(&db, &path)?;
+            Store::from_parts(
+                db,
+                Arc::new(log_disk.clone()),
+                log_path(&path),
+                builder,
+                path,
+            )
+        })
+    }
+
+    pub(crate) fn from_parts(
+        db: Database,
+        log: Arc<dyn LogFile>,
+        log_path: PathBuf,
+        builder: &Builder,
+        path: PathBuf,
+    ) -> Result<Store, Error> {
+        let store_id = store_id(&db)?;
+        match log_identity(&*log, store_id, &path, &log_path)? {
+            Identity::Ours => {}
+            Identity::Fresh => identity::claim(&*log, store_id, &log_path)?,
+            // Set aside by the caller when it can rename files; refused otherwise.
+            Identity::Other(_) | Identity::Damaged => {
+                return Err(Error::ForeignLog {
+                    store: path,
+                    log: log_path,
+                    reason: format!(
+                        "it carries another store's identity (this store is {store_id:#018x})"
+                    ),
+                })
+            }
+        }
+        let strict = builder.durability == Durability::Immediate;
+        let (mut wal, next_token) = recovery::recover(&db, log, log_path, strict)?;
+        wal.set_max_payload(builder.limits.frame_bytes);
+        let db = Arc::new(db);
+        let policy = Policy {
+            lease: duration_millis(builder.lease),
+            retention: duration_millis(builder.retention),
+        };
+        let poison = Arc::new(Poison::default());
+        let cache = Arc::new(RecordCache::new(builder.cache_records));
+        let overlay = Arc::new(Overlay::default());
+        let counters = Arc::new(Counters::default());
+        let writer = Writer::new(
+            Arc::clone(&db),
+            wal,
+            Arc::clone(&builder.clock),
+            policy,
+            next_token,
+            Arc::clone(&poison),
+            Arc::clone(&cache),
+            Arc::clone(&overlay),
+            Arc::clone(&counters),
+            Schedule {
+                durability: builder.durability,
+                checkpoint_bytes: builder.checkpoint_bytes,
+                checkpoint_interval: builder.checkpoint_interval,
+                sweep_interval: builder.sweep_interval,
+            },
+        );
+        Ok(Store {
+            db,
+            cache,
+            overlay,
+            counters,
+            committer: Committer::start(writer, builder.limits)?,
+            clock: Arc::clone(&builder.clock),
+            policy,
+            max_result_len: builder.max_result_len,
+            poison,
+            path,
+            #[cfg(test)]
+            read_hook: parking_lot::Mutex::new(None),
+        })
+    }
+}

@@ -1,0 +1,119 @@
+//! Reads: records by key, stale reservations, and snapshots for inspection.
+
+use redb::ReadableDatabase;
+
+use crate::error::Error;
+use crate::key::Key;
+use crate::record::Record;
+use crate::sweep;
+use crate::tables::{decode_record, LEASES, RECORDS};
+
+use super::Store;
+
+impl Store {
+    /// A redb read transaction on the store's file, to read the caller's own tables (those
+    /// written with [`complete_with`](Store::complete_with)) while the store is open. It sees
+    /// every durable redb commit; tables named `idemstore.*` belong to the store.
+    ///
+    /// # Errors
+    /// Storage errors.
+    pub fn begin_read(&self) -> Result<redb::ReadTransaction, Error> {
+        self.poison.check()?;
+        self.db
+            .begin_read()
+            .map_err(|e| Error::storage("starting a read transaction", e))
+    }
+
+    /// The record stored for `key`, or `None` when it is absent or expired.
+    ///
+    /// # Errors
+    /// [`Error::Corruption`] naming the key when its record is damaged.
+    pub fn get(&self, key: &Key) -> Result<Option<Record>, Error> {
+        self.poison.check()?;
+        let now = self.now();
+        Ok(self.read(key)?.filter(|record| !record.is_expired(now)))
+    }
+
+    /// The stored record, from the overlay, the cache or a read transaction; expired or not.
+    pub(super) fn read(&self, key: &Key) -> Result<Option<Record>, Error> {
+        self.read_many([key]).remove(0)
+    }
+
+    /// The stored records of `keys`, in order (see [`read`](Store::read)); the ones that are
+    /// neither in the overlay nor in the cache are read in one read transaction. Never an
+    /// older state than acknowledged: after the store is poisoned a record read from redb is
+    /// [`Error::Poisoned`] instead.
+    pub(super) fn read_many<'k>(
+        &self,
+        keys: impl IntoIterator<Item = &'k Key>,
+    ) -> Vec<Result<Option<Record>, Error>> {
+        let ctx = "reading a record";
+        #[cfg(test)]
+        {
+            let hook = self.read_hook.lock().take();
+            if let Some(hook) = hook {
+                hook();
+            }
+        }
+        let mut table = None;
+        keys.into_iter()
+            .map(|key| {
+                if let Some(state) = self.overlay.get(key) {
+                    return Ok(state);
+                }
+                if let Some(record) = self.cache.get(key) {
+                    return Ok(Some(record));
+                }
+                if table.is_none() {
+                    let txn = self.db.begin_read().map_err(|e| Error::storage(ctx, e))?;
+                    let opened = txn
+                        .open_table(RECORDS)
+                        .map_err(|e| Error::storage(ctx, e))?;
+                    table = Some(opened);
+                }
+                let table = table.as_ref().expect("opened above");
+                let value = table
+                    .get(key.encoded())
+                    .map_err(|e| Error::storage(ctx, e))?;
+                // A failed write clears the overlay and the cache after latching the poison:
+                // if that happened since the caller checked, the overlay or the cache may have
+                // held a newer acknowledged state than redb, so refuse rather than return an
+                // older one.
+                self.poison.check()?;
+                value
+                    .map(|bytes| decode_record(key.encoded(), bytes.value()))
+                    .transpose()
+            })
+            .collect()
+    }
+
+    /// Up to `limit` reservations whose lease ran out without completion, oldest first: work
+    /// that may have had side effects and died. Recover each by asking the external system
+    /// about the key, then take it over with [`reserve`](Store::reserve) or settle it with
+    /// [`resolve`](Store::resolve).
+    ///
+    /// # Errors
+    /// [`Error::Corruption`] naming the key of a damaged record; storage errors.
+    pub fn stale(&self, limit: usize) -> Result<Vec<(Key, Record)>, Error> {
+        // Commit what the committer holds in its open transaction, so the listing sees every
+        // acknowledged operation.
+        self.committer.with_writer(|_| Ok(()))?;
+        let ctx = "listing stale reservations";
+        let txn = self.db.begin_read().map_err(|e| Error::storage(ctx, e))?;
+        let records = txn
+            .open_table(RECORDS)
+            .map_err(|e| Error::storage(ctx, e))?;
+        let leases = txn.open_table(LEASES).map_err(|e| Error::storage(ctx, e))?;
+        sweep::stale(&records, &leases, self.now(), limit)
+    }
+
+    /// Commits the writer's open transaction and begins a snapshot that sees every
+    /// acknowledged operation (for inspection).
+    pub(crate) fn snapshot(&self) -> Result<redb::ReadTransaction, Error> {
+        self.poison.check()?;
+        self.committer.with_writer(|_| Ok(()))?;
+        self.db
+            .begin_read()
+            .map_err(|e| Error::storage("inspecting the store", e))
+    }
+}

@@ -1,0 +1,297 @@
+//! Reserving keys: one, many, async, waiting, and the dedup window (`observe`). Existing keys
+//! are answered from the overlay, the cache or a read transaction without waiting for writers.
+
+use std::time::{Duration, Instant};
+
+use crate::clock::duration_millis;
+use crate::commit::first;
+use crate::decide::answer;
+use crate::decide::op::{Observe, Reserve, Reserved};
+use crate::decide::{decide, Change};
+use crate::error::Error;
+use crate::fingerprint::Fingerprint;
+use crate::key::Key;
+use crate::record::Record;
+use crate::reservation::{Reservation, Seen};
+use crate::stats::Counter;
+
+use super::Store;
+
+impl Store {
+    /// Reserves `key` for the request with `fingerprint`, or tells why not.
+    ///
+    /// - absent, or completed and past retention: [`Reservation::Acquired`] with a new token;
+    /// - stored with a different fingerprint (in any state): [`Reservation::Mismatch`];
+    /// - completed within retention: [`Reservation::Completed`] with the stored result;
+    /// - pending with a live lease: [`Reservation::InProgress`] with the time left;
+    /// - pending with a lease that ran out (stale): taken over, [`Reservation::Acquired`]
+    ///   with a new token and the attempt count increased;
+    /// - marked for review: [`Reservation::NeedsReview`](crate::Reservation::NeedsReview).
+    ///
+    /// Existing keys are answered from a read transaction without waiting for writers; only
+    /// an acquisition goes through the commit path.
+    ///
+    /// # Durability
+    /// `Acquired` is returned only after the reservation is durable under the store's
+    /// [`Durability`](crate::Durability).
+    ///
+    /// # Errors
+    /// [`Error::Corruption`] when the key's stored record is damaged; [`Error::Poisoned`] after
+    /// a failed write; [`Error::Storage`] for I/O failures.
+    pub fn reserve(&self, key: &Key, fingerprint: Fingerprint) -> Result<Reservation, Error> {
+        if let Some(answer) = self.answer_without_writing(key, fingerprint)? {
+            return Ok(answer);
+        }
+        let reserved = self
+            .committer
+            .submit_one(key.clone(), Reserve { fingerprint })?;
+        Ok(self.reservation(key, reserved))
+    }
+
+    /// The duplicate path: answers a reserve from the cache or a read transaction when the
+    /// answer needs no write; `None` when the writer must decide.
+    pub(super) fn answer_without_writing(
+        &self,
+        key: &Key,
+        fingerprint: Fingerprint,
+    ) -> Result<Option<Reservation>, Error> {
+        self.poison.check()?;
+        let record = self.read(key)?;
+        Ok(self.decide_without_writing(key, fingerprint, record))
+    }
+
+    /// The answer to a reserve of `key` given its stored `record`, when it needs no write.
+    fn decide_without_writing(
+        &self,
+        key: &Key,
+        fingerprint: Fingerprint,
+        record: Option<Record>,
+    ) -> Option<Reservation> {
+        // The token is a placeholder: a decision that would use it is discarded and taken
+        // again by the writer against the latest state.
+        let decision = decide(
+            Some(record?),
+            Reserve { fingerprint },
+            self.now(),
+            self.policy,
+            0,
+        );
+        (decision.change == Change::Keep).then(|| self.reservation(key, decision.outcome))
+    }
+
+    /// Reserves many keys with one shared commit (one log sync for the whole batch). Returns
+    /// one result per item, in order; an item's error (a corrupt record) does not fail the
+    /// others.
+    ///
+    /// ```
+    /// use idemstore::{Fingerprint, Key, Reservation, Store};
+    ///
+    /// # let dir = tempfile::tempdir()?;
+    /// let store = Store::open(dir.path().join("batch.idem"))?;
+    /// let items: Vec<(Key, Fingerprint)> = (0..100)
+    ///     .map(|i| Ok((Key::new("queue", "orders", format!("msg-{i}"))?, Fingerprint::of(b"m"))))
+    ///     .collect::<Result<_, idemstore::Error>>()?;
+    /// let results = store.reserve_many(&items)?;
+    /// assert!(results.iter().all(|r| matches!(r, Ok(Reservation::Acquired(_)))));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Durability
+    /// As for [`reserve`](Store::reserve): every `Acquired` is durable when this returns.
+    ///
+    /// # Errors
+    /// The outer error is a failure of the batch (a poisoned store, a failed sync). A very
+    /// large call (over 64 MiB of log entries) is committed in several consecutive batches;
+    /// then the items of earlier ones may have been committed, as for any failed write.
+    pub fn reserve_many(
+        &self,
+        items: &[(Key, Fingerprint)],
+    ) -> Result<Vec<Result<Reservation, Error>>, Error> {
+        // Duplicates (and mismatches, keys in progress) are answered from what is
+        // acknowledged, without the writer; only the rest waits for a commit.
+        self.poison.check()?;
+        let mut answers: Vec<Option<Result<Reservation, Error>>> = self
+            .read_many(items.iter().map(|(key, _)| key))
+            .into_iter()
+            .zip(items)
+            .map(|(record, (key, fingerprint))| match record {
+                Ok(record) => self
+                    .decide_without_writing(key, *fingerprint, record)
+                    .map(Ok),
+                Err(error) => Some(Err(error)),
+            })
+            .collect();
+        let ops: Vec<_> = items
+            .iter()
+            .zip(&answers)
+            .filter(|(_, answer)| answer.is_none())
+            .map(|((key, fingerprint), _)| {
+                let op = Reserve {
+                    fingerprint: *fingerprint,
+                };
+                (key.clone(), op)
+            })
+            .collect();
+        if !ops.is_empty() {
+            let mut decided = self.committer.submit(ops)?.into_iter();
+            for ((key, _), answer) in items.iter().zip(&mut answers) {
+                if answer.is_none() {
+                    let reserved = decided.next().expect("one outcome per queued item");
+                    *answer = Some(reserved.map(|reserved| self.reservation(key, reserved)));
+                }
+            }
+        }
+        Ok(answers
+            .into_iter()
+            .map(|answer| answer.expect("every item answered"))
+            .collect())
+    }
+
+    /// [`reserve`](Store::reserve) for async code: the duplicate path answers at once, and an
+    /// acquisition waits for its commit without blocking a thread, on any executor.
+    ///
+    /// # Backpressure
+    /// At most 4,096 async requests wait in the commit queue; a future started when it is full
+    /// waits (without queueing anything) until a batch makes room.
+    ///
+    /// # Cancel safety
+    /// Dropping the future does not withdraw the reservation: it may still be acquired, and
+    /// then goes stale when its lease runs out.
+    ///
+    /// # Errors
+    /// As for [`reserve`](Store::reserve).
+    pub async fn reserve_async(
+        &self,
+        key: &Key,
+        fingerprint: Fingerprint,
+    ) -> Result<Reservation, Error> {
+        if let Some(answer) = self.answer_without_writing(key, fingerprint)? {
+            return Ok(answer);
+        }
+        let answer = self
+            .committer
+            .submit_async(vec![(key.clone(), Reserve { fingerprint })])
+            .await;
+        Ok(self.reservation(key, first(answer)?))
+    }
+
+    pub(super) fn reservation(&self, key: &Key, reserved: Reserved) -> Reservation {
+        let counter = match &reserved {
+            Reserved::Acquired { attempt, .. } => {
+                if *attempt > 1 {
+                    self.counters.add(Counter::Takeovers, 1);
+                }
+                Counter::Acquired
+            }
+            Reserved::Completed { .. } => Counter::Replayed,
+            Reserved::InProgress { .. } => Counter::InProgress,
+            Reserved::Mismatch => Counter::Mismatches,
+            Reserved::NeedsReview { .. } => Counter::NeedsReview,
+        };
+        self.counters.add(counter, 1);
+        answer::reservation(key, reserved)
+    }
+
+    /// Like [`reserve`](Store::reserve), but when another caller in this process holds the key,
+    /// waits (without polling) until it completes, releases or goes stale, up to `timeout`.
+    /// Returns the stored result, an acquisition, or `InProgress` when the timeout passed.
+    ///
+    /// # Errors
+    /// As for [`reserve`](Store::reserve).
+    pub fn reserve_or_wait(
+        &self,
+        key: &Key,
+        fingerprint: Fingerprint,
+        timeout: Duration,
+    ) -> Result<Reservation, Error> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let answer = self.reserve(key, fingerprint)?;
+            let Reservation::InProgress { retry_after, .. } = answer else {
+                return Ok(answer);
+            };
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(answer);
+            }
+            self.overlay.waiters.register(key);
+            // The key may have changed between the answer and the registration.
+            let again = self.answer_without_writing(key, fingerprint);
+            if !matches!(again, Ok(Some(Reservation::InProgress { .. }))) {
+                self.overlay.waiters.unregister(key);
+                continue;
+            }
+            // Wake at the latest when the holder's lease runs out (then it can be taken over).
+            std::thread::park_timeout((deadline - now).min(retry_after + Duration::from_millis(1)));
+            self.overlay.waiters.unregister(key);
+        }
+    }
+
+    /// Dedup window mode for queue consumers: records `key` as seen for `window` if it is not
+    /// stored, and says whether it was new. Redelivered messages within the window are
+    /// [`Seen::Duplicate`]. Durable when it returns `New`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idemstore::{Key, Seen, Store};
+    ///
+    /// # let dir = tempfile::tempdir()?;
+    /// let store = Store::open(dir.path().join("events.idem"))?;
+    /// let event = Key::new("orders-queue", "consume", "msg-81f2")?;
+    /// let window = Duration::from_secs(5 * 60); // like SQS FIFO
+    /// assert_eq!(store.observe(&event, window)?, Seen::New);
+    /// assert_eq!(store.observe(&event, window)?, Seen::Duplicate);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As for [`reserve`](Store::reserve).
+    pub fn observe(&self, key: &Key, window: Duration) -> Result<Seen, Error> {
+        self.observe_many(std::slice::from_ref(key), window)?
+            .remove(0)
+    }
+
+    /// [`observe`](Store::observe) for a polled batch of messages, with one shared commit.
+    ///
+    /// # Errors
+    /// The outer error fails the whole batch; an item fails alone when its record is corrupt.
+    pub fn observe_many(
+        &self,
+        keys: &[Key],
+        window: Duration,
+    ) -> Result<Vec<Result<Seen, Error>>, Error> {
+        let window = duration_millis(window);
+        // Keys already stored are duplicates, answered from what is acknowledged without the
+        // writer; only new keys wait for a commit.
+        self.poison.check()?;
+        let now = self.now();
+        let mut answers: Vec<Option<Result<Seen, Error>>> = self
+            .read_many(keys)
+            .into_iter()
+            .map(|record| match record {
+                Ok(Some(record)) if !record.is_expired(now) => Some(Ok(Seen::Duplicate)),
+                Ok(_) => None,
+                Err(error) => Some(Err(error)),
+            })
+            .collect();
+        let ops: Vec<_> = keys
+            .iter()
+            .zip(&answers)
+            .filter(|(_, answer)| answer.is_none())
+            .map(|(key, _)| (key.clone(), Observe { window }))
+            .collect();
+        if !ops.is_empty() {
+            let mut decided = self.committer.submit(ops)?.into_iter();
+            for answer in &mut answers {
+                if answer.is_none() {
+                    let new = decided.next().expect("one outcome per queued item");
+                    *answer = Some(new.map(answer::seen));
+                }
+            }
+        }
+        Ok(answers
+            .into_iter()
+            .map(|answer| answer.expect("every key answered"))
+            .collect())
+    }
+}

@@ -1,0 +1,307 @@
+//! Reproductions of the findings of issue 8 that need the simulated disk or the engine's
+//! internals; each failed on the code before its fix (the commit that fixed it says how).
+
+use std::future::Future;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crate::testing::sim::{Fate, Rng, SimDisk};
+use crate::{Builder, Fingerprint, Key, ManualClock, Reservation, Store};
+
+fn builder(clock: &ManualClock) -> Builder {
+    let mut builder = Store::builder();
+    builder
+        .clock(clock.clone())
+        .lease(Duration::from_secs(3600))
+        .checkpoint_interval(Duration::from_secs(3600));
+    builder
+}
+
+fn key(id: &str) -> Key {
+    Key::new("tenant", "op", id).unwrap()
+}
+
+fn fp() -> Fingerprint {
+    Fingerprint::of(b"request")
+}
+
+/// Waits until `done` holds, failing after a few seconds.
+fn wait_until(what: &str, done: impl Fn() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "timed out: {what}"
+        );
+        thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Finding 2: group commit is pipelined, so a power loss can keep batch N+1's frame and lose
+/// batch N's, neither acknowledged. The store must open (nothing acknowledged is missing) and
+/// hold what was acknowledged, not refuse "to drop acknowledged batches".
+#[test]
+fn power_loss_keeping_a_later_unacknowledged_frame_still_opens() {
+    let clock = ManualClock::new();
+    let (db, log) = (SimDisk::new(), SimDisk::new());
+    let store = Store::open_sim(&builder(&clock), &db, &log).unwrap();
+    assert!(matches!(
+        store.reserve(&key("k1"), fp()).unwrap(),
+        Reservation::Acquired(_)
+    ));
+    log.hold_syncs();
+    thread::scope(|s| {
+        let store = &store;
+        let unsynced_before = log.unsynced_writes();
+        s.spawn(move || store.reserve(&key("k2"), fp()));
+        wait_until("batch N's sync is running", || log.syncs_waiting() == 1);
+        s.spawn(move || store.reserve(&key("k3"), fp()));
+        wait_until("batch N+1 is written while N syncs", || {
+            log.unsynced_writes() == unsynced_before + 2
+        });
+        // The power fails: batch N's frame is lost, batch N+1's kept; redb keeps what it
+        // synced.
+        let mut fates = vec![Fate::Lost; unsynced_before];
+        fates.extend([Fate::Lost, Fate::Kept]);
+        let mut rng = Rng(7);
+        let log_image = log.after_power_loss_with(&fates, true, &mut rng);
+        let db_image = db.after_power_loss_with(&[], false, &mut rng);
+        log.release_syncs();
+
+        let reopened = Store::open_sim(&builder(&clock), &db_image, &log_image)
+            .expect("no acknowledged batch is missing, so the store opens");
+        assert!(
+            reopened.get(&key("k1")).unwrap().is_some(),
+            "the acknowledged reserve survives"
+        );
+        for unacknowledged in ["k2", "k3"] {
+            assert!(
+                reopened.get(&key(unacknowledged)).unwrap().is_none(),
+                "{unacknowledged} was never acknowledged and is dropped with its frame"
+            );
+        }
+    });
+}
+
+/// Finding 3: the batch limit bounded how many requests join a batch, not one request, so one
+/// `complete_many` with enough large results made a frame over the format's limit, hit the
+/// encoder's `expect`, and the caught panic poisoned the store. Here the limits are scaled
+/// down (a 1 MiB frame, 256 KiB batches) so that the input is megabytes, not gigabytes: eight
+/// 200 KiB results in one call. No input from a caller may poison the store.
+#[test]
+fn one_oversized_request_never_poisons_the_store() {
+    let clock = ManualClock::new();
+    let mut b = builder(&clock);
+    b.max_result_len(200 << 10);
+    b.limits.batch_bytes = 256 << 10;
+    b.limits.frame_bytes = 1 << 20;
+    let (db, log) = (SimDisk::new(), SimDisk::new());
+    let store = Store::open_sim(&b, &db, &log).unwrap();
+    let leases: Vec<_> = (0..8)
+        .map(
+            |i| match store.reserve(&key(&format!("big-{i}")), fp()).unwrap() {
+                Reservation::Acquired(lease) => lease,
+                other => panic!("{other:?}"),
+            },
+        )
+        .collect();
+    let items = leases.iter().map(|l| (l, vec![7u8; 200 << 10])).collect();
+    let results = store
+        .complete_many(items)
+        .expect("a large request is not an error of the store");
+    for result in results {
+        result.expect("each completion fits the limits on its own");
+    }
+    assert!(
+        matches!(
+            store.reserve(&key("after"), fp()),
+            Ok(Reservation::Acquired(_))
+        ),
+        "the store still works"
+    );
+    for lease in &leases {
+        let record = store.get(lease.key()).unwrap().unwrap();
+        assert!(
+            matches!(record.status(), crate::Status::Completed { result, .. } if result.len() == 200 << 10)
+        );
+    }
+}
+
+/// Runs `f` on another thread and fails if it does not return within a few seconds; `unblock`
+/// runs then (so the stuck thread can finish) before the test fails.
+fn returns_promptly<T: Send>(
+    what: &str,
+    f: impl FnOnce() -> T + Send,
+    unblock: impl FnOnce(),
+) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    thread::scope(|s| {
+        s.spawn(move || {
+            let _ = tx.send(f());
+        });
+        match rx.recv_timeout(Duration::from_secs(3)) {
+            Ok(value) => value,
+            Err(_) => {
+                unblock();
+                panic!("{what} did not return within 3 s");
+            }
+        }
+    })
+}
+
+/// Finding 4: `reserve_many`, `observe` and `observe_many` always went through the writer, so a
+/// batch of duplicates waited for the fdatasync running for someone else's batch. Here that
+/// sync never ends until the test lets it: duplicates must be answered anyway.
+#[test]
+fn a_batch_of_duplicates_never_waits_for_a_sync() {
+    let clock = ManualClock::new();
+    let (db, log) = (SimDisk::new(), SimDisk::new());
+    let store = Store::open_sim(&builder(&clock), &db, &log).unwrap();
+    let done: Vec<Key> = (0..10).map(|i| key(&format!("done-{i}"))).collect();
+    for k in &done {
+        let Reservation::Acquired(lease) = store.reserve(k, fp()).unwrap() else {
+            panic!("a new key")
+        };
+        store.complete(&lease, b"ok".to_vec()).unwrap();
+    }
+    let window = Duration::from_secs(60);
+    let seen = key("seen");
+    assert_eq!(store.observe(&seen, window).unwrap(), crate::Seen::New);
+    log.hold_syncs();
+    thread::scope(|s| {
+        let store = &store;
+        s.spawn(move || store.reserve(&key("slow"), fp()));
+        wait_until("another batch's sync is running", || {
+            log.syncs_waiting() == 1
+        });
+        let items: Vec<_> = done.iter().map(|k| (k.clone(), fp())).collect();
+        let answers = returns_promptly(
+            "reserve_many of duplicates",
+            || store.reserve_many(&items).unwrap(),
+            || log.release_syncs(),
+        );
+        assert!(answers
+            .iter()
+            .all(|a| matches!(a, Ok(Reservation::Completed(_)))));
+        let again = returns_promptly(
+            "observe of a duplicate",
+            || store.observe(&seen, window).unwrap(),
+            || log.release_syncs(),
+        );
+        assert_eq!(again, crate::Seen::Duplicate);
+        let many = returns_promptly(
+            "observe_many of duplicates",
+            || store.observe_many(&done, window).unwrap(),
+            || log.release_syncs(),
+        );
+        assert!(many.iter().all(|a| matches!(a, Ok(crate::Seen::Duplicate))));
+        log.release_syncs();
+    });
+}
+
+/// Finding 5, reads: a read that checked the poison just before the store was poisoned found
+/// the overlay and the cache emptied and fell back to redb, whose committed state can be older
+/// than what was acknowledged. It must return the latest acknowledged state or `Poisoned`.
+#[test]
+fn a_read_racing_the_poisoning_never_returns_an_older_state() {
+    let clock = ManualClock::new();
+    let (db, log) = (SimDisk::new(), SimDisk::new());
+    let store = std::sync::Arc::new(Store::open_sim(&builder(&clock), &db, &log).unwrap());
+    let k = key("k");
+    let Reservation::Acquired(lease) = store.reserve(&k, fp()).unwrap() else {
+        panic!("a new key")
+    };
+    // redb holds the pending record durably; the completion is acknowledged from the log and
+    // the overlay, not yet committed to redb.
+    store.checkpoint().unwrap();
+    store.complete(&lease, b"done".to_vec()).unwrap();
+    let poisoner = std::sync::Arc::clone(&store);
+    let failing = log.clone();
+    store.before_next_read(move || {
+        failing.fail_after(1);
+        assert!(poisoner.reserve(&key("other"), fp()).is_err());
+    });
+    match store.get(&k) {
+        Err(crate::Error::Poisoned { .. }) => {}
+        Ok(Some(record)) => assert!(
+            matches!(record.status(), crate::Status::Completed { .. }),
+            "a read returned {:?}, older than the acknowledged completion",
+            record.status()
+        ),
+        other => panic!("a read returned {other:?}, older than the acknowledged completion"),
+    }
+}
+
+/// Finding 5, directory entry: the log's directory entry was synced only when the log file had
+/// just been created. If a process created it and died before that sync, the next open found
+/// the file (still in the page cache), acknowledged writes into it, and a power loss could then
+/// take the whole log away. Every open makes the entry durable before the first answer.
+#[test]
+fn every_open_makes_the_logs_directory_entry_durable() {
+    use crate::store::open::file::SYNCED_DIRS;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("dir-sync.idem");
+    drop(Store::open(&path).unwrap());
+    SYNCED_DIRS.lock().retain(|d| d != dir.path());
+    let store = Store::open(&path).unwrap();
+    assert!(
+        SYNCED_DIRS.lock().iter().any(|d| d == dir.path()),
+        "reopening a store with an existing log did not sync the log's directory"
+    );
+    drop(store);
+}
+
+/// Polls `future` to the end on this thread.
+fn block_on<F: Future>(future: F) -> F::Output {
+    struct Unpark(thread::Thread);
+    impl std::task::Wake for Unpark {
+        fn wake(self: std::sync::Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = std::task::Waker::from(std::sync::Arc::new(Unpark(thread::current())));
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut future = std::pin::pin!(future);
+    loop {
+        if let std::task::Poll::Ready(value) = future.as_mut().poll(&mut cx) {
+            return value;
+        }
+        thread::park_timeout(Duration::from_millis(10));
+    }
+}
+
+/// Finding 5, async queue: async requests were queued without bound, so while the disk was
+/// slow memory grew with every new task. Here syncs are held and 40 tasks each start an async
+/// reserve with the queue bounded at 8: at most 8 may wait in the queue, the rest wait to be
+/// let in (backpressure), and every one completes once syncs resume.
+#[test]
+fn the_async_queue_is_bounded_and_callers_wait() {
+    let clock = ManualClock::new();
+    let mut b = builder(&clock);
+    b.limits.queued_async = 8;
+    let (db, log) = (SimDisk::new(), SimDisk::new());
+    let store = Store::open_sim(&b, &db, &log).unwrap();
+    log.hold_syncs();
+    let keys: Vec<Key> = (0..40).map(|i| key(&format!("async-{i}"))).collect();
+    let mut futures: Vec<_> = keys
+        .iter()
+        .map(|k| Box::pin(store.reserve_async(k, fp())))
+        .collect();
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    assert!(futures[0].as_mut().poll(&mut cx).is_pending());
+    wait_until("the first batch's sync is running", || {
+        log.syncs_waiting() == 1
+    });
+    for future in &mut futures[1..] {
+        assert!(future.as_mut().poll(&mut cx).is_pending());
+    }
+    let queued = store.queued_async();
+    log.release_syncs();
+    assert!(
+        queued <= 8,
+        "{queued} async requests queued while the bound is 8"
+    );
+    for future in futures {
+        assert!(matches!(block_on(future), Ok(Reservation::Acquired(_))));
+    }
+}

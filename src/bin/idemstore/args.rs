@@ -1,0 +1,143 @@
+//! The command line: subcommands and their arguments.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use idemstore::{Key, RecordClass};
+
+const EXIT_STATUS: &str = "\
+Exit status:
+  0  success; also when the reader of the output goes away early (a closed pipe)
+  1  error: the store cannot be opened (a service has it open, it is not a store, it is
+     damaged), the key is not stored, the resolve was refused, or `check` found problems
+  2  usage error: unknown command, missing or bad arguments
+
+Every command opens the store as a service does: one process owns a store file, so stop the
+service first. Opening replays the store's write-ahead log (FILE.wal) into the file.";
+
+#[derive(Parser)]
+#[command(
+    name = "idemstore",
+    version,
+    about = "Inspect and repair an idemstore idempotency-key store",
+    after_help = EXIT_STATUS
+)]
+pub(crate) struct Cli {
+    /// Print JSON instead of tables (errors too, on stderr)
+    #[arg(long, global = true)]
+    pub(crate) json: bool,
+
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+#[derive(Subcommand)]
+pub(crate) enum Command {
+    /// Records by state, the oldest reservation, file and log sizes, the log position
+    Stats {
+        /// The store file
+        file: PathBuf,
+    },
+    /// One record: its state, attempt, token, times and stored result
+    Get {
+        #[command(flatten)]
+        key: KeyArgs,
+        /// Write only the stored result's bytes to stdout, exactly as stored
+        #[arg(long, conflicts_with = "json")]
+        raw: bool,
+    },
+    /// Records in one state, oldest first for reservations and expired records
+    List {
+        /// The store file
+        file: PathBuf,
+        /// Only records in this state (default: every state)
+        #[arg(long, value_enum)]
+        state: Option<StateArg>,
+        /// Only records that entered their state at least this long ago, e.g. 30s, 5m, 2h, 1d
+        /// (for stale: stale for at least this long)
+        #[arg(long, value_parser = humantime::parse_duration, value_name = "DURATION")]
+        older_than: Option<Duration>,
+        /// Show at most this many records
+        #[arg(long, default_value_t = 100, value_name = "N")]
+        limit: usize,
+    },
+    /// Settle a stale reservation or a key marked for review
+    Resolve {
+        #[command(flatten)]
+        key: KeyArgs,
+        #[command(flatten)]
+        action: ResolveAction,
+        /// How long the stored result is replayed (with --complete)
+        #[arg(long, value_parser = humantime::parse_duration, value_name = "DURATION",
+              default_value = "24h", requires = "complete")]
+        retention: Duration,
+    },
+    /// Delete expired records, in slices, with a progress bar on a terminal
+    Sweep {
+        /// The store file
+        file: PathBuf,
+        /// Delete at most this many records (default: every expired record)
+        #[arg(long, value_name = "N")]
+        limit: Option<usize>,
+        /// Records deleted per write transaction
+        #[arg(long, default_value_t = 1000, value_name = "N")]
+        slice: usize,
+    },
+    /// Verify every record's checksum, every key, and both indexes; exit 1 on any problem
+    Check {
+        /// The store file
+        file: PathBuf,
+    },
+}
+
+#[derive(Args)]
+pub(crate) struct KeyArgs {
+    /// The store file
+    pub(crate) file: PathBuf,
+    /// Who the key belongs to (user, tenant)
+    pub(crate) scope: String,
+    /// What it guards (route, command)
+    pub(crate) operation: String,
+    /// The client's idempotency key
+    pub(crate) id: String,
+}
+
+impl KeyArgs {
+    pub(crate) fn key(&self) -> Result<Key> {
+        Key::new(&self.scope, &self.operation, &self.id).context("bad key")
+    }
+}
+
+#[derive(Args)]
+#[group(required = true, multiple = false)]
+pub(crate) struct ResolveAction {
+    /// Store the bytes of this file ("-" for stdin) as the key's result: the work happened
+    #[arg(long, value_name = "RESULT_FILE")]
+    pub(crate) complete: Option<PathBuf>,
+    /// Delete the key, so the next request does the work afresh: the work did not happen
+    #[arg(long)]
+    pub(crate) release: bool,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub(crate) enum StateArg {
+    Pending,
+    Stale,
+    NeedsReview,
+    Completed,
+    Expired,
+}
+
+impl From<StateArg> for RecordClass {
+    fn from(state: StateArg) -> RecordClass {
+        match state {
+            StateArg::Pending => RecordClass::Pending,
+            StateArg::Stale => RecordClass::Stale,
+            StateArg::NeedsReview => RecordClass::NeedsReview,
+            StateArg::Completed => RecordClass::Completed,
+            StateArg::Expired => RecordClass::Expired,
+        }
+    }
+}

@@ -1,0 +1,380 @@
+//! The commands: each reads or changes the store and prints a table or JSON.
+
+use std::io::{self, IsTerminal, Write};
+use std::time::{Instant, SystemTime};
+
+use anyhow::{bail, Result};
+use idemstore::{Key, Resolution, ScanFilter, Status, Store, Verification};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use serde_json::{json, Value};
+
+use crate::render::{at, bytes, hex, part, plural, preview, record_json, row, table, when};
+
+pub(crate) fn stats(store: &Store, out: &mut impl Write, json: bool) -> Result<()> {
+    let info = store.file_info()?;
+    let counts = store.counts()?;
+    let now = SystemTime::now();
+    if json {
+        let oldest = counts
+            .oldest_pending
+            .as_ref()
+            .map(|(key, record)| record_json(store, key, record, now, false));
+        let value = json!({
+            "path": info.path,
+            "file_bytes": info.file_bytes,
+            "log_path": info.log_path,
+            "log_bytes": info.log_bytes,
+            "wal_seq": info.wal_seq,
+            "next_token": info.next_token,
+            "counts": {
+                "pending": counts.pending,
+                "stale": counts.stale,
+                "needs_review": counts.needs_review,
+                "completed": counts.completed,
+                "expired": counts.expired,
+                "damaged": counts.damaged,
+                "total": counts.total(),
+            },
+            "oldest_pending": oldest,
+        });
+        writeln!(out, "{value:#}")?;
+        return Ok(());
+    }
+    let rows = vec![
+        row([
+            "store file",
+            &info.path.display().to_string(),
+            &bytes(info.file_bytes),
+        ]),
+        row([
+            "log file",
+            &info.log_path.display().to_string(),
+            &bytes(info.log_bytes),
+        ]),
+        row([
+            "log position",
+            &format!("seq {}", info.wal_seq),
+            "meta wal_seq",
+        ]),
+        row(["next token", &info.next_token.to_string(), ""]),
+    ];
+    table(out, &[], &rows)?;
+    writeln!(out)?;
+    let mut rows = vec![
+        row(["pending (live lease)", &counts.pending.to_string()]),
+        row(["stale (lease ran out)", &counts.stale.to_string()]),
+        row(["needs-review", &counts.needs_review.to_string()]),
+        row(["completed", &counts.completed.to_string()]),
+        row(["expired, not yet swept", &counts.expired.to_string()]),
+    ];
+    if counts.damaged > 0 {
+        rows.push(row([
+            "damaged (run `idemstore check`)",
+            &counts.damaged.to_string(),
+        ]));
+    }
+    rows.push(row(["total", &counts.total().to_string()]));
+    table(out, &["STATE", "RECORDS"], &rows)?;
+    writeln!(out)?;
+    match &counts.oldest_pending {
+        None => writeln!(out, "oldest pending: none")?,
+        Some((key, record)) => writeln!(
+            out,
+            "oldest pending: {} ({}, attempt {}, token {})",
+            key,
+            when(store, record, now),
+            record.attempt(),
+            record.token()
+        )?,
+    }
+    Ok(())
+}
+
+pub(crate) fn get(
+    store: &Store,
+    key: &Key,
+    out: &mut impl Write,
+    json: bool,
+    raw: bool,
+) -> Result<()> {
+    let Some(record) = store.get(key)? else {
+        bail!("no record for key {key}: never reserved, released, or expired");
+    };
+    if raw {
+        let Status::Completed { result, .. } = record.status() else {
+            bail!(
+                "key {key} is {} and has no stored result",
+                store.class_of(&record)
+            );
+        };
+        out.write_all(result)?;
+        return Ok(());
+    }
+    let now = SystemTime::now();
+    if json {
+        let value = record_json(store, key, &record, now, true);
+        writeln!(out, "{value:#}")?;
+        return Ok(());
+    }
+    let class = store.class_of(&record);
+    let mut rows = vec![
+        row(["scope", &part(key.scope())]),
+        row(["operation", &part(key.operation())]),
+        row(["id", &part(key.id())]),
+        row(["state", &format!("{class} ({})", when(store, &record, now))]),
+        row(["attempt", &record.attempt().to_string()]),
+        row(["token", &record.token().to_string()]),
+        row(["fingerprint", &hex(record.fingerprint().as_bytes())]),
+        row([
+            "expires",
+            &record
+                .expires_at()
+                .map_or("never (under review)".into(), |t| at(t, now)),
+        ]),
+    ];
+    match record.status() {
+        Status::Pending {
+            lease_until,
+            progress,
+        } => {
+            rows.push(row(["lease until", &at(lease_until, now)]));
+            if let Some(progress) = progress {
+                rows.push(row([
+                    "recovery point",
+                    &format!("step {}: {}", progress.step, preview(&progress.data, 200)),
+                ]));
+            }
+        }
+        Status::Completed {
+            result,
+            completed_at,
+        } => {
+            rows.push(row(["completed", &at(completed_at, now)]));
+            rows.push(row([
+                "result",
+                &format!("{} bytes: {}", result.len(), preview(result, 200)),
+            ]));
+        }
+        Status::NeedsReview { note, since } => {
+            rows.push(row(["marked", &at(since, now)]));
+            rows.push(row(["note", note]));
+        }
+        _ => {}
+    }
+    table(out, &[], &rows)?;
+    Ok(())
+}
+
+pub(crate) fn list(
+    store: &Store,
+    filter: &ScanFilter,
+    limit: usize,
+    out: &mut impl Write,
+    json: bool,
+) -> Result<()> {
+    let mut found = store.scan(filter, limit.saturating_add(1))?;
+    let truncated = found.len() > limit;
+    found.truncate(limit);
+    let now = SystemTime::now();
+    if json {
+        let records: Vec<Value> = found
+            .iter()
+            .map(|(key, record)| record_json(store, key, record, now, false))
+            .collect();
+        let value = json!({ "records": records, "truncated": truncated });
+        writeln!(out, "{value:#}")?;
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> = found
+        .iter()
+        .map(|(key, record)| {
+            let detail = match record.status() {
+                Status::Completed { result, .. } => {
+                    format!("result {}", bytes(result.len() as u64))
+                }
+                Status::NeedsReview { note, .. } => preview(note.as_bytes(), 60),
+                _ => String::new(),
+            };
+            vec![
+                part(key.scope()),
+                part(key.operation()),
+                part(key.id()),
+                store.class_of(record).to_string(),
+                record.attempt().to_string(),
+                record.token().to_string(),
+                when(store, record, now),
+                detail,
+            ]
+        })
+        .collect();
+    if rows.is_empty() {
+        writeln!(out, "no records")?;
+    } else {
+        let headers = [
+            "SCOPE",
+            "OPERATION",
+            "ID",
+            "STATE",
+            "ATTEMPT",
+            "TOKEN",
+            "WHEN",
+            "DETAIL",
+        ];
+        table(out, &headers, &rows)?;
+    }
+    if truncated {
+        out.flush()?;
+        eprintln!("(first {limit} shown; raise --limit for more)");
+    }
+    Ok(())
+}
+
+pub(crate) fn resolve(
+    store: &Store,
+    key: &Key,
+    resolution: Resolution,
+    out: &mut impl Write,
+    json: bool,
+) -> Result<()> {
+    let before = store.get(key)?.map(|record| store.class_of(&record));
+    let (action, result_len) = match &resolution {
+        Resolution::Complete(result) => ("complete", Some(result.len())),
+        _ => ("release", None),
+    };
+    store.resolve(key, resolution)?;
+    if json {
+        let value = json!({
+            "resolved": true,
+            "scope": part(key.scope()),
+            "operation": part(key.operation()),
+            "id": part(key.id()),
+            "was": before.map(|c| c.name()),
+            "action": action,
+            "result_len": result_len,
+        });
+        writeln!(out, "{value:#}")?;
+    } else {
+        let was = before.map_or("?", |c| c.name());
+        match result_len {
+            Some(len) => writeln!(
+                out,
+                "resolved {key} (was {was}): completed with a {len}-byte result; duplicates now get it"
+            )?,
+            None => writeln!(
+                out,
+                "resolved {key} (was {was}): released; the next request does the work afresh"
+            )?,
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn sweep(
+    store: &Store,
+    limit: Option<usize>,
+    slice: usize,
+    out: &mut impl Write,
+    json: bool,
+) -> Result<()> {
+    let expired = store.counts()?.expired;
+    let target = limit.map_or(expired, |l| expired.min(l as u64));
+    let bar = if json || !io::stderr().is_terminal() {
+        ProgressBar::hidden()
+    } else {
+        let bar = ProgressBar::with_draw_target(Some(target), ProgressDrawTarget::stderr());
+        bar.set_style(
+            ProgressStyle::with_template(
+                "sweeping {bar:40} {pos}/{len} expired records ({percent}%), eta {eta}",
+            )
+            .expect("a valid template"),
+        );
+        bar
+    };
+    let started = Instant::now();
+    let (mut swept, mut slices) = (0u64, 0u64);
+    loop {
+        let left = limit.map_or(usize::MAX, |l| l.saturating_sub(swept as usize));
+        if left == 0 {
+            break;
+        }
+        let deleted = store.sweep(slice.min(left))?;
+        if deleted == 0 {
+            break;
+        }
+        slices += 1;
+        swept += deleted as u64;
+        bar.inc(deleted as u64);
+    }
+    // A sweep's deletions are not logged; a checkpoint makes them durable before exiting.
+    store.checkpoint()?;
+    bar.finish_and_clear();
+    let remaining = store.counts()?.expired;
+    let secs = started.elapsed().as_secs_f64();
+    if json {
+        let value = json!({
+            "swept": swept,
+            "slices": slices,
+            "seconds": secs,
+            "remaining_expired": remaining,
+        });
+        writeln!(out, "{value:#}")?;
+    } else {
+        writeln!(
+            out,
+            "swept {} in {} ({secs:.2} s); {} remain",
+            plural(swept, "expired record"),
+            plural(slices, "slice"),
+            plural(remaining, "expired record"),
+        )?;
+    }
+    Ok(())
+}
+
+pub(crate) fn check(report: &Verification, out: &mut impl Write, json: bool) -> Result<()> {
+    if json {
+        let problems: Vec<Value> = report
+            .problems
+            .iter()
+            .map(|p| {
+                json!({
+                    "kind": p.kind.name(),
+                    "scope": p.key.as_ref().map(|k| part(k.scope())),
+                    "operation": p.key.as_ref().map(|k| part(k.operation())),
+                    "id": p.key.as_ref().map(|k| part(k.id())),
+                    "raw_key_hex": hex(&p.raw_key),
+                    "detail": p.detail,
+                })
+            })
+            .collect();
+        let value = json!({
+            "ok": report.is_ok(),
+            "records": report.records,
+            "expiry_entries": report.expiry_entries,
+            "lease_entries": report.lease_entries,
+            "problems": problems,
+        });
+        writeln!(out, "{value:#}")?;
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "checked {} records, {} expiry index entries, {} lease index entries",
+        report.records, report.expiry_entries, report.lease_entries
+    )?;
+    if report.is_ok() {
+        writeln!(out, "ok: no problems found")?;
+        return Ok(());
+    }
+    let rows: Vec<Vec<String>> = report
+        .problems
+        .iter()
+        .map(|p| vec![p.kind.to_string(), p.to_string()])
+        .collect();
+    table(out, &["PROBLEM", "WHERE AND WHAT"], &rows)?;
+    writeln!(
+        out,
+        "{} found",
+        plural(report.problems.len() as u64, "problem")
+    )?;
+    Ok(())
+}

@@ -69,6 +69,8 @@ pub enum Durability {
 #[derive(Clone)]
 pub struct Builder {
     pub(crate) retention: Duration,
+    /// Per-operation retentions ([`Builder::retention_for`], in `retention.rs`).
+    pub(crate) retention_by_operation: Vec<(Vec<u8>, Duration)>,
     pub(crate) lease: Duration,
     pub(crate) durability: Durability,
     pub(crate) max_result_len: usize,
@@ -107,6 +109,7 @@ impl Default for Builder {
     fn default() -> Self {
         Builder {
             retention: DEFAULT_RETENTION,
+            retention_by_operation: Vec::new(),
             lease: DEFAULT_LEASE,
             durability: Durability::default(),
             max_result_len: DEFAULT_MAX_RESULT_LEN,
@@ -127,6 +130,7 @@ impl fmt::Debug for Builder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Builder")
             .field("retention", &self.retention)
+            .field("retention_by_operation", &self.retention_by_operation)
             .field("lease", &self.lease)
             .field("durability", &self.durability)
             .field("max_result_len", &self.max_result_len)
@@ -255,6 +259,7 @@ impl Builder {
     }
 
     fn validate(&self) -> Result<(), Error> {
+        crate::retention::validate(self)?;
         let check = |ok: bool, setting: &'static str, reason: &str| {
             if ok {
                 Ok(())

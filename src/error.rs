@@ -114,6 +114,15 @@ pub enum Error {
         /// What the key holds instead.
         reason: &'static str,
     },
+    /// [`Store::expire`](crate::Store::expire) found the key held by a live lease: a worker
+    /// is doing the work now. Nothing was changed; force it with
+    /// [`Store::expire_forced`](crate::Store::expire_forced) to take the key from the holder.
+    LeaseLive {
+        /// The key.
+        key: Key,
+        /// When the holder's lease ends (it may still be extended).
+        lease_until: std::time::SystemTime,
+    },
     /// Another process (or another `Store` in this one) has the file open.
     AlreadyOpen {
         /// The store file.
@@ -258,6 +267,11 @@ impl fmt::Display for Error {
             Error::NotResolvable { key, reason } => write!(
                 f,
                 "key {key} cannot be resolved: {reason}; only a key marked for review or a stale reservation can; nothing was changed"
+            ),
+            Error::LeaseLive { key, lease_until } => write!(
+                f,
+                "key {key} is held by a live lease until {}; nothing was changed; force the expiry to take the key from its holder (its later complete, release and extend then fail with \"lease lost\")",
+                crate::inspect::describe_millis(crate::clock::to_millis(*lease_until))
             ),
             Error::AlreadyOpen { path } => write!(
                 f,

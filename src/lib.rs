@@ -67,6 +67,7 @@ mod record;
 mod recovery;
 mod reservation;
 mod reservations;
+mod retention;
 mod stats;
 mod store;
 mod sweep;
@@ -95,7 +96,7 @@ pub use record::{Record, Status, MAX_NOTE_LEN};
 pub use reservation::{Completed, Lease, Progress, Reservation, Seen};
 pub use reservations::Reservations;
 pub use stats::Stats;
-pub use store::Store;
+pub use store::{LiveLease, Store};
 
 /// The redb crate this store is built on, for [`Store::complete_with`] callers.
 pub use redb;

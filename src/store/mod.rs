@@ -5,12 +5,16 @@
 //! - `open.rs`: opening (checks, creation, recovery) and assembling the parts;
 //! - `reserve.rs`: reserve (one, many, async, waiting) and observe;
 //! - `lease.rs`: complete, release, extend, review, recovery points, resolve;
-//! - `read.rs`: get, stale, snapshots.
+//! - `read.rs`: get, stale, snapshots;
+//! - `expire.rs`: expire (one, forced, many, async);
+//! - `retain.rs`: completing or resolving with a retention of its own.
 
+mod expire;
 mod lease;
 mod open;
 mod read;
 mod reserve;
+mod retain;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -21,11 +25,13 @@ use redb::Database;
 use crate::cache::{Overlay, RecordCache};
 use crate::clock::{to_millis, Clock};
 use crate::commit::{Committer, Writer};
-use crate::decide::Policy;
 use crate::error::Error;
 use crate::poison::Poison;
 use crate::record::Millis;
+use crate::retention::Policies;
 use crate::stats::{Counters, Stats};
+
+pub use expire::LiveLease;
 
 /// An open idempotency store: one file, owned by one process.
 ///
@@ -61,7 +67,7 @@ pub struct Store {
     counters: Arc<Counters>,
     committer: Committer,
     clock: Arc<dyn Clock>,
-    policy: Policy,
+    policy: Policies,
     max_result_len: usize,
     poison: Arc<Poison>,
     path: PathBuf,

@@ -12,7 +12,9 @@ use proptest::prelude::*;
 
 use crate::testing::sim::{Rng, SimDisk};
 use crate::wal::{LogFile, Recovered, Wal};
-use crate::{Builder, Error, Fingerprint, Key, Lease, ManualClock, Reservation, Status, Store};
+use crate::{
+    Builder, Error, Fingerprint, Key, Lease, ManualClock, RecordClass, Reservation, Status, Store,
+};
 
 const KEYS: usize = 6;
 
@@ -41,12 +43,26 @@ fn builder(clock: &ManualClock) -> Builder {
         .lease(Duration::from_secs(3600))
         .checkpoint_bytes(64 * 1024)
         .checkpoint_interval(Duration::from_secs(3600))
-        .cache_records(16);
+        .cache_records(16)
+        .retention_for("short-op", Duration::from_secs(RETENTION_SHORT_SECS));
     builder
 }
 
+/// Odd keys belong to an operation with its own retention; even keys use the store's.
+const RETENTION_SHORT_SECS: u64 = 90;
+
 fn key(i: usize) -> Key {
-    Key::new("tenant", "op", format!("key-{i}")).unwrap()
+    let operation = if i % 2 == 1 { "short-op" } else { "op" };
+    Key::new("tenant", operation, format!("key-{i}")).unwrap()
+}
+
+/// How long key `i`'s completion is kept.
+fn retention(i: usize) -> Duration {
+    if i % 2 == 1 {
+        Duration::from_secs(RETENTION_SHORT_SECS)
+    } else {
+        crate::DEFAULT_RETENTION
+    }
 }
 
 /// A result big enough that a few hundred operations fill the log past a checkpoint.
@@ -68,6 +84,10 @@ enum Step {
     Reserve(usize),
     Complete(usize),
     Release(usize),
+    /// `expire`: refused while the key is pending (leases last the whole test).
+    Expire(usize),
+    /// `expire_forced`: the holder loses its lease.
+    ExpireForced(usize),
     Checkpoint,
     Restart,
     PowerLoss(u64),
@@ -79,6 +99,8 @@ fn step() -> impl Strategy<Value = Step> {
         6 => (0..KEYS).prop_map(Step::Reserve),
         5 => (0..KEYS).prop_map(Step::Complete),
         2 => (0..KEYS).prop_map(Step::Release),
+        2 => (0..KEYS).prop_map(Step::Expire),
+        1 => (0..KEYS).prop_map(Step::ExpireForced),
         1 => Just(Step::Checkpoint),
         1 => Just(Step::Restart),
         2 => any::<u64>().prop_map(Step::PowerLoss),
@@ -182,6 +204,35 @@ impl Harness {
                     self.expected[i] = Expected::Absent;
                 }
             }
+            Step::Expire(i) => {
+                let answer = self.store().expire(&key(i));
+                match (&self.expected[i], answer) {
+                    (Expected::Pending { .. }, Err(Error::LeaseLive { key: got, .. })) => {
+                        assert_eq!(got, key(i));
+                    }
+                    (Expected::Absent, Ok(None)) => {}
+                    (Expected::Completed { .. }, Ok(Some(RecordClass::Completed))) => {
+                        self.expected[i] = Expected::Absent;
+                    }
+                    (expected, got) => panic!("expire key {i}: expected {expected:?}, got {got:?}"),
+                }
+            }
+            Step::ExpireForced(i) => {
+                let answer = self.store().expire_forced(&key(i)).unwrap();
+                let class = match self.expected[i] {
+                    Expected::Absent => None,
+                    Expected::Pending { .. } => Some(RecordClass::Pending),
+                    Expected::Completed { .. } => Some(RecordClass::Completed),
+                };
+                assert_eq!(answer, class, "forced expire of key {i}");
+                if let (Expected::Pending { .. }, Some(lease)) =
+                    (&self.expected[i], self.leases.get(&i))
+                {
+                    let late = self.store().complete(lease, b"late".to_vec());
+                    assert!(matches!(late, Err(Error::LeaseLost { .. })), "{late:?}");
+                }
+                self.expected[i] = Expected::Absent;
+            }
             Step::Checkpoint => self.store().checkpoint().unwrap(),
             Step::Restart => {
                 count(4, self.db.io_count() + self.log.io_count());
@@ -215,9 +266,18 @@ impl Harness {
                 }
                 (
                     Expected::Completed { result },
-                    Some((_, Status::Completed { result: got, .. })),
+                    Some((
+                        _,
+                        Status::Completed {
+                            result: got,
+                            completed_at,
+                        },
+                    )),
                 ) => {
                     assert_eq!(result.as_slice(), got, "key {i}: completed result altered");
+                    // The deadline follows the key's operation, also after recovery.
+                    let expires_at = record.as_ref().and_then(|r| r.expires_at());
+                    assert_eq!(expires_at, Some(completed_at + retention(i)), "key {i}");
                 }
                 (expected, got) => {
                     panic!("key {i} after recovery: expected {expected:?}, got {got:?}")
@@ -266,6 +326,40 @@ fn log_is_checkpointed_and_reused_in_place() {
     assert!(log_len < 80 * 1024, "log grew to {log_len} bytes");
     harness.run(Step::PowerLoss(99));
     harness.run(Step::ProcessCrash);
+}
+
+/// An acknowledged expiry is never undone by recovery: not when the completion it removed is
+/// in the checkpointed file and the expiry only in the log, not when both are only in the log,
+/// and not after the log was rewound by a checkpoint.
+#[test]
+fn expired_keys_stay_expired_across_crashes() {
+    for checkpoint_before in [false, true] {
+        for checkpoint_after in [false, true] {
+            let mut harness = Harness::new();
+            for i in 0..KEYS {
+                harness.run(Step::Reserve(i));
+                harness.run(Step::Complete(i));
+            }
+            if checkpoint_before {
+                harness.run(Step::Checkpoint);
+            }
+            for i in 0..KEYS {
+                harness.run(Step::Expire(i));
+            }
+            assert!(harness.expected.iter().all(|e| *e == Expected::Absent));
+            if checkpoint_after {
+                harness.run(Step::Checkpoint);
+            }
+            for seed in 1..=4 {
+                harness.run(Step::PowerLoss(seed));
+                harness.run(Step::ProcessCrash);
+            }
+            // The keys are acquired afresh, with tokens above every earlier one.
+            for i in 0..KEYS {
+                harness.run(Step::Reserve(i));
+            }
+        }
+    }
 }
 
 fn ops_then_process_crash(count: usize) -> (ManualClock, SimDisk, SimDisk) {

@@ -7,6 +7,7 @@ mod bad_input;
 mod cli;
 mod complete_with;
 mod concurrency;
+mod expire;
 mod features;
 mod http;
 mod kill;

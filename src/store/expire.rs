@@ -16,7 +16,7 @@ use super::Store;
 pub enum LiveLease {
     /// Leave it: the key's answer is [`Error::LeaseLive`] naming the lease's end.
     Refuse,
-    /// Take the key from the holder: its later complete, release and extend fail with
+    /// Take the key from the holder: its later complete and extend fail with
     /// [`Error::LeaseLost`], and its fencing token is never handed out again.
     Take,
 }
@@ -70,10 +70,12 @@ impl Store {
     }
 
     /// [`expire`](Store::expire), also when a live lease holds the key: the holder's later
-    /// [`complete`](Store::complete), [`release_if_pending`](Store::release_if_pending) and
-    /// [`extend`](Store::extend) fail with [`Error::LeaseLost`] and change nothing, and the
-    /// next reserve gets a newer token than the holder's, so fencing keeps work that the
-    /// holder is still doing from landing on top of the new owner's.
+    /// [`complete`](Store::complete), [`extend`](Store::extend) and the other lease
+    /// operations fail with [`Error::LeaseLost`] and change nothing
+    /// ([`release_if_pending`](Store::release_if_pending) answers `Ok(false)`, nothing
+    /// released, while the key is absent, as after a sweep, and `LeaseLost` once another
+    /// caller holds it). The next reserve gets a newer token than the holder's, so fencing
+    /// keeps work that the holder is still doing from landing on top of the new owner's.
     ///
     /// Where it fits: **data deletion** (a user's erasure request must be honoured whatever
     /// state the key is in). The record's bytes leave the B-tree at once; the log and freed

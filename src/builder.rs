@@ -83,6 +83,8 @@ pub struct Builder {
     pub(crate) verify_on_open: bool,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) limits: Limits,
+    /// The admin socket ([`Builder::admin_socket`], in `admin/mod.rs`).
+    pub(crate) admin_socket: crate::admin::AdminSocket,
 }
 
 /// The size limits of one batch and one log frame. Fixed in normal builds; tests scale them
@@ -122,6 +124,7 @@ impl Default for Builder {
             verify_on_open: true,
             clock: Arc::new(SystemClock),
             limits: Limits::default(),
+            admin_socket: crate::admin::AdminSocket::Off,
         }
     }
 }
@@ -141,6 +144,7 @@ impl fmt::Debug for Builder {
             .field("sweep_interval", &self.sweep_interval)
             .field("preallocate_log", &self.preallocate_log)
             .field("verify_on_open", &self.verify_on_open)
+            .field("admin_socket", &self.admin_socket)
             .finish_non_exhaustive()
     }
 }

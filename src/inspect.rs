@@ -109,8 +109,8 @@ fn age_reference(record: &Record, class: RecordClass) -> Millis {
 /// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ScanFilter {
-    class: Option<RecordClass>,
-    older_than: Option<Duration>,
+    pub(crate) class: Option<RecordClass>,
+    pub(crate) older_than: Option<Duration>,
 }
 
 impl ScanFilter {

@@ -53,6 +53,7 @@
 #![deny(missing_docs)]
 #![warn(clippy::host_endian_bytes)]
 
+pub mod admin;
 mod builder;
 mod cache;
 mod clock;
@@ -79,6 +80,7 @@ pub mod testing;
 mod wait;
 mod wal;
 
+pub use admin::{AdminClient, AdminSocket};
 pub use builder::{
     Builder, Durability, DEFAULT_CACHE_RECORDS, DEFAULT_CACHE_SIZE, DEFAULT_CHECKPOINT_BYTES,
     DEFAULT_CHECKPOINT_INTERVAL, DEFAULT_LEASE, DEFAULT_MAX_RESULT_LEN, DEFAULT_RETENTION,

@@ -11,6 +11,8 @@ mod expire;
 mod features;
 mod http;
 mod kill;
+#[cfg(feature = "cli")]
+mod live;
 mod log_identity;
 mod model;
 mod seeds;

@@ -65,12 +65,23 @@ pub struct Store {
     cache: Arc<RecordCache>,
     overlay: Arc<Overlay>,
     counters: Arc<Counters>,
-    committer: Committer,
+    /// Shared with the admin socket's handle, which is stopped first (see `Drop`).
+    committer: Arc<Committer>,
     clock: Arc<dyn Clock>,
     policy: Policies,
     max_result_len: usize,
     poison: Arc<Poison>,
     path: PathBuf,
+    /// The admin socket, when [`Builder::admin_socket`](crate::Builder::admin_socket) asks.
+    admin: Option<crate::admin::Server>,
+}
+
+impl Drop for Store {
+    /// Stops the admin socket before the store's parts go, so that its handle on them is
+    /// gone by the time the committer shuts down and releases the file.
+    fn drop(&mut self) {
+        drop(self.admin.take());
+    }
 }
 
 impl fmt::Debug for Store {
@@ -115,6 +126,24 @@ impl Store {
     /// Storage errors; a failed checkpoint poisons the store like any failed write.
     pub fn checkpoint(&self) -> Result<(), Error> {
         self.committer.with_writer(Writer::checkpoint)
+    }
+
+    /// A second handle on this store's parts, for the admin socket's thread: no socket of
+    /// its own, and it must be dropped before the owner's (the owner's `Drop` sees to that).
+    pub(crate) fn handle(&self) -> Store {
+        Store {
+            db: Arc::clone(&self.db),
+            cache: Arc::clone(&self.cache),
+            overlay: Arc::clone(&self.overlay),
+            counters: Arc::clone(&self.counters),
+            committer: Arc::clone(&self.committer),
+            clock: Arc::clone(&self.clock),
+            policy: self.policy.clone(),
+            max_result_len: self.max_result_len,
+            poison: Arc::clone(&self.poison),
+            path: self.path.clone(),
+            admin: None,
+        }
     }
 
     /// Runs `f` with the writer to itself (tests that damage the file on purpose).

@@ -4,13 +4,16 @@ use std::io::{self, IsTerminal, Write};
 use std::time::{Instant, SystemTime};
 
 use anyhow::{bail, Result};
-use idemstore::{Key, Resolution, ScanFilter, Status, Store, Verification};
+use std::time::Duration;
+
+use idemstore::{Key, LiveLease, Resolution, ScanFilter, Status, Verification};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::{json, Value};
 
 use crate::render::{at, bytes, hex, part, plural, preview, record_json, row, table, when};
+use crate::view::View;
 
-pub(crate) fn stats(store: &Store, out: &mut impl Write, json: bool) -> Result<()> {
+pub(crate) fn stats(store: &dyn View, out: &mut impl Write, json: bool) -> Result<()> {
     let info = store.file_info()?;
     let counts = store.counts()?;
     let now = SystemTime::now();
@@ -36,6 +39,7 @@ pub(crate) fn stats(store: &Store, out: &mut impl Write, json: bool) -> Result<(
                 "total": counts.total(),
             },
             "oldest_pending": oldest,
+            "live_socket": store.socket(),
         });
         writeln!(out, "{value:#}")?;
         return Ok(());
@@ -57,6 +61,14 @@ pub(crate) fn stats(store: &Store, out: &mut impl Write, json: bool) -> Result<(
             "meta wal_seq",
         ]),
         row(["next token", &info.next_token.to_string(), ""]),
+        match store.socket() {
+            Some(socket) => row([
+                "read from",
+                "the running service",
+                &format!("admin socket {}", socket.display()),
+            ]),
+            None => row(["read from", "the file, opened by this tool", ""]),
+        },
     ];
     table(out, &[], &rows)?;
     writeln!(out)?;
@@ -91,7 +103,7 @@ pub(crate) fn stats(store: &Store, out: &mut impl Write, json: bool) -> Result<(
 }
 
 pub(crate) fn get(
-    store: &Store,
+    store: &dyn View,
     key: &Key,
     out: &mut impl Write,
     json: bool,
@@ -166,7 +178,7 @@ pub(crate) fn get(
 }
 
 pub(crate) fn list(
-    store: &Store,
+    store: &dyn View,
     filter: &ScanFilter,
     limit: usize,
     out: &mut impl Write,
@@ -230,9 +242,10 @@ pub(crate) fn list(
 }
 
 pub(crate) fn resolve(
-    store: &Store,
+    store: &dyn View,
     key: &Key,
     resolution: Resolution,
+    retention: Option<Duration>,
     out: &mut impl Write,
     json: bool,
 ) -> Result<()> {
@@ -241,7 +254,7 @@ pub(crate) fn resolve(
         Resolution::Complete(result) => ("complete", Some(result.len())),
         _ => ("release", None),
     };
-    store.resolve(key, resolution)?;
+    store.resolve(key, resolution, retention)?;
     if json {
         let value = json!({
             "resolved": true,
@@ -269,8 +282,37 @@ pub(crate) fn resolve(
     Ok(())
 }
 
+pub(crate) fn expire(
+    store: &dyn View,
+    key: &Key,
+    live: LiveLease,
+    out: &mut impl Write,
+    json: bool,
+) -> Result<()> {
+    let was = store.expire(key, live)?;
+    if json {
+        let value = json!({
+            "expired": was.is_some(),
+            "scope": part(key.scope()),
+            "operation": part(key.operation()),
+            "id": part(key.id()),
+            "was": was.map(|c| c.name()),
+        });
+        writeln!(out, "{value:#}")?;
+    } else {
+        match was {
+            Some(class) => writeln!(
+                out,
+                "expired {key} (was {class}); the next request with it does the work afresh"
+            )?,
+            None => writeln!(out, "nothing stored for {key}; nothing to expire")?,
+        }
+    }
+    Ok(())
+}
+
 pub(crate) fn sweep(
-    store: &Store,
+    store: &dyn View,
     limit: Option<usize>,
     slice: usize,
     out: &mut impl Write,

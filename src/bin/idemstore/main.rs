@@ -6,30 +6,34 @@
 //! idemstore get    keys.idem user-7 charge 4f0c-a1
 //! idemstore resolve keys.idem user-7 charge 4f0c-a1 --complete response.bin
 //! idemstore sweep  keys.idem
+//! idemstore expire keys.idem user-7 charge 4f0c-a1 [--force]
 //! idemstore check  keys.idem
 //! ```
 //!
-//! Every command opens the store like a service would ([`Store::open`]: one process owns a
-//! file, and opening replays its write-ahead log), so it runs while no service has the store
-//! open. Tables by default, `--json` for scripts. A closed output pipe ends the command
-//! quietly with status 0.
+//! A command opens the store like a service would ([`Store::open`]: one process owns a file,
+//! and opening replays its write-ahead log). When a running service holds the file and
+//! serves its admin socket ([`idemstore::Builder::admin_socket`]), `stats`, `get`, `list`,
+//! and with a read-write socket `expire`, `resolve` and `sweep`, ask the service instead and
+//! see its live state; `check` always needs the store to itself. Tables by default, `--json`
+//! for scripts. A closed output pipe ends the command quietly with status 0.
 
 mod args;
 mod commands;
 mod render;
+mod view;
 
 use std::io::{self, Read, Write};
 use std::path::Path;
 use std::process::ExitCode;
-use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
-use idemstore::{Error, Resolution, ScanFilter, Store};
+use idemstore::{AdminClient, Error, LiveLease, Resolution, ScanFilter, Store};
 use serde_json::json;
 
 use args::{Cli, Command};
-use commands::{check, get, list, resolve, stats, sweep};
+use commands::{check, expire, get, list, resolve, stats, sweep};
+use view::View;
 
 /// What a command reports when it succeeded but must exit 1 (`check` found problems).
 struct ProblemsFound;
@@ -60,8 +64,13 @@ fn report(error: &anyhow::Error, json: bool) {
     let hint = match error.downcast_ref::<Error>() {
         Some(Error::AlreadyOpen { .. }) => Some(
             "stop the service that has the store open, then run this again \
-             (the tool opens the store itself to replay its log)",
+             (the tool opens the store itself to replay its log); or let the service serve \
+             its admin socket (Builder::admin_socket: ReadOnly for stats, get and list, \
+             ReadWrite also for expire, resolve and sweep), which this tool then uses",
         ),
+        Some(Error::LeaseLive { .. }) => {
+            Some("add --force to take the key from its holder (its later complete fails)")
+        }
         Some(Error::Poisoned { .. }) => Some("run the command again: reopening recovers"),
         _ => None,
     };
@@ -81,9 +90,9 @@ fn run(cli: Cli) -> Result<Option<ProblemsFound>> {
     let mut out = io::stdout().lock();
     let json = cli.json;
     match cli.command {
-        Command::Stats { file } => stats(&open(&file, None)?, &mut out, json)?,
+        Command::Stats { file } => stats(&*open_view(&file)?, &mut out, json)?,
         Command::Get { key, raw } => {
-            get(&open(&key.file, None)?, &key.key()?, &mut out, json, raw)?
+            get(&*open_view(&key.file)?, &key.key()?, &mut out, json, raw)?
         }
         Command::List {
             file,
@@ -95,7 +104,7 @@ fn run(cli: Cli) -> Result<Option<ProblemsFound>> {
             if let Some(age) = older_than {
                 filter = filter.older_than(age);
             }
-            list(&open(&file, None)?, &filter, limit, &mut out, json)?
+            list(&*open_view(&file)?, &filter, limit, &mut out, json)?
         }
         Command::Resolve {
             key,
@@ -106,17 +115,25 @@ fn run(cli: Cli) -> Result<Option<ProblemsFound>> {
                 Some(path) => Resolution::Complete(read_result(&path)?),
                 None => Resolution::Release,
             };
-            let store = open(&key.file, Some(retention))?;
-            resolve(&store, &key.key()?, resolution, &mut out, json)?
+            let store = open_view(&key.file)?;
+            resolve(&*store, &key.key()?, resolution, retention, &mut out, json)?
+        }
+        Command::Expire { key, force } => {
+            let live = if force {
+                LiveLease::Take
+            } else {
+                LiveLease::Refuse
+            };
+            expire(&*open_view(&key.file)?, &key.key()?, live, &mut out, json)?
         }
         Command::Sweep { file, limit, slice } => {
             if slice == 0 {
                 bail!("--slice must be at least 1");
             }
-            sweep(&open(&file, None)?, limit, slice, &mut out, json)?
+            sweep(&*open_view(&file)?, limit, slice, &mut out, json)?
         }
         Command::Check { file } => {
-            let report = open(&file, None)?.verify()?;
+            let report = open(&file)?.verify()?;
             check(&report, &mut out, json)?;
             if !report.is_ok() {
                 return Ok(Some(ProblemsFound));
@@ -127,8 +144,20 @@ fn run(cli: Cli) -> Result<Option<ProblemsFound>> {
     Ok(None)
 }
 
+/// The store at `path` as the commands see it: the live store of the service that serves its
+/// admin socket, else the store opened by this tool.
+fn open_view(path: &Path) -> Result<Box<dyn View>> {
+    if std::fs::symlink_metadata(idemstore::admin::socket_path(path)).is_ok() {
+        // A socket left by a service that died refuses the connection: open the file then.
+        if let Ok(client) = AdminClient::connect(path) {
+            return Ok(Box::new(client));
+        }
+    }
+    Ok(Box::new(open(path)?))
+}
+
 /// Opens an existing store; never creates one (a typo must not leave a new empty store).
-fn open(path: &Path, retention: Option<Duration>) -> Result<Store> {
+fn open(path: &Path) -> Result<Store> {
     match std::fs::metadata(path) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             bail!(
@@ -139,11 +168,7 @@ fn open(path: &Path, retention: Option<Duration>) -> Result<Store> {
         Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
         Ok(_) => {}
     }
-    let mut builder = Store::builder();
-    if let Some(retention) = retention {
-        builder.retention(retention);
-    }
-    Ok(builder.open(path)?)
+    Ok(Store::open(path)?)
 }
 
 fn read_result(path: &Path) -> Result<Vec<u8>> {

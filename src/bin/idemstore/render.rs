@@ -4,13 +4,15 @@ use std::fmt::Write as _;
 use std::io::{self, Write};
 use std::time::{Duration, SystemTime};
 
-use idemstore::{Key, Record, RecordClass, Status, Store};
+use idemstore::{Key, Record, RecordClass, Status};
+
+use crate::view::View;
 use serde_json::{json, Value};
 
 /// A record for `--json`: key parts, state, numbers, times (RFC 3339, UTC) and, with
 /// `with_result`, the stored result (as text when it is UTF-8, else as hex).
 pub(crate) fn record_json(
-    store: &Store,
+    store: &dyn View,
     key: &Key,
     record: &Record,
     now: SystemTime,
@@ -68,7 +70,7 @@ pub(crate) fn record_json(
 }
 
 /// How a record stands in time, for humans: "lease ends in 40s", "stale for 4m12s", ...
-pub(crate) fn when(store: &Store, record: &Record, now: SystemTime) -> String {
+pub(crate) fn when(store: &dyn View, record: &Record, now: SystemTime) -> String {
     let class = store.class_of(record);
     match (class, record.status()) {
         (RecordClass::Expired, _) => match record.expires_at() {

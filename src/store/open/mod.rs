@@ -193,17 +193,20 @@ impl Store {
                 sweep_interval: builder.sweep_interval,
             },
         );
-        Ok(Store {
+        let mut store = Store {
             db,
             cache,
             overlay,
             counters,
-            committer: Committer::start(writer, builder.limits.batch_bytes)?,
+            committer: Arc::new(Committer::start(writer, builder.limits.batch_bytes)?),
             clock: Arc::clone(&builder.clock),
             policy,
             max_result_len: builder.max_result_len,
             poison,
             path,
-        })
+            admin: None,
+        };
+        store.admin = crate::admin::Server::start(store.handle(), builder.admin_socket)?;
+        Ok(store)
     }
 }

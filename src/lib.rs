@@ -46,6 +46,12 @@
 //! - Duplicates are answered from read transactions that never wait for writers.
 //! - Bounded sweeping of expired keys through an expiry index ([`Store::sweep`]).
 //! - Per-record checksums: damage is reported with the key, never returned as data.
+//! - [`Store::expire`] deletes a key now (a wrong stored response, a data-deletion request,
+//!   reprocessing on purpose); a live lease is refused unless [`Store::expire_forced`].
+//! - Retention per operation ([`Builder::retention_for`]) and per completion
+//!   ([`Store::complete_with_retention`]).
+//! - A live view for operators: with [`Builder::admin_socket`] the store serves a Unix socket
+//!   that the `idemstore` tool ([`AdminClient`]) reads while the service runs ([`admin`]).
 //!
 //! The on-disk format is described in `docs/format.md`.
 

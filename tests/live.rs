@@ -289,3 +289,39 @@ fn a_stale_socket_file_is_replaced_and_ignored() {
     assert!(err.to_string().contains("not a socket"), "{err}");
     assert_eq!(std::fs::read(&socket).unwrap(), b"not a socket");
 }
+
+/// Right after each acknowledgment, before the owner's committer has committed its open
+/// transaction (it does every 20 ms), the socket already counts and finds the new
+/// reservation: an admin read commits the writer's open transaction first.
+#[test]
+fn the_socket_sees_each_reservation_as_soon_as_it_is_acknowledged() {
+    let (_dir, path) = fresh_store();
+    let store = Store::builder()
+        .admin_socket(AdminSocket::ReadOnly)
+        .open(&path)
+        .unwrap();
+    let client = AdminClient::connect(&path).unwrap();
+    for i in 0..20u64 {
+        let k = key(&format!("k{i}"));
+        assert!(matches!(
+            store.reserve(&k, fp("body")).unwrap(),
+            Reservation::Acquired(_)
+        ));
+        assert_eq!(
+            client.counts().unwrap().pending,
+            i + 1,
+            "after reservation {i}"
+        );
+        let listed = client
+            .scan(
+                &idemstore::ScanFilter::of(idemstore::RecordClass::Pending),
+                100,
+            )
+            .unwrap();
+        assert_eq!(listed.len() as u64, i + 1, "listed after reservation {i}");
+        assert!(
+            client.get(&k).unwrap().is_some(),
+            "get after reservation {i}"
+        );
+    }
+}

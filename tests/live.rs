@@ -324,4 +324,14 @@ fn the_socket_sees_each_reservation_as_soon_as_it_is_acknowledged() {
             "get after reservation {i}"
         );
     }
+    // Dropping the store stops the socket and releases the file at once.
+    let started = std::time::Instant::now();
+    drop(store);
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(AdminClient::connect(&path).is_err());
+    assert_eq!(Store::open(&path).unwrap().counts().unwrap().pending, 20);
 }

@@ -70,8 +70,9 @@ impl Builder {
     /// `idemstore` tool (or an [`AdminClient`]) reads the live store, and with
     /// [`AdminSocket::ReadWrite`] changes it, while this process owns it. A socket file left
     /// by a process that died is replaced; any other file at that path is refused. The
-    /// socket is removed when the store is dropped. See the [`admin`](crate::admin) module for
-    /// what it costs the service. Default = [`AdminSocket::Off`].
+    /// socket is removed when the store is dropped (which waits for a request being answered,
+    /// at most the 5 s a client is given). See the [`admin`](crate::admin) module for what it
+    /// costs the service. Default = [`AdminSocket::Off`].
     ///
     /// ```
     /// use idemstore::{AdminClient, AdminSocket, Fingerprint, Key, Store};

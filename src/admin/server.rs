@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::protocol::{Answer, Failure, Request, MAX_MESSAGE};
 use super::{socket_path, AdminSocket};
@@ -98,9 +98,13 @@ fn serve(listener: &UnixListener, store: &Store, access: AdminSocket, stop: &Ato
         match listener.accept() {
             // A client's failure (it hung up, sent garbage, stalled) ends its connection only.
             Ok((stream, _)) => {
-                let started = std::time::Instant::now();
+                let started = Instant::now();
                 let _ = answer(stream, store, access);
-                thread::sleep(started.elapsed() * REST_FACTOR);
+                // Rest in short naps, so that dropping the store never waits for the rest.
+                let rest_until = Instant::now() + started.elapsed() * REST_FACTOR;
+                while !stop.load(Ordering::Relaxed) && Instant::now() < rest_until {
+                    thread::sleep(POLL.min(rest_until - Instant::now()));
+                }
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => thread::sleep(POLL),
             Err(_) => thread::sleep(POLL),

@@ -22,6 +22,7 @@ fn a_wrong_stored_response_stops_being_replayed() {
     assert_eq!(store.expire(&k).unwrap(), Some(RecordClass::Completed));
     assert_eq!(store.get(&k).unwrap(), None);
     assert_eq!(store.expire(&k).unwrap(), None, "nothing left to expire");
+    assert_eq!(store.stats().expired, 1, "one record expired");
     let second = acquire(&store, &k, fp("amount=5"));
     assert!(second.token() > first.token());
     assert_eq!(second.attempt(), 1, "a fresh acquisition, not a takeover");

@@ -3,10 +3,11 @@
 
 use crate::commit::first;
 use crate::decide::answer;
-use crate::decide::expire::Expire;
+use crate::decide::expire::{Expire, Expired};
 use crate::error::Error;
 use crate::inspect::RecordClass;
 use crate::key::Key;
+use crate::stats::Counter;
 
 use super::Store;
 
@@ -94,7 +95,16 @@ impl Store {
 
     fn expire_one(&self, key: &Key, live: LiveLease) -> Result<Option<RecordClass>, Error> {
         let outcome = self.committer.submit_one(key.clone(), op(live))?;
-        answer::expired(key, outcome)
+        self.expired(key, outcome)
+    }
+
+    /// An expire's answer, counted in [`Stats::expired`](crate::Stats::expired).
+    fn expired(&self, key: &Key, outcome: Expired) -> Result<Option<RecordClass>, Error> {
+        let answer = answer::expired(key, outcome);
+        if let Ok(Some(_)) = answer {
+            self.counters.add(Counter::Expired, 1);
+        }
+        answer
     }
 
     /// Expires many keys with one shared commit (one log sync). Returns one result per key,
@@ -117,7 +127,7 @@ impl Store {
             .submit(ops)?
             .into_iter()
             .zip(keys)
-            .map(|(outcome, key)| outcome.and_then(|outcome| answer::expired(key, outcome)))
+            .map(|(outcome, key)| outcome.and_then(|outcome| self.expired(key, outcome)))
             .collect())
     }
 
@@ -138,7 +148,7 @@ impl Store {
             .committer
             .submit_async(vec![(key.clone(), op(live))])
             .await;
-        answer::expired(key, first(answer)?)
+        self.expired(key, first(answer)?)
     }
 }
 

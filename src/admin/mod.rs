@@ -27,7 +27,9 @@
 //! how long a writer waits for an admin request, then they read a snapshot that blocks no
 //! one, though reading every record takes CPU time on a large store. A client that stalls
 //! is dropped after 5 seconds without an answer. Writes through the socket (expire,
-//! resolve, sweep slices) queue with the service's own writes like any caller's.
+//! resolve, sweep slices) queue with the service's own writes like any caller's; a
+//! checkpoint through it (the tool asks for one after a sweep) holds the writer as the
+//! service's own checkpoints do.
 //!
 //! # Access
 //! The socket file is created with mode 0600: only the service's user (and root) can

@@ -3,10 +3,9 @@
 
 use crate::clock::from_millis;
 use crate::error::{Error, LeaseLostReason};
+use crate::inspect::RecordClass;
 use crate::key::Key;
 use crate::reservation::{Completed, Lease, Reservation, Seen};
-
-use crate::inspect::RecordClass;
 
 use super::expire::Expired;
 use super::op::{Completion, LeaseOutcome, Reserved};

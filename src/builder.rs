@@ -96,6 +96,8 @@ pub(crate) struct Limits {
     pub(crate) batch_bytes: usize,
     /// The largest frame payload the log format can hold (its length field is a `u32`).
     pub(crate) frame_bytes: usize,
+    /// The most async requests waiting in the commit queue; more wait to be let in.
+    pub(crate) queued_async: usize,
 }
 
 impl Default for Limits {
@@ -103,6 +105,7 @@ impl Default for Limits {
         Limits {
             batch_bytes: 64 << 20,
             frame_bytes: u32::MAX as usize,
+            queued_async: 4096,
         }
     }
 }

@@ -181,6 +181,11 @@ pub enum Error {
         /// The closure's error.
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// A store operation that needs the writer (any write, `checkpoint`, `sweep`, `stale`,
+    /// inspection) was called from inside a [`Store::complete_with`](crate::Store::complete_with)
+    /// closure, which runs while the store's writer is held. Reads work there; do the rest
+    /// after `complete_with` returns.
+    Reentrant,
     /// The log next to the store file cannot be shown to be the store's own (its identity
     /// block is damaged, or it is not an idemstore log). Nothing was replayed and both files
     /// were left untouched. (A log that carries another store's identity is not an error: it
@@ -307,6 +312,11 @@ impl fmt::Display for Error {
             Error::Callback { source } => {
                 write!(f, "complete_with callback failed, transaction rolled back: {source}")
             }
+            Error::Reentrant => f.write_str(
+                "a store operation that needs the writer was called from inside a complete_with \
+                 closure, which runs while the writer is held; reads work there, do the rest \
+                 after complete_with returns",
+            ),
             Error::ForeignLog { store, log, reason } => write!(
                 f,
                 "log {} cannot be shown to belong to store {} ({reason}); nothing was replayed and \

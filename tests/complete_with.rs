@@ -177,3 +177,45 @@ fn lost_lease_does_not_run_the_closure() {
     drop(store);
     assert_eq!(orders(&env), [("order 3".to_string(), 3)]);
 }
+
+/// Finding 5 of issue 8: calling the store from inside the closure hung forever (the closure
+/// runs while the store's writer is held, and the writer lock is not re-entrant). A call that
+/// needs the writer now fails at once with a clear error; reads still work.
+#[test]
+fn calling_the_store_inside_the_closure_errs_instead_of_hanging() {
+    let env = Env::new();
+    let store = std::sync::Arc::new(env.open());
+    let done = key("u", "op", "done");
+    let lease = acquire(&store, &done, fp("body"));
+    store.complete(&lease, b"ok".to_vec()).unwrap();
+    let k = key("u", "op", "k1");
+    let lease = acquire(&store, &k, fp("body"));
+    let (tx, rx) = std::sync::mpsc::channel();
+    // Not a scoped thread: before the fix it never returned, and the test must still end.
+    let inner = std::sync::Arc::clone(&store);
+    std::thread::spawn(move || {
+        let result = inner.complete_with(&lease, b"done".to_vec(), |_txn| {
+            let read = inner.get(&done).map(|r| r.is_some());
+            let write = inner.reserve(&key("u", "op", "new"), fp("body"));
+            let checkpoint = inner.checkpoint();
+            Ok::<_, Error>((read, write.map(|_| ()), checkpoint))
+        });
+        let _ = tx.send(result.map(|(read, write, checkpoint)| {
+            (
+                read.map_err(|e| e.to_string()),
+                write.map_err(|e| e.to_string()),
+                checkpoint.map_err(|e| e.to_string()),
+            )
+        }));
+    });
+    let (read, write, checkpoint) = rx
+        .recv_timeout(std::time::Duration::from_secs(5))
+        .expect("calling the store inside complete_with's closure did not return within 5 s")
+        .expect("the completion itself succeeds");
+    assert_eq!(read, Ok(true), "reads work inside the closure");
+    for (what, result) in [("reserve", write), ("checkpoint", checkpoint)] {
+        let message = result.expect_err(what);
+        assert!(message.contains("complete_with"), "{what}: {message}");
+    }
+    assert!(replayed(&store, &k, fp("body")).result == b"done");
+}

@@ -1,7 +1,10 @@
 //! The commit queue and the committer thread: callers queue requests, the first free
 //! caller (or the committer thread, for async callers) leads the next batch.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
@@ -11,12 +14,17 @@ use crate::decide::Operation;
 use crate::error::Error;
 use crate::key::Key;
 
-use super::request::{Answer, CommitFuture, Queued, Request, Waiter};
+use super::request::{Answer, Queued, Request, Waiter};
 use super::{Syncer, Writer};
+use crate::builder::Limits;
 use crate::poison::error_copy;
 
 struct Queue {
     requests: Vec<Arc<dyn Queued>>,
+    /// How many of `requests` are async (a blocked thread is its own bound; tasks are not).
+    tasks: usize,
+    /// Async callers waiting for room in the queue.
+    room: Vec<Waker>,
     /// The committer is waiting for work and must be notified.
     idle: bool,
     shutdown: bool,
@@ -27,8 +35,7 @@ struct Shared {
     work: Condvar,
     writer: Mutex<Writer>,
     syncer: Arc<Syncer>,
-    /// The most payload bytes one batch takes (see [`Limits`](crate::builder::Limits)).
-    batch_bytes: usize,
+    limits: Limits,
 }
 
 /// Owns the committer thread.
@@ -38,18 +45,20 @@ pub(crate) struct Committer {
 }
 
 impl Committer {
-    pub(crate) fn start(writer: Writer, batch_bytes: usize) -> Result<Committer, Error> {
+    pub(crate) fn start(writer: Writer, limits: Limits) -> Result<Committer, Error> {
         let syncer = Arc::clone(&writer.syncer);
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue {
                 requests: Vec::new(),
+                tasks: 0,
+                room: Vec::new(),
                 idle: false,
                 shutdown: false,
             }),
             work: Condvar::new(),
             writer: Mutex::new(writer),
             syncer,
-            batch_bytes,
+            limits,
         });
         let thread = thread::Builder::new()
             .name("idemstore-committer".into())
@@ -64,51 +73,16 @@ impl Committer {
         })
     }
 
-    /// Queues `ops` as one or more requests, in order: each holds at most the batch limit of
-    /// log entries (or one operation), so that no request, however large, makes a frame over
-    /// the format's limit. Always at least one request, so an empty one is answered too.
-    fn enqueue<O: Operation>(
-        &self,
-        ops: Vec<(Key, O)>,
-        waiter: impl Fn() -> Waiter,
-    ) -> Vec<Arc<Request<O>>> {
-        let limit = self.shared.batch_bytes;
-        let mut chunks = Vec::new();
-        let mut chunk = Vec::new();
-        let mut bytes = 0;
-        for (key, op) in ops {
-            let size = entry_bytes(&key, &op);
-            if !chunk.is_empty() && bytes + size > limit {
-                chunks.push((std::mem::take(&mut chunk), bytes));
-                bytes = 0;
-            }
-            bytes += size;
-            chunk.push((key, op));
-        }
-        chunks.push((chunk, bytes));
-        let requests: Vec<_> = chunks
-            .into_iter()
-            .map(|(ops, bytes)| {
-                Arc::new(Request {
-                    bytes,
-                    ops: Mutex::new(ops),
-                    staged: Mutex::new(None),
-                    answer: Mutex::new(None),
-                    waiter: waiter(),
-                })
-            })
-            .collect();
-        let is_task = !requests[0].waiter.is_thread();
+    /// Queues `ops` for a blocked caller (see [`parts`]).
+    fn enqueue<O: Operation>(&self, ops: Vec<(Key, O)>) -> Vec<Arc<Request<O>>> {
+        let requests = parts(ops, self.shared.limits.batch_bytes, || {
+            Waiter::Thread(thread::current())
+        });
         let mut queue = self.shared.queue.lock();
         for request in &requests {
             queue.requests.push(Arc::clone(request) as Arc<dyn Queued>);
         }
-        // A blocked caller leads its own batch (see `submit`); only async requests need the
-        // committer thread.
-        if is_task && queue.idle {
-            queue.idle = false;
-            self.shared.work.notify_one();
-        }
+        // A blocked caller leads its own batch (see `submit`): no need to wake the committer.
         requests
     }
 
@@ -119,7 +93,8 @@ impl Committer {
     /// without any hand-off between threads. Otherwise it waits to be answered, or to be woken
     /// to lead the next batch or run a sync.
     pub(crate) fn submit<O: Operation>(&self, ops: Vec<(Key, O)>) -> Answer<O::Outcome> {
-        let requests = self.enqueue(ops, || Waiter::Thread(thread::current()));
+        not_in_callback()?;
+        let requests = self.enqueue(ops);
         let last = requests.last().expect("at least one request");
         loop {
             if requests.iter().all(|r| r.is_answered()) {
@@ -127,8 +102,8 @@ impl Committer {
             }
             if let Some(mut writer) = self.shared.writer.try_lock() {
                 let batch = take_batch(
-                    &mut self.shared.queue.lock().requests,
-                    self.shared.batch_bytes,
+                    &mut self.shared.queue.lock(),
+                    self.shared.limits.batch_bytes,
                 );
                 if !batch.is_empty() {
                     run_guarded(&self.shared, &mut writer, batch);
@@ -150,11 +125,25 @@ impl Committer {
     }
 
     /// Queues `ops` for the next batch; the future resolves once it is durable. No thread
-    /// blocks while it waits.
+    /// blocks while it waits. When [`Limits::queued_async`] async requests are queued already,
+    /// the future first waits for room (backpressure), so memory does not grow with the number
+    /// of waiting tasks.
     pub(crate) fn submit_async<O: Operation>(&self, ops: Vec<(Key, O)>) -> CommitFuture<O> {
         CommitFuture {
-            requests: self.enqueue(ops, || Waiter::Task(Mutex::new(None))),
+            shared: Arc::clone(&self.shared),
+            state: FutureState::Waiting(Some(ops)),
         }
+    }
+
+    /// How many async requests are queued now.
+    #[cfg(test)]
+    pub(crate) fn queued_async(&self) -> usize {
+        let queue = self.shared.queue.lock();
+        queue
+            .requests
+            .iter()
+            .filter(|r| !r.waiter().is_thread())
+            .count()
     }
 
     /// Runs `f` with the writer to itself, after the open transaction is committed.
@@ -162,10 +151,39 @@ impl Committer {
         &self,
         f: impl FnOnce(&mut Writer) -> Result<R, Error>,
     ) -> Result<R, Error> {
+        not_in_callback()?;
         let mut writer = self.shared.writer.lock();
         writer.flush()?;
         f(&mut writer)
     }
+
+    /// Runs `f` (the closure of `complete_with`) marked as holding the writer, so that a call
+    /// from inside it that needs the writer fails with [`Error::Reentrant`] instead of
+    /// waiting for itself forever.
+    pub(crate) fn in_callback<R>(f: impl FnOnce() -> R) -> R {
+        struct Reset;
+        impl Drop for Reset {
+            fn drop(&mut self) {
+                IN_CALLBACK.with(|flag| flag.set(false));
+            }
+        }
+        IN_CALLBACK.with(|flag| flag.set(true));
+        let _reset = Reset;
+        f()
+    }
+}
+
+thread_local! {
+    /// This thread runs a `complete_with` closure: it holds the writer.
+    static IN_CALLBACK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Refuses a call that needs the writer from inside a `complete_with` closure.
+fn not_in_callback() -> Result<(), Error> {
+    if IN_CALLBACK.with(|flag| flag.get()) {
+        return Err(Error::Reentrant);
+    }
+    Ok(())
 }
 
 /// The bytes an operation adds to a log frame, at most: its key, its record and the entry's
@@ -178,7 +196,7 @@ fn entry_bytes<O: Operation>(key: &Key, op: &O) -> usize {
 
 /// The answers of a request's parts, in order, once every part is answered: one result per
 /// operation, or the first error of a whole part.
-pub(super) fn collect<O: Operation>(requests: &[Arc<Request<O>>]) -> Answer<O::Outcome> {
+fn collect<O: Operation>(requests: &[Arc<Request<O>>]) -> Answer<O::Outcome> {
     let mut outcomes = Vec::new();
     let mut failed = None;
     for request in requests {
@@ -236,7 +254,7 @@ fn run(shared: &Shared) {
             if queue.requests.is_empty() && queue.shutdown {
                 break;
             }
-            take_batch(&mut queue.requests, shared.batch_bytes)
+            take_batch(&mut queue, shared.limits.batch_bytes)
         };
         let mut writer = shared.writer.lock();
         if !batch.is_empty() {
@@ -286,10 +304,12 @@ fn wake_next(shared: &Shared) {
     }
 }
 
-/// Takes the oldest queued requests, up to `limit` bytes of payload (at least one).
-fn take_batch(queue: &mut Vec<Arc<dyn Queued>>, limit: usize) -> Vec<Arc<dyn Queued>> {
+/// Takes the oldest queued requests, up to `limit` bytes of payload (at least one), and lets
+/// waiting async callers in when that made room.
+fn take_batch(queue: &mut Queue, limit: usize) -> Vec<Arc<dyn Queued>> {
     let mut bytes = 0;
-    let count = queue
+    let requests = &mut queue.requests;
+    let count = requests
         .iter()
         .take_while(|r| {
             bytes += r.bytes();
@@ -297,10 +317,106 @@ fn take_batch(queue: &mut Vec<Arc<dyn Queued>>, limit: usize) -> Vec<Arc<dyn Que
         })
         .count()
         .max(1)
-        .min(queue.len());
-    if count == queue.len() {
-        std::mem::take(queue)
+        .min(requests.len());
+    let batch: Vec<_> = if count == requests.len() {
+        std::mem::take(requests)
     } else {
-        queue.drain(..count).collect()
+        requests.drain(..count).collect()
+    };
+    let tasks = batch.iter().filter(|r| !r.waiter().is_thread()).count();
+    if tasks > 0 {
+        queue.tasks -= tasks;
+        for waker in queue.room.drain(..) {
+            waker.wake();
+        }
+    }
+    batch
+}
+
+/// Splits `ops` into requests, in order: each holds at most `limit` bytes of log entries (or
+/// one operation), so that no request, however large, makes a frame over the format's limit.
+/// Always at least one request, so an empty one is answered too.
+fn parts<O: Operation>(
+    ops: Vec<(Key, O)>,
+    limit: usize,
+    waiter: impl Fn() -> Waiter,
+) -> Vec<Arc<Request<O>>> {
+    let mut chunks = Vec::new();
+    let mut chunk = Vec::new();
+    let mut bytes = 0;
+    for (key, op) in ops {
+        let size = entry_bytes(&key, &op);
+        if !chunk.is_empty() && bytes + size > limit {
+            chunks.push((std::mem::take(&mut chunk), bytes));
+            bytes = 0;
+        }
+        bytes += size;
+        chunk.push((key, op));
+    }
+    chunks.push((chunk, bytes));
+    chunks
+        .into_iter()
+        .map(|(ops, bytes)| Request::new(ops, bytes, waiter()))
+        .collect()
+}
+
+/// A future that resolves when its request has been answered.
+///
+/// Dropping it does not withdraw a request already queued: the operations may still be
+/// committed.
+pub(crate) struct CommitFuture<O: Operation> {
+    shared: Arc<Shared>,
+    state: FutureState<O>,
+}
+
+enum FutureState<O: Operation> {
+    /// Waiting for room in the queue.
+    Waiting(Option<Vec<(Key, O)>>),
+    /// Queued: the request's parts.
+    Queued(Vec<Arc<Request<O>>>),
+}
+
+impl<O: Operation + Unpin> Future for CommitFuture<O> {
+    type Output = Answer<O::Outcome>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = &mut *self;
+        if let FutureState::Waiting(ops) = &mut this.state {
+            let mut queue = this.shared.queue.lock();
+            if queue.tasks > 0 && queue.tasks >= this.shared.limits.queued_async {
+                queue.room.push(cx.waker().clone());
+                return Poll::Pending;
+            }
+            let ops = ops.take().unwrap_or_default();
+            let requests = parts(ops, this.shared.limits.batch_bytes, || {
+                Waiter::Task(Mutex::new(Some(cx.waker().clone())))
+            });
+            queue.tasks += requests.len();
+            for request in &requests {
+                queue.requests.push(Arc::clone(request) as Arc<dyn Queued>);
+            }
+            if queue.idle {
+                queue.idle = false;
+                this.shared.work.notify_one();
+            }
+            drop(queue);
+            this.state = FutureState::Queued(requests);
+        }
+        let FutureState::Queued(requests) = &this.state else {
+            return Poll::Pending;
+        };
+        let all_answered = |requests: &[Arc<Request<O>>]| requests.iter().all(|r| r.is_answered());
+        if all_answered(requests) {
+            return Poll::Ready(collect(requests));
+        }
+        for request in requests {
+            request.set_waker(cx.waker());
+        }
+        // An answer may have arrived between the first check and storing the waker.
+        if all_answered(requests) {
+            Poll::Ready(collect(requests))
+        } else {
+            Poll::Pending
+        }
     }
 }

@@ -1,10 +1,8 @@
 //! Requests and their answers: what a caller queues (operations of one kind), the slot its
 //! answer is delivered to, and the future an async caller awaits.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
+use std::task::Waker;
 use std::thread::Thread;
 
 use parking_lot::Mutex;
@@ -78,6 +76,23 @@ impl Waiter {
 }
 
 impl<O: Operation> Request<O> {
+    pub(super) fn new(ops: Vec<(Key, O)>, bytes: usize, waiter: Waiter) -> Arc<Request<O>> {
+        Arc::new(Request {
+            ops: Mutex::new(ops),
+            bytes,
+            staged: Mutex::new(None),
+            answer: Mutex::new(None),
+            waiter,
+        })
+    }
+
+    /// Wakes `waker` when the answer arrives (an async caller's latest waker).
+    pub(super) fn set_waker(&self, waker: &Waker) {
+        if let Waiter::Task(slot) = &self.waiter {
+            *slot.lock() = Some(waker.clone());
+        }
+    }
+
     pub(super) fn finish(&self, answer: Answer<O::Outcome>) {
         *self.answer.lock() = Some(answer);
         self.waiter.wake();
@@ -125,35 +140,5 @@ impl<O: Operation> Queued for Request<O> {
 
     fn fail(&self, error: Error) {
         self.finish(Err(error));
-    }
-}
-
-/// A future that resolves when its request has been answered.
-///
-/// Dropping it does not withdraw the request: the operations may still be committed.
-pub(crate) struct CommitFuture<O: Operation> {
-    /// The request's parts (see `Committer::enqueue`).
-    pub(super) requests: Vec<Arc<Request<O>>>,
-}
-
-impl<O: Operation> Future for CommitFuture<O> {
-    type Output = Answer<O::Outcome>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let all_answered = |requests: &[Arc<Request<O>>]| requests.iter().all(|r| r.is_answered());
-        if all_answered(&self.requests) {
-            return Poll::Ready(super::queue::collect(&self.requests));
-        }
-        for request in &self.requests {
-            if let Waiter::Task(slot) = &request.waiter {
-                *slot.lock() = Some(cx.waker().clone());
-            }
-        }
-        // An answer may have arrived between the first check and storing the waker.
-        if all_answered(&self.requests) {
-            Poll::Ready(super::queue::collect(&self.requests))
-        } else {
-            Poll::Pending
-        }
     }
 }

@@ -4,7 +4,7 @@
 use redb::WriteTransaction;
 
 use crate::clock::from_millis;
-use crate::commit::{first, CommitKind};
+use crate::commit::{first, CommitKind, Committer};
 use crate::decide::answer;
 use crate::decide::op::{
     Complete, Completion, Extend, MarkNeedsReview, RecordStep, Release, Resolve,
@@ -40,6 +40,10 @@ impl Store {
 
     /// [`complete`](Store::complete) for async code; no thread blocks while the commit is
     /// synced.
+    ///
+    /// # Backpressure
+    /// At most 4,096 async requests wait in the commit queue; a future started when it is full
+    /// waits (without queueing anything) until a batch makes room.
     ///
     /// # Cancel safety
     /// Dropping the future does not withdraw the completion: it may still be committed.
@@ -132,6 +136,9 @@ impl Store {
     ///
     /// `f` runs only if the lease still owns the key. If `f` returns an error, nothing is
     /// written and the key stays pending. Tables named `idemstore.*` belong to the store.
+    /// `f` runs while the store's writer is held: reads of the store work inside it, but a
+    /// call that needs the writer (a write, `checkpoint`, `sweep`, `stale`, inspection) fails
+    /// with [`Error::Reentrant`].
     ///
     /// ```
     /// use idemstore::{redb::TableDefinition, Fingerprint, Key, Reservation, Store};
@@ -181,7 +188,8 @@ impl Store {
                 drop(tables);
                 let reason = match outcome {
                     Ok(Completion::Stored) => {
-                        return Ok(f(txn).map_err(|e| Error::Callback { source: e.into() }))
+                        let result = Committer::in_callback(|| f(txn));
+                        return Ok(result.map_err(|e| Error::Callback { source: e.into() }));
                     }
                     // The caller's writes were committed with the first completion.
                     Ok(Completion::AlreadyCompleted) => LeaseLostReason::Completed {
@@ -209,6 +217,10 @@ impl Store {
 
     /// [`release_if_pending`](Store::release_if_pending) for async code; no thread blocks
     /// while the release is synced.
+    ///
+    /// # Backpressure
+    /// At most 4,096 async requests wait in the commit queue; a future started when it is full
+    /// waits (without queueing anything) until a batch makes room.
     ///
     /// # Cancel safety
     /// Dropping the future does not withdraw the release: it may still be committed.

@@ -11,7 +11,7 @@
 
 mod expire;
 mod lease;
-mod open;
+pub(crate) mod open;
 mod read;
 mod reserve;
 mod retain;
@@ -72,6 +72,9 @@ pub struct Store {
     max_result_len: usize,
     poison: Arc<Poison>,
     path: PathBuf,
+    /// Runs once at the start of the next read (tests of races with poisoning).
+    #[cfg(test)]
+    read_hook: parking_lot::Mutex<Option<Box<dyn FnOnce() + Send>>>,
     /// The admin socket, when [`Builder::admin_socket`](crate::Builder::admin_socket) asks.
     admin: Option<crate::admin::Server>,
 }
@@ -142,6 +145,8 @@ impl Store {
             max_result_len: self.max_result_len,
             poison: Arc::clone(&self.poison),
             path: self.path.clone(),
+            #[cfg(test)]
+            read_hook: parking_lot::Mutex::new(None),
             admin: None,
         }
     }
@@ -153,6 +158,18 @@ impl Store {
         f: impl FnOnce(&mut Writer) -> Result<R, Error>,
     ) -> Result<R, Error> {
         self.committer.with_writer(f)
+    }
+
+    /// Runs `hook` once at the start of the next read, after its caller checked the poison.
+    #[cfg(test)]
+    pub(crate) fn before_next_read(&self, hook: impl FnOnce() + Send + 'static) {
+        *self.read_hook.lock() = Some(Box::new(hook));
+    }
+
+    /// How many async requests wait in the commit queue.
+    #[cfg(test)]
+    pub(crate) fn queued_async(&self) -> usize {
+        self.committer.queued_async()
     }
 
     /// Forgets every cached record, so the next reads go to redb.

@@ -40,12 +40,21 @@ impl Store {
     }
 
     /// The stored records of `keys`, in order (see [`read`](Store::read)); the ones that are
-    /// neither in the overlay nor in the cache are read in one read transaction.
+    /// neither in the overlay nor in the cache are read in one read transaction. Never an
+    /// older state than acknowledged: after the store is poisoned a record read from redb is
+    /// [`Error::Poisoned`] instead.
     pub(super) fn read_many<'k>(
         &self,
         keys: impl IntoIterator<Item = &'k Key>,
     ) -> Vec<Result<Option<Record>, Error>> {
         let ctx = "reading a record";
+        #[cfg(test)]
+        {
+            let hook = self.read_hook.lock().take();
+            if let Some(hook) = hook {
+                hook();
+            }
+        }
         let mut table = None;
         keys.into_iter()
             .map(|key| {
@@ -66,6 +75,11 @@ impl Store {
                 let value = table
                     .get(key.encoded())
                     .map_err(|e| Error::storage(ctx, e))?;
+                // A failed write clears the overlay and the cache after latching the poison:
+                // if that happened since the caller checked, the overlay or the cache may have
+                // held a newer acknowledged state than redb, so refuse rather than return an
+                // older one.
+                self.poison.check()?;
                 value
                     .map(|bytes| decode_record(key.encoded(), bytes.value()))
                     .transpose()

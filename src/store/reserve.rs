@@ -150,6 +150,10 @@ impl Store {
     /// [`reserve`](Store::reserve) for async code: the duplicate path answers at once, and an
     /// acquisition waits for its commit without blocking a thread, on any executor.
     ///
+    /// # Backpressure
+    /// At most 4,096 async requests wait in the commit queue; a future started when it is full
+    /// waits (without queueing anything) until a batch makes room.
+    ///
     /// # Cancel safety
     /// Dropping the future does not withdraw the reservation: it may still be acquired, and
     /// then goes stale when its lease runs out.

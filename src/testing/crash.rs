@@ -10,6 +10,9 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 
+use crate::clock::{from_millis, to_millis};
+use crate::record::Millis;
+use crate::testing::model::{body, Model};
 use crate::testing::sim::{Rng, SimDisk};
 use crate::wal::{LogFile, Recovered, Wal};
 use crate::{
@@ -36,20 +39,24 @@ fn count(what: usize, n: u64) {
     COVERED[what].fetch_add(n, Ordering::Relaxed);
 }
 
+/// The crash model's retention: its clock never moves, so nothing expires.
+const RETENTION_MS: Millis = 24 * 3600 * 1000;
+
 fn builder(clock: &ManualClock) -> Builder {
     let mut builder = Store::builder();
     builder
         .clock(clock.clone())
         .lease(Duration::from_secs(3600))
+        .retention(Duration::from_millis(RETENTION_MS))
         .checkpoint_bytes(64 * 1024)
         .checkpoint_interval(Duration::from_secs(3600))
         .cache_records(16)
-        .retention_for("short-op", Duration::from_secs(RETENTION_SHORT_SECS));
+        .retention_for("short-op", Duration::from_millis(SHORT_RETENTION_MS));
     builder
 }
 
 /// Odd keys belong to an operation with its own retention; even keys use the store's.
-const RETENTION_SHORT_SECS: u64 = 90;
+const SHORT_RETENTION_MS: Millis = 90_000;
 
 fn key(i: usize) -> Key {
     let operation = if i % 2 == 1 { "short-op" } else { "op" };
@@ -57,11 +64,11 @@ fn key(i: usize) -> Key {
 }
 
 /// How long key `i`'s completion is kept.
-fn retention(i: usize) -> Duration {
+fn retention_ms(i: usize) -> Millis {
     if i % 2 == 1 {
-        Duration::from_secs(RETENTION_SHORT_SECS)
+        SHORT_RETENTION_MS
     } else {
-        crate::DEFAULT_RETENTION
+        RETENTION_MS
     }
 }
 
@@ -70,13 +77,6 @@ fn result_for(i: usize, token: u64) -> Vec<u8> {
     let mut result = format!("key {i} done by token {token};").into_bytes();
     result.resize(700, b'.');
     result
-}
-
-#[derive(Debug, Clone, PartialEq)]
-enum Expected {
-    Absent,
-    Pending { token: u64 },
-    Completed { result: Vec<u8> },
 }
 
 #[derive(Debug, Clone)]
@@ -113,7 +113,8 @@ struct Harness {
     db: SimDisk,
     log: SimDisk,
     store: Option<Store>,
-    expected: Vec<Expected>,
+    /// What each key must hold: the shared reference model (`testing/model.rs`).
+    expected: Vec<Model>,
     leases: HashMap<usize, Lease>,
     max_token: u64,
 }
@@ -129,7 +130,7 @@ impl Harness {
             db,
             log,
             store: Some(store),
-            expected: vec![Expected::Absent; KEYS],
+            expected: vec![Model::Absent; KEYS],
             leases: HashMap::new(),
             max_token: 0,
         }
@@ -165,54 +166,60 @@ impl Harness {
         }
         match step {
             Step::Reserve(i) => {
-                let outcome = self
-                    .store()
-                    .reserve(&key(i), Fingerprint::of(b"req"))
-                    .unwrap();
+                let outcome = self.store().reserve(&key(i), body(0)).unwrap();
                 match (&self.expected[i], outcome) {
-                    (Expected::Absent, Reservation::Acquired(lease)) => {
+                    (Model::Absent, Reservation::Acquired(lease)) => {
                         assert!(lease.token() > self.max_token, "token reused");
                         self.max_token = lease.token();
-                        self.expected[i] = Expected::Pending {
+                        self.expected[i] = Model::Pending {
                             token: lease.token(),
+                            attempt: lease.attempt(),
+                            body: 0,
+                            lease_until: to_millis(lease.lease_until()),
                         };
                         self.leases.insert(i, lease);
                     }
-                    (Expected::Pending { token }, Reservation::InProgress { .. }) => {
+                    (Model::Pending { token, .. }, Reservation::InProgress { .. }) => {
                         assert_eq!(self.leases[&i].token(), *token);
                     }
-                    (Expected::Completed { result }, Reservation::Completed(done)) => {
+                    (Model::Completed { result, .. }, Reservation::Completed(done)) => {
                         assert_eq!(&done.result, result);
                     }
                     (expected, got) => panic!("key {i}: expected {expected:?}, got {got:?}"),
                 }
             }
             Step::Complete(i) => {
-                if let (Expected::Pending { token }, Some(lease)) =
+                if let (Model::Pending { token, attempt, .. }, Some(lease)) =
                     (&self.expected[i], self.leases.get(&i))
                 {
                     let result = result_for(i, *token);
                     self.store().complete(lease, result.clone()).unwrap();
-                    self.expected[i] = Expected::Completed { result };
+                    self.expected[i] = Model::Completed {
+                        token: *token,
+                        attempt: *attempt,
+                        body: 0,
+                        result,
+                        expires_at: self.now() + retention_ms(i),
+                    };
                 }
             }
             Step::Release(i) => {
-                if let (Expected::Pending { .. }, Some(lease)) =
+                if let (Model::Pending { .. }, Some(lease)) =
                     (&self.expected[i], self.leases.get(&i))
                 {
                     assert!(self.store().release_if_pending(lease).unwrap());
-                    self.expected[i] = Expected::Absent;
+                    self.expected[i] = Model::Absent;
                 }
             }
             Step::Expire(i) => {
                 let answer = self.store().expire(&key(i));
                 match (&self.expected[i], answer) {
-                    (Expected::Pending { .. }, Err(Error::LeaseLive { key: got, .. })) => {
+                    (Model::Pending { .. }, Err(Error::LeaseLive { key: got, .. })) => {
                         assert_eq!(got, key(i));
                     }
-                    (Expected::Absent, Ok(None)) => {}
-                    (Expected::Completed { .. }, Ok(Some(RecordClass::Completed))) => {
-                        self.expected[i] = Expected::Absent;
+                    (Model::Absent, Ok(None)) => {}
+                    (Model::Completed { .. }, Ok(Some(RecordClass::Completed))) => {
+                        self.expected[i] = Model::Absent;
                     }
                     (expected, got) => panic!("expire key {i}: expected {expected:?}, got {got:?}"),
                 }
@@ -220,18 +227,19 @@ impl Harness {
             Step::ExpireForced(i) => {
                 let answer = self.store().expire_forced(&key(i)).unwrap();
                 let class = match self.expected[i] {
-                    Expected::Absent => None,
-                    Expected::Pending { .. } => Some(RecordClass::Pending),
-                    Expected::Completed { .. } => Some(RecordClass::Completed),
+                    Model::Absent => None,
+                    Model::Pending { .. } => Some(RecordClass::Pending),
+                    Model::Completed { .. } => Some(RecordClass::Completed),
+                    Model::Review { .. } => Some(RecordClass::NeedsReview),
                 };
                 assert_eq!(answer, class, "forced expire of key {i}");
-                if let (Expected::Pending { .. }, Some(lease)) =
+                if let (Model::Pending { .. }, Some(lease)) =
                     (&self.expected[i], self.leases.get(&i))
                 {
                     let late = self.store().complete(lease, b"late".to_vec());
                     assert!(matches!(late, Err(Error::LeaseLost { .. })), "{late:?}");
                 }
-                self.expected[i] = Expected::Absent;
+                self.expected[i] = Model::Absent;
             }
             Step::Checkpoint => self.store().checkpoint().unwrap(),
             Step::Restart => {
@@ -255,33 +263,28 @@ impl Harness {
         }
     }
 
-    /// Every key holds exactly what was acknowledged.
+    fn now(&self) -> Millis {
+        to_millis(self.clock.time())
+    }
+
+    /// Every key holds exactly what was acknowledged (token, attempt, body, deadlines, result).
     fn verify(&self) {
+        let now = self.now();
         for (i, expected) in self.expected.iter().enumerate() {
             let record = self.store().get(&key(i)).unwrap();
-            match (expected, record.as_ref().map(|r| (r.token(), r.status()))) {
-                (Expected::Absent, None) => {}
-                (Expected::Pending { token }, Some((t, Status::Pending { .. }))) => {
-                    assert_eq!(*token, t, "key {i}: pending under another token");
-                }
-                (
-                    Expected::Completed { result },
-                    Some((
-                        _,
-                        Status::Completed {
-                            result: got,
-                            completed_at,
-                        },
-                    )),
-                ) => {
-                    assert_eq!(result.as_slice(), got, "key {i}: completed result altered");
-                    // The deadline follows the key's operation, also after recovery.
-                    let expires_at = record.as_ref().and_then(|r| r.expires_at());
-                    assert_eq!(expires_at, Some(completed_at + retention(i)), "key {i}");
-                }
-                (expected, got) => {
-                    panic!("key {i} after recovery: expected {expected:?}, got {got:?}")
-                }
+            assert!(
+                expected
+                    .visible(now, RETENTION_MS)
+                    .matches(record.as_ref(), self.max_token),
+                "key {i} after recovery: expected {expected:?}, got {:?}",
+                record
+                    .as_ref()
+                    .map(|r| (r.token(), r.attempt(), r.status()))
+            );
+            // The deadline follows the key's operation, also after recovery.
+            if let Model::Completed { expires_at, .. } = expected {
+                let got = record.as_ref().and_then(|r| r.expires_at());
+                assert_eq!(got, Some(from_millis(*expires_at)), "key {i}: expires_at");
             }
         }
     }
@@ -346,7 +349,7 @@ fn expired_keys_stay_expired_across_crashes() {
             for i in 0..KEYS {
                 harness.run(Step::Expire(i));
             }
-            assert!(harness.expected.iter().all(|e| *e == Expected::Absent));
+            assert!(harness.expected.iter().all(|e| *e == Model::Absent));
             if checkpoint_after {
                 harness.run(Step::Checkpoint);
             }

@@ -6,12 +6,17 @@
 //! - `crash` (tests only): the crash model on the simulated disk.
 //! - [`fuzz`]: the entry points of the fuzz targets in `fuzz/`, and the test that replays
 //!   their corpus.
+//! - `model`: the one reference model of a key's state, shared by the crash model and the
+//!   `ops` fuzz target.
+//! - `power` (tests only): the concurrent power-loss model; `findings` (tests only):
+//!   reproductions of fixed findings.
 
 #[cfg(test)]
 mod crash;
 #[cfg(test)]
 mod findings;
 pub mod fuzz;
+mod model;
 #[cfg(test)]
 mod power;
 pub(crate) mod sim;

@@ -1,13 +1,8 @@
-//! The command line: subcommands and their arguments.
+//! The command line: commands, arguments and their help.
 
-use std::path::PathBuf;
-use std::time::Duration;
+use super::*;
 
-use anyhow::{Context, Result};
-use clap::{Args, Parser, Subcommand, ValueEnum};
-use idemstore::{Key, RecordClass};
-
-const EXIT_STATUS: &str = "\
+pub(crate) const EXIT_STATUS: &str = "\
 Exit status:
   0  success; also when the reader of the output goes away early (a closed pipe)
   1  error: the store cannot be opened (a service has it open, it is not a store, it is

@@ -1,17 +1,105 @@
-//! The commands: each reads or changes the store and prints a table or JSON.
+//! The commands: each opens the store (or asks the running service that holds it, see
+//! `view.rs`), does its work and prints a table or JSON.
 
-use std::io::{self, IsTerminal, Write};
-use std::time::{Instant, SystemTime};
+use super::*;
 
-use anyhow::{bail, Result};
-use std::time::Duration;
+pub(crate) fn run(cli: Cli) -> Result<Option<ProblemsFound>> {
+    let mut out = io::stdout().lock();
+    let json = cli.json;
+    match cli.command {
+        Command::Stats { file } => stats(&*open_view(&file)?, &mut out, json)?,
+        Command::Get { key, raw } => {
+            get(&*open_view(&key.file)?, &key.key()?, &mut out, json, raw)?
+        }
+        Command::List {
+            file,
+            state,
+            older_than,
+            limit,
+        } => {
+            let mut filter = state.map_or_else(ScanFilter::any, |s| ScanFilter::of(s.into()));
+            if let Some(age) = older_than {
+                filter = filter.older_than(age);
+            }
+            list(&*open_view(&file)?, &filter, limit, &mut out, json)?
+        }
+        Command::Resolve {
+            key,
+            action,
+            retention,
+        } => {
+            let resolution = match action.complete {
+                Some(path) => Resolution::Complete(read_result(&path)?),
+                None => Resolution::Release,
+            };
+            let store = open_view(&key.file)?;
+            resolve(&*store, &key.key()?, resolution, retention, &mut out, json)?
+        }
+        Command::Expire { key, force } => {
+            let live = if force {
+                LiveLease::Take
+            } else {
+                LiveLease::Refuse
+            };
+            expire(&*open_view(&key.file)?, &key.key()?, live, &mut out, json)?
+        }
+        Command::Sweep { file, limit, slice } => {
+            if slice == 0 {
+                bail!("--slice must be at least 1");
+            }
+            sweep(&*open_view(&file)?, limit, slice, &mut out, json)?
+        }
+        Command::Check { file } => {
+            let report = open(&file)?.verify()?;
+            check(&report, &mut out, json)?;
+            if !report.is_ok() {
+                return Ok(Some(ProblemsFound));
+            }
+        }
+    }
+    out.flush()?;
+    Ok(None)
+}
 
-use idemstore::{Key, LiveLease, Resolution, ScanFilter, Status, Verification};
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use serde_json::{json, Value};
+/// The store at `path` as the commands see it: the live store of the service that serves its
+/// admin socket, else the store opened by this tool.
+pub(crate) fn open_view(path: &Path) -> Result<Box<dyn View>> {
+    if std::fs::symlink_metadata(idemstore::admin::socket_path(path)).is_ok() {
+        // A socket left by a service that died refuses the connection: open the file then.
+        if let Ok(client) = AdminClient::connect(path) {
+            return Ok(Box::new(client));
+        }
+    }
+    Ok(Box::new(open(path)?))
+}
 
-use crate::render::{at, bytes, hex, part, plural, preview, record_json, row, table, when};
-use crate::view::View;
+/// Opens an existing store; never creates one (a typo must not leave a new empty store).
+pub(crate) fn open(path: &Path) -> Result<Store> {
+    match std::fs::metadata(path) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            bail!(
+                "{} does not exist (this tool never creates a store)",
+                path.display()
+            )
+        }
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+        Ok(_) => {}
+    }
+    Ok(Store::open(path)?)
+}
+
+pub(crate) fn read_result(path: &Path) -> Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    if path == Path::new("-") {
+        io::stdin()
+            .read_to_end(&mut bytes)
+            .context("reading the result from stdin")?;
+    } else {
+        bytes = std::fs::read(path)
+            .with_context(|| format!("reading the result from {}", path.display()))?;
+    }
+    Ok(bytes)
+}
 
 pub(crate) fn stats(store: &dyn View, out: &mut impl Write, json: bool) -> Result<()> {
     let info = store.file_info()?;

@@ -1,13 +1,6 @@
-//! Rendering: records as JSON, times, durations, sizes and key parts for humans, tables.
+//! Rendering: records as JSON, times, durations, sizes, byte previews and tables.
 
-use std::fmt::Write as _;
-use std::io::{self, Write};
-use std::time::{Duration, SystemTime};
-
-use idemstore::{Key, Record, RecordClass, Status};
-
-use crate::view::View;
-use serde_json::{json, Value};
+use super::*;
 
 /// A record for `--json`: key parts, state, numbers, times (RFC 3339, UTC) and, with
 /// `with_result`, the stored result (as text when it is UTF-8, else as hex).

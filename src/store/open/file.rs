@@ -202,11 +202,15 @@ fn link_into_place(temp: &Path, path: &Path) -> Result<(), Error> {
     }
 }
 
-/// Opens the log file, creating it (and making its directory entry durable) if needed. With
+/// Opens the log file, creating it if needed, and makes its directory entry durable. With
 /// `preallocate`, zero-fills it to `size` bytes first, so that appends overwrite allocated
 /// blocks and a sync flushes data only.
+///
+/// The directory is synced on every open, not only when the file is created here: a process
+/// that created the log may have died before its directory sync, and the file it left can
+/// still be in the page cache only; a power loss would then take the log, and every answer
+/// given from it, away.
 pub(crate) fn open_log(path: &Path, preallocate: Option<u64>) -> Result<OsFile, Error> {
-    let existed = path.exists();
     let file = fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -214,13 +218,11 @@ pub(crate) fn open_log(path: &Path, preallocate: Option<u64>) -> Result<OsFile, 
         .truncate(false)
         .open(path)
         .map_err(|e| Error::io(format!("opening log {}", path.display()), e))?;
-    if !existed {
-        let dir = match path.parent() {
-            Some(dir) if !dir.as_os_str().is_empty() => dir,
-            _ => Path::new("."),
-        };
-        sync_dir(dir)?;
-    }
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
+    sync_dir(dir)?;
     if let Some(size) = preallocate {
         zero_fill(&file, size)
             .map_err(|e| Error::io(format!("preallocating log {}", path.display()), e))?;
@@ -272,7 +274,14 @@ fn zero_fill(file: &File, size: u64) -> io::Result<()> {
     file.sync_all()
 }
 
+/// Every directory synced, for tests that check a directory entry was made durable.
+#[cfg(test)]
+pub(crate) static SYNCED_DIRS: parking_lot::Mutex<Vec<PathBuf>> =
+    parking_lot::Mutex::new(Vec::new());
+
 fn sync_dir(dir: &Path) -> Result<(), Error> {
+    #[cfg(test)]
+    SYNCED_DIRS.lock().push(dir.to_path_buf());
     File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(|e| Error::io(format!("syncing directory {}", dir.display()), e))

@@ -21,7 +21,7 @@ use crate::wal::{log_path, LogFile};
 
 use super::Store;
 
-mod file;
+pub(crate) mod file;
 
 /// redb's settings for a store.
 fn redb_builder(builder: &Builder) -> redb::Builder {
@@ -198,12 +198,14 @@ impl Store {
             cache,
             overlay,
             counters,
-            committer: Arc::new(Committer::start(writer, builder.limits.batch_bytes)?),
+            committer: Arc::new(Committer::start(writer, builder.limits)?),
             clock: Arc::clone(&builder.clock),
             policy,
             max_result_len: builder.max_result_len,
             poison,
             path,
+            #[cfg(test)]
+            read_hook: parking_lot::Mutex::new(None),
             admin: None,
         };
         store.admin = crate::admin::Server::start(store.handle(), builder.admin_socket)?;

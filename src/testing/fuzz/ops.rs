@@ -12,8 +12,9 @@ use std::time::Duration;
 use crate::clock::to_millis;
 use crate::error::{Error, LeaseLostReason};
 use crate::record::Millis;
+use crate::testing::model::{body, Model};
 use crate::testing::sim::{Rng, SimDisk};
-use crate::{Fingerprint, Key, Lease, ManualClock, Record, Reservation, Resolution, Status, Store};
+use crate::{Key, Lease, ManualClock, Record, Reservation, Resolution, Store};
 
 use super::{builder, clock, open_sim, Input, LEASE_MS, RETENTION_MS};
 
@@ -32,10 +33,6 @@ fn key(i: usize) -> Key {
         i => Key::new("tenant-a", "charge", format!("k{i}")),
     }
     .expect("valid key")
-}
-
-fn body(b: u8) -> Fingerprint {
-    Fingerprint::of([b % 2])
 }
 
 /// A result naming its key and token, small or large enough to fill the log quickly.
@@ -133,162 +130,6 @@ fn parse(data: &[u8]) -> Vec<Step> {
         });
     }
     steps
-}
-
-/// The reference model of one key. A token of 0 stands for one never acknowledged (an
-/// acquisition whose call failed): any token above those acknowledged before matches it.
-#[derive(Debug, Clone, PartialEq)]
-enum Model {
-    Absent,
-    Pending {
-        token: u64,
-        attempt: u32,
-        body: u8,
-        lease_until: Millis,
-    },
-    Completed {
-        token: u64,
-        attempt: u32,
-        body: u8,
-        result: Vec<u8>,
-        expires_at: Millis,
-    },
-    Review {
-        token: u64,
-        attempt: u32,
-        body: u8,
-        note: String,
-    },
-}
-
-impl Model {
-    /// What callers see at `now`: expired records read as absent.
-    fn visible(&self, now: Millis) -> Model {
-        match self {
-            Model::Pending { lease_until, .. } if now >= lease_until + RETENTION_MS => {
-                Model::Absent
-            }
-            Model::Completed { expires_at, .. } if now >= *expires_at => Model::Absent,
-            other => other.clone(),
-        }
-    }
-
-    fn token(&self) -> Option<u64> {
-        match self {
-            Model::Absent => None,
-            Model::Pending { token, .. }
-            | Model::Completed { token, .. }
-            | Model::Review { token, .. } => Some(*token),
-        }
-    }
-
-    fn body(&self) -> Option<u8> {
-        match self {
-            Model::Absent => None,
-            Model::Pending { body, .. }
-            | Model::Completed { body, .. }
-            | Model::Review { body, .. } => Some(*body),
-        }
-    }
-
-    /// Why a lease with `token` does not own the key.
-    fn lost(&self, token: u64) -> Option<LeaseLostReason> {
-        match self {
-            Model::Absent => Some(LeaseLostReason::Gone),
-            Model::Pending { token: t, .. } if *t == token => None,
-            Model::Pending { token: t, .. } => Some(LeaseLostReason::TakenOver { by_token: *t }),
-            Model::Completed { token: t, .. } => Some(LeaseLostReason::Completed { by_token: *t }),
-            Model::Review { .. } => Some(LeaseLostReason::NeedsReview),
-        }
-    }
-
-    /// Whether the stored `record` (already filtered by expiry) is this state.
-    fn matches(&self, record: Option<&Record>, max_token: u64) -> bool {
-        let Some(record) = record else {
-            return *self == Model::Absent;
-        };
-        let token_ok = |t: u64| {
-            if t == 0 {
-                record.token() > max_token
-            } else {
-                record.token() == t
-            }
-        };
-        let same = |t: u64, a: u32, b: u8| {
-            token_ok(t) && record.attempt() == a && record.fingerprint() == body(b)
-        };
-        match (self, record.status()) {
-            (
-                Model::Pending {
-                    token,
-                    attempt,
-                    body,
-                    lease_until,
-                },
-                Status::Pending {
-                    lease_until: got, ..
-                },
-            ) => same(*token, *attempt, *body) && to_millis(got) == *lease_until,
-            (
-                Model::Completed {
-                    token,
-                    attempt,
-                    body,
-                    result,
-                    ..
-                },
-                Status::Completed { result: got, .. },
-            ) => same(*token, *attempt, *body) && got == result.as_slice(),
-            (
-                Model::Review {
-                    token,
-                    attempt,
-                    body,
-                    note,
-                },
-                Status::NeedsReview { note: got, .. },
-            ) => same(*token, *attempt, *body) && got == note,
-            _ => false,
-        }
-    }
-
-    /// The model state of a recovered record.
-    fn of(record: Option<&Record>, now: Millis, candidates: &[Model]) -> Model {
-        let Some(record) = record else {
-            return Model::Absent;
-        };
-        let body = (0..2)
-            .find(|b| body(*b) == record.fingerprint())
-            .expect("the harness uses two bodies");
-        let (token, attempt) = (record.token(), record.attempt());
-        match record.status() {
-            Status::Pending { lease_until, .. } => Model::Pending {
-                token,
-                attempt,
-                body,
-                lease_until: to_millis(lease_until),
-            },
-            Status::Completed { result, .. } => Model::Completed {
-                token,
-                attempt,
-                body,
-                result: result.to_vec(),
-                expires_at: candidates
-                    .iter()
-                    .find_map(|c| match c {
-                        Model::Completed { expires_at, .. } => Some(*expires_at),
-                        _ => None,
-                    })
-                    .unwrap_or(now + RETENTION_MS),
-            },
-            Status::NeedsReview { note, .. } => Model::Review {
-                token,
-                attempt,
-                body,
-                note: note.to_string(),
-            },
-        }
-    }
 }
 
 /// The harness: the store on its simulated disks, and what it must hold.
@@ -527,7 +368,7 @@ impl Harness {
     /// The one state of key `k`, while the store is healthy.
     fn current(&self, k: usize) -> Model {
         assert_eq!(self.models[k].len(), 1, "uncertain state while healthy");
-        self.models[k][0].visible(self.now())
+        self.models[k][0].visible(self.now(), RETENTION_MS)
     }
 
     fn expect_one(&self, k: usize, record: Option<&Record>) {
@@ -816,21 +657,24 @@ impl Harness {
             let record = store
                 .get(&key(k))
                 .unwrap_or_else(|e| panic!("key {k} does not read after recovery: {e}"));
-            let candidates: Vec<Model> = self.models[k].iter().map(|m| m.visible(now)).collect();
+            let candidates: Vec<Model> = self.models[k]
+                .iter()
+                .map(|m| m.visible(now, RETENTION_MS))
+                .collect();
             assert!(
                 candidates
                     .iter()
                     .any(|m| m.matches(record.as_ref(), self.max_token)),
                 "key {k} after recovery: expected one of {candidates:?}, the store holds {record:?}"
             );
-            let recovered = Model::of(record.as_ref(), now, &candidates);
+            let recovered = Model::of(record.as_ref(), now, &candidates, RETENTION_MS);
             if let Some(token) = recovered.token() {
                 self.max_token = self.max_token.max(token);
             }
             // A recovered state keeps its full deadline (the model's, not the visible one).
             self.models[k] = vec![self.models[k]
                 .iter()
-                .find(|m| m.visible(now) == recovered)
+                .find(|m| m.visible(now, RETENTION_MS) == recovered)
                 .cloned()
                 .unwrap_or(recovered)];
         }

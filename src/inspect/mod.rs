@@ -1,0 +1,366 @@
+//! Read-only inspection for operators and tools: counts by state ([`Store::counts`]), filtered
+//! listings ([`Store::scan`]), file facts ([`Store::file_info`]) and a full consistency check of
+//! records and indexes ([`Store::verify`]). The `idemstore` command-line tool is built on them.
+//!
+//! Each call first commits the writer's open transaction (without a sync: the log already
+//! holds it), so it sees every acknowledged operation, and then reads one redb read
+//! transaction: a consistent snapshot that never blocks writers. `counts`, `verify` and most
+//! `scan`s read every record, so their cost grows with the store; they are meant for tools and
+//! occasional monitoring, not for the request path.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use redb::{ReadOnlyTable, ReadableTable};
+
+use crate::clock::duration_millis;
+use crate::error::Error;
+use crate::key::Key;
+use crate::record::{Millis, Phase, Record, State};
+use crate::store::Store;
+use crate::tables::{IndexEntries, EXPIRY, LEASES, META, META_NEXT_TOKEN, META_WAL_SEQ, RECORDS};
+use crate::wal::log_path;
+
+/// The state a stored record is in at a given moment, as the inspection APIs count and filter
+/// records. Unlike [`Status`](crate::Status), it tells a live reservation from a stale one and
+/// counts records past their expiry that a sweep has not deleted yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum RecordClass {
+    /// Reserved, and the lease is live: a worker is doing the work.
+    Pending,
+    /// Reserved, but the lease ran out without a completion: the worker probably died, maybe
+    /// after side effects. See [`Store::stale`].
+    Stale,
+    /// Parked for a person by [`Store::mark_needs_review`].
+    NeedsReview,
+    /// Done; the result is replayed to duplicates.
+    Completed,
+    /// Past its expiry: it already reads as absent, and [`Store::sweep`] will delete it.
+    Expired,
+}
+
+impl RecordClass {
+    /// Every class, in the order tools print them.
+    pub const ALL: [RecordClass; 5] = [
+        RecordClass::Pending,
+        RecordClass::Stale,
+        RecordClass::NeedsReview,
+        RecordClass::Completed,
+        RecordClass::Expired,
+    ];
+
+    /// A short lowercase name: `pending`, `stale`, `needs-review`, `completed` or `expired`.
+    pub fn name(self) -> &'static str {
+        match self {
+            RecordClass::Pending => "pending",
+            RecordClass::Stale => "stale",
+            RecordClass::NeedsReview => "needs-review",
+            RecordClass::Completed => "completed",
+            RecordClass::Expired => "expired",
+        }
+    }
+
+    /// The class of `record` at `now` (milliseconds since the Unix epoch), with the same rules
+    /// as [`reserve`](Store::reserve): a lease is live while `now < lease_until`, and a record
+    /// reads as absent from `expires_at` on.
+    fn of(record: &Record, now: Millis) -> RecordClass {
+        RecordClass::of_phase(record.phase(now))
+    }
+
+    /// The class of a record in `phase`.
+    pub(crate) fn of_phase(phase: Phase) -> RecordClass {
+        match phase {
+            Phase::Expired => RecordClass::Expired,
+            Phase::Live => RecordClass::Pending,
+            Phase::Stale => RecordClass::Stale,
+            Phase::Completed => RecordClass::Completed,
+            Phase::NeedsReview => RecordClass::NeedsReview,
+        }
+    }
+}
+
+impl fmt::Display for RecordClass {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The time a record's age is measured from, for [`ScanFilter::older_than`].
+fn age_reference(record: &Record, class: RecordClass) -> Millis {
+    match (&record.state, class) {
+        (_, RecordClass::Expired) => record.expires_at,
+        (State::Pending { lease_until, .. }, _) => *lease_until,
+        (State::Completed { completed_at, .. }, _) => *completed_at,
+        (State::NeedsReview { since, .. }, _) => *since,
+    }
+}
+
+/// Which records [`Store::scan`] returns.
+///
+/// ```
+/// use std::time::Duration;
+/// use idemstore::{RecordClass, ScanFilter};
+///
+/// let everything = ScanFilter::any();
+/// let old_stale = ScanFilter::of(RecordClass::Stale).older_than(Duration::from_secs(300));
+/// assert_ne!(everything, old_stale);
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ScanFilter {
+    pub(crate) class: Option<RecordClass>,
+    pub(crate) older_than: Option<Duration>,
+}
+
+impl ScanFilter {
+    /// Every record, whatever its state.
+    pub fn any() -> ScanFilter {
+        ScanFilter::default()
+    }
+
+    /// Only records of `class`.
+    pub fn of(class: RecordClass) -> ScanFilter {
+        ScanFilter {
+            class: Some(class),
+            older_than: None,
+        }
+    }
+
+    /// Only records whose state began at least `age` ago. A state begins when it is entered:
+    /// a completed key at its completion, a key under review when it was marked, an expired
+    /// record at its expiry; a stale reservation when its lease ran out (so this is "stale for
+    /// at least `age`"). A live reservation's lease ends in the future, so no live reservation
+    /// is older than any `age`.
+    pub fn older_than(mut self, age: Duration) -> ScanFilter {
+        self.older_than = Some(age);
+        self
+    }
+
+    fn matches(&self, record: &Record, class: RecordClass, now: Millis) -> bool {
+        if self.class.is_some_and(|wanted| wanted != class) {
+            return false;
+        }
+        match self.older_than {
+            None => true,
+            Some(age) => age_reference(record, class)
+                .checked_add(duration_millis(age))
+                .is_some_and(|t| t <= now),
+        }
+    }
+}
+
+/// How many records a store holds in each [`RecordClass`], from [`Store::counts`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StateCounts {
+    /// Reservations with a live lease.
+    pub pending: u64,
+    /// Reservations whose lease ran out without a completion.
+    pub stale: u64,
+    /// Keys parked for a person.
+    pub needs_review: u64,
+    /// Completed keys within their retention.
+    pub completed: u64,
+    /// Records past their expiry that a sweep has not deleted yet.
+    pub expired: u64,
+    /// Records whose key or bytes do not decode (see [`Store::verify`]).
+    pub damaged: u64,
+    /// The reservation (live or stale) whose lease ran out first, or ends first.
+    pub oldest_pending: Option<(Key, Record)>,
+}
+
+impl StateCounts {
+    /// How many records are in `class`.
+    pub fn get(&self, class: RecordClass) -> u64 {
+        match class {
+            RecordClass::Pending => self.pending,
+            RecordClass::Stale => self.stale,
+            RecordClass::NeedsReview => self.needs_review,
+            RecordClass::Completed => self.completed,
+            RecordClass::Expired => self.expired,
+        }
+    }
+
+    /// Every stored record, damaged ones included.
+    pub fn total(&self) -> u64 {
+        RecordClass::ALL.iter().map(|c| self.get(*c)).sum::<u64>() + self.damaged
+    }
+
+    fn add(&mut self, class: RecordClass) {
+        *match class {
+            RecordClass::Pending => &mut self.pending,
+            RecordClass::Stale => &mut self.stale,
+            RecordClass::NeedsReview => &mut self.needs_review,
+            RecordClass::Completed => &mut self.completed,
+            RecordClass::Expired => &mut self.expired,
+        } += 1;
+    }
+}
+
+/// Facts about a store's files, from [`Store::file_info`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct FileInfo {
+    /// The store file.
+    pub path: PathBuf,
+    /// Its size in bytes.
+    pub file_bytes: u64,
+    /// The write-ahead log: the store file's name with `.wal` appended.
+    pub log_path: PathBuf,
+    /// The log's size in bytes. The log is overwritten in place from its start after each
+    /// checkpoint, so this is its high-water mark, not the amount of unreplayed data.
+    pub log_bytes: u64,
+    /// The last log frame whose changes the file holds (meta `wal_seq`). Right after
+    /// [`Store::open`] this is the checkpoint: every frame up to it is in the B-tree file.
+    pub wal_seq: u64,
+    /// The fencing token the next acquisition will get (meta `next_token`).
+    pub next_token: u64,
+}
+
+/// What [`Problem`] was found by [`Store::verify`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ProblemKind {
+    /// A record fails its checksum or does not decode; reading its key reports
+    /// [`Error::Corruption`].
+    DamagedRecord,
+    /// A stored key is not a valid `(scope, operation, id)` encoding.
+    BadKey,
+    /// A record has no entry where the expiry or lease index should hold one: a sweep would
+    /// not delete it, or [`Store::stale`] would not list it.
+    MissingIndexEntry,
+    /// An index entry points to no record, or to a record that does not match it. Harmless
+    /// to answers (sweeps drop such entries), but a sign of earlier damage.
+    StrayIndexEntry,
+    /// A record's fencing token is not below the store's next token, so a token could be
+    /// handed out twice.
+    TokenAhead,
+    /// The store's metadata is missing or damaged.
+    Meta,
+}
+
+impl ProblemKind {
+    /// A short lowercase name, such as `damaged-record`.
+    pub fn name(self) -> &'static str {
+        match self {
+            ProblemKind::DamagedRecord => "damaged-record",
+            ProblemKind::BadKey => "bad-key",
+            ProblemKind::MissingIndexEntry => "missing-index-entry",
+            ProblemKind::StrayIndexEntry => "stray-index-entry",
+            ProblemKind::TokenAhead => "token-ahead",
+            ProblemKind::Meta => "meta",
+        }
+    }
+}
+
+impl fmt::Display for ProblemKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One inconsistency found by [`Store::verify`], with the key it concerns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Problem {
+    /// What is wrong.
+    pub kind: ProblemKind,
+    /// The key concerned, when its stored bytes decode.
+    pub key: Option<Key>,
+    /// The key's stored (encoded) bytes; empty for a metadata problem.
+    pub raw_key: Vec<u8>,
+    /// A sentence saying what was found.
+    pub detail: String,
+}
+
+impl Problem {
+    fn new(kind: ProblemKind, raw_key: &[u8], detail: impl Into<String>) -> Problem {
+        Problem {
+            kind,
+            key: Key::decode(raw_key),
+            raw_key: raw_key.to_vec(),
+            detail: detail.into(),
+        }
+    }
+}
+
+/// `record scope/operation/id: detail`, or the escaped raw bytes when the key does not decode.
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (&self.key, self.kind) {
+            (_, ProblemKind::Meta) => write!(f, "store metadata: {}", self.detail),
+            (Some(key), _) => write!(f, "key {key}: {}", self.detail),
+            (None, _) => write!(
+                f,
+                "undecodable key bytes {}: {}",
+                self.raw_key.escape_ascii(),
+                self.detail
+            ),
+        }
+    }
+}
+
+/// The result of [`Store::verify`]: what was read, and every problem found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Verification {
+    /// Records read.
+    pub records: u64,
+    /// Expiry index entries read.
+    pub expiry_entries: u64,
+    /// Lease index entries read.
+    pub lease_entries: u64,
+    /// Everything wrong, in the order found (records in key order, then the indexes).
+    pub problems: Vec<Problem>,
+}
+
+impl Verification {
+    /// True when no problem was found.
+    pub fn is_ok(&self) -> bool {
+        self.problems.is_empty()
+    }
+}
+
+/// Storage errors of the inspection calls.
+fn storage(source: impl Into<redb::Error>) -> Error {
+    Error::storage("inspecting the store", source)
+}
+
+type RecordsTable = ReadOnlyTable<&'static [u8], &'static [u8]>;
+
+/// The record stored under `key`, or `None` when it is absent or does not decode.
+fn load(records: &RecordsTable, key: &[u8]) -> Result<Option<Record>, Error> {
+    let value = records.get(key).map_err(storage)?;
+    Ok(value.and_then(|bytes| Record::decode(bytes.value()).ok()))
+}
+
+/// A time in a problem report, in UTC as RFC 3339 (`2026-11-29T12:00:00.250Z`).
+pub(crate) fn describe_millis(millis: Millis) -> String {
+    if millis == Millis::MAX {
+        return "never".into();
+    }
+    let (days, ms) = (millis / 86_400_000, millis % 86_400_000);
+    // Days since 1970-01-01 to a civil date (Howard Hinnant's days_from_civil, inverted).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        ms / 3_600_000,
+        ms / 60_000 % 60,
+        ms / 1_000 % 60,
+        ms % 1_000
+    )
+}
+
+mod scan;
+#[cfg(test)]
+mod tests;
+mod verify;

@@ -1,0 +1,213 @@
+//! Counts, listings and file facts.
+
+use super::*;
+
+impl Store {
+    /// The [`RecordClass`] of `record` now, by the store's clock.
+    ///
+    /// ```
+    /// use idemstore::{Fingerprint, Key, RecordClass, Store};
+    ///
+    /// # let dir = tempfile::tempdir()?;
+    /// let store = Store::open(dir.path().join("keys.idem"))?;
+    /// let key = Key::new("user-1", "charge", "k1")?;
+    /// let _lease = store.reserve(&key, Fingerprint::of(b"amount=5"))?;
+    /// let record = store.get(&key)?.expect("just reserved");
+    /// assert_eq!(store.class_of(&record), RecordClass::Pending);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn class_of(&self, record: &Record) -> RecordClass {
+        RecordClass::of(record, self.now())
+    }
+
+    /// Counts the stored records in each [`RecordClass`], and finds the oldest reservation.
+    ///
+    /// Reads every record (one snapshot; writers are not blocked).
+    ///
+    /// ```
+    /// use idemstore::{Fingerprint, Key, Reservation, Store};
+    ///
+    /// # let dir = tempfile::tempdir()?;
+    /// let store = Store::open(dir.path().join("keys.idem"))?;
+    /// for id in ["a", "b", "c"] {
+    ///     let key = Key::new("user-1", "charge", id)?;
+    ///     if let Reservation::Acquired(lease) = store.reserve(&key, Fingerprint::of(id))? {
+    ///         if id != "c" {
+    ///             store.complete(&lease, b"200 OK".to_vec())?;
+    ///         }
+    ///     }
+    /// }
+    /// let counts = store.counts()?;
+    /// assert_eq!((counts.completed, counts.pending, counts.total()), (2, 1, 3));
+    /// let (oldest, _record) = counts.oldest_pending.expect("c is pending");
+    /// assert_eq!(oldest.id(), b"c");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// Storage errors, and [`Error::Poisoned`]. Damaged records are counted, not errors.
+    pub fn counts(&self) -> Result<StateCounts, Error> {
+        let txn = self.snapshot()?;
+        let records = txn.open_table(RECORDS).map_err(storage)?;
+        let now = self.now();
+        let mut counts = StateCounts::default();
+        let mut oldest: Option<(Millis, Key, Record)> = None;
+        for entry in records.iter().map_err(storage)? {
+            let (key, value) = entry.map_err(storage)?;
+            let (Some(key), Ok(record)) = (Key::decode(key.value()), Record::decode(value.value()))
+            else {
+                counts.damaged += 1;
+                continue;
+            };
+            let class = RecordClass::of(&record, now);
+            counts.add(class);
+            if let (RecordClass::Pending | RecordClass::Stale, Some(lease_until)) =
+                (class, record.lease_until())
+            {
+                if oldest.as_ref().is_none_or(|(t, _, _)| lease_until < *t) {
+                    oldest = Some((lease_until, key, record));
+                }
+            }
+        }
+        counts.oldest_pending = oldest.map(|(_, key, record)| (key, record));
+        Ok(counts)
+    }
+
+    /// Up to `limit` stored records that match `filter`, with their keys.
+    ///
+    /// Order: reservations (pending or stale) by lease deadline, oldest first, read through
+    /// the lease index; expired records by expiry, oldest first, through the expiry index;
+    /// every other filter in key order, by reading every record. Records whose bytes do not
+    /// decode are skipped: [`verify`](Store::verify) reports them and
+    /// [`counts`](Store::counts) counts them.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idemstore::{Fingerprint, Key, ManualClock, RecordClass, Reservation, ScanFilter, Store};
+    ///
+    /// # let dir = tempfile::tempdir()?;
+    /// let clock = ManualClock::new();
+    /// let store = Store::builder()
+    ///     .lease(Duration::from_secs(30))
+    ///     .clock(clock.clone())
+    ///     .open(dir.path().join("keys.idem"))?;
+    /// let key = Key::new("user-1", "charge", "k1")?;
+    /// let Reservation::Acquired(_lease) = store.reserve(&key, Fingerprint::of(b"x"))? else {
+    ///     unreachable!("a fresh key is acquired")
+    /// };
+    /// // The worker dies; ten minutes later its reservation has been stale for 9.5 minutes.
+    /// clock.advance(Duration::from_secs(600));
+    /// let filter = ScanFilter::of(RecordClass::Stale).older_than(Duration::from_secs(300));
+    /// let found = store.scan(&filter, 100)?;
+    /// assert_eq!(found.len(), 1);
+    /// assert_eq!(found[0].0, key);
+    /// assert_eq!(found[0].1.attempt(), 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// Storage errors, and [`Error::Poisoned`].
+    pub fn scan(&self, filter: &ScanFilter, limit: usize) -> Result<Vec<(Key, Record)>, Error> {
+        let txn = self.snapshot()?;
+        let records = txn.open_table(RECORDS).map_err(storage)?;
+        let now = self.now();
+        let mut found = Vec::new();
+        if limit == 0 {
+            return Ok(found);
+        }
+        let keep = |found: &mut Vec<(Key, Record)>, key: &[u8], record: Record| {
+            let class = RecordClass::of(&record, now);
+            if filter.matches(&record, class, now) {
+                if let Some(key) = Key::decode(key) {
+                    found.push((key, record));
+                }
+            }
+            found.len() >= limit
+        };
+        match filter.class {
+            Some(class @ (RecordClass::Pending | RecordClass::Stale)) => {
+                let leases = txn.open_table(LEASES).map_err(storage)?;
+                let boundary = (now.saturating_add(1), &[][..]);
+                let entries = match class {
+                    RecordClass::Stale => leases.range(..boundary),
+                    _ => leases.range(boundary..),
+                };
+                for entry in entries.map_err(storage)? {
+                    let (index, _) = entry.map_err(storage)?;
+                    let (lease_until, key) = index.value();
+                    let Some(record) = load(&records, key)? else {
+                        continue;
+                    };
+                    if record.lease_until() == Some(lease_until) && keep(&mut found, key, record) {
+                        break;
+                    }
+                }
+            }
+            Some(RecordClass::Expired) => {
+                let expiry = txn.open_table(EXPIRY).map_err(storage)?;
+                let due = ..(now.saturating_add(1), &[][..]);
+                for entry in expiry.range(due).map_err(storage)? {
+                    let (index, _) = entry.map_err(storage)?;
+                    let (deadline, key) = index.value();
+                    let Some(record) = load(&records, key)? else {
+                        continue;
+                    };
+                    if record.expires_at == deadline && keep(&mut found, key, record) {
+                        break;
+                    }
+                }
+            }
+            _ => {
+                for entry in records.iter().map_err(storage)? {
+                    let (key, value) = entry.map_err(storage)?;
+                    let Ok(record) = Record::decode(value.value()) else {
+                        continue;
+                    };
+                    if keep(&mut found, key.value(), record) {
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(found)
+    }
+
+    /// The store's file and log sizes and its log position and next fencing token.
+    ///
+    /// ```
+    /// use idemstore::Store;
+    ///
+    /// # let dir = tempfile::tempdir()?;
+    /// let store = Store::open(dir.path().join("keys.idem"))?;
+    /// let info = store.file_info()?;
+    /// assert!(info.file_bytes > 0);
+    /// assert!(info.log_path.to_string_lossy().ends_with("keys.idem.wal"));
+    /// assert_eq!(info.next_token, 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::Io`] when a file's size cannot be read; storage errors; [`Error::Poisoned`].
+    pub fn file_info(&self) -> Result<FileInfo, Error> {
+        let txn = self.snapshot()?;
+        let meta = txn.open_table(META).map_err(storage)?;
+        let read = |name: &str| -> Result<u64, Error> {
+            Ok(meta.get(name).map_err(storage)?.map_or(0, |v| v.value()))
+        };
+        let (wal_seq, next_token) = (read(META_WAL_SEQ)?, read(META_NEXT_TOKEN)?);
+        let size = |path: &std::path::Path| {
+            std::fs::metadata(path)
+                .map(|m| m.len())
+                .map_err(|e| Error::io(format!("reading the size of {}", path.display()), e))
+        };
+        let log_path = log_path(self.path());
+        Ok(FileInfo {
+            file_bytes: size(self.path())?,
+            log_bytes: size(&log_path)?,
+            path: self.path().to_path_buf(),
+            log_path,
+            wal_seq,
+            next_token,
+        })
+    }
+}

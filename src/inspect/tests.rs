@@ -1,0 +1,144 @@
+//! Unit tests of inspection.
+
+use std::time::Duration;
+
+use super::*;
+use crate::clock::ManualClock;
+use crate::fingerprint::Fingerprint;
+use crate::reservation::Reservation;
+use crate::tables::Tables;
+
+fn store(dir: &tempfile::TempDir, clock: &ManualClock) -> Store {
+    Store::builder()
+        .lease(Duration::from_secs(10))
+        .retention(Duration::from_secs(100))
+        .clock(clock.clone())
+        .open(dir.path().join("s.idem"))
+        .unwrap()
+}
+
+fn acquire(store: &Store, id: &str) -> crate::Lease {
+    let key = Key::new("u", "op", id).unwrap();
+    match store.reserve(&key, Fingerprint::of(id)).unwrap() {
+        Reservation::Acquired(lease) => lease,
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn times_in_reports_are_rfc3339_utc() {
+    assert_eq!(describe_millis(0), "1970-01-01T00:00:00.000Z");
+    assert_eq!(describe_millis(951_782_400_250), "2000-02-29T00:00:00.250Z");
+    assert_eq!(
+        describe_millis(1_795_000_000_000),
+        "2026-11-18T11:06:40.000Z"
+    );
+}
+
+#[test]
+fn classes_counts_and_scans_follow_the_clock() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new();
+    let store = store(&dir, &clock);
+    let done = acquire(&store, "done");
+    store.complete(&done, b"ok".to_vec()).unwrap();
+    let review = acquire(&store, "review");
+    store.mark_needs_review(&review, "unknown").unwrap();
+    let _stale = acquire(&store, "stale");
+    clock.advance(Duration::from_secs(20));
+    let _live = acquire(&store, "live");
+    let counts = store.counts().unwrap();
+    assert_eq!(
+        (
+            counts.pending,
+            counts.stale,
+            counts.needs_review,
+            counts.completed
+        ),
+        (1, 1, 1, 1)
+    );
+    assert_eq!(counts.oldest_pending.unwrap().0.id(), b"stale");
+    let stale = store.scan(&ScanFilter::of(RecordClass::Stale), 10).unwrap();
+    assert_eq!(stale.len(), 1);
+    let old = ScanFilter::of(RecordClass::Stale).older_than(Duration::from_secs(11));
+    assert!(store.scan(&old, 10).unwrap().is_empty());
+    let old = ScanFilter::of(RecordClass::Stale).older_than(Duration::from_secs(10));
+    assert_eq!(store.scan(&old, 10).unwrap().len(), 1);
+    assert_eq!(store.scan(&ScanFilter::any(), 10).unwrap().len(), 4);
+    assert_eq!(store.scan(&ScanFilter::any(), 2).unwrap().len(), 2);
+    clock.advance(Duration::from_secs(200));
+    let counts = store.counts().unwrap();
+    assert_eq!((counts.expired, counts.needs_review), (3, 1));
+    let expired = store
+        .scan(&ScanFilter::of(RecordClass::Expired), 10)
+        .unwrap();
+    assert_eq!(expired.len(), 3);
+    assert!(store.verify().unwrap().is_ok());
+}
+
+#[test]
+fn verify_reports_damage_and_index_mismatches_by_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new();
+    let store = store(&dir, &clock);
+    let a = acquire(&store, "a");
+    store.complete(&a, b"ok".to_vec()).unwrap();
+    let _b = acquire(&store, "b");
+    let _c = acquire(&store, "c");
+    let key = |id: &str| Key::new("u", "op", id).unwrap();
+    store
+        .with_writer(|writer| {
+            writer.transact(crate::commit::CommitKind::Durable, |_, txn, _, _| {
+                let mut tables = Tables::open(txn)?;
+                let ctx = "damaging";
+                // a: flip a byte of the stored record.
+                let mut bytes = tables
+                    .records
+                    .get(key("a").encoded())
+                    .map_err(|e| Error::storage(ctx, e))?
+                    .unwrap()
+                    .value()
+                    .to_vec();
+                bytes[5] ^= 0xff;
+                tables
+                    .records
+                    .insert(key("a").encoded(), bytes.as_slice())
+                    .map_err(|e| Error::storage(ctx, e))?;
+                // b: drop its lease index entry and add a stray one.
+                let record = tables.load(key("b").encoded())?.unwrap().unwrap();
+                let lease = record.lease_until().unwrap();
+                tables
+                    .leases
+                    .remove((lease, key("b").encoded()))
+                    .map_err(|e| Error::storage(ctx, e))?;
+                tables
+                    .leases
+                    .insert((lease + 1, key("b").encoded()), ())
+                    .map_err(|e| Error::storage(ctx, e))?;
+                Ok(Ok(()))
+            })
+        })
+        .unwrap();
+    store.clear_cache();
+    let report = store.verify().unwrap();
+    let kinds: Vec<_> = report
+        .problems
+        .iter()
+        .map(|p| (p.kind, p.key.as_ref().map(|k| k.id().to_vec())))
+        .collect();
+    assert_eq!(
+        kinds,
+        vec![
+            (ProblemKind::DamagedRecord, Some(b"a".to_vec())),
+            (ProblemKind::MissingIndexEntry, Some(b"b".to_vec())),
+            (ProblemKind::StrayIndexEntry, Some(b"b".to_vec())),
+        ],
+        "{:#?}",
+        report.problems
+    );
+    assert!(report.problems[0].to_string().contains("u/op/a"));
+    assert!(report.problems[0].to_string().contains("checksum"));
+    assert_eq!(store.counts().unwrap().damaged, 1);
+    // Scans skip the damaged record instead of failing.
+    assert_eq!(store.scan(&ScanFilter::any(), 10).unwrap().len(), 2);
+}

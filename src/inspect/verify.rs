@@ -1,0 +1,137 @@
+//! The full consistency check of records and indexes.
+
+use super::*;
+
+impl Store {
+    /// Checks the whole store: every record's checksum and encoding, every key's encoding,
+    /// that every record has exactly the expiry and lease index entries it should and that
+    /// every index entry matches a record, and that no record's fencing token is at or above
+    /// the next token. Changes nothing.
+    ///
+    /// ```
+    /// use idemstore::{Fingerprint, Key, Store};
+    ///
+    /// # let dir = tempfile::tempdir()?;
+    /// let store = Store::open(dir.path().join("keys.idem"))?;
+    /// let _ = store.reserve(&Key::new("user-1", "charge", "k1")?, Fingerprint::of(b"x"))?;
+    /// let report = store.verify()?;
+    /// assert!(report.is_ok(), "{:?}", report.problems);
+    /// assert_eq!((report.records, report.lease_entries, report.expiry_entries), (1, 1, 1));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// Storage errors (including damage redb itself detects in its pages), and
+    /// [`Error::Poisoned`]. Damage to records and indexes is reported in the result.
+    pub fn verify(&self) -> Result<Verification, Error> {
+        let txn = self.snapshot()?;
+        let records = txn.open_table(RECORDS).map_err(storage)?;
+        let expiry = txn.open_table(EXPIRY).map_err(storage)?;
+        let leases = txn.open_table(LEASES).map_err(storage)?;
+        let meta = txn.open_table(META).map_err(storage)?;
+        let mut report = Verification::default();
+        let next_token = match meta.get(META_NEXT_TOKEN).map_err(storage)? {
+            Some(v) => Some(v.value()),
+            None => {
+                report.problems.push(Problem::new(
+                    ProblemKind::Meta,
+                    &[],
+                    "the next fencing token (meta next_token) is missing",
+                ));
+                None
+            }
+        };
+        for entry in records.iter().map_err(storage)? {
+            let (key, value) = entry.map_err(storage)?;
+            let key = key.value();
+            report.records += 1;
+            if Key::decode(key).is_none() {
+                report.problems.push(Problem::new(
+                    ProblemKind::BadKey,
+                    key,
+                    "the stored key is not a valid (scope, operation, id) encoding",
+                ));
+            }
+            let record = match Record::decode(value.value()) {
+                Ok(record) => record,
+                Err(reason) => {
+                    report.problems.push(Problem::new(
+                        ProblemKind::DamagedRecord,
+                        key,
+                        format!("damaged record: {reason}"),
+                    ));
+                    continue;
+                }
+            };
+            let index = IndexEntries::of(&record);
+            if let Some(deadline) = index.expiry {
+                if expiry.get((deadline, key)).map_err(storage)?.is_none() {
+                    report.problems.push(Problem::new(
+                        ProblemKind::MissingIndexEntry,
+                        key,
+                        format!(
+                            "no expiry index entry at its expiry {}",
+                            describe_millis(deadline)
+                        ),
+                    ));
+                }
+            }
+            if let Some(lease_until) = index.lease {
+                if leases.get((lease_until, key)).map_err(storage)?.is_none() {
+                    report.problems.push(Problem::new(
+                        ProblemKind::MissingIndexEntry,
+                        key,
+                        format!(
+                            "no lease index entry at its lease deadline {}",
+                            describe_millis(lease_until)
+                        ),
+                    ));
+                }
+            }
+            if next_token.is_some_and(|next| record.token >= next) {
+                report.problems.push(Problem::new(
+                    ProblemKind::TokenAhead,
+                    key,
+                    format!(
+                        "fencing token {} is not below the store's next token {}",
+                        record.token,
+                        next_token.unwrap_or_default()
+                    ),
+                ));
+            }
+        }
+        for (name, table, count) in [
+            ("expiry", &expiry, &mut report.expiry_entries),
+            ("lease", &leases, &mut report.lease_entries),
+        ] {
+            for entry in table.iter().map_err(storage)? {
+                let (index, _) = entry.map_err(storage)?;
+                let (at, key) = index.value();
+                *count += 1;
+                let detail = match records.get(key).map_err(storage)? {
+                    None => "points to no record",
+                    Some(value) => match Record::decode(value.value()) {
+                        Err(_) => continue, // reported with the record
+                        Ok(record) => {
+                            let expected = IndexEntries::of(&record);
+                            let matches = match name {
+                                "expiry" => expected.expiry == Some(at),
+                                _ => expected.lease == Some(at),
+                            };
+                            if matches {
+                                continue;
+                            }
+                            "does not match the record"
+                        }
+                    },
+                };
+                report.problems.push(Problem::new(
+                    ProblemKind::StrayIndexEntry,
+                    key,
+                    format!("{name} index entry at {} {detail}", describe_millis(at)),
+                ));
+            }
+        }
+        Ok(report)
+    }
+}

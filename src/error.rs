@@ -114,6 +114,24 @@ pub enum Error {
         /// What the key holds instead.
         reason: &'static str,
     },
+    /// [`Store::expire`](crate::Store::expire) found the key held by a live lease: a worker
+    /// is doing the work now. Nothing was changed; force it with
+    /// [`Store::expire_forced`](crate::Store::expire_forced) to take the key from the holder.
+    LeaseLive {
+        /// The key.
+        key: Key,
+        /// When the holder's lease ends (it may still be extended).
+        lease_until: std::time::SystemTime,
+    },
+    /// A store's admin socket refused a request of an
+    /// [`AdminClient`](crate::admin::AdminClient); nothing was changed unless the message
+    /// says otherwise.
+    Admin {
+        /// The socket.
+        socket: PathBuf,
+        /// The store's own error message.
+        message: String,
+    },
     /// Another process (or another `Store` in this one) has the file open.
     AlreadyOpen {
         /// The store file.
@@ -274,6 +292,14 @@ impl fmt::Display for Error {
                 f,
                 "key {key} cannot be resolved: {reason}; only a key marked for review or a stale reservation can; nothing was changed"
             ),
+            Error::LeaseLive { key, lease_until } => write!(
+                f,
+                "key {key} is held by a live lease until {}; nothing was changed; force the expiry to take the key from its holder (its later complete and extend then fail with \"lease lost\")",
+                crate::inspect::describe_millis(crate::clock::to_millis(*lease_until))
+            ),
+            Error::Admin { socket, message } => {
+                write!(f, "{message} (answered by the store's admin socket {})", socket.display())
+            }
             Error::AlreadyOpen { path } => write!(
                 f,
                 "store {} is already open in another process or Store handle; one process owns a store file",

@@ -350,7 +350,7 @@ impl AtRevision for Reserved {
     }
 }
 
-/// The lease operations and resolve answer no token.
+/// The lease operations, resolve and expire answer no token.
 impl<T, E> AtRevision for Result<T, E> {
     fn at_revision(self, _revision: i64) -> Self {
         self

@@ -66,7 +66,12 @@ impl RecordClass {
     /// as [`reserve`](Store::reserve): a lease is live while `now < lease_until`, and a record
     /// reads as absent from `expires_at` on.
     fn of(record: &Record, now: Millis) -> RecordClass {
-        match record.phase(now) {
+        RecordClass::of_phase(record.phase(now))
+    }
+
+    /// The class of a record in `phase`.
+    pub(crate) fn of_phase(phase: Phase) -> RecordClass {
+        match phase {
             Phase::Expired => RecordClass::Expired,
             Phase::Live => RecordClass::Pending,
             Phase::Stale => RecordClass::Stale,
@@ -104,8 +109,8 @@ fn age_reference(record: &Record, class: RecordClass) -> Millis {
 /// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ScanFilter {
-    class: Option<RecordClass>,
-    older_than: Option<Duration>,
+    pub(crate) class: Option<RecordClass>,
+    pub(crate) older_than: Option<Duration>,
 }
 
 impl ScanFilter {
@@ -331,7 +336,7 @@ fn load(records: &RecordsTable, key: &[u8]) -> Result<Option<Record>, Error> {
 }
 
 /// A time in a problem report, in UTC as RFC 3339 (`2026-11-29T12:00:00.250Z`).
-fn describe_millis(millis: Millis) -> String {
+pub(crate) fn describe_millis(millis: Millis) -> String {
     if millis == Millis::MAX {
         return "never".into();
     }

@@ -73,7 +73,7 @@ impl Store {
             Some(record?),
             Reserve { fingerprint },
             self.now(),
-            self.policy,
+            self.policy.for_key(key),
             0,
         );
         (decision.change == Change::Keep).then(|| self.reservation(key, decision.outcome))

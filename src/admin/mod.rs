@@ -28,9 +28,11 @@
 //!   That is the bound on how long a writer waits for an admin read. They then read a
 //!   snapshot that blocks no one, though reading every record of a large store takes CPU
 //!   time. Measured (`examples/admin_load`, 8 writer threads, 20 000 keys, `stats` asked
-//!   nonstop): 6 500 to 7 200 reserve + complete per second, p99 10.5 to 11.1 ms, against
-//!   5 300 to 10 100 per second, p99 7.5 to 15.6 ms, with nobody asking, on a shared 2-core
-//!   machine: the difference is within the run-to-run noise.
+//!   nonstop, about 25 answers a second, on a shared 2-core machine): in the quietest run
+//!   8 000 to 8 500 reserve + complete per second with p99 7.8 to 7.9 ms, against 9 300 to
+//!   9 500 per second with p99 4.5 to 4.8 ms with nobody asking; the cost is the admin
+//!   thread's share of the CPU (reading every record), so an operator asking once in a
+//!   while should cost proportionally less (not measured).
 //! - Writes through the socket (expire, resolve, sweep slices) queue with the service's own
 //!   writes like any caller's; a checkpoint through it (the tool asks for one after a sweep)
 //!   holds the writer as the service's own checkpoints do.

@@ -4,7 +4,7 @@
 //! with `examples/loadgen.rs` (which prints latency percentiles and ratios instead).
 //!
 //! ```text
-//! cargo bench --bench engine                    # everything, ~4 minutes on 2 cores
+//! cargo bench --bench engine                    # everything, ~5 minutes on 2 cores
 //! cargo bench --bench engine -- reserve_new     # one group
 //! cargo bench --bench engine -- 'idemstore'     # one engine
 //! IDEMSTORE_BENCH_LONG=1 cargo bench --bench engine -- prefilled
@@ -18,12 +18,19 @@
 //! Durable operations cost ~100–300 µs each here, so samples are few and short; compare
 //! engines within one run, not across runs (the disk is shared and noisy).
 //!
+//! Engines: idemstore (`Store::open` defaults), Redis (`appendfsync always`, a `redis-server`
+//! the bench starts on a loopback port and kills at the end; skipped with a message when not
+//! installed), redb, SQLite, fdatasync (see `peers/mod.rs`). Percentiles, ratios per pass and
+//! `idemstore-prealloc` are in the load generator (`examples/loadgen.rs`).
+//!
 //! Groups (throughput is keys per second):
-//! - `reserve_new/{engine}/{threads}`: first-time reserves at 1, 4 and 32 threads;
-//! - `reserve_duplicate`: reserves of 1,000 stored, completed keys (1 thread);
-//! - `reserve_complete`: a new reserve, then its completion (1 thread);
+//! - `reserve_new/{engine}/{threads}`: first-time reserves at 1 and 32 threads;
+//! - `service_cycle`: a new reserve, then its completion with a 64-byte result (32 threads);
 //! - `reserve_batch_1000`: `reserve_many` of 1,000 new keys (1 thread);
-//! - `mixed_90_duplicate`: 90% duplicates of 1,000 stored keys, 10% new keys (1 and 32 threads);
+//! - `duplicate_batch_1000`: `reserve_many` of 1,000 stored keys (1 thread);
+//! - `reserve_duplicate`: reserves of 1,000 stored, completed keys (1 thread);
+//! - `async_cycle`: idemstore only, 1,000 tokio tasks doing `reserve_async` then
+//!   `complete_async` (compare with `service_cycle/idemstore/32`);
 //! - `prefilled_10k` (`prefilled_1m` when long): new, then duplicate reserves on a store that
 //!   already holds the keys (1 thread); the two share one store per engine, filled once.
 
@@ -31,7 +38,8 @@
 mod peers;
 
 use std::ops::Range;
-use std::sync::Barrier;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Barrier, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use criterion::measurement::WallTime;
@@ -40,12 +48,15 @@ use criterion::{
     Throughput,
 };
 
-use peers::{prefill, BenchResult, Driver, Engine, Fresh, Kind, Visit, Workload};
+use idemstore::{Fingerprint, Key, Reservation, Store};
+use peers::{prefill, BenchKey, BenchResult, Driver, Engine, Fresh, Kind, Visit, Workload};
 
-/// Prefilled keys for `reserve_duplicate` and `mixed_90_duplicate`.
+/// Prefilled keys for `reserve_duplicate` and `duplicate_batch_1000`.
 const DUPLICATE_KEYS: u64 = 1_000;
-/// Keys per `reserve_many` in `reserve_batch_1000`.
+/// Keys per `reserve_many` in the batch groups.
 const BATCH: usize = 1_000;
+/// Tasks in `async_cycle`.
+const TASKS: u64 = 1_000;
 
 fn long() -> bool {
     std::env::var_os("IDEMSTORE_BENCH_LONG").is_some_and(|v| v == "1")
@@ -148,6 +159,16 @@ impl Visit for Bench<'_, '_, '_> {
 
     fn visit<E: Engine>(self) {
         let Bench { group, cases } = self;
+        if let Err(reason) = E::available() {
+            // Said once per engine, not once per benchmark.
+            static SKIPPED: Mutex<Vec<&str>> = Mutex::new(Vec::new());
+            let mut skipped = SKIPPED.lock().unwrap_or_else(PoisonError::into_inner);
+            if !skipped.contains(&E::NAME) {
+                skipped.push(E::NAME);
+                eprintln!("skipping {}: {reason}", E::NAME);
+            }
+            return;
+        }
         let keys = cases
             .iter()
             .map(|(case, _)| case.prefill)
@@ -169,7 +190,7 @@ impl Visit for Bench<'_, '_, '_> {
         };
         for (case, label) in cases {
             group.throughput(Throughput::Elements(match case.workload {
-                Workload::Batch => case.batch as u64,
+                Workload::Batch | Workload::BatchDuplicate => case.batch as u64,
                 _ => 1,
             }));
             group.bench_function(BenchmarkId::new(E::NAME, label), |b| {
@@ -193,7 +214,7 @@ fn group(c: &mut Criterion, name: &str, cases: &[(Case, String)], share_store: b
     // Durable operations are slow and iterations cost the same: one flat pass of samples.
     group.sampling_mode(SamplingMode::Flat);
     if share_store {
-        for kind in Kind::ALL {
+        for kind in Kind::BENCH {
             kind.visit(Bench {
                 group: &mut group,
                 cases,
@@ -201,7 +222,7 @@ fn group(c: &mut Criterion, name: &str, cases: &[(Case, String)], share_store: b
         }
     } else {
         for case in cases {
-            for kind in Kind::ALL {
+            for kind in Kind::BENCH {
                 kind.visit(Bench {
                     group: &mut group,
                     cases: std::slice::from_ref(case),
@@ -223,7 +244,7 @@ fn reserve_new(c: &mut Criterion) {
     group(
         c,
         "reserve_new",
-        &by_threads(Workload::Reserve, &[1, 4, 32]),
+        &by_threads(Workload::Reserve, &[1, 32]),
         false,
     );
 }
@@ -237,11 +258,11 @@ fn reserve_duplicate(c: &mut Criterion) {
     );
 }
 
-fn reserve_complete(c: &mut Criterion) {
+fn service_cycle(c: &mut Criterion) {
     group(
         c,
-        "reserve_complete",
-        &by_threads(Workload::Complete, &[1]),
+        "service_cycle",
+        &by_threads(Workload::Complete, &[32]),
         false,
     );
 }
@@ -255,13 +276,69 @@ fn reserve_batch(c: &mut Criterion) {
     );
 }
 
-fn mixed(c: &mut Criterion) {
+fn duplicate_batch(c: &mut Criterion) {
     group(
         c,
-        "mixed_90_duplicate",
-        &by_threads(Workload::Mixed, &[1, 32]),
+        "duplicate_batch_1000",
+        &by_threads(Workload::BatchDuplicate, &[1]),
         false,
     );
+}
+
+/// `iters` cycles of `reserve_async` of a new key then `complete_async`, shared by [`TASKS`]
+/// tasks on `runtime`; the wall time from the first spawn until the last task is done.
+fn async_cycles(
+    runtime: &tokio::runtime::Runtime,
+    store: &Arc<Store>,
+    fresh: &Arc<Fresh>,
+    iters: u64,
+) -> Duration {
+    let next = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..TASKS.min(iters))
+        .map(|_| {
+            let (store, fresh, next) = (Arc::clone(store), Arc::clone(fresh), Arc::clone(&next));
+            runtime.spawn(async move {
+                while next.fetch_add(1, Ordering::Relaxed) < iters {
+                    let key = BenchKey::new(fresh.take(1).start);
+                    let id = Key::new(key.scope(), BenchKey::OPERATION, key.id())
+                        .unwrap_or_else(|e| panic!("idemstore: key {key}: {e}"));
+                    let fingerprint = Fingerprint::of(key.body());
+                    let lease = match store.reserve_async(&id, fingerprint).await {
+                        Ok(Reservation::Acquired(lease)) => lease,
+                        other => panic!("idemstore: new key {key} answered {other:?}"),
+                    };
+                    store
+                        .complete_async(&lease, &peers::RESULT[..])
+                        .await
+                        .unwrap_or_else(|e| panic!("idemstore: complete_async of {key}: {e}"));
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        runtime
+            .block_on(task)
+            .expect("an async benchmark task panicked");
+    }
+    start.elapsed()
+}
+
+fn async_cycle(c: &mut Criterion) {
+    let mut group = c.benchmark_group("async_cycle");
+    group.sampling_mode(SamplingMode::Flat);
+    group.throughput(Throughput::Elements(1));
+    let dir = tempfile::tempdir().expect("a temp dir for the benchmark");
+    let store = Arc::new(Store::open(dir.path().join("keys.idem")).expect("idemstore: open"));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    let fresh = Arc::new(Fresh::default());
+    group.bench_function(BenchmarkId::new("idemstore", TASKS), |b| {
+        b.iter_custom(|iters| async_cycles(&runtime, &store, &fresh, iters));
+    });
+    group.finish();
 }
 
 fn prefilled(c: &mut Criterion) {
@@ -293,6 +370,7 @@ fn config() -> Criterion {
 criterion_group! {
     name = benches;
     config = config();
-    targets = reserve_new, reserve_duplicate, reserve_complete, reserve_batch, mixed, prefilled
+    targets = reserve_new, service_cycle, reserve_batch, duplicate_batch, reserve_duplicate,
+        async_cycle, prefilled
 }
 criterion_main!(benches);

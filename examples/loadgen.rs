@@ -1,94 +1,114 @@
 //! A load generator for people: runs the idempotency workload (durable insert-if-absent of a
-//! ~24-byte key with a 32-byte fingerprint, completion with a 64-byte result) against
-//! idemstore and the engines a user would pick instead, and prints throughput, latency
-//! percentiles and ratios against plain redb and against the disk's own fdatasync.
+//! ~25-byte key with a request fingerprint, completion with a 64-byte result) against idemstore
+//! and the engines a user would pick instead, and prints throughput, p50/p99 latency and
+//! ratios against each peer measured in the same run.
 //!
 //! ```text
-//! cargo run --release --example loadgen -- [--engines idemstore,redb,sqlite,fdatasync]
-//!     [--threads 1,4,32] [--ops N | --seconds S]
-//!     [--workload reserve|duplicate|mixed|complete|batch] [--batch 1000] [--prefill 10000]
-//!     [--dir PATH] [--json]
+//! # Every scenario of the hot-path targets, every engine, 3 interleaved passes (~7 minutes):
+//! cargo run --release --example loadgen -- --scenario all --passes 3
+//! # The same as JSON on stdout (per pass and medians), no progress bar:
+//! cargo run --release --example loadgen -- --scenario all --passes 3 --json > run.json
+//! # The table on stdout and the JSON in a file:
+//! cargo run --release --example loadgen -- --scenario all --passes 3 --save run.json
+//! # Some scenarios, some engines, shorter cells:
+//! cargo run --release --example loadgen -- --scenario reserve-32,cycle-32 \
+//!     --engines idemstore,redis --seconds 2
+//! # A custom workload at chosen thread counts (reserve, duplicate, mixed, complete, batch,
+//! # batch-duplicate):
+//! cargo run --release --example loadgen -- --workload mixed --threads 1,4,32
 //! ```
 //!
-//! It prints a table like this one (measured while other jobs kept the shared disk busy; a
-//! progress bar runs on stderr meanwhile):
+//! Scenarios (`--scenario all` runs them in this order; engines: every one unless said):
+//! - `reserve-1`, `reserve-32`: durable first-time reserves by 1 and 32 threads;
+//! - `cycle-32`: the service cycle, reserve then complete with a 64-byte result (two durable
+//!   writes; Redis: `SET NX` then `SET`), 32 threads;
+//! - `batch-new`, `batch-duplicate`: `reserve_many` of 1000 new / 1000 stored keys, 1 thread
+//!   (redb: 1000 keys per write transaction / one read transaction; Redis: a pipeline);
+//! - `duplicate-1`: reserves of stored keys on one thread through the public API (`Key::new`,
+//!   `Fingerprint::of`, `reserve`);
+//! - `async-1000`: idemstore only, 1,000 tokio tasks each looping `reserve_async` then
+//!   `complete_async`, on a runtime with one worker per core; `vs 32 thr` divides by the same
+//!   engine's `cycle-32` figure of the same pass.
 //!
-//! ```text
-//! workload reserve: durable reserve of a new key per op; 3 s per run; files under /tmp
-//! engine     threads      ops/s        p50        p99   vs redb  vs fdatasync
-//! idemstore        1        375    2.21 ms    9.60 ms     1.38x         0.81x
-//! redb             1        272    3.99 ms    8.89 ms     1.00x         0.59x
-//! sqlite           1        207    4.00 ms    14.3 ms     0.76x         0.45x
-//! fdatasync        1        461    1.33 ms    9.13 ms     1.69x         1.00x
-//! idemstore       32      7,909    1.86 ms    21.3 ms    23.76x        25.05x
-//! redb            32        333    69.3 ms   557.3 ms     1.00x         1.05x
-//! ...
-//! ```
+//! Engines: `idemstore` (`Store::open` defaults), `idemstore-prealloc` (`preallocate_log(true)`),
+//! `redis` (`appendfsync always`; a `redis-server` the run starts and stops itself, skipped
+//! with a message when not installed: `apt-get install redis-server`), `redb`, `sqlite`,
+//! `fdatasync`; `benches/peers/mod.rs` says what each does.
 //!
-//! `vs redb` is the engine's ops/s divided by plain redb's (one durable write transaction per
-//! reserve, or per batch in the `batch` workload) at the same thread count in the same run;
-//! `vs fdatasync` divides by one in-place 4 KiB write + fdatasync per op, the disk's limit for
-//! a design without group commit. Percentiles are per operation (per batch for `batch`). With
-//! `--json` the same figures go to stdout as JSON and the progress bar is hidden.
-//!
-//! Each engine and thread count runs on a fresh store in a new directory under `--dir`
-//! (default: the system temp dir), which must be on the disk to be measured. The disk is shared
-//! and noisy: compare the ratios within one run, not absolute figures across runs.
-//! The engines are described in `benches/peers/mod.rs`.
+//! Within a pass each scenario runs every engine back to back, on a fresh store in a new
+//! directory under `--dir` (default: the temp dir, which must be on the disk to be measured);
+//! the engine order rotates from pass to pass, so drift of the shared disk hits all alike. The
+//! table shows medians over the passes; `vs X` is the median over passes of the engine's ops/s
+//! divided by X's in the same scenario and pass. Percentiles are per operation (per batch for
+//! batches, per reserve + complete for cycles). The disk is shared and noisy: compare ratios
+//! within one run, not absolute figures across runs.
 
 #[path = "../benches/peers/mod.rs"]
 mod peers;
+#[path = "loadgen/report.rs"]
+mod report;
 
 use std::io::{self, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Barrier;
+use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
 use hdrhistogram::Histogram;
+use idemstore::{Fingerprint, Key, Reservation, Store};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use serde::Serialize;
 
-use peers::{prefill, BenchResult, Driver, Engine, Fresh, Kind, Visit, Workload};
+use peers::{prefill, BenchKey, BenchResult, Driver, Engine, Fresh, Kind, Visit, Workload};
+use report::{add_ratios, latency_text, medians, table, thousands, Report, Row, Skipped};
 
-/// Run the idempotency workload against idemstore, redb, SQLite and raw fdatasync.
+/// Run the idempotency workload against idemstore, Redis, redb, SQLite and raw fdatasync.
 #[derive(Parser, Debug)]
 #[command(version)]
 struct Args {
-    /// Engines to run, comma-separated: idemstore, redb, sqlite, fdatasync.
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "idemstore,redb,sqlite,fdatasync"
-    )]
-    engines: Vec<Kind>,
+    /// Scenarios, comma-separated, or `all`: reserve-1, reserve-32, cycle-32, batch-new,
+    /// batch-duplicate, duplicate-1, async-1000. Without it, --workload at --threads runs.
+    #[arg(long, value_delimiter = ',', conflicts_with = "workload")]
+    scenario: Vec<String>,
 
-    /// Client thread counts, comma-separated; each engine runs once per count.
+    /// Engines to run (each scenario runs those of its engines listed here): idemstore,
+    /// idemstore-prealloc, redis, redb, sqlite, fdatasync [default: all]; etcd with
+    /// `--features etcd` (never in the default: it starts a cluster).
+    #[arg(long, value_delimiter = ',')]
+    engines: Option<Vec<Kind>>,
+
+    /// Passes over all scenarios; the table shows medians.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
+    passes: u32,
+
+    /// Without --scenario: reserve, duplicate, mixed, complete, batch, batch-duplicate.
+    #[arg(long)]
+    workload: Option<Workload>,
+
+    /// Without --scenario: client thread counts, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1,4,32")]
     threads: Vec<usize>,
 
-    /// Stop each run after this many operations (keys, for the batch workload).
+    /// Stop each run after this many operations (keys, for batches).
     #[arg(long, conflicts_with = "seconds")]
     ops: Option<u64>,
 
-    /// Stop each run after this many seconds [default: 5].
+    /// Stop each run after this many seconds [default: 3].
     #[arg(long)]
     seconds: Option<f64>,
 
-    /// reserve: new keys; duplicate: stored keys; mixed: 90% duplicate, 10% new;
-    /// complete: reserve + complete; batch: reserve_many of --batch new keys.
-    #[arg(long, default_value = "reserve")]
-    workload: Workload,
-
-    /// Keys per reserve_many in the batch workload.
-    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    /// Keys per reserve_many in batches.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=100_000))]
     batch: u64,
 
-    /// Keys stored (completed) before a duplicate or mixed run.
-    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
+    /// Keys stored (completed) before a run of duplicates.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
     prefill: u64,
+
+    /// Concurrent tasks in the async scenario.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    tasks: u64,
 
     /// Where the stores are created (in a fresh directory per run) [default: the temp dir].
     #[arg(long)]
@@ -97,6 +117,84 @@ struct Args {
     /// Print JSON instead of the table, and no progress bar.
     #[arg(long)]
     json: bool,
+
+    /// Also write the JSON report to this file (the table still goes to stdout).
+    #[arg(long)]
+    save: Option<PathBuf>,
+}
+
+/// What a scenario runs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Mode {
+    /// `threads` OS threads stepping the workload through an engine's handle.
+    Threads(Workload),
+    /// Tokio tasks doing `reserve_async` then `complete_async` (idemstore only).
+    Async,
+}
+
+#[derive(Clone, Debug)]
+struct Scenario {
+    name: String,
+    mode: Mode,
+    /// Threads, or tasks for [`Mode::Async`].
+    clients: usize,
+    engines: Vec<Kind>,
+}
+
+impl Scenario {
+    fn describe(&self) -> &'static str {
+        match self.mode {
+            Mode::Threads(workload) => workload.describe(),
+            Mode::Async => "tokio tasks: reserve_async of a new key, then complete_async (one op)",
+        }
+    }
+
+    fn workload(&self) -> Workload {
+        match self.mode {
+            Mode::Threads(workload) => workload,
+            Mode::Async => Workload::Complete,
+        }
+    }
+}
+
+/// The scenarios `--scenario` names, in the order `all` runs them.
+const SCENARIOS: [&str; 7] = [
+    "reserve-1",
+    "reserve-32",
+    "cycle-32",
+    "batch-new",
+    "batch-duplicate",
+    "duplicate-1",
+    "async-1000",
+];
+
+fn scenario(name: &str, tasks: usize) -> Result<Scenario, String> {
+    let threads = |workload, clients| (Mode::Threads(workload), clients, Kind::ALL.to_vec());
+    let (mode, clients, engines) = match name {
+        "reserve-1" => threads(Workload::Reserve, 1),
+        "reserve-32" => threads(Workload::Reserve, 32),
+        "cycle-32" => threads(Workload::Complete, 32),
+        "batch-new" => threads(Workload::Batch, 1),
+        "batch-duplicate" => threads(Workload::BatchDuplicate, 1),
+        "duplicate-1" => threads(Workload::Duplicate, 1),
+        "async-1000" => (
+            Mode::Async,
+            tasks,
+            vec![Kind::Idemstore, Kind::IdemstorePrealloc],
+        ),
+        other => {
+            return Err(format!(
+                "unknown scenario {other:?}; expected all or one of {}",
+                SCENARIOS.join(", ")
+            ))
+        }
+    };
+    Ok(Scenario {
+        name: name.to_string(),
+        mode,
+        clients,
+        engines,
+    })
 }
 
 /// When a run stops.
@@ -108,90 +206,93 @@ enum Stop {
     Time(Duration),
 }
 
-/// One engine at one thread count.
-#[derive(Serialize, Debug)]
-struct Row {
-    engine: &'static str,
-    threads: usize,
-    /// Operations done (keys, for the batch workload).
+/// What a run measured.
+struct Measured {
+    latency: Histogram<u64>,
     ops: u64,
     seconds: f64,
-    ops_per_sec: f64,
-    p50_us: f64,
-    p99_us: f64,
-    max_us: f64,
-    /// ops/s divided by redb's at the same thread count, if redb ran.
-    vs_redb: Option<f64>,
-    /// ops/s divided by fdatasync's at the same thread count, if fdatasync ran.
-    vs_fdatasync: Option<f64>,
 }
 
-#[derive(Serialize, Debug)]
-struct Report {
-    workload: &'static str,
-    description: &'static str,
-    batch: Option<u64>,
-    prefill: Option<u64>,
-    stop: String,
-    dir: PathBuf,
-    runs: Vec<Row>,
-}
-
-/// Runs one engine at one thread count.
-struct Run<'a> {
-    args: &'a Args,
-    threads: usize,
+/// Shared settings of every cell.
+struct Cell<'a> {
+    scenario: &'a Scenario,
     stop: Stop,
-    dir: &'a std::path::Path,
+    batch: usize,
+    prefill: u64,
+    dir: &'a Path,
     bar: &'a ProgressBar,
 }
 
-/// What one client thread measured.
-struct Measured {
-    latency: Histogram<u64>,
-    start: Instant,
-    end: Instant,
+fn histogram() -> BenchResult<Histogram<u64>> {
+    Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3)
+        .map_err(|e| format!("histogram: {e}").into())
 }
 
-impl Visit for Run<'_> {
-    type Output = BenchResult<Row>;
+impl Cell<'_> {
+    /// The progress bar's length and the step budget.
+    fn budget(&self, keys_per_step: u64) -> (u64, u64) {
+        match self.stop {
+            Stop::Steps(steps) => (steps * keys_per_step, steps),
+            Stop::Time(time) => (time.as_millis() as u64, u64::MAX),
+        }
+    }
 
-    fn visit<E: Engine>(self) -> BenchResult<Row> {
-        let Run {
-            args,
-            threads,
-            stop,
-            dir,
-            bar,
-        } = self;
-        let label = format!("{} × {threads}", E::NAME);
-        let dir = tempfile::tempdir_in(dir)
-            .map_err(|e| format!("creating a directory under {}: {e}", dir.display()))?;
+    fn deadline(&self, start: Instant) -> Option<Instant> {
+        match self.stop {
+            Stop::Time(time) => Some(start + time),
+            Stop::Steps(_) => None,
+        }
+    }
+
+    /// Shows progress until `finished`; `done` counts keys.
+    fn watch(&self, done: &AtomicU64, finished: impl Fn() -> bool) {
+        let start = Instant::now();
+        while !finished() {
+            std::thread::sleep(Duration::from_millis(100));
+            let elapsed = start.elapsed();
+            let keys = done.load(Ordering::Relaxed);
+            self.bar.set_position(match self.stop {
+                Stop::Steps(_) => keys,
+                Stop::Time(_) => elapsed.as_millis() as u64,
+            });
+            self.bar.set_message(format!(
+                "{} ops/s",
+                thousands(keys as f64 / elapsed.as_secs_f64())
+            ));
+        }
+    }
+
+    fn reset_bar(&self, label: String, length: u64) {
+        self.bar.reset();
+        self.bar.set_length(length);
+        self.bar.set_position(0);
+        self.bar.set_prefix(label);
+        self.bar.set_message("");
+    }
+}
+
+impl Visit for &Cell<'_> {
+    type Output = BenchResult<Measured>;
+
+    fn visit<E: Engine>(self) -> BenchResult<Measured> {
+        let workload = self.scenario.workload();
+        let threads = self.scenario.clients;
+        let label = format!("{} {}", self.scenario.name, E::NAME);
+        let dir = tempfile::tempdir_in(self.dir)
+            .map_err(|e| format!("creating a directory under {}: {e}", self.dir.display()))?;
         let engine = E::open(dir.path())?;
         let fresh = Fresh::default();
-        let existing = if args.workload.needs_prefill() {
-            bar.reset();
-            bar.set_length(args.prefill);
-            bar.set_prefix(format!("{label}: prefill"));
-            bar.set_message(format!("{} keys", args.prefill));
-            prefill(&engine, &fresh, args.prefill, &|done| {
-                bar.set_position(done)
+        let existing = if workload.needs_prefill() {
+            self.reset_bar(format!("{label}: prefill"), self.prefill);
+            prefill(&engine, &fresh, self.prefill, &|done| {
+                self.bar.set_position(done)
             })?
         } else {
             0..0
         };
-
-        let batch = args.batch as usize;
-        let keys_per_step = Driver::new(args.workload, batch, &fresh, 0..0, 0).keys_per_step();
-        let (length, steps) = match stop {
-            Stop::Steps(steps) => (steps * keys_per_step, steps),
-            Stop::Time(time) => (time.as_millis() as u64, u64::MAX),
-        };
-        bar.reset();
-        bar.set_length(length);
-        bar.set_position(0);
-        bar.set_prefix(label);
-        bar.set_message("");
+        let keys_per_step = Driver::new(workload, self.batch, &fresh, 0..0, 0).keys_per_step();
+        let (length, steps) = self.budget(keys_per_step);
+        self.reset_bar(label, length);
 
         let claimed = AtomicU64::new(0);
         let done = AtomicU64::new(0);
@@ -202,44 +303,35 @@ impl Visit for Run<'_> {
                 .map(|t| {
                     let (engine, fresh, existing) = (&engine, &fresh, existing.clone());
                     let (claimed, done, failed, ready) = (&claimed, &done, &failed, &ready);
-                    scope.spawn(move || -> BenchResult<Measured> {
-                        let result = client(ClientCtx {
-                            engine,
-                            args,
-                            batch,
-                            fresh,
-                            existing,
-                            thread: t,
-                            stop,
-                            steps,
-                            keys_per_step,
-                            claimed,
-                            done,
-                            failed,
-                            ready,
-                        });
-                        if result.is_err() {
-                            failed.store(true, Ordering::Relaxed);
+                    scope.spawn(move || -> BenchResult<(Histogram<u64>, Instant, Instant)> {
+                        let setup = engine.handle().and_then(|h| Ok((h, histogram()?)));
+                        // Every thread reaches the barrier, also one whose set-up failed, or
+                        // the others would wait for it forever.
+                        ready.wait();
+                        let (mut handle, mut latency) = setup?;
+                        let mut driver = Driver::new(workload, self.batch, fresh, existing, t);
+                        let start = Instant::now();
+                        let deadline = self.deadline(start);
+                        let mut end = start;
+                        while claimed.fetch_add(1, Ordering::Relaxed) < steps
+                            && !failed.load(Ordering::Relaxed)
+                            && deadline.is_none_or(|deadline| end < deadline)
+                        {
+                            let before = Instant::now();
+                            if let Err(e) = driver.step(&mut handle) {
+                                failed.store(true, Ordering::Relaxed);
+                                return Err(e);
+                            }
+                            end = Instant::now();
+                            latency.saturating_record((end - before).as_nanos() as u64);
+                            done.fetch_add(keys_per_step, Ordering::Relaxed);
                         }
-                        result
+                        Ok((latency, start, end))
                     })
                 })
                 .collect();
             ready.wait();
-            let start = Instant::now();
-            while !workers.iter().all(|w| w.is_finished()) {
-                std::thread::sleep(Duration::from_millis(100));
-                let elapsed = start.elapsed();
-                let keys = done.load(Ordering::Relaxed);
-                bar.set_position(match stop {
-                    Stop::Steps(_) => keys,
-                    Stop::Time(_) => elapsed.as_millis() as u64,
-                });
-                bar.set_message(format!(
-                    "{} ops/s",
-                    thousands(keys as f64 / elapsed.as_secs_f64())
-                ));
-            }
+            self.watch(&done, || workers.iter().all(|w| w.is_finished()));
             workers
                 .into_iter()
                 .map(|w| w.join().expect("a client thread panicked"))
@@ -247,189 +339,157 @@ impl Visit for Run<'_> {
         })?;
         drop(engine);
 
-        let mut latency = Histogram::<u64>::new(3).expect("a histogram with 3 digits");
-        for m in &measured {
+        let mut latency = histogram()?;
+        for (histogram, _, _) in &measured {
             latency
-                .add(&m.latency)
+                .add(histogram)
                 .map_err(|e| format!("histogram: {e}"))?;
         }
-        let start = measured.iter().map(|m| m.start).min().expect("a thread");
-        let end = measured.iter().map(|m| m.end).max().expect("a thread");
-        let seconds = (end - start).as_secs_f64();
-        let ops = latency.len() * keys_per_step;
-        let micros = |ns: u64| ns as f64 / 1000.0;
-        let row = Row {
-            engine: E::NAME,
-            threads,
-            ops,
-            seconds,
-            ops_per_sec: ops as f64 / seconds,
-            p50_us: micros(latency.value_at_quantile(0.50)),
-            p99_us: micros(latency.value_at_quantile(0.99)),
-            max_us: micros(latency.max()),
-            vs_redb: None,
-            vs_fdatasync: None,
-        };
-        bar.println(format!(
-            "{:>9} × {:<3} {:>10} ops/s  p50 {:>9}  p99 {:>9}",
-            row.engine,
-            row.threads,
-            thousands(row.ops_per_sec),
-            latency_text(row.p50_us),
-            latency_text(row.p99_us)
-        ));
-        Ok(row)
+        let start = measured.iter().map(|m| m.1).min().expect("a thread");
+        let end = measured.iter().map(|m| m.2).max().expect("a thread");
+        Ok(Measured {
+            ops: latency.len() * keys_per_step,
+            latency,
+            seconds: (end - start).as_secs_f64(),
+        })
     }
 }
 
-/// What a client thread needs.
-struct ClientCtx<'a, E> {
-    engine: &'a E,
-    args: &'a Args,
-    batch: usize,
-    fresh: &'a Fresh,
-    existing: std::ops::Range<u64>,
-    thread: usize,
-    stop: Stop,
-    steps: u64,
-    keys_per_step: u64,
-    claimed: &'a AtomicU64,
-    done: &'a AtomicU64,
-    failed: &'a AtomicBool,
-    ready: &'a Barrier,
-}
-
-/// One client thread: opens its handle, waits for the others, then steps until the run stops
-/// and records each step's latency.
-fn client<E: Engine>(ctx: ClientCtx<'_, E>) -> BenchResult<Measured> {
-    let setup = ctx.engine.handle().and_then(|handle| {
-        let latency = Histogram::<u64>::new_with_bounds(1, 3_600_000_000_000, 3)
-            .map_err(|e| format!("histogram: {e}"))?;
-        Ok((handle, latency))
+/// The async scenario: `tasks` tokio tasks on one store, each looping `reserve_async` of a new
+/// key then `complete_async`, on a multi-thread runtime with one worker per core.
+fn run_async(cell: &Cell<'_>, preallocate: bool, engine: &'static str) -> BenchResult<Measured> {
+    let dir = tempfile::tempdir_in(cell.dir)
+        .map_err(|e| format!("creating a directory under {}: {e}", cell.dir.display()))?;
+    let path = dir.path().join("keys.idem");
+    let store = Arc::new(if preallocate {
+        Store::builder().preallocate_log(true).open(path)?
+    } else {
+        Store::open(path)?
     });
-    // Every thread reaches the barrier, also one whose set-up failed, or the others would wait
-    // for it forever.
-    ctx.ready.wait();
-    let (mut handle, mut latency) = setup?;
-    let mut driver = Driver::new(
-        ctx.args.workload,
-        ctx.batch,
-        ctx.fresh,
-        ctx.existing,
-        ctx.thread,
-    );
+    let (length, steps) = cell.budget(1);
+    cell.reset_bar(format!("{} {engine}", cell.scenario.name), length);
+    let fresh = Arc::new(Fresh::default());
+    let claimed = Arc::new(AtomicU64::new(0));
+    let done = Arc::new(AtomicU64::new(0));
+    let failed = Arc::new(AtomicBool::new(false));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     let start = Instant::now();
-    let deadline = match ctx.stop {
-        Stop::Time(time) => Some(start + time),
-        Stop::Steps(_) => None,
-    };
-    let mut end = start;
-    while ctx.claimed.fetch_add(1, Ordering::Relaxed) < ctx.steps
-        && !ctx.failed.load(Ordering::Relaxed)
-        && deadline.is_none_or(|deadline| end < deadline)
-    {
-        let before = Instant::now();
-        driver.step(&mut handle)?;
-        end = Instant::now();
-        latency.saturating_record((end - before).as_nanos() as u64);
-        ctx.done.fetch_add(ctx.keys_per_step, Ordering::Relaxed);
+    let deadline = cell.deadline(start);
+    let tasks: Vec<_> = (0..cell.scenario.clients)
+        .map(|_| {
+            let (store, fresh) = (Arc::clone(&store), Arc::clone(&fresh));
+            let (claimed, done, failed) =
+                (Arc::clone(&claimed), Arc::clone(&done), Arc::clone(&failed));
+            runtime.spawn(async move {
+                let mut latency = histogram()?;
+                while claimed.fetch_add(1, Ordering::Relaxed) < steps
+                    && !failed.load(Ordering::Relaxed)
+                    && deadline.is_none_or(|deadline| Instant::now() < deadline)
+                {
+                    let before = Instant::now();
+                    let step = async {
+                        let key = BenchKey::new(fresh.take(1).start);
+                        let id = Key::new(key.scope(), BenchKey::OPERATION, key.id())?;
+                        let lease = match store
+                            .reserve_async(&id, Fingerprint::of(key.body()))
+                            .await?
+                        {
+                            Reservation::Acquired(lease) => lease,
+                            other => return Err(format!("new key {key} answered {other:?}").into()),
+                        };
+                        store.complete_async(&lease, &peers::RESULT[..]).await?;
+                        BenchResult::Ok(())
+                    };
+                    if let Err(e) = step.await {
+                        failed.store(true, Ordering::Relaxed);
+                        return Err(e);
+                    }
+                    latency.saturating_record(before.elapsed().as_nanos() as u64);
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+                BenchResult::Ok(latency)
+            })
+        })
+        .collect();
+    cell.watch(&done, || tasks.iter().all(|t| t.is_finished()));
+    let seconds = start.elapsed().as_secs_f64();
+    let mut latency = histogram()?;
+    for task in tasks {
+        let histogram = runtime
+            .block_on(task)
+            .map_err(|e| format!("a task failed: {e}"))??;
+        latency
+            .add(&histogram)
+            .map_err(|e| format!("histogram: {e}"))?;
     }
+    drop(runtime);
     Ok(Measured {
+        ops: latency.len(),
         latency,
-        start,
-        end,
+        seconds,
     })
 }
 
-/// `1234567.8` as `1,234,568`.
-fn thousands(value: f64) -> String {
-    if !value.is_finite() {
-        return "-".to_string();
+fn row(scenario: &Scenario, pass: u32, engine: &'static str, m: &Measured) -> Row {
+    let micros = |ns: u64| ns as f64 / 1000.0;
+    Row {
+        scenario: scenario.name.clone(),
+        pass,
+        engine,
+        clients: scenario.clients,
+        ops: m.ops,
+        seconds: m.seconds,
+        ops_per_sec: m.ops as f64 / m.seconds,
+        p50_us: micros(m.latency.value_at_quantile(0.50)),
+        p99_us: micros(m.latency.value_at_quantile(0.99)),
+        max_us: micros(m.latency.max()),
+        vs: Vec::new(),
+        p50_vs_fdatasync: None,
     }
-    let digits = format!("{:.0}", value.max(0.0));
-    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
-    for (i, digit) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
-            out.push(',');
-        }
-        out.push(digit);
-    }
-    out
 }
 
-/// A latency in µs, in the unit that reads best.
-fn latency_text(micros: f64) -> String {
-    if micros < 10.0 {
-        format!("{micros:.1} µs")
-    } else if micros < 1000.0 {
-        format!("{micros:.0} µs")
-    } else if micros < 10_000.0 {
-        format!("{:.2} ms", micros / 1000.0)
+fn scenarios(args: &Args) -> Result<Vec<Scenario>, String> {
+    let tasks = args.tasks as usize;
+    let mut list = if args.scenario.iter().any(|s| s == "all") {
+        SCENARIOS
+            .iter()
+            .map(|name| scenario(name, tasks))
+            .collect::<Result<Vec<_>, _>>()?
+    } else if !args.scenario.is_empty() {
+        let list = args.scenario.iter().map(|name| scenario(name, tasks));
+        list.collect::<Result<Vec<_>, _>>()?
     } else {
-        format!("{:.1} ms", micros / 1000.0)
-    }
-}
-
-fn ratio_text(ratio: Option<f64>) -> String {
-    ratio.map_or_else(|| "-".to_string(), |r| format!("{r:.2}x"))
-}
-
-fn table(report: &Report) -> String {
-    let mut out = format!(
-        "workload {}: {}; {}; files under {}\n",
-        report.workload,
-        report.description,
-        report.stop,
-        report.dir.display()
-    );
-    out.push_str(&format!(
-        "{:<10} {:>7} {:>10} {:>10} {:>10} {:>9} {:>13}\n",
-        "engine", "threads", "ops/s", "p50", "p99", "vs redb", "vs fdatasync"
-    ));
-    for row in &report.runs {
-        out.push_str(&format!(
-            "{:<10} {:>7} {:>10} {:>10} {:>10} {:>9} {:>13}\n",
-            row.engine,
-            row.threads,
-            thousands(row.ops_per_sec),
-            latency_text(row.p50_us),
-            latency_text(row.p99_us),
-            ratio_text(row.vs_redb),
-            ratio_text(row.vs_fdatasync),
-        ));
-    }
-    out
-}
-
-/// Fills in each row's ratios against the redb and fdatasync rows of its thread count.
-fn add_ratios(runs: &mut [Row]) {
-    let rate = |runs: &[Row], engine: &str, threads: usize| {
-        runs.iter()
-            .find(|row| row.engine == engine && row.threads == threads)
-            .map(|row| row.ops_per_sec)
+        let workload = args.workload.unwrap_or(Workload::Reserve);
+        if let Some(bad) = args.threads.iter().find(|&&t| t == 0 || t > 4096) {
+            return Err(format!("--threads {bad}: each count must be 1 to 4096"));
+        }
+        args.threads
+            .iter()
+            .map(|&t| Scenario {
+                name: format!("{workload}-{t}"),
+                mode: Mode::Threads(workload),
+                clients: t,
+                engines: Kind::ALL.to_vec(),
+            })
+            .collect()
     };
-    for i in 0..runs.len() {
-        let (ops, threads) = (runs[i].ops_per_sec, runs[i].threads);
-        runs[i].vs_redb = rate(runs, Kind::Redb.name(), threads).map(|base| ops / base);
-        runs[i].vs_fdatasync = rate(runs, Kind::Fdatasync.name(), threads).map(|base| ops / base);
+    if let Some(only) = &args.engines {
+        for s in &mut list {
+            s.engines.retain(|k| only.contains(k));
+        }
     }
+    Ok(list)
 }
 
-fn run(args: &Args) -> BenchResult<Report> {
-    if let Some(bad) = args.threads.iter().find(|&&t| t == 0 || t > 4096) {
-        return Err(format!("--threads {bad}: each count must be 1 to 4096").into());
-    }
+fn run(args: &Args) -> BenchResult<(Report, Vec<Scenario>)> {
+    let mut scenarios = scenarios(args)?;
     let stop = match (args.ops, args.seconds) {
         (Some(0), _) => return Err("--ops must be at least 1".into()),
-        (Some(ops), _) => {
-            let keys_per_step = match args.workload {
-                Workload::Batch => args.batch,
-                _ => 1,
-            };
-            Stop::Steps(ops.div_ceil(keys_per_step))
-        }
+        (Some(ops), _) => Stop::Steps(ops),
         (None, seconds) => {
-            let seconds = seconds.unwrap_or(5.0);
+            let seconds = seconds.unwrap_or(3.0);
             if !(seconds > 0.0 && seconds <= 86_400.0) {
                 return Err(
                     format!("--seconds {seconds}: must be above 0 and at most a day").into(),
@@ -438,8 +498,23 @@ fn run(args: &Args) -> BenchResult<Report> {
             Stop::Time(Duration::from_secs_f64(seconds))
         }
     };
+    let mut skipped = Vec::new();
+    for kind in Kind::ALL {
+        if !scenarios.iter().any(|s| s.engines.contains(&kind)) {
+            continue;
+        }
+        if let Err(reason) = kind.available() {
+            eprintln!("loadgen: skipping {kind}: {reason}");
+            skipped.push(Skipped {
+                engine: kind.name(),
+                reason,
+            });
+            for s in &mut scenarios {
+                s.engines.retain(|&k| k != kind);
+            }
+        }
+    }
     let dir = args.dir.clone().unwrap_or_else(std::env::temp_dir);
-
     let bar = ProgressBar::with_draw_target(
         None,
         if args.json {
@@ -449,58 +524,96 @@ fn run(args: &Args) -> BenchResult<Report> {
         },
     );
     bar.set_style(
-        ProgressStyle::with_template("{prefix:>24} [{bar:30}] {msg}")
+        ProgressStyle::with_template("{prefix:>34} [{bar:30}] {msg}")
             .expect("a valid progress template")
             .progress_chars("=> "),
     );
     let mut runs = Vec::new();
-    // Engines alternate within a thread count, so drift of the shared disk hits them alike.
-    for &threads in &args.threads {
-        for &kind in &args.engines {
-            let row = kind
-                .visit(Run {
-                    args,
-                    threads,
-                    stop,
+    for pass in 1..=args.passes {
+        for scenario in &scenarios {
+            // Engines back to back, their order rotating from pass to pass.
+            let mut engines = scenario.engines.clone();
+            if !engines.is_empty() {
+                let n = engines.len();
+                engines.rotate_left((pass as usize - 1) % n);
+            }
+            for kind in engines {
+                let steps = match (stop, scenario.workload()) {
+                    (Stop::Steps(ops), Workload::Batch | Workload::BatchDuplicate) => {
+                        Stop::Steps(ops.div_ceil(args.batch))
+                    }
+                    (stop, _) => stop,
+                };
+                let cell = Cell {
+                    scenario,
+                    stop: steps,
+                    batch: args.batch as usize,
+                    prefill: args.prefill.max(args.batch),
                     dir: &dir,
                     bar: &bar,
-                })
-                .map_err(|e| {
-                    let plural = if threads == 1 { "" } else { "s" };
-                    format!("{kind} with {threads} thread{plural}: {e}")
-                })?;
-            runs.push(row);
+                };
+                let measured = match scenario.mode {
+                    Mode::Threads(_) => kind.visit(&cell),
+                    Mode::Async => run_async(&cell, kind == Kind::IdemstorePrealloc, kind.name()),
+                }
+                .map_err(|e| format!("{} on {kind}, pass {pass}: {e}", scenario.name))?;
+                let row = row(scenario, pass, kind.name(), &measured);
+                let line = format!(
+                    "pass {pass} {:<16} {:>19} {:>11} ops/s  p50 {:>9}  p99 {:>9}",
+                    scenario.name,
+                    row.engine,
+                    thousands(row.ops_per_sec),
+                    latency_text(row.p50_us),
+                    latency_text(row.p99_us)
+                );
+                // Progress on stderr also when it is not a terminal (the bar is then hidden).
+                if bar.is_hidden() {
+                    eprintln!("{line}");
+                } else {
+                    bar.println(line);
+                }
+                runs.push(row);
+            }
         }
     }
     bar.finish_and_clear();
     add_ratios(&mut runs);
-    Ok(Report {
-        workload: args.workload.name(),
-        description: args.workload.describe(),
-        batch: (args.workload == Workload::Batch).then_some(args.batch),
-        prefill: args.workload.needs_prefill().then_some(args.prefill),
-        stop: match (stop, args.ops) {
-            (Stop::Time(time), _) => format!("{} s per run", time.as_secs_f64()),
-            (Stop::Steps(_), ops) => format!("{} ops per run", ops.unwrap_or(0)),
+    let report = Report {
+        stop: match stop {
+            Stop::Time(time) => format!("{} s per run", time.as_secs_f64()),
+            Stop::Steps(ops) => format!("{ops} ops per run"),
         },
+        passes: args.passes,
+        batch: args.batch,
+        prefill: args.prefill.max(args.batch),
         dir,
+        skipped,
+        medians: medians(&runs),
         runs,
-    })
+    };
+    Ok((report, scenarios))
 }
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let report = match run(&args) {
-        Ok(report) => report,
+    let (report, scenarios) = match run(&args) {
+        Ok(done) => done,
         Err(e) => {
             eprintln!("loadgen: {e}");
             return ExitCode::FAILURE;
         }
     };
+    let json = serde_json::to_string_pretty(&report).expect("the report serializes") + "\n";
+    if let Some(path) = &args.save {
+        if let Err(e) = std::fs::write(path, &json) {
+            eprintln!("loadgen: writing {}: {e}", path.display());
+            return ExitCode::FAILURE;
+        }
+    }
     let text = if args.json {
-        serde_json::to_string_pretty(&report).expect("the report serializes") + "\n"
+        json
     } else {
-        table(&report)
+        table(&report, &scenarios)
     };
     let mut stdout = io::stdout().lock();
     match stdout

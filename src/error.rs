@@ -180,6 +180,16 @@ pub enum Error {
         /// What is wrong with the log.
         reason: String,
     },
+    /// A cluster-backed store (feature `etcd`) got no definite answer from the cluster: it
+    /// was unreachable, had no leader, or refused the request, for longer than the store's
+    /// operation deadline. For a write the error says whether it may have been applied.
+    Cluster {
+        /// What was being done, naming the key when there is one, and whether a write may
+        /// have landed.
+        context: String,
+        /// The client's last error.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
 }
 
 impl Error {
@@ -300,6 +310,7 @@ impl fmt::Display for Error {
                 log.display(),
                 store.display()
             ),
+            Error::Cluster { context, source } => write!(f, "cluster error while {context}: {source}"),
         }
     }
 }
@@ -310,6 +321,7 @@ impl std::error::Error for Error {
             Error::Io { source, .. } => Some(source),
             Error::Storage { source, .. } => Some(source.as_ref()),
             Error::Callback { source } => Some(source.as_ref()),
+            Error::Cluster { source, .. } => Some(source.as_ref()),
             _ => None,
         }
     }

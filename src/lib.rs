@@ -46,6 +46,8 @@
 //! - Duplicates are answered from read transactions that never wait for writers.
 //! - Bounded sweeping of expired keys through an expiry index ([`Store::sweep`]).
 //! - Per-record checksums: damage is reported with the key, never returned as data.
+//! - [`http::IdempotencyLayer`] (feature `http`, on by default): the `Idempotency-Key` header
+//!   for any tower HTTP service, in one `.layer(...)`, on any [`Reservations`] backend.
 //!
 //! The on-disk format is described in `docs/format.md`.
 
@@ -59,7 +61,11 @@ mod clock;
 mod commit;
 mod decide;
 mod error;
+#[cfg(feature = "etcd")]
+mod etcd;
 mod fingerprint;
+#[cfg(feature = "http")]
+pub mod http;
 mod inspect;
 mod key;
 mod poison;
@@ -86,9 +92,15 @@ pub use builder::{
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decide::Resolution;
 pub use error::{Error, KeyPart, LeaseLostReason};
+#[cfg(feature = "etcd")]
+pub use etcd::{
+    EtcdBuilder, EtcdStore, Sweeper, DEFAULT_ETCD_PREFIX, DEFAULT_MAX_TXN_OPS, DEFAULT_OP_DEADLINE,
+    DEFAULT_REQUEST_TIMEOUT,
+};
 pub use fingerprint::Fingerprint;
 pub use inspect::{
     FileInfo, Problem, ProblemKind, RecordClass, ScanFilter, StateCounts, Verification,
+    VERIFY_PROGRESS_STEP,
 };
 pub use key::{Key, MAX_KEY_PART_LEN};
 pub use record::{Record, Status, MAX_NOTE_LEN};
@@ -99,6 +111,10 @@ pub use store::Store;
 
 /// The redb crate this store is built on, for [`Store::complete_with`] callers.
 pub use redb;
+
+/// The etcd client crate, for [`EtcdStore::complete_with`] callers' own operations.
+#[cfg(feature = "etcd")]
+pub use etcd_client;
 
 /// A `Result` with idemstore's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;

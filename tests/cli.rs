@@ -571,3 +571,57 @@ fn get_shows_the_recovery_point_of_a_pending_key() {
     assert_eq!(json["recovery_step"], 2, "{json:#}");
     assert_eq!(json["recovery_data"], "charged ch_77", "{json:#}");
 }
+
+/// Runs `shell_command` under `script`, which gives it a pseudo-terminal as stdout and stderr
+/// (as a person at a terminal has); returns everything the terminal showed.
+#[cfg(target_os = "linux")]
+fn on_a_terminal(shell_command: &str) -> String {
+    let output = Command::new("script")
+        .args([
+            "--quiet",
+            "--return",
+            "--command",
+            shell_command,
+            "/dev/null",
+        ])
+        .env("TERM", "xterm")
+        .stdin(Stdio::null())
+        .output()
+        .expect("run script(1), from util-linux");
+    let shown = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(output.status.success(), "{shell_command}:\n{shown}");
+    shown
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn check_and_sweep_show_progress_on_a_terminal_only() {
+    let fx = Fixture::new();
+    let bin = env!("CARGO_BIN_EXE_idemstore");
+    let file = fx.file();
+    // The tool's output redirected to a file, or --json: no bar, even with stderr on a terminal.
+    let report = fx.path.with_extension("txt");
+    let report_path = report.display();
+    for quiet in [
+        format!("'{bin}' check '{file}' > '{report_path}'"),
+        format!("'{bin}' --json check '{file}'"),
+        format!("'{bin}' --json sweep '{file}' --limit 0"),
+    ] {
+        let shown = on_a_terminal(&quiet);
+        assert!(!shown.contains("entries ("), "{quiet}: {shown}");
+        assert!(!shown.contains("expired records ("), "{quiet}: {shown}");
+    }
+    let written = std::fs::read_to_string(&report).expect("the redirected report");
+    assert!(written.contains("ok: no problems found"), "{written}");
+    // A person at a terminal sees the bars, then the report (5 records, 4 + 2 index entries).
+    let shown = on_a_terminal(&format!("'{bin}' check '{file}'"));
+    assert!(shown.contains("checking"), "{shown}");
+    assert!(shown.contains("11/11 entries (100%)"), "{shown}");
+    assert!(shown.contains("ok: no problems found"), "{shown}");
+    let shown = on_a_terminal(&format!("'{bin}' sweep '{file}'"));
+    assert!(shown.contains("1/1 expired records (100%)"), "{shown}");
+    assert!(shown.contains("swept 1 expired record"), "{shown}");
+    // Without a terminal (this test's pipes), nothing but the report.
+    let output = idemstore(&["check", file]);
+    assert_eq!(stderr(&output), "");
+}

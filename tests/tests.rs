@@ -7,10 +7,14 @@ mod bad_input;
 mod cli;
 mod complete_with;
 mod concurrency;
+#[cfg(feature = "etcd")]
+mod etcd;
 mod features;
+#[cfg(feature = "http")]
 mod http;
 mod kill;
 mod log_identity;
 mod model;
+mod scenarios;
 mod seeds;
 mod stress;

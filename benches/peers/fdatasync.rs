@@ -93,7 +93,7 @@ impl FdatasyncHandle {
             if ring.seen.insert(*key.flat()) {
                 let start = ring.buf.len();
                 ring.buf.extend_from_slice(key.flat());
-                ring.buf.extend_from_slice(key.fingerprint());
+                ring.buf.extend_from_slice(&key.fingerprint());
                 ring.buf.extend_from_slice(result);
                 ring.buf.resize(
                     start + (ring.buf.len() - start).div_ceil(RECORD) * RECORD,

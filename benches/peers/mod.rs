@@ -9,8 +9,10 @@
 //!
 //! | engine | reserve | complete | reserve_many |
 //! |---|---|---|---|
-//! | `idemstore` | `Store::reserve`, default (durable) settings | `Store::complete` with the lease | `Store::reserve_many` (one shared commit) |
-//! | `redb` | read transaction; if absent, one write transaction (`Durability::Immediate`) | one write transaction | one write transaction for all keys |
+//! | `idemstore` | `Store::reserve`, `Store::open` defaults (durable) | `Store::complete` with the lease | `Store::reserve_many` (one shared commit) |
+//! | `idemstore-prealloc` | same, with `preallocate_log(true)` | same | same |
+//! | `redis` | `SET key fp NX` (+ `GET` on a duplicate), `appendfsync always` | `SET` | a pipeline |
+//! | `redb` | read transaction; if absent, one write transaction (`Durability::Immediate`) | one write transaction | one read transaction for all keys; one write transaction for the absent ones |
 //! | `sqlite` | `INSERT … ON CONFLICT DO NOTHING` in its own transaction, WAL, `synchronous=FULL` | `UPDATE` in its own transaction | one `BEGIN IMMEDIATE` transaction |
 //! | `fdatasync` | in-memory set; a new key overwrites a preallocated 4 KiB block + `fdatasync` | same | one write + one `fdatasync` |
 //!
@@ -18,17 +20,23 @@
 //! store: no index on disk, no recovery, one mutex around the file.
 //!
 //! Duplicates (a reserve of a stored key) never write on any engine: idemstore and redb answer
-//! them from a read transaction, SQLite's conflicting insert changes no page, and `fdatasync`
+//! them from a read transaction, Redis's `SET NX` of a present key appends nothing, SQLite's conflicting insert changes no page, and `fdatasync`
 //! answers from its in-memory set. redb and SQLite also read back the stored fingerprint of a
-//! duplicate and compare it, as an idempotency layer must.
+//! duplicate and compare it, as an idempotency layer must; so does Redis, with a `GET`.
+//!
+//! Redis runs as a server the benchmark starts itself (`redis-server` from the system's
+//! packages); without it that engine is skipped with a message saying how to install it.
 
 #![allow(
     dead_code,
     reason = "included by both benches/engine.rs and examples/loadgen.rs, which each use a part"
 )]
 
+#[cfg(feature = "etcd")]
+mod etcd;
 mod fdatasync;
 mod redb_txn;
+mod redis;
 mod sqlite;
 mod store;
 mod workload;
@@ -40,8 +48,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 pub use fdatasync::Fdatasync;
 pub use redb_txn::RedbTxn;
+pub use redis::Redis;
 pub use sqlite::Sqlite;
-pub use store::Idemstore;
+pub use store::{Idemstore, IdemstorePrealloc};
 pub use workload::{prefill, Driver, Workload};
 
 /// Any engine's error, with a message that names the engine and the step.
@@ -61,6 +70,12 @@ pub trait Engine: Sync + Sized {
     const FILL_THREADS: usize = 1;
     /// A per-thread handle (SQLite: a connection per thread).
     type Handle: Handle + Send;
+
+    /// Whether the engine can run on this machine; `Err` says why not and how to fix it (the
+    /// runners then skip it with that message).
+    fn available() -> Result<(), String> {
+        Ok(())
+    }
 
     /// Creates the engine's files in `dir`, which is empty.
     fn open(dir: &Path) -> BenchResult<Self>;
@@ -100,14 +115,16 @@ pub trait Handle {
 }
 
 /// A benchmark key: scope `t042`, operation `pay`, id of 16 hex digits (25 bytes flat, 26 in
-/// idemstore's length-prefixed encoding), and the request's 32-byte fingerprint.
+/// idemstore's length-prefixed encoding), and the request's 64-byte body, whose 32-byte
+/// fingerprint every engine computes on each use (`Fingerprint::of`, BLAKE3), as a service
+/// hashes each request it receives.
 ///
 /// Key number `n` maps to a pseudo-random id (a bijection), so keys land all over the B-tree as
 /// client-generated keys do, and distinct numbers never collide.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct BenchKey {
     flat: [u8; BenchKey::FLAT_LEN],
-    fingerprint: [u8; 32],
+    body: [u8; 64],
 }
 
 impl BenchKey {
@@ -127,11 +144,11 @@ impl BenchKey {
         for (i, byte) in flat[9..].iter_mut().enumerate() {
             *byte = b"0123456789abcdef"[(h >> (60 - 4 * i) & 0xf) as usize];
         }
-        let mut fingerprint = [0; 32];
-        for (i, chunk) in fingerprint.chunks_exact_mut(8).enumerate() {
+        let mut body = [0; 64];
+        for (i, chunk) in body.chunks_exact_mut(8).enumerate() {
             chunk.copy_from_slice(&splitmix64(h ^ i as u64).to_le_bytes());
         }
-        BenchKey { flat, fingerprint }
+        BenchKey { flat, body }
     }
 
     /// The key as one byte string, for engines without structured keys.
@@ -149,9 +166,14 @@ impl BenchKey {
         &self.flat[9..]
     }
 
-    /// The request's fingerprint.
-    pub fn fingerprint(&self) -> &[u8; 32] {
-        &self.fingerprint
+    /// The request's body.
+    pub fn body(&self) -> &[u8; 64] {
+        &self.body
+    }
+
+    /// The request's fingerprint, hashed from the body on each call.
+    pub fn fingerprint(&self) -> [u8; 32] {
+        *idemstore::Fingerprint::of(self.body).as_bytes()
     }
 }
 
@@ -184,26 +206,65 @@ impl Fresh {
 pub enum Kind {
     /// [`Idemstore`].
     Idemstore,
+    /// [`IdemstorePrealloc`].
+    IdemstorePrealloc,
+    /// [`Redis`].
+    Redis,
     /// [`RedbTxn`].
     Redb,
     /// [`Sqlite`].
     Sqlite,
     /// [`Fdatasync`].
     Fdatasync,
+    /// [`etcd::Etcd`] (feature `etcd`; not in [`Kind::ALL`]: it starts a cluster).
+    #[cfg(feature = "etcd")]
+    Etcd,
 }
 
 impl Kind {
     /// Every engine, in the order tables list them.
-    pub const ALL: [Kind; 4] = [Kind::Idemstore, Kind::Redb, Kind::Sqlite, Kind::Fdatasync];
+    pub const ALL: [Kind; 6] = [
+        Kind::Idemstore,
+        Kind::IdemstorePrealloc,
+        Kind::Redis,
+        Kind::Redb,
+        Kind::Sqlite,
+        Kind::Fdatasync,
+    ];
+
+    /// The engines the criterion benchmarks compare (idemstore with its defaults only).
+    pub const BENCH: [Kind; 5] = [
+        Kind::Idemstore,
+        Kind::Redis,
+        Kind::Redb,
+        Kind::Sqlite,
+        Kind::Fdatasync,
+    ];
 
     /// Runs `visitor` with this engine's type.
     pub fn visit<V: Visit>(self, visitor: V) -> V::Output {
         match self {
             Kind::Idemstore => visitor.visit::<Idemstore>(),
+            Kind::IdemstorePrealloc => visitor.visit::<IdemstorePrealloc>(),
+            Kind::Redis => visitor.visit::<Redis>(),
             Kind::Redb => visitor.visit::<RedbTxn>(),
             Kind::Sqlite => visitor.visit::<Sqlite>(),
             Kind::Fdatasync => visitor.visit::<Fdatasync>(),
+            #[cfg(feature = "etcd")]
+            Kind::Etcd => visitor.visit::<etcd::Etcd>(),
         }
+    }
+
+    /// Why the engine cannot run here, if it cannot ([`Engine::available`]).
+    pub fn available(self) -> Result<(), String> {
+        struct Available;
+        impl Visit for Available {
+            type Output = Result<(), String>;
+            fn visit<E: Engine>(self) -> Result<(), String> {
+                E::available()
+            }
+        }
+        self.visit(Available)
     }
 
     /// The engine's [`Engine::NAME`].
@@ -229,6 +290,10 @@ impl FromStr for Kind {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Kind, String> {
+        #[cfg(feature = "etcd")]
+        if s == "etcd" {
+            return Ok(Kind::Etcd);
+        }
         Kind::ALL
             .into_iter()
             .find(|kind| kind.name() == s)

@@ -18,7 +18,7 @@ const COMPLETED: u8 = 1;
 
 /// redb (the version idemstore is built on, through its `idemstore::redb` re-export) with one
 /// `Durability::Immediate` write transaction per reserve or completion, or per batch in
-/// `reserve_many`.
+/// `reserve_many` (after one read transaction that answers the keys already stored).
 pub struct RedbTxn(Arc<Database>);
 
 fn err(what: &'static str) -> impl FnOnce(redb::Error) -> BenchError {
@@ -45,7 +45,7 @@ impl Engine for RedbTxn {
 
 fn value(key: &BenchKey, state: u8, result: &[u8]) -> Vec<u8> {
     let mut value = Vec::with_capacity(33 + result.len());
-    value.extend_from_slice(key.fingerprint());
+    value.extend_from_slice(&key.fingerprint());
     value.push(state);
     value.extend_from_slice(result);
     value
@@ -120,9 +120,27 @@ impl Handle for RedbHandle {
     }
 
     fn reserve_many(&mut self, keys: &[BenchKey]) -> BenchResult<usize> {
+        // One read transaction answers the keys already there (a batch of duplicates never
+        // writes); one durable write transaction inserts the others.
+        let mut absent = Vec::new();
+        {
+            let txn = self.0.begin_read().map_err(context("redb: begin_read"))?;
+            let table = txn
+                .open_table(RESERVATIONS)
+                .map_err(context("redb: open_table"))?;
+            for key in keys {
+                match table.get(&key.flat()[..]).map_err(context("redb: get"))? {
+                    Some(stored) => check_fingerprint(key, stored.value())?,
+                    None => absent.push(key),
+                }
+            }
+        }
+        if absent.is_empty() {
+            return Ok(0);
+        }
         write(&self.0, |table| {
             let mut new = 0;
-            for key in keys {
+            for key in absent {
                 new += usize::from(insert_if_absent(table, key)?);
             }
             Ok(new)

@@ -1,5 +1,6 @@
-//! idemstore itself, with default (durable) settings: `reserve`, `complete` with the lease,
-//! and `reserve_many` (one shared commit per batch).
+//! idemstore itself: `reserve`, `complete` with the lease, and `reserve_many` (one shared
+//! commit per batch), with `Store::open`'s defaults (what users run) or with
+//! `preallocate_log(true)`.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -8,23 +9,34 @@ use idemstore::{Error, Fingerprint, Key, Lease, Reservation, Store};
 
 use super::{context, BenchKey, BenchResult, Engine, Handle};
 
-/// The real crate with its defaults (durable), plus `preallocate_log`, the setting the docs
-/// recommend for services (the fdatasync peer overwrites a preallocated block too), shared by
-/// all threads.
-pub struct Idemstore(Arc<Store>);
+/// The real crate, shared by all threads; `PREALLOCATE` sets `preallocate_log` (the log is
+/// then overwritten in place, as the fdatasync peer overwrites a preallocated block).
+pub struct IdemstoreWith<const PREALLOCATE: bool>(Arc<Store>);
 
-impl Engine for Idemstore {
-    const NAME: &'static str = "idemstore";
+/// idemstore as `Store::open` opens it: the defaults users run.
+pub type Idemstore = IdemstoreWith<false>;
+/// idemstore with `preallocate_log(true)`.
+pub type IdemstorePrealloc = IdemstoreWith<true>;
+
+impl<const PREALLOCATE: bool> Engine for IdemstoreWith<PREALLOCATE> {
+    const NAME: &'static str = if PREALLOCATE {
+        "idemstore-prealloc"
+    } else {
+        "idemstore"
+    };
     /// Concurrent batches share commits.
     const FILL_THREADS: usize = 4;
     type Handle = StoreHandle;
 
     fn open(dir: &Path) -> BenchResult<Self> {
-        let store = Store::builder()
-            .preallocate_log(true)
-            .open(dir.join("keys.idem"))
-            .map_err(context("idemstore: open"))?;
-        Ok(Idemstore(Arc::new(store)))
+        let path = dir.join("keys.idem");
+        let store = if PREALLOCATE {
+            Store::builder().preallocate_log(true).open(path)
+        } else {
+            Store::open(path)
+        }
+        .map_err(context("idemstore: open"))?;
+        Ok(IdemstoreWith(Arc::new(store)))
     }
 
     fn handle(&self) -> BenchResult<StoreHandle> {
@@ -38,7 +50,7 @@ fn idem_key(key: &BenchKey) -> BenchResult<Key> {
 
 fn items(keys: &[BenchKey]) -> BenchResult<Vec<(Key, Fingerprint)>> {
     keys.iter()
-        .map(|key| Ok((idem_key(key)?, Fingerprint::from_bytes(*key.fingerprint()))))
+        .map(|key| Ok((idem_key(key)?, Fingerprint::of(key.body()))))
         .collect()
 }
 
@@ -58,7 +70,7 @@ impl Handle for StoreHandle {
     type Lease = Lease;
 
     fn reserve(&mut self, key: &BenchKey) -> BenchResult<Option<Lease>> {
-        let fingerprint = Fingerprint::from_bytes(*key.fingerprint());
+        let fingerprint = Fingerprint::of(key.body());
         acquired(key, self.0.reserve(&idem_key(key)?, fingerprint))
     }
 

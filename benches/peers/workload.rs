@@ -21,16 +21,19 @@ pub enum Workload {
     Complete,
     /// Each step reserves a batch of new keys with `reserve_many`.
     Batch,
+    /// Each step reserves a batch of prefilled (completed) keys with `reserve_many`: no write.
+    BatchDuplicate,
 }
 
 impl Workload {
     /// Every workload, in the order help texts list them.
-    pub const ALL: [Workload; 5] = [
+    pub const ALL: [Workload; 6] = [
         Workload::Reserve,
         Workload::Duplicate,
         Workload::Mixed,
         Workload::Complete,
         Workload::Batch,
+        Workload::BatchDuplicate,
     ];
 
     /// The name on the command line.
@@ -41,12 +44,16 @@ impl Workload {
             Workload::Mixed => "mixed",
             Workload::Complete => "complete",
             Workload::Batch => "batch",
+            Workload::BatchDuplicate => "batch-duplicate",
         }
     }
 
     /// Whether the run needs prefilled keys.
     pub fn needs_prefill(self) -> bool {
-        matches!(self, Workload::Duplicate | Workload::Mixed)
+        matches!(
+            self,
+            Workload::Duplicate | Workload::Mixed | Workload::BatchDuplicate
+        )
     }
 
     /// One line on what a step is.
@@ -57,6 +64,9 @@ impl Workload {
             Workload::Mixed => "90% duplicates of existing keys, 10% durable reserves of new keys",
             Workload::Complete => "durable reserve of a new key, then durable complete (one op)",
             Workload::Batch => "reserve_many of new keys; ops count keys, latency is per batch",
+            Workload::BatchDuplicate => {
+                "reserve_many of stored keys (no write); ops count keys, latency is per batch"
+            }
         }
     }
 }
@@ -118,7 +128,7 @@ impl<'a> Driver<'a> {
     /// Keys one step handles (what ops/s counts).
     pub fn keys_per_step(&self) -> u64 {
         match self.workload {
-            Workload::Batch => self.batch as u64,
+            Workload::Batch | Workload::BatchDuplicate => self.batch as u64,
             _ => 1,
         }
     }
@@ -166,6 +176,28 @@ impl<'a> Driver<'a> {
                     Ok(())
                 } else {
                     Err(format!("reserve_many of {} new keys found {new} new", self.batch).into())
+                }
+            }
+            Workload::BatchDuplicate => {
+                // A run of consecutive stored key numbers from a random start (wrapping), so a
+                // batch never names a key twice.
+                let len = self.existing.end - self.existing.start;
+                if len < self.batch as u64 {
+                    return Err(format!(
+                        "the {} workload needs at least {} prefilled keys, not {len}",
+                        self.workload, self.batch
+                    )
+                    .into());
+                }
+                let first = self.random() % len;
+                self.keys.clear();
+                self.keys.extend(
+                    (0..self.batch as u64)
+                        .map(|i| BenchKey::new(self.existing.start + (first + i) % len)),
+                );
+                match handle.reserve_many(&self.keys)? {
+                    0 => Ok(()),
+                    new => Err(format!("reserve_many of stored keys found {new} new").into()),
                 }
             }
         }

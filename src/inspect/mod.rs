@@ -12,7 +12,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use redb::{ReadOnlyTable, ReadableTable};
+use redb::{ReadOnlyTable, ReadableTable, ReadableTableMetadata};
 
 use crate::clock::duration_millis;
 use crate::error::Error;
@@ -316,6 +316,9 @@ impl Verification {
         self.problems.is_empty()
     }
 }
+
+/// How many entries [`Store::verify_with_progress`] checks between two progress calls.
+pub const VERIFY_PROGRESS_STEP: u64 = 4096;
 
 /// Storage errors of the inspection calls.
 fn storage(source: impl Into<redb::Error>) -> Error {

@@ -24,11 +24,49 @@ impl Store {
     /// Storage errors (including damage redb itself detects in its pages), and
     /// [`Error::Poisoned`]. Damage to records and indexes is reported in the result.
     pub fn verify(&self) -> Result<Verification, Error> {
+        self.verify_with_progress(|_, _| {})
+    }
+
+    /// [`verify`](Self::verify), calling `progress(checked, total)` as it goes: entries
+    /// checked so far (records, then expiry and lease index entries) out of all of them.
+    /// It is called every [`VERIFY_PROGRESS_STEP`] entries and once at the end, so a command
+    /// line tool can draw a progress bar over a big store.
+    ///
+    /// ```
+    /// use idemstore::{Fingerprint, Key, Store};
+    ///
+    /// # let dir = tempfile::tempdir()?;
+    /// let store = Store::open(dir.path().join("keys.idem"))?;
+    /// let _ = store.reserve(&Key::new("user-1", "charge", "k1")?, Fingerprint::of(b"x"))?;
+    /// let mut last = (0, 0);
+    /// let report = store.verify_with_progress(|checked, total| last = (checked, total))?;
+    /// assert!(report.is_ok());
+    /// assert_eq!(last, (3, 3)); // one record, its expiry and its lease index entry
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`verify`](Self::verify).
+    pub fn verify_with_progress(
+        &self,
+        mut progress: impl FnMut(u64, u64),
+    ) -> Result<Verification, Error> {
         let txn = self.snapshot()?;
         let records = txn.open_table(RECORDS).map_err(storage)?;
         let expiry = txn.open_table(EXPIRY).map_err(storage)?;
         let leases = txn.open_table(LEASES).map_err(storage)?;
         let meta = txn.open_table(META).map_err(storage)?;
+        let total = [records.len(), expiry.len(), leases.len()]
+            .into_iter()
+            .try_fold(0u64, |sum, len| len.map(|len| sum + len))
+            .map_err(storage)?;
+        let mut checked = 0u64;
+        let mut tick = |progress: &mut dyn FnMut(u64, u64)| {
+            checked += 1;
+            if checked.is_multiple_of(VERIFY_PROGRESS_STEP) {
+                progress(checked, total.max(checked));
+            }
+        };
         let mut report = Verification::default();
         let next_token = match meta.get(META_NEXT_TOKEN).map_err(storage)? {
             Some(v) => Some(v.value()),
@@ -45,6 +83,7 @@ impl Store {
             let (key, value) = entry.map_err(storage)?;
             let key = key.value();
             report.records += 1;
+            tick(&mut progress);
             if Key::decode(key).is_none() {
                 report.problems.push(Problem::new(
                     ProblemKind::BadKey,
@@ -108,6 +147,7 @@ impl Store {
                 let (index, _) = entry.map_err(storage)?;
                 let (at, key) = index.value();
                 *count += 1;
+                tick(&mut progress);
                 let detail = match records.get(key).map_err(storage)? {
                     None => "points to no record",
                     Some(value) => match Record::decode(value.value()) {
@@ -132,6 +172,7 @@ impl Store {
                 ));
             }
         }
+        progress(checked, checked);
         Ok(report)
     }
 }

@@ -80,7 +80,8 @@ pub(crate) enum Command {
         #[arg(long, default_value_t = 1000, value_name = "N")]
         slice: usize,
     },
-    /// Verify every record's checksum, every key, and both indexes; exit 1 on any problem
+    /// Verify every record's checksum, every key, and both indexes, with a progress bar on a
+    /// terminal; exit 1 on any problem
     Check {
         /// The store file
         file: PathBuf,

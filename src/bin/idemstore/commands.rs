@@ -41,7 +41,16 @@ pub(crate) fn run(cli: Cli) -> Result<Option<ProblemsFound>> {
             sweep(&open(&file, None)?, limit, slice, &mut out, json)?
         }
         Command::Check { file } => {
-            let report = open(&file, None)?.verify()?;
+            let store = open(&file, None)?;
+            let bar = progress_bar(
+                "checking {bar:40} {pos}/{len} entries ({percent}%), eta {eta}",
+                json,
+            );
+            let report = store.verify_with_progress(|checked, total| {
+                bar.set_length(total);
+                bar.set_position(checked);
+            })?;
+            bar.finish_and_clear();
             check(&report, &mut out, json)?;
             if !report.is_ok() {
                 return Ok(Some(ProblemsFound));
@@ -343,6 +352,18 @@ pub(crate) fn resolve(
     Ok(())
 }
 
+/// A progress bar on stderr for a command that walks the whole store, drawn only for a person
+/// watching: hidden with `--json` or when stdout or stderr is not a terminal (a script, a pipe,
+/// a log file).
+fn progress_bar(template: &str, json: bool) -> ProgressBar {
+    if json || !io::stdout().is_terminal() || !io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::stderr());
+    bar.set_style(ProgressStyle::with_template(template).expect("a valid template"));
+    bar
+}
+
 pub(crate) fn sweep(
     store: &Store,
     limit: Option<usize>,
@@ -352,18 +373,11 @@ pub(crate) fn sweep(
 ) -> Result<()> {
     let expired = store.counts()?.expired;
     let target = limit.map_or(expired, |l| expired.min(l as u64));
-    let bar = if json || !io::stderr().is_terminal() {
-        ProgressBar::hidden()
-    } else {
-        let bar = ProgressBar::with_draw_target(Some(target), ProgressDrawTarget::stderr());
-        bar.set_style(
-            ProgressStyle::with_template(
-                "sweeping {bar:40} {pos}/{len} expired records ({percent}%), eta {eta}",
-            )
-            .expect("a valid template"),
-        );
-        bar
-    };
+    let bar = progress_bar(
+        "sweeping {bar:40} {pos}/{len} expired records ({percent}%), eta {eta}",
+        json,
+    );
+    bar.set_length(target);
     let started = Instant::now();
     let (mut swept, mut slices) = (0u64, 0u64);
     loop {

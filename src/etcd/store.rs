@@ -1,0 +1,337 @@
+//! [`EtcdStore`]: the key-reservation operations on an etcd v3 cluster.
+
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::{Client, TxnOp};
+
+use super::builder::EtcdBuilder;
+use super::layout::Layout;
+use crate::clock::{from_millis, to_millis, Clock};
+use crate::decide::{Op, Outcome, Policy, Resolution};
+use crate::error::{Error, LeaseLostReason};
+use crate::fingerprint::Fingerprint;
+use crate::key::Key;
+use crate::record::{Millis, Record, MAX_NOTE_LEN};
+use crate::reservation::{Completed, Lease, Reservation};
+
+/// The shared state of an [`EtcdStore`] and its clones.
+pub(crate) struct Inner {
+    pub(crate) client: Client,
+    pub(crate) layout: Layout,
+    pub(crate) policy: Policy,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) max_result_len: usize,
+    pub(crate) max_txn_ops: usize,
+    pub(crate) op_deadline: Duration,
+    pub(crate) store_id: u64,
+    pub(crate) writes: AtomicU64,
+    /// Requests sent again after an error or a timeout.
+    pub(crate) resends: AtomicU64,
+}
+
+impl Inner {
+    pub(crate) fn now(&self) -> Millis {
+        to_millis(self.clock.now())
+    }
+}
+
+/// A key-reservation store on an etcd v3 cluster (feature `etcd`): the operations and answers
+/// of [`Store`](crate::Store), shared by every instance of a service on every host.
+///
+/// Every transition is the same `decide` function as the local store's:
+/// the record is read, the decision is made, and the change is written in one etcd
+/// transaction that applies only if the record's `mod_revision` is still the one read (or, for
+/// a new key, `create_revision == 0`); on a conflict the decision is made again. An answer is
+/// given only after etcd acknowledged the transaction, that is once a majority of members
+/// wrote it to their logs with fsync. Fencing tokens are etcd revisions (see
+/// [`Lease::token`] and `docs/etcd.md`): they rise with every acquisition cluster-wide.
+///
+/// ```no_run
+/// use idemstore::{EtcdStore, Fingerprint, Key, Reservation, Reservations};
+///
+/// # async fn run() -> Result<(), idemstore::Error> {
+/// let store = EtcdStore::connect(&["127.0.0.1:2379", "127.0.0.1:22379", "127.0.0.1:32379"]).await?;
+/// let key = Key::new("user-1", "POST /charges", "a1")?;
+/// if let Reservation::Acquired(lease) = store.reserve(&key, Fingerprint::of(b"amount=100")).await? {
+///     store.complete(&lease, b"201 created".to_vec()).await?;
+/// }
+/// # Ok(()) }
+/// ```
+///
+/// Clones share one connection.
+#[derive(Clone)]
+pub struct EtcdStore {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for EtcdStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdStore")
+            .field("prefix", &self.inner.layout)
+            .field("policy", &self.inner.policy)
+            .finish_non_exhaustive()
+    }
+}
+
+impl EtcdStore {
+    /// Connects with the default settings; see [`EtcdBuilder::connect`].
+    ///
+    /// # Errors
+    /// [`Error::Cluster`] when no endpoint answers.
+    pub async fn connect<E: AsRef<str>>(endpoints: &[E]) -> Result<EtcdStore, Error> {
+        EtcdBuilder::default().connect(endpoints).await
+    }
+
+    /// Settings to change before connecting.
+    pub fn builder() -> EtcdBuilder {
+        EtcdBuilder::default()
+    }
+
+    pub(crate) fn from_inner(inner: Inner) -> EtcdStore {
+        EtcdStore {
+            inner: Arc::new(inner),
+        }
+    }
+
+    pub(crate) fn inner(&self) -> &Inner {
+        &self.inner
+    }
+
+    /// How many requests this store (and its clones) sent again because the cluster gave no
+    /// definite answer (a member down, a leader election, a timeout). Each was settled by the
+    /// resent request's answer, never guessed.
+    pub fn resends(&self) -> u64 {
+        self.inner
+            .resends
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Reserves `key`; the answers of [`Store::reserve`](crate::Store::reserve).
+    ///
+    /// # Durability
+    /// `Acquired` is returned only after a majority of the cluster's members wrote the
+    /// reservation to disk.
+    ///
+    /// # Cancel safety
+    /// Dropping the future does not withdraw a reservation already sent: it may be acquired,
+    /// and then goes stale when its lease runs out.
+    ///
+    /// # Errors
+    /// [`Error::Corruption`] for a damaged record; [`Error::Cluster`] when the cluster gave no
+    /// definite answer within the operation deadline.
+    pub async fn reserve(&self, key: &Key, fingerprint: Fingerprint) -> Result<Reservation, Error> {
+        let outcome = self
+            .inner
+            .apply(key, Op::Reserve { fingerprint }, &[])
+            .await?;
+        Ok(reservation(key, outcome))
+    }
+
+    /// Stores the lease's result; see [`Store::complete`](crate::Store::complete).
+    ///
+    /// # Errors
+    /// [`Error::ResultTooLarge`], [`Error::LeaseLost`], [`Error::Cluster`].
+    pub async fn complete(&self, lease: &Lease, result: Vec<u8>) -> Result<(), Error> {
+        self.check_result(&lease.key, &result)?;
+        let op = Op::Complete {
+            token: lease.token,
+            result,
+        };
+        expect_done(lease, self.inner.apply(&lease.key, op, &[]).await?)
+    }
+
+    /// Completes the lease's key and applies the caller's own etcd operations (`ops`) in the
+    /// same transaction: both are applied, or neither. The counterpart of
+    /// [`Store::complete_with`](crate::Store::complete_with). The operations must not touch
+    /// the store's prefix, nor name a key twice.
+    ///
+    /// ```no_run
+    /// use idemstore::etcd_client::TxnOp;
+    /// use idemstore::{EtcdStore, Fingerprint, Key, Reservation};
+    ///
+    /// # async fn run(store: EtcdStore) -> Result<(), idemstore::Error> {
+    /// let key = Key::new("user-7", "checkout", "k1")?;
+    /// if let Reservation::Acquired(lease) = store.reserve(&key, Fingerprint::of(b"cart")).await? {
+    ///     let order = TxnOp::put("orders/1", "1999", None);
+    ///     store.complete_with(&lease, b"order 1".to_vec(), vec![order]).await?;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::LeaseLost`] when the lease no longer owns the key or already completed it
+    /// (the operations are not applied); otherwise as for [`complete`](EtcdStore::complete).
+    pub async fn complete_with(
+        &self,
+        lease: &Lease,
+        result: Vec<u8>,
+        ops: Vec<TxnOp>,
+    ) -> Result<(), Error> {
+        self.check_result(&lease.key, &result)?;
+        let op = Op::Complete {
+            token: lease.token,
+            result,
+        };
+        match self.inner.apply(&lease.key, op, &ops).await? {
+            Outcome::Done => Ok(()),
+            // The caller's operations went with the first completion, not this call.
+            Outcome::AlreadyCompleted => Err(lease_lost(
+                lease,
+                LeaseLostReason::Completed {
+                    by_token: lease.token,
+                },
+            )),
+            Outcome::LeaseLost(reason) => Err(lease_lost(lease, reason)),
+            other => unreachable!("complete never decides {other:?}"),
+        }
+    }
+
+    /// Deletes the reservation if this lease still holds it pending; see
+    /// [`Store::release_if_pending`](crate::Store::release_if_pending).
+    ///
+    /// # Errors
+    /// [`Error::LeaseLost`], [`Error::Cluster`].
+    pub async fn release_if_pending(&self, lease: &Lease) -> Result<bool, Error> {
+        let op = Op::Release { token: lease.token };
+        match self.inner.apply(&lease.key, op, &[]).await? {
+            Outcome::Released(released) => Ok(released),
+            Outcome::LeaseLost(reason) => Err(lease_lost(lease, reason)),
+            other => unreachable!("release never decides {other:?}"),
+        }
+    }
+
+    /// Renews the lease; see [`Store::extend`](crate::Store::extend).
+    ///
+    /// # Errors
+    /// [`Error::LeaseLost`], [`Error::Cluster`].
+    pub async fn extend(&self, lease: &Lease) -> Result<Lease, Error> {
+        let op = Op::Extend { token: lease.token };
+        match self.inner.apply(&lease.key, op, &[]).await? {
+            Outcome::Extended { lease_until } => Ok(Lease {
+                lease_until: from_millis(lease_until),
+                ..lease.clone()
+            }),
+            Outcome::LeaseLost(reason) => Err(lease_lost(lease, reason)),
+            other => unreachable!("extend never decides {other:?}"),
+        }
+    }
+
+    /// Parks the key for a person; see [`Store::mark_needs_review`](crate::Store::mark_needs_review).
+    ///
+    /// # Errors
+    /// [`Error::NoteTooLarge`], [`Error::LeaseLost`], [`Error::Cluster`].
+    pub async fn mark_needs_review(&self, lease: &Lease, note: &str) -> Result<(), Error> {
+        if note.len() > MAX_NOTE_LEN {
+            return Err(Error::NoteTooLarge {
+                key: lease.key.clone(),
+                len: note.len(),
+            });
+        }
+        let op = Op::MarkNeedsReview {
+            token: lease.token,
+            note: note.to_string(),
+        };
+        expect_done(lease, self.inner.apply(&lease.key, op, &[]).await?)
+    }
+
+    /// Settles a key under review or a stale reservation; see
+    /// [`Store::resolve`](crate::Store::resolve).
+    ///
+    /// # Errors
+    /// [`Error::NotResolvable`], [`Error::ResultTooLarge`], [`Error::Cluster`].
+    pub async fn resolve(&self, key: &Key, resolution: Resolution) -> Result<(), Error> {
+        if let Resolution::Complete(result) = &resolution {
+            self.check_result(key, result)?;
+        }
+        match self.inner.apply(key, Op::Resolve(resolution), &[]).await? {
+            Outcome::Done => Ok(()),
+            Outcome::NotResolvable(reason) => Err(Error::NotResolvable {
+                key: key.clone(),
+                reason,
+            }),
+            other => unreachable!("resolve never decides {other:?}"),
+        }
+    }
+
+    /// The stored record, `None` when absent or expired; a linearizable read.
+    ///
+    /// # Errors
+    /// [`Error::Corruption`], [`Error::Cluster`].
+    pub async fn get(&self, key: &Key) -> Result<Option<Record>, Error> {
+        let now = self.inner.now();
+        Ok(self
+            .inner
+            .read(key)
+            .await?
+            .map(|stored| stored.record)
+            .filter(|record| !record.is_expired(now)))
+    }
+
+    fn check_result(&self, key: &Key, result: &[u8]) -> Result<(), Error> {
+        if result.len() > self.inner.max_result_len {
+            return Err(Error::ResultTooLarge {
+                key: key.clone(),
+                len: result.len(),
+                limit: self.inner.max_result_len,
+            });
+        }
+        Ok(())
+    }
+}
+
+fn expect_done(lease: &Lease, outcome: Outcome) -> Result<(), Error> {
+    match outcome {
+        Outcome::Done | Outcome::AlreadyCompleted => Ok(()),
+        Outcome::LeaseLost(reason) => Err(lease_lost(lease, reason)),
+        other => unreachable!("a lease operation never decides {other:?}"),
+    }
+}
+
+fn lease_lost(lease: &Lease, reason: LeaseLostReason) -> Error {
+    Error::LeaseLost {
+        key: lease.key.clone(),
+        token: lease.token,
+        reason,
+    }
+}
+
+/// The answer to a reserve, from `decide`'s outcome.
+pub(crate) fn reservation(key: &Key, outcome: Outcome) -> Reservation {
+    match outcome {
+        Outcome::Acquired {
+            token,
+            attempt,
+            lease_until,
+            progress,
+        } => Reservation::Acquired(Lease {
+            key: key.clone(),
+            token,
+            attempt,
+            lease_until: from_millis(lease_until),
+            progress,
+        }),
+        Outcome::Completed {
+            result,
+            completed_at,
+            expires_at,
+            attempt,
+        } => Reservation::Completed(Completed {
+            result,
+            completed_at: from_millis(completed_at),
+            expires_at: from_millis(expires_at),
+            attempt,
+        }),
+        Outcome::InProgress {
+            retry_after,
+            attempt,
+        } => Reservation::InProgress {
+            retry_after,
+            attempt,
+        },
+        Outcome::Mismatch => Reservation::Mismatch,
+        Outcome::NeedsReview { note } => Reservation::NeedsReview { note },
+        other => unreachable!("reserve never decides {other:?}"),
+    }
+}

@@ -1,0 +1,416 @@
+//! The one write path: read the key's record, [`decide`], write with a compare on the record's
+//! revision, and retry on conflict. Ambiguous answers are settled by sending the same
+//! conditional transaction again and reading what it finds, never by guessing.
+
+use std::time::{Duration, Instant};
+
+use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp, TxnOpResponse, TxnResponse};
+
+use super::layout::{self, placeholder, resolve_token, Nonce, Stored};
+use super::store::Inner;
+use crate::decide::{decide, Change, Op, Outcome};
+use crate::error::Error;
+use crate::key::Key;
+
+/// What became of a conditional transaction.
+pub(crate) enum Sent {
+    /// Its compares held and it was applied at this revision.
+    Applied { revision: i64 },
+    /// A compare failed; the failure branch's responses (the keys' current values).
+    Refused { responses: Vec<TxnOpResponse> },
+}
+
+/// The answer to a sent transaction, and whether an earlier copy of it may have been applied
+/// (a transport error or timeout after it was sent).
+pub(crate) struct Answer {
+    pub(crate) sent: Sent,
+    pub(crate) ambiguous: bool,
+}
+
+/// The compare that makes a write conditional on the record being as it was read.
+pub(crate) fn unchanged(record_key: &[u8], current: Option<&Stored>) -> Compare {
+    match current {
+        Some(stored) => {
+            Compare::mod_revision(record_key.to_vec(), CompareOp::Equal, stored.mod_revision)
+        }
+        None => Compare::create_revision(record_key.to_vec(), CompareOp::Equal, 0),
+    }
+}
+
+impl Inner {
+    /// A nonce no other write of any store uses.
+    pub(crate) fn nonce(&self) -> Nonce {
+        Nonce {
+            store: self.store_id,
+            write: self
+                .writes
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        }
+    }
+
+    /// The writes that turn `current` into `change` for `key`: the record and both indexes.
+    pub(crate) fn write_ops(
+        &self,
+        key: &Key,
+        current: Option<&Stored>,
+        change: &Change,
+        nonce: Nonce,
+        ops: &mut Vec<TxnOp>,
+    ) {
+        let record_key = self.layout.record(key);
+        let old = current.map(|s| &s.record);
+        let new = match change {
+            Change::Keep => return,
+            Change::Put(record) => Some(record),
+            Change::Delete => None,
+        };
+        let index = |f: fn(&layout::Layout, &Key, &crate::record::Record) -> Option<Vec<u8>>| {
+            (
+                old.and_then(|r| f(&self.layout, key, r)),
+                new.and_then(|r| f(&self.layout, key, r)),
+            )
+        };
+        // etcd refuses a transaction that deletes and puts the same key: an index entry that
+        // stays the same is left alone.
+        for (before, after) in [index(layout::Layout::expiry), index(layout::Layout::lease)] {
+            if before == after {
+                continue;
+            }
+            if let Some(before) = before {
+                ops.push(TxnOp::delete(before, None));
+            }
+            if let Some(after) = after {
+                ops.push(TxnOp::put(after, Vec::new(), None));
+            }
+        }
+        match new {
+            Some(record) => ops.push(TxnOp::put(record_key, layout::encode(record, nonce), None)),
+            None => ops.push(TxnOp::delete(record_key, None)),
+        }
+    }
+
+    /// Sends `txn`, again and again while the cluster gives no definite answer, up to the
+    /// store's operation deadline. Resending is safe: every write carries compares that fail
+    /// once an earlier copy was applied.
+    pub(crate) async fn send(&self, txn: Txn, what: impl Fn() -> String) -> Result<Answer, Error> {
+        let started = Instant::now();
+        let mut ambiguous = false;
+        let mut pause = Duration::from_millis(20);
+        loop {
+            let mut kv = self.client.kv_client();
+            match kv.txn(txn.clone()).await {
+                Ok(response) => {
+                    return Ok(Answer {
+                        sent: sent(response),
+                        ambiguous,
+                    })
+                }
+                Err(error) if refused(&error) => {
+                    let landed = if ambiguous {
+                        "an earlier copy may or may not have been applied"
+                    } else {
+                        "nothing was applied"
+                    };
+                    return Err(Error::Cluster {
+                        context: format!("{}; the cluster refused the request, {landed}", what()),
+                        source: Box::new(error),
+                    });
+                }
+                Err(error) => {
+                    ambiguous = true;
+                    if started.elapsed() + pause > self.op_deadline {
+                        return Err(Error::Cluster {
+                            context: format!(
+                                "{}; no answer within {:?}, so the write may or may not have been applied",
+                                what(),
+                                self.op_deadline
+                            ),
+                            source: Box::new(error),
+                        });
+                    }
+                    tokio::time::sleep(pause).await;
+                    self.resends
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    pause = (pause * 2).min(Duration::from_millis(500));
+                }
+            }
+        }
+    }
+
+    /// A linearizable read of `key`'s record, expired or not, retried like a write.
+    pub(crate) async fn read(&self, key: &Key) -> Result<Option<Stored>, Error> {
+        let txn = Txn::new().and_then(vec![TxnOp::get(self.layout.record(key), None)]);
+        let answer = self.send(txn, || format!("reading key {key}")).await?;
+        let responses = match answer.sent {
+            Sent::Applied { .. } => return Err(no_response(key)),
+            Sent::Refused { responses } => responses,
+        };
+        self.stored_in(key, responses.first())
+    }
+
+    /// The record in a get response, decoded.
+    pub(crate) fn stored_in(
+        &self,
+        key: &Key,
+        response: Option<&TxnOpResponse>,
+    ) -> Result<Option<Stored>, Error> {
+        let Some(TxnOpResponse::Get(get)) = response else {
+            return Err(no_response(key));
+        };
+        get.kvs()
+            .first()
+            .map(|kv| {
+                layout::decode(kv.value(), kv.mod_revision(), kv.create_revision()).map_err(
+                    |reason| Error::Corruption {
+                        location: format!("etcd record of key {key}"),
+                        reason,
+                    },
+                )
+            })
+            .transpose()
+    }
+
+    /// Applies `op` to `key` through [`decide`]: read, decide, write if the record is
+    /// unchanged, else decide again on what the write found. `extra` joins the caller's own
+    /// operations to a write (for `complete_with`); they are not sent when nothing changes.
+    pub(crate) async fn apply(&self, key: &Key, op: Op, extra: &[TxnOp]) -> Result<Outcome, Error> {
+        let record_key = self.layout.record(key);
+        let mut current = self.read(key).await?;
+        loop {
+            let decision = decide(
+                current.as_ref().map(|s| s.record.clone()),
+                op.clone(),
+                self.now(),
+                self.policy,
+                placeholder(0),
+            );
+            if decision.change == Change::Keep {
+                return Ok(decision.outcome);
+            }
+            let nonce = self.nonce();
+            let mut ops = extra.to_vec();
+            self.write_ops(key, current.as_ref(), &decision.change, nonce, &mut ops);
+            let txn = Txn::new()
+                .when(vec![unchanged(&record_key, current.as_ref())])
+                .and_then(ops)
+                .or_else(vec![TxnOp::get(record_key.clone(), None)]);
+            let answer = self.send(txn, || format!("writing key {key}")).await?;
+            match answer.sent {
+                Sent::Applied { revision } => return Ok(with_token(decision.outcome, revision)),
+                Sent::Refused { responses } => {
+                    let found = self.stored_in(key, responses.first())?;
+                    if answer.ambiguous
+                        && landed(current.as_ref(), found.as_ref(), nonce, &decision.change)
+                    {
+                        // An earlier copy of this very write was applied.
+                        let revision = found.as_ref().map_or(0, |s| s.mod_revision);
+                        return Ok(with_token(decision.outcome, revision));
+                    }
+                    current = found;
+                }
+            }
+        }
+    }
+
+    /// Up to `limit` index entries in `[start, end)`, in index order, with the keys they name.
+    pub(crate) async fn index_range(
+        &self,
+        start: Vec<u8>,
+        end: Vec<u8>,
+        limit: usize,
+        what: &str,
+    ) -> Result<Vec<(Vec<u8>, Key)>, Error> {
+        let options = GetOptions::new()
+            .with_range(end)
+            .with_keys_only()
+            .with_limit(i64::try_from(limit).unwrap_or(i64::MAX));
+        let txn = Txn::new().and_then(vec![TxnOp::get(start, Some(options))]);
+        let answer = self.send(txn, || what.to_string()).await?;
+        let Sent::Refused { responses } = answer.sent else {
+            return Ok(Vec::new());
+        };
+        let Some(TxnOpResponse::Get(get)) = responses.first() else {
+            return Ok(Vec::new());
+        };
+        Ok(get
+            .kvs()
+            .iter()
+            .filter_map(|kv| Some((kv.key().to_vec(), self.layout.key_of_index(kv.key())?)))
+            .collect())
+    }
+
+    /// The records of `keys` read in one transaction (at one revision).
+    pub(crate) async fn read_many(
+        &self,
+        keys: &[Key],
+    ) -> Result<Vec<Result<Option<Stored>, Error>>, Error> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ops = keys
+            .iter()
+            .map(|key| TxnOp::get(self.layout.record(key), None))
+            .collect::<Vec<_>>();
+        let answer = self
+            .send(Txn::new().and_then(ops), || {
+                format!("reading {} keys", keys.len())
+            })
+            .await?;
+        let responses = match answer.sent {
+            Sent::Refused { responses } => responses,
+            Sent::Applied { .. } => Vec::new(),
+        };
+        Ok(keys
+            .iter()
+            .enumerate()
+            .map(|(i, key)| self.stored_in(key, responses.get(i)))
+            .collect())
+    }
+}
+
+/// Whether the cluster refused the request for good (an invalid or oversized request, no
+/// permission): resending cannot help. Every other error (unavailable, timed out, leader
+/// changed, too many requests) is retried.
+fn refused(error: &etcd_client::Error) -> bool {
+    // gRPC codes: 3 invalid argument, 5 not found, 6 already exists, 7 permission denied,
+    // 9 failed precondition, 11 out of range, 12 unimplemented, 16 unauthenticated.
+    match error {
+        etcd_client::Error::GRpcStatus(status) => {
+            matches!(status.code() as i32, 3 | 5 | 6 | 7 | 9 | 11 | 12 | 16)
+        }
+        etcd_client::Error::InvalidArgs(_) => true,
+        _ => false,
+    }
+}
+
+/// A read-only transaction (no compares) "succeeds" with its reads in the success branch; a
+/// write's compares decide. Both are turned into [`Sent`]: reads come back as `Refused` with
+/// their responses, so callers look in one place.
+fn sent(response: TxnResponse) -> Sent {
+    let revision = response.header().map_or(0, |h| h.revision());
+    let responses = response.op_responses();
+    let is_write = responses
+        .iter()
+        .any(|r| !matches!(r, TxnOpResponse::Get(_)));
+    if response.succeeded() && is_write {
+        Sent::Applied { revision }
+    } else {
+        Sent::Refused { responses }
+    }
+}
+
+/// Whether an ambiguous earlier copy of a write was applied: a put left its nonce in the key;
+/// a delete left the key absent or re-created after the revision it compared on.
+fn landed(before: Option<&Stored>, found: Option<&Stored>, nonce: Nonce, change: &Change) -> bool {
+    match change {
+        Change::Keep => false,
+        Change::Put(_) => found.is_some_and(|s| s.nonce == nonce),
+        Change::Delete => match (before, found) {
+            (Some(_), None) => true,
+            (Some(before), Some(found)) => found.create_revision > before.mod_revision,
+            (None, _) => false,
+        },
+    }
+}
+
+/// Gives an acquisition (or an operator's completion) its real token.
+pub(crate) fn with_token(outcome: Outcome, revision: i64) -> Outcome {
+    match outcome {
+        Outcome::Acquired {
+            token,
+            attempt,
+            lease_until,
+            progress,
+        } => Outcome::Acquired {
+            token: resolve_token(token, revision),
+            attempt,
+            lease_until,
+            progress,
+        },
+        other => other,
+    }
+}
+
+fn no_response(key: &Key) -> Error {
+    Error::Cluster {
+        context: format!("reading key {key}"),
+        source: "the cluster's answer held no read response".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fingerprint::Fingerprint;
+    use crate::record::{Record, State};
+
+    fn stored(nonce: Nonce, mod_revision: i64, create_revision: i64) -> Stored {
+        Stored {
+            record: Record {
+                fingerprint: Fingerprint::of(b"b"),
+                token: 1,
+                attempt: 1,
+                expires_at: 10,
+                state: State::Pending {
+                    lease_until: 5,
+                    progress: None,
+                },
+            },
+            nonce,
+            mod_revision,
+            create_revision,
+        }
+    }
+
+    const OURS: Nonce = Nonce { store: 1, write: 7 };
+    const THEIRS: Nonce = Nonce { store: 2, write: 7 };
+
+    #[test]
+    fn a_put_landed_only_if_its_nonce_is_there() {
+        let put = Change::Put(stored(OURS, 0, 0).record);
+        assert!(landed(None, Some(&stored(OURS, 9, 9)), OURS, &put));
+        assert!(!landed(None, Some(&stored(THEIRS, 9, 9)), OURS, &put));
+        assert!(!landed(None, None, OURS, &put));
+        assert!(!landed(
+            None,
+            Some(&stored(OURS, 9, 9)),
+            OURS,
+            &Change::Keep
+        ));
+    }
+
+    #[test]
+    fn a_delete_landed_if_the_key_is_gone_or_was_created_again_since() {
+        let before = stored(THEIRS, 5, 3);
+        assert!(landed(Some(&before), None, OURS, &Change::Delete));
+        assert!(landed(
+            Some(&before),
+            Some(&stored(THEIRS, 8, 8)),
+            OURS,
+            &Change::Delete
+        ));
+        // Changed but never deleted: the compare failed for another reason.
+        assert!(!landed(
+            Some(&before),
+            Some(&stored(THEIRS, 8, 3)),
+            OURS,
+            &Change::Delete
+        ));
+        assert!(!landed(None, None, OURS, &Change::Delete));
+    }
+
+    #[test]
+    fn tokens_are_given_only_to_acquisitions() {
+        let acquired = Outcome::Acquired {
+            token: placeholder(2),
+            attempt: 1,
+            lease_until: 5,
+            progress: None,
+        };
+        match with_token(acquired, 40) {
+            Outcome::Acquired { token, .. } => assert_eq!(token, (40 << 10) | 2),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(with_token(Outcome::Done, 40), Outcome::Done);
+    }
+}

@@ -1,0 +1,207 @@
+//! [`IdempotencyLayer`]: the layer and its options, with their defaults.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::request::Parts;
+use http::{header, HeaderName, Method, StatusCode};
+
+use crate::http::service::Idempotency;
+use crate::Reservations;
+
+/// Default for [`IdempotencyLayer::max_body`]: 1 MiB.
+pub const DEFAULT_MAX_BODY: usize = 1 << 20;
+/// Default for [`IdempotencyLayer::max_retry_after`]: 1 s.
+pub const DEFAULT_MAX_RETRY_AFTER: Duration = Duration::from_secs(1);
+/// Default for [`IdempotencyLayer::problem_base`].
+pub const DEFAULT_PROBLEM_BASE: &str = "https://docs.rs/idemstore/latest/idemstore/http/#";
+
+/// Finds who a request belongs to (a user, a tenant); see [`IdempotencyLayer::scope`].
+pub(crate) type ScopeFn = dyn Fn(&Parts) -> Option<Vec<u8>> + Send + Sync;
+/// Says which response statuses are stored; see [`IdempotencyLayer::store_status`].
+pub(crate) type StatusFn = dyn Fn(StatusCode) -> bool + Send + Sync;
+
+/// What the service reads on every request. Cloned only while the layer is configured.
+#[derive(Clone)]
+pub(crate) struct Options {
+    pub(crate) scope: Arc<ScopeFn>,
+    pub(crate) methods: Vec<Method>,
+    pub(crate) require_key: bool,
+    pub(crate) store_status: Arc<StatusFn>,
+    pub(crate) replay_headers: Vec<HeaderName>,
+    pub(crate) max_body: usize,
+    pub(crate) body_too_large: StatusCode,
+    pub(crate) max_retry_after: Duration,
+    pub(crate) problem_base: String,
+}
+
+/// A tower [`Layer`](tower::Layer) that makes the requests it guards idempotent by their
+/// `Idempotency-Key` header, on any [`Reservations`] backend. See the [module docs](crate::http)
+/// for what it answers.
+///
+/// `new` takes the defaults; each setter documents its own and returns the layer, so the
+/// configuration reads as one expression:
+///
+/// ```
+/// use std::sync::Arc;
+/// use idemstore::http::IdempotencyLayer;
+/// use idemstore::Store;
+///
+/// # let dir = tempfile::tempdir()?;
+/// let store = Arc::new(Store::open(dir.path().join("api.idem"))?);
+/// let layer = IdempotencyLayer::new(store)
+///     .scope(|request| {
+///         let tenant = request.headers.get("x-tenant")?;
+///         Some(tenant.as_bytes().to_vec())
+///     })
+///     .max_body(64 * 1024)
+///     .store_status(|status| status.is_success());
+/// # let _ = layer;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct IdempotencyLayer<R> {
+    pub(crate) store: Arc<R>,
+    pub(crate) options: Arc<Options>,
+}
+
+impl<R> Clone for IdempotencyLayer<R> {
+    fn clone(&self) -> Self {
+        IdempotencyLayer {
+            store: Arc::clone(&self.store),
+            options: Arc::clone(&self.options),
+        }
+    }
+}
+
+impl<R> fmt::Debug for IdempotencyLayer<R> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let o = &self.options;
+        f.debug_struct("IdempotencyLayer")
+            .field("methods", &o.methods)
+            .field("require_key", &o.require_key)
+            .field("replay_headers", &o.replay_headers)
+            .field("max_body", &o.max_body)
+            .field("body_too_large", &o.body_too_large)
+            .field("max_retry_after", &o.max_retry_after)
+            .field("problem_base", &o.problem_base)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<R: Reservations + 'static> IdempotencyLayer<R> {
+    /// A layer over `store` with the defaults of every setter below.
+    pub fn new(store: Arc<R>) -> IdempotencyLayer<R> {
+        IdempotencyLayer {
+            store,
+            options: Arc::new(Options {
+                scope: Arc::new(|_: &Parts| Some(b"*".to_vec())),
+                methods: vec![Method::POST, Method::PATCH],
+                require_key: true,
+                store_status: Arc::new(|status: StatusCode| !status.is_server_error()),
+                replay_headers: vec![header::CONTENT_TYPE, header::LOCATION],
+                max_body: DEFAULT_MAX_BODY,
+                body_too_large: StatusCode::PAYLOAD_TOO_LARGE,
+                max_retry_after: DEFAULT_MAX_RETRY_AFTER,
+                problem_base: DEFAULT_PROBLEM_BASE.to_owned(),
+            }),
+        }
+    }
+
+    fn with(mut self, change: impl FnOnce(&mut Options)) -> Self {
+        change(Arc::make_mut(&mut self.options));
+        self
+    }
+
+    /// Who a request belongs to: keys are scoped by it (and by method and path), so one
+    /// caller's key never replays another caller's response. `None` refuses the request with
+    /// 401 ([`Refusal::NoScope`](crate::http::Refusal::NoScope)).
+    ///
+    /// Set it whenever clients are distinct users or tenants, from the identity the service
+    /// has verified (a token's subject, say). A scope longer than
+    /// [`MAX_KEY_PART_LEN`](crate::MAX_KEY_PART_LEN) bytes is replaced by its BLAKE3 digest.
+    ///
+    /// Default: one scope, `*`, shared by every client.
+    pub fn scope(self, scope: impl Fn(&Parts) -> Option<Vec<u8>> + Send + Sync + 'static) -> Self {
+        self.with(|o| o.scope = Arc::new(scope))
+    }
+
+    /// The request methods guarded; every other method passes through untouched.
+    ///
+    /// Default: `POST` and `PATCH`, the methods the Idempotency-Key draft names as not
+    /// idempotent.
+    pub fn methods(self, methods: impl IntoIterator<Item = Method>) -> Self {
+        self.with(|o| o.methods = methods.into_iter().collect())
+    }
+
+    /// Whether a guarded request must carry an `Idempotency-Key`. `false` lets a request
+    /// without one through, unguarded (it runs every time it is sent).
+    ///
+    /// Default: `true`, a request without a key gets 400
+    /// ([`Refusal::KeyMissing`](crate::http::Refusal::KeyMissing)), as the draft says.
+    pub fn require_key(self, require: bool) -> Self {
+        self.with(|o| o.require_key = require)
+    }
+
+    /// Which handler responses are stored and replayed. The key of any other response is
+    /// released, so a retry runs the handler again.
+    ///
+    /// Default: every status but 5xx (a server error is worth retrying).
+    pub fn store_status(self, store: impl Fn(StatusCode) -> bool + Send + Sync + 'static) -> Self {
+        self.with(|o| o.store_status = Arc::new(store))
+    }
+
+    /// The response headers stored with status and body, and replayed (every value of each).
+    /// Others (a request id, a date) belong to one response only.
+    ///
+    /// Default: `content-type` and `location`.
+    pub fn replay_headers(self, names: impl IntoIterator<Item = HeaderName>) -> Self {
+        self.with(|o| o.replay_headers = names.into_iter().collect())
+    }
+
+    /// The largest request body read and fingerprinted, in bytes. A larger body is refused
+    /// before the key is reserved, with [`body_too_large_status`](Self::body_too_large_status)
+    /// and a problem naming the limit. A `Content-Length` over it is refused unread.
+    ///
+    /// Default: [`DEFAULT_MAX_BODY`], 1 MiB.
+    pub fn max_body(self, bytes: usize) -> Self {
+        self.with(|o| o.max_body = bytes)
+    }
+
+    /// The status of the refusal of a body over [`max_body`](Self::max_body).
+    ///
+    /// Default: 413 Content Too Large. 400 is the other usual choice.
+    pub fn body_too_large_status(self, status: StatusCode) -> Self {
+        self.with(|o| o.body_too_large = status)
+    }
+
+    /// The longest `Retry-After` sent with a 409 while the first request runs. The store knows
+    /// when the running request's lease ends, but most requests finish long before; the
+    /// header is rounded up to whole seconds, at least 1.
+    ///
+    /// Default: [`DEFAULT_MAX_RETRY_AFTER`], 1 s.
+    pub fn max_retry_after(self, max: Duration) -> Self {
+        self.with(|o| o.max_retry_after = max)
+    }
+
+    /// The start of every problem `type` URI; the refusal's
+    /// [`slug`](crate::http::Refusal::slug) is appended, e.g. `{base}key-missing`.
+    ///
+    /// Default: [`DEFAULT_PROBLEM_BASE`], this module's documentation.
+    pub fn problem_base(self, base: impl Into<String>) -> Self {
+        let base = base.into();
+        self.with(|o| o.problem_base = base)
+    }
+}
+
+impl<S, R> tower::Layer<S> for IdempotencyLayer<R> {
+    type Service = Idempotency<S, R>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Idempotency {
+            inner,
+            store: Arc::clone(&self.store),
+            options: Arc::clone(&self.options),
+        }
+    }
+}

@@ -1,0 +1,113 @@
+//! An `Idempotency-Key` layer for tower HTTP services (axum, or any tower stack whose request
+//! body can be built from `Bytes`), on any [`Reservations`](crate::Reservations) backend.
+//! Feature `http`, on by default.
+//!
+//! A service adds it in one line:
+//!
+//! ```
+//! use std::sync::Arc;
+//!
+//! use axum::body::Body;
+//! use axum::http::Request;
+//! use axum::routing::post;
+//! use axum::Router;
+//! use idemstore::http::IdempotencyLayer;
+//! use idemstore::Store;
+//! use tower::ServiceExt;
+//!
+//! # let dir = tempfile::tempdir()?;
+//! let store = Arc::new(Store::open(dir.path().join("shop.idem"))?);
+//! let app = Router::new()
+//!     .route("/orders", post(|item: String| async move { format!("ordered {item}") }))
+//!     .layer(IdempotencyLayer::new(store).scope(|request| {
+//!         let user = request.headers.get("authorization")?; // verified upstream
+//!         Some(user.as_bytes().to_vec())
+//!     }));
+//!
+//! let order = || {
+//!     Request::post("/orders")
+//!         .header("authorization", "Bearer alice")
+//!         .header("idempotency-key", "\"k-1\"")
+//!         .body(Body::from("book"))
+//! };
+//! let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+//! let first = runtime.block_on(app.clone().oneshot(order()?))?;
+//! let retry = runtime.block_on(app.clone().oneshot(order()?))?; // the handler does not run
+//! assert_eq!(retry.headers()["idempotent-replayed"], "true");
+//! assert_eq!(retry.status(), first.status());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! # What it answers
+//! It follows the IETF draft *The Idempotency-Key HTTP Header Field*
+//! (draft-ietf-httpapi-idempotency-key-header). Requests with a method it does not guard
+//! ([`methods`](IdempotencyLayer::methods), default `POST` and `PATCH`) pass through untouched.
+//! For a guarded request:
+//!
+//! | Request | Answer |
+//! |---|---|
+//! | no `Idempotency-Key` | 400 ([`require_key(false)`](IdempotencyLayer::require_key) lets it through, unguarded) |
+//! | key empty, sent twice, or over [`MAX_KEY_PART_LEN`](crate::MAX_KEY_PART_LEN) bytes | 400 naming the limit |
+//! | no scope found ([`scope`](IdempotencyLayer::scope) returned `None`) | 401 |
+//! | body over [`max_body`](IdempotencyLayer::max_body) | 413 (or [the status chosen](IdempotencyLayer::body_too_large_status)) naming the limit; the key is not reserved |
+//! | a new key | the handler runs; its response is stored if [`store_status`](IdempotencyLayer::store_status) says so (default: all but 5xx), else the key is released so a retry runs the handler again |
+//! | the same key, the first request still running | 409 with `Retry-After` (at most [`max_retry_after`](IdempotencyLayer::max_retry_after)) |
+//! | the same key, the first request done | its stored status, [chosen headers](IdempotencyLayer::replay_headers) and body, byte for byte, with `Idempotent-Replayed: true` |
+//! | the same key with another body or query string | 422, also while the first runs |
+//! | a key parked for review ([`mark_needs_review`](crate::Store::mark_needs_review)) | 409 |
+//! | the store fails | 503 with `Retry-After: 1` |
+//!
+//! Every refusal is an RFC 9457 problem (`application/problem+json`), see [`Refusal`].
+//!
+//! A key is (scope, operation, client key): the scope from the extractor, the operation from
+//! the method and path (`POST /orders`), so one caller's key never replays another caller's
+//! response and one key used on two routes is two keys. A scope or operation longer than
+//! [`MAX_KEY_PART_LEN`](crate::MAX_KEY_PART_LEN) bytes is replaced by its BLAKE3 digest.
+//!
+//! # Exactly once
+//! The key is *reserved* before the handler runs, by the store's insert that only one caller
+//! can win ([`Reservations::reserve`](crate::Reservations::reserve)), and is durable before
+//! the handler starts. There is no "look up, then insert" window: hundreds of concurrent
+//! duplicates run the handler once (the tests send them over real HTTP).
+//!
+//! If the request future is dropped before the response is stored (the client disconnected
+//! and the server dropped its work, or the handler panicked), a guard releases the key with
+//! [`release_if_pending`](crate::Reservations::release_if_pending) on the tokio runtime the
+//! request ran on, so a retry runs the handler again right away. When no release can run (the
+//! process died, or no tokio runtime), the store's lease is the backstop: the key goes stale
+//! when the lease runs out, and the next request takes it over. While the handler runs, the
+//! layer renews its lease every third of the lease
+//! ([`Reservations::extend`](crate::Reservations::extend)), so a handler that runs longer
+//! than the store's lease ([`Builder::lease`](crate::Builder::lease), default 60 s) is not
+//! taken over by a duplicate.
+//!
+//! The layer runs on tokio: the release and the renewals use the runtime the request runs on,
+//! which must have timers enabled (`enable_all`, as `#[tokio::main]` sets).
+//!
+//! # What is buffered
+//! A guarded request's body is read (up to [`max_body`](IdempotencyLayer::max_body)) to be
+//! fingerprinted, then handed to the handler; the request body type must be buildable from
+//! `Bytes` (axum's `Body` is). A guarded handler's response body is read in full to be stored;
+//! a response larger than the store's
+//! [`max_result_len`](crate::Builder::max_result_len) is sent but not stored (the key is
+//! released). Requests that pass through are not buffered.
+
+mod config;
+mod heartbeat;
+mod problem;
+mod release;
+mod service;
+mod stored;
+
+pub use config::{
+    IdempotencyLayer, DEFAULT_MAX_BODY, DEFAULT_MAX_RETRY_AFTER, DEFAULT_PROBLEM_BASE,
+};
+pub use problem::{Refusal, PROBLEM_JSON};
+pub use service::{Idempotency, IdempotencyBody, ResponseFuture};
+
+use ::http::HeaderName;
+
+/// The request header that carries the client's key.
+pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+/// Set to `true` on a response replayed from the store.
+pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");

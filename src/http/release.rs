@@ -1,0 +1,74 @@
+//! [`ReleaseGuard`]: the key of a request that never finished is released, not left pending.
+
+use std::sync::Arc;
+
+use crate::{Lease, Reservations};
+
+/// Holds the lease of a request whose handler runs. Unless [`disarm`](Self::disarm)ed after the
+/// response was stored, or [`release`](Self::release)d, dropping it releases the key if it is
+/// still pending under this lease.
+///
+/// A request future is dropped before it completes when the client disconnects (the server
+/// drops the connection's work) or when the handler panics (the unwinding drops it). Without
+/// the guard the key would stay pending until its lease ran out, answering every retry with
+/// 409. The release runs on the tokio runtime the request ran on; outside a tokio runtime
+/// nothing can run it, and the store's lease is the backstop: the key goes stale and the next
+/// request takes it over with `attempt + 1`.
+///
+/// Releasing cannot undo a completion: `release_if_pending` deletes the key only while this
+/// lease still holds it pending, so a response stored before the drop stays stored.
+pub(crate) struct ReleaseGuard<R: Reservations + 'static> {
+    store: Arc<R>,
+    lease: Option<Lease>,
+}
+
+impl<R: Reservations + 'static> ReleaseGuard<R> {
+    pub(crate) fn new(store: Arc<R>, lease: Lease) -> ReleaseGuard<R> {
+        ReleaseGuard {
+            store,
+            lease: Some(lease),
+        }
+    }
+
+    /// The lease held.
+    pub(crate) fn lease(&self) -> &Lease {
+        self.lease
+            .as_ref()
+            .expect("held until disarmed or released")
+    }
+
+    /// The response was stored: nothing left to release.
+    pub(crate) fn disarm(mut self) {
+        self.lease = None;
+    }
+
+    /// Releases the key now. The lease stays held while the release runs, so if this future
+    /// is dropped half-way the drop releases again (a second release changes nothing).
+    pub(crate) async fn release(mut self) {
+        if let Some(lease) = &self.lease {
+            let result = self.store.release_if_pending(lease).await;
+            self.lease = None;
+            report(result);
+        }
+    }
+}
+
+impl<R: Reservations + 'static> Drop for ReleaseGuard<R> {
+    fn drop(&mut self) {
+        let Some(lease) = self.lease.take() else {
+            return;
+        };
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let store = Arc::clone(&self.store);
+            runtime.spawn(async move { report(store.release_if_pending(&lease).await) });
+        }
+    }
+}
+
+fn report(result: Result<bool, crate::Error>) {
+    #[cfg(feature = "tracing")]
+    if let Err(error) = &result {
+        tracing::warn!(%error, "idempotency key not released; its lease will run out");
+    }
+    let _ = result;
+}

@@ -1,0 +1,313 @@
+//! What only the etcd store has: `complete_with` on etcd operations, batching within
+//! `--max-txn-ops`, the indexes, the background sweeper, damaged values, settings, and the
+//! message when the `etcd` binary is missing.
+
+use std::time::{Duration, Instant};
+
+use idemstore::etcd_client::{Client, GetOptions, TxnOp};
+use idemstore::{Error, EtcdStore, Fingerprint, Key, LeaseLostReason, ManualClock, Reservation};
+
+use super::cluster::Cluster;
+use crate::common::{encoded, fp, key, Env, LEASE, RETENTION};
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+async fn store(
+    cluster: &Cluster,
+    prefix: &str,
+    clock: &ManualClock,
+    max_txn_ops: usize,
+) -> EtcdStore {
+    EtcdStore::builder()
+        .prefix(prefix)
+        .lease(LEASE)
+        .retention(RETENTION)
+        .max_txn_ops(max_txn_ops)
+        .clock(clock.clone())
+        .connect(&cluster.endpoints())
+        .await
+        .expect("connect to the test cluster")
+}
+
+async fn count(client: &mut Client, prefix: &str) -> i64 {
+    let options = GetOptions::new().with_prefix().with_count_only();
+    client.get(prefix, Some(options)).await.unwrap().count()
+}
+
+async fn acquire(store: &EtcdStore, key: &Key, fingerprint: Fingerprint) -> idemstore::Lease {
+    match store.reserve(key, fingerprint).await.unwrap() {
+        Reservation::Acquired(lease) => lease,
+        other => panic!("expected to acquire {key}, got {other:?}"),
+    }
+}
+
+/// Every test that needs a cluster shares one, each under its own prefix.
+#[test]
+fn etcd_only_operations() {
+    let cluster = Cluster::start();
+    runtime().block_on(async {
+        let mut client = Client::connect(cluster.endpoints(), None).await.unwrap();
+        complete_with_commits_the_callers_operations_atomically(&cluster, &mut client).await;
+        batches_fill_transactions_within_max_txn_ops(&cluster).await;
+        indexes_follow_every_change_and_the_sweeper_empties_them(&cluster, &mut client).await;
+        a_damaged_value_is_corruption_naming_the_key(&cluster, &mut client).await;
+        a_refused_request_fails_at_once_and_says_nothing_was_applied(&cluster, &mut client).await;
+    });
+}
+
+async fn complete_with_commits_the_callers_operations_atomically(
+    cluster: &Cluster,
+    client: &mut Client,
+) {
+    let env = Env::new();
+    let store = store(cluster, "cw/", &env.clock, 128).await;
+    let k = key("user-7", "checkout", "k1");
+    let lease = acquire(&store, &k, fp("cart")).await;
+    let order = TxnOp::put("orders/1", "1999", None);
+    store
+        .complete_with(&lease, b"order 1".to_vec(), vec![order])
+        .await
+        .unwrap();
+    let stored = client.get("orders/1", None).await.unwrap();
+    assert_eq!(stored.kvs()[0].value(), b"1999");
+    let mut record_key = b"cw/r/".to_vec();
+    record_key.extend_from_slice(&encoded(&k));
+    let record = client.get(record_key, None).await.unwrap();
+    assert_eq!(
+        stored.kvs()[0].mod_revision(),
+        record.kvs()[0].mod_revision(),
+        "the order is written in the completion's transaction"
+    );
+
+    // Completing again: the first completion carried the operations; these are not applied.
+    match store
+        .complete_with(
+            &lease,
+            b"again".to_vec(),
+            vec![TxnOp::put("orders/2", "1", None)],
+        )
+        .await
+    {
+        Err(Error::LeaseLost {
+            reason: LeaseLostReason::Completed { by_token },
+            ..
+        }) => {
+            assert_eq!(by_token, lease.token())
+        }
+        other => panic!("expected LeaseLost, got {other:?}"),
+    }
+    // A stale owner whose key was taken over: nothing is applied.
+    let k2 = key("user-7", "checkout", "k2");
+    let old = acquire(&store, &k2, fp("cart")).await;
+    env.advance(LEASE);
+    let new = acquire(&store, &k2, fp("cart")).await;
+    match store
+        .complete_with(
+            &old,
+            b"late".to_vec(),
+            vec![TxnOp::put("orders/3", "1", None)],
+        )
+        .await
+    {
+        Err(Error::LeaseLost {
+            reason: LeaseLostReason::TakenOver { by_token },
+            ..
+        }) => {
+            assert_eq!(by_token, new.token())
+        }
+        other => panic!("expected LeaseLost, got {other:?}"),
+    }
+    assert_eq!(
+        count(client, "orders/").await,
+        1,
+        "only the first completion's operation"
+    );
+}
+
+async fn batches_fill_transactions_within_max_txn_ops(cluster: &Cluster) {
+    let env = Env::new();
+    // 40 new keys take 3 operations each: one transaction of 128.
+    let wide = store(cluster, "batch-wide/", &env.clock, 128).await;
+    let items: Vec<(Key, Fingerprint)> = (0..40)
+        .map(|i| (key("q", "o", &format!("{i}")), fp("m")))
+        .collect();
+    let tokens = acquired_tokens(&wide, &items).await;
+    let revisions: std::collections::BTreeSet<u64> = tokens.iter().map(|t| t >> 10).collect();
+    assert_eq!(
+        revisions.len(),
+        1,
+        "one transaction for 40 keys: {tokens:?}"
+    );
+    // At 8 operations per transaction, 2 keys fit in each.
+    let narrow = store(cluster, "batch-narrow/", &env.clock, 8).await;
+    let tokens = acquired_tokens(&narrow, &items).await;
+    let revisions: std::collections::BTreeSet<u64> = tokens.iter().map(|t| t >> 10).collect();
+    assert_eq!(revisions.len(), 20, "two keys per transaction: {tokens:?}");
+    // A second batch answers every key from its reads: all in progress, nothing written.
+    for result in narrow.reserve_many(&items).await.unwrap() {
+        assert!(
+            matches!(result, Ok(Reservation::InProgress { attempt: 1, .. })),
+            "{result:?}"
+        );
+    }
+}
+
+async fn acquired_tokens(store: &EtcdStore, items: &[(Key, Fingerprint)]) -> Vec<u64> {
+    let mut tokens: Vec<u64> = store
+        .reserve_many(items)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| match r {
+            Ok(Reservation::Acquired(lease)) => lease.token(),
+            other => panic!("expected Acquired, got {other:?}"),
+        })
+        .collect();
+    tokens.sort_unstable();
+    tokens.dedup();
+    assert_eq!(tokens.len(), items.len(), "every key has its own token");
+    tokens
+}
+
+async fn indexes_follow_every_change_and_the_sweeper_empties_them(
+    cluster: &Cluster,
+    client: &mut Client,
+) {
+    let env = Env::new();
+    let store = store(cluster, "ix/", &env.clock, 128).await;
+    let ks: Vec<Key> = (0..6).map(|i| key("u", "o", &format!("{i}"))).collect();
+    let mut leases = Vec::new();
+    for k in &ks {
+        leases.push(acquire(&store, k, fp("b")).await);
+    }
+    assert_eq!(
+        (count(client, "ix/x/").await, count(client, "ix/l/").await),
+        (6, 6)
+    );
+    store.complete(&leases[0], b"r".to_vec()).await.unwrap();
+    store.release_if_pending(&leases[1]).await.unwrap();
+    store.mark_needs_review(&leases[2], "check").await.unwrap();
+    store.extend(&leases[3]).await.unwrap();
+    // 0 completed, 3..6 pending can expire; 2 under review cannot; 1 is gone.
+    assert_eq!(count(client, "ix/r/").await, 5);
+    assert_eq!(count(client, "ix/x/").await, 4);
+    assert_eq!(
+        count(client, "ix/l/").await,
+        3,
+        "only pending keys are in the lease index"
+    );
+
+    env.advance(RETENTION + LEASE * 2);
+    let sweeper = store.spawn_sweeper(Duration::from_millis(20), 2).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while count(client, "ix/x/").await > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the background sweeper did not empty the expiry index"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(sweeper);
+    assert_eq!(
+        count(client, "ix/r/").await,
+        1,
+        "the key under review stays"
+    );
+    assert_eq!(count(client, "ix/l/").await, 0);
+    assert!(matches!(
+        store.reserve(&ks[2], fp("b")).await.unwrap(),
+        Reservation::NeedsReview { .. }
+    ));
+}
+
+async fn a_damaged_value_is_corruption_naming_the_key(cluster: &Cluster, client: &mut Client) {
+    let env = Env::new();
+    let store = store(cluster, "bad/", &env.clock, 128).await;
+    let k = key("user-1", "POST /charges", "damaged");
+    let mut record_key = b"bad/r/".to_vec();
+    record_key.extend_from_slice(&encoded(&k));
+    for garbage in [&b""[..], b"\x01short", &[0xFF; 100]] {
+        client.put(record_key.clone(), garbage, None).await.unwrap();
+        for error in [
+            store.get(&k).await.unwrap_err(),
+            store.reserve(&k, fp("b")).await.unwrap_err(),
+        ] {
+            match &error {
+                Error::Corruption { location, .. } => {
+                    assert!(location.contains(&k.to_string()), "{error}")
+                }
+                other => panic!("expected Corruption, got {other:?}"),
+            }
+        }
+    }
+}
+
+async fn a_refused_request_fails_at_once_and_says_nothing_was_applied(
+    cluster: &Cluster,
+    client: &mut Client,
+) {
+    let env = Env::new();
+    // More operations per transaction than the cluster's --max-txn-ops (128) allows.
+    let store = store(cluster, "refused/", &env.clock, 1024).await;
+    let items: Vec<(Key, Fingerprint)> = (0..100)
+        .map(|i| (key("q", "o", &format!("{i}")), fp("m")))
+        .collect();
+    let started = Instant::now();
+    match store.reserve_many(&items).await {
+        Err(error @ Error::Cluster { .. }) => {
+            assert!(error.to_string().contains("nothing was applied"), "{error}");
+            assert!(error.to_string().contains("too many operations"), "{error}");
+        }
+        other => panic!("expected a Cluster error, got {other:?}"),
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "a refusal is not retried"
+    );
+    assert_eq!(count(client, "refused/").await, 0);
+    assert_eq!(store.sweep(0).await.unwrap(), 0);
+}
+
+#[test]
+fn settings_out_of_range_are_refused_before_connecting() {
+    type Change = fn(&mut idemstore::EtcdBuilder);
+    let cases: [(&str, Change); 4] = [
+        ("max_txn_ops", |b| {
+            b.max_txn_ops(4);
+        }),
+        ("max_result_len", |b| {
+            b.max_result_len(2 << 20);
+        }),
+        ("prefix", |b| {
+            b.prefix("");
+        }),
+        ("lease", |b| {
+            b.lease(Duration::ZERO);
+        }),
+    ];
+    for (setting, change) in cases {
+        let mut builder = EtcdStore::builder();
+        change(&mut builder);
+        // No cluster listens there: the settings are checked first.
+        let result = runtime().block_on(builder.connect(&["127.0.0.1:1"]));
+        match result {
+            Err(Error::InvalidConfig { setting: s, .. }) => assert_eq!(s, setting),
+            other => panic!("{setting}: expected InvalidConfig, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn a_missing_etcd_binary_fails_with_how_to_install_it() {
+    let Err(panic) = std::panic::catch_unwind(|| Cluster::start_with("/nonexistent/etcd")) else {
+        panic!("a cluster started without an etcd binary");
+    };
+    let message = panic.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(message.contains("apt-get install etcd-server"), "{message}");
+}

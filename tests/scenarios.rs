@@ -1,0 +1,473 @@
+//! The seed scenarios written once against the [`Reservations`] trait and run on both
+//! backends: each on its own local `Store` always, and all of them on an etcd cluster under
+//! the `etcd` feature (one cluster, one key prefix per scenario). Both run on a manual clock.
+
+use std::time::{Duration, SystemTime};
+
+use idemstore::{
+    Error, Fingerprint, Key, Lease, LeaseLostReason, ManualClock, Reservation, Reservations,
+    Resolution, Status,
+};
+
+use crate::common::{fp, key, LEASE, RETENTION};
+
+/// What a scenario gets: a fresh store (nothing under its keys) and the clock it reads.
+pub struct Ctx<'a, R> {
+    pub store: &'a R,
+    pub clock: &'a ManualClock,
+}
+
+impl<R: Reservations> Ctx<'_, R> {
+    fn now(&self) -> SystemTime {
+        self.clock.time()
+    }
+
+    fn advance(&self, by: Duration) {
+        self.clock.advance(by);
+    }
+
+    async fn acquire(&self, key: &Key, fingerprint: Fingerprint) -> Lease {
+        match self.store.reserve(key, fingerprint).await.expect("reserve") {
+            Reservation::Acquired(lease) => lease,
+            other => panic!("expected to acquire {key}, got {other:?}"),
+        }
+    }
+
+    async fn replayed(&self, key: &Key, fingerprint: Fingerprint) -> idemstore::Completed {
+        match self.store.reserve(key, fingerprint).await.expect("reserve") {
+            Reservation::Completed(done) => done,
+            other => panic!("expected the stored result of {key}, got {other:?}"),
+        }
+    }
+
+    async fn get(&self, key: &Key) -> Option<idemstore::Record> {
+        self.store.get(key).await.expect("get")
+    }
+
+    /// What a request handler does: the work runs only for an acquisition.
+    async fn handle(&self, key: &Key, body: &str, work: impl FnOnce() -> Vec<u8>) -> Vec<u8> {
+        match self.store.reserve(key, fp(body)).await.expect("reserve") {
+            Reservation::Acquired(lease) => {
+                let result = work();
+                self.store
+                    .complete(&lease, result.clone())
+                    .await
+                    .expect("complete");
+                result
+            }
+            Reservation::Completed(done) => done.result,
+            other => panic!("unexpected outcome {other:?}"),
+        }
+    }
+}
+
+fn expect_lost<T: std::fmt::Debug>(result: Result<T, Error>, token: u64, reason: LeaseLostReason) {
+    match result {
+        Err(Error::LeaseLost {
+            token: lost,
+            reason: found,
+            ..
+        }) => {
+            assert_eq!(lost, token);
+            assert_eq!(found, reason);
+        }
+        other => panic!("expected LeaseLost ({reason}), got {other:?}"),
+    }
+}
+
+pub async fn same_request_twice<R: Reservations>(c: Ctx<'_, R>) {
+    let k = key("user-1", "POST /charges", "a1");
+    let mut runs = 0;
+    let first = c
+        .handle(&k, "amount=100", || {
+            runs += 1;
+            b"charge #1".to_vec()
+        })
+        .await;
+    let completed_at = c.now();
+    c.advance(Duration::from_millis(10));
+    let second = c
+        .handle(&k, "amount=100", || {
+            runs += 1;
+            b"charge #2".to_vec()
+        })
+        .await;
+    assert_eq!(runs, 1, "the work must run once");
+    assert_eq!(second, first);
+    let done = c.replayed(&k, fp("amount=100")).await;
+    assert_eq!(done.result, b"charge #1");
+    assert_eq!(done.attempt, 1);
+    assert_eq!(done.completed_at, completed_at);
+    assert_eq!(done.expires_at, completed_at + RETENTION);
+}
+
+pub async fn duplicate_while_in_progress<R: Reservations>(c: Ctx<'_, R>) {
+    let k = key("user-1", "POST /charges", "a2");
+    let lease = c.acquire(&k, fp("body")).await;
+    assert_eq!((lease.attempt(), lease.is_retry()), (1, false));
+    assert_eq!(lease.lease_until(), c.now() + LEASE);
+    for step in [0, 300, 699] {
+        c.advance(Duration::from_millis(step));
+        let left = lease.lease_until().duration_since(c.now()).unwrap();
+        match c.store.reserve(&k, fp("body")).await.unwrap() {
+            Reservation::InProgress {
+                retry_after,
+                attempt,
+            } => {
+                assert_eq!((retry_after, attempt), (left, 1));
+            }
+            other => panic!("expected InProgress, got {other:?}"),
+        }
+    }
+    c.store.complete(&lease, b"done".to_vec()).await.unwrap();
+    assert_eq!(c.replayed(&k, fp("body")).await.result, b"done");
+}
+
+pub async fn retry_after_retention<R: Reservations>(c: Ctx<'_, R>) {
+    let k = key("user-1", "POST /charges", "a3");
+    let first = c.acquire(&k, fp("body")).await;
+    c.store.complete(&first, b"old".to_vec()).await.unwrap();
+    c.advance(RETENTION - Duration::from_millis(1));
+    assert_eq!(c.replayed(&k, fp("body")).await.result, b"old");
+    c.advance(Duration::from_millis(1));
+    assert_eq!(c.get(&k).await, None, "an expired key reads as absent");
+    let second = c.acquire(&k, fp("body")).await;
+    assert_eq!(second.attempt(), 1, "an expired key starts over");
+    assert!(second.token() > first.token());
+}
+
+pub async fn same_key_other_body<R: Reservations>(c: Ctx<'_, R>) {
+    let k = key("user-1", "POST /charges", "a4");
+    let lease = c.acquire(&k, fp("amount=100")).await;
+    let before = c.get(&k).await;
+    assert_eq!(
+        c.store.reserve(&k, fp("amount=999")).await.unwrap(),
+        Reservation::Mismatch
+    );
+    c.advance(LEASE);
+    // Stale: a mismatching request does not take the key over.
+    assert_eq!(
+        c.store.reserve(&k, fp("amount=999")).await.unwrap(),
+        Reservation::Mismatch
+    );
+    assert_eq!(c.get(&k).await, before);
+    c.store
+        .complete(&lease, b"charged 100".to_vec())
+        .await
+        .unwrap();
+    assert_eq!(
+        c.store.reserve(&k, fp("amount=999")).await.unwrap(),
+        Reservation::Mismatch
+    );
+    assert_eq!(
+        c.replayed(&k, fp("amount=100")).await.result,
+        b"charged 100"
+    );
+}
+
+pub async fn released_failure_is_not_cached<R: Reservations>(c: Ctx<'_, R>) {
+    let k = key("user-1", "POST /charges", "a5");
+    let first = c.acquire(&k, fp("body")).await;
+    assert!(c.store.release_if_pending(&first).await.unwrap());
+    assert_eq!(c.get(&k).await, None);
+    assert!(!c.store.release_if_pending(&first).await.unwrap());
+    let retry = c.acquire(&k, fp("body")).await;
+    assert_eq!(retry.attempt(), 1, "a released key starts over");
+    assert!(retry.token() > first.token());
+    let by_token = retry.token();
+    expect_lost(
+        c.store.release_if_pending(&first).await,
+        first.token(),
+        LeaseLostReason::TakenOver { by_token },
+    );
+    c.store
+        .complete(&retry, b"second try".to_vec())
+        .await
+        .unwrap();
+    assert_eq!(c.replayed(&k, fp("body")).await.result, b"second try");
+}
+
+pub async fn scopes_never_share<R: Reservations>(c: Ctx<'_, R>) {
+    let keys = [
+        key("user-a", "POST /charges", "k1"),
+        key("user-b", "POST /charges", "k1"),
+        key("user-a", "POST /refunds", "k1"),
+        key("a:b", "c", "x"),
+        key("a", "b:c", "x"),
+    ];
+    for k in &keys {
+        let lease = c.acquire(k, fp("same body")).await;
+        assert_eq!(lease.key(), k);
+        c.store
+            .complete(&lease, format!("result of {k}").into_bytes())
+            .await
+            .unwrap();
+    }
+    for k in &keys {
+        let result = c.replayed(k, fp("same body")).await.result;
+        assert_eq!(result, format!("result of {k}").into_bytes());
+    }
+}
+
+pub async fn takeover_fences_the_old_owner<R: Reservations>(c: Ctx<'_, R>) {
+    let k = key("user-1", "POST /charges", "a6");
+    let old = c.acquire(&k, fp("body")).await;
+    c.advance(LEASE);
+    let new = c.acquire(&k, fp("body")).await;
+    assert_eq!((new.attempt(), new.is_retry()), (2, true));
+    assert!(new.token() > old.token());
+    let before = c.get(&k).await;
+    let taken = LeaseLostReason::TakenOver {
+        by_token: new.token(),
+    };
+    expect_lost(
+        c.store.complete(&old, b"late".to_vec()).await,
+        old.token(),
+        taken.clone(),
+    );
+    expect_lost(c.store.extend(&old).await, old.token(), taken.clone());
+    expect_lost(
+        c.store.release_if_pending(&old).await,
+        old.token(),
+        taken.clone(),
+    );
+    expect_lost(
+        c.store.mark_needs_review(&old, "unsure").await,
+        old.token(),
+        taken,
+    );
+    assert_eq!(c.get(&k).await, before, "the old owner changed nothing");
+    c.store
+        .complete(&new, b"from attempt 2".to_vec())
+        .await
+        .unwrap();
+    let done = c.replayed(&k, fp("body")).await;
+    assert_eq!(
+        (done.result.as_slice(), done.attempt),
+        (&b"from attempt 2"[..], 2)
+    );
+    let completed = LeaseLostReason::Completed {
+        by_token: new.token(),
+    };
+    expect_lost(
+        c.store.complete(&old, b"late".to_vec()).await,
+        old.token(),
+        completed,
+    );
+}
+
+pub async fn release_never_deletes_completed<R: Reservations>(c: Ctx<'_, R>) {
+    let k = key("user-1", "POST /charges", "a7");
+    let old = c.acquire(&k, fp("body")).await;
+    c.advance(LEASE);
+    let new = c.acquire(&k, fp("body")).await;
+    c.store.complete(&new, b"kept".to_vec()).await.unwrap();
+    let before = c.get(&k).await;
+    assert!(!c.store.release_if_pending(&new).await.unwrap());
+    assert!(!c.store.release_if_pending(&old).await.unwrap());
+    assert_eq!(c.get(&k).await, before);
+    // Completing again with the same lease keeps the first result.
+    c.store.complete(&new, b"second".to_vec()).await.unwrap();
+    assert_eq!(c.replayed(&k, fp("body")).await.result, b"kept");
+}
+
+pub async fn extend_keeps_the_key<R: Reservations>(c: Ctx<'_, R>) {
+    let k = key("user-1", "export", "e1");
+    let lease = c.acquire(&k, fp("body")).await;
+    c.advance(LEASE - Duration::from_millis(1));
+    let extended = c.store.extend(&lease).await.unwrap();
+    assert_eq!(extended.token(), lease.token());
+    assert_eq!(extended.lease_until(), c.now() + LEASE);
+    c.advance(Duration::from_millis(500));
+    assert!(matches!(
+        c.store.reserve(&k, fp("body")).await.unwrap(),
+        Reservation::InProgress { retry_after, attempt: 1 } if retry_after == Duration::from_millis(500)
+    ));
+}
+
+pub async fn needs_review_until_resolved<R: Reservations>(c: Ctx<'_, R>) {
+    let k = key("user-1", "POST /charges", "r1");
+    let lease = c.acquire(&k, fp("body")).await;
+    c.store
+        .mark_needs_review(&lease, "gateway timed out")
+        .await
+        .unwrap();
+    c.advance(RETENTION * 3);
+    assert_eq!(
+        c.store.reserve(&k, fp("body")).await.unwrap(),
+        Reservation::NeedsReview {
+            note: "gateway timed out".into()
+        }
+    );
+    assert_eq!(
+        c.store.sweep(100).await.unwrap(),
+        0,
+        "a key under review never expires"
+    );
+    c.store
+        .resolve(&k, Resolution::Complete(b"refunded".to_vec()))
+        .await
+        .unwrap();
+    let done = c.replayed(&k, fp("body")).await;
+    assert_eq!(done.result, b"refunded");
+    let token = c.get(&k).await.unwrap().token();
+    assert!(
+        token > lease.token(),
+        "an operator's completion takes a new token"
+    );
+    match c.store.resolve(&k, Resolution::Release).await {
+        Err(Error::NotResolvable { key: k2, .. }) => assert_eq!(k2, k),
+        other => panic!("expected NotResolvable, got {other:?}"),
+    }
+}
+
+pub async fn stale_lists_ran_out_leases<R: Reservations>(c: Ctx<'_, R>) {
+    let ks: Vec<Key> = (0..4).map(|i| key("u", "op", &format!("s{i}"))).collect();
+    let first = c.acquire(&ks[0], fp("b")).await;
+    c.advance(Duration::from_millis(100));
+    let _second = c.acquire(&ks[1], fp("b")).await;
+    let done = c.acquire(&ks[2], fp("b")).await;
+    c.store.complete(&done, b"ok".to_vec()).await.unwrap();
+    assert!(
+        c.store.stale(10).await.unwrap().is_empty(),
+        "live leases are not stale"
+    );
+    c.advance(LEASE);
+    let _live = c.acquire(&ks[3], fp("b")).await;
+    let stale = c.store.stale(10).await.unwrap();
+    let listed: Vec<&Key> = stale.iter().map(|(k, _)| k).collect();
+    assert_eq!(
+        listed,
+        vec![&ks[0], &ks[1]],
+        "oldest lease first, not completed or live"
+    );
+    assert!(matches!(stale[0].1.status(), Status::Pending { .. }));
+    assert_eq!(c.store.stale(1).await.unwrap().len(), 1);
+    c.store.resolve(&ks[0], Resolution::Release).await.unwrap();
+    assert_eq!(c.get(&ks[0]).await, None);
+    expect_lost(
+        c.store.complete(&first, vec![]).await,
+        first.token(),
+        LeaseLostReason::Gone,
+    );
+    c.advance(RETENTION + LEASE);
+    assert!(
+        c.store.stale(10).await.unwrap().is_empty(),
+        "expired keys are not stale"
+    );
+}
+
+pub async fn sweep_is_bounded<R: Reservations>(c: Ctx<'_, R>) {
+    let ks: Vec<Key> = (0..5).map(|i| key("u", "op", &format!("w{i}"))).collect();
+    for k in &ks[..4] {
+        let lease = c.acquire(k, fp("b")).await;
+        c.store.complete(&lease, b"r".to_vec()).await.unwrap();
+    }
+    c.advance(RETENTION);
+    let live = c.acquire(&ks[4], fp("b")).await;
+    assert_eq!(c.store.sweep(3).await.unwrap(), 3);
+    assert_eq!(c.store.sweep(3).await.unwrap(), 1);
+    assert_eq!(c.store.sweep(3).await.unwrap(), 0);
+    assert!(c.get(&ks[4]).await.is_some(), "a live key is never swept");
+    for k in &ks[..4] {
+        assert_eq!(c.get(k).await, None);
+        let again = c.acquire(k, fp("b")).await;
+        assert_eq!(again.attempt(), 1);
+    }
+    c.store.complete(&live, b"r".to_vec()).await.unwrap();
+}
+
+pub async fn reserve_many_matches_single_reserves<R: Reservations>(c: Ctx<'_, R>) {
+    let done = key("q", "orders", "done");
+    let lease = c.acquire(&done, fp("m")).await;
+    c.store.complete(&lease, b"old".to_vec()).await.unwrap();
+    let mut items: Vec<(Key, Fingerprint)> = (0..60)
+        .map(|i| (key("q", "orders", &format!("m{i}")), fp("m")))
+        .collect();
+    items.push((done.clone(), fp("m")));
+    items.push((done.clone(), fp("other")));
+    items.push((items[0].0.clone(), fp("m"))); // the same key twice in one batch
+    let results = c.store.reserve_many(&items).await.unwrap();
+    assert_eq!(results.len(), items.len());
+    let mut tokens = Vec::new();
+    for (i, result) in results[..60].iter().enumerate() {
+        match result {
+            Ok(Reservation::Acquired(lease)) => {
+                assert_eq!(lease.key(), &items[i].0);
+                tokens.push(lease.token());
+            }
+            other => panic!("item {i}: expected Acquired, got {other:?}"),
+        }
+    }
+    tokens.sort_unstable();
+    tokens.dedup();
+    assert_eq!(tokens.len(), 60, "every acquisition has its own token");
+    assert!(tokens[0] > lease.token());
+    assert!(matches!(&results[60], Ok(Reservation::Completed(d)) if d.result == b"old"));
+    assert!(matches!(results[61], Ok(Reservation::Mismatch)));
+    assert!(matches!(
+        results[62],
+        Ok(Reservation::InProgress { attempt: 1, .. })
+    ));
+    let Ok(Reservation::Acquired(first)) = &results[0] else {
+        unreachable!()
+    };
+    c.store.complete(first, b"m0".to_vec()).await.unwrap();
+    assert_eq!(c.replayed(&items[0].0, fp("m")).await.result, b"m0");
+}
+
+/// Runs each scenario on its own local store.
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {
+        mod on_store {
+            $(
+                #[test]
+                fn $name() {
+                    let env = crate::common::Env::new();
+                    let store = env.open();
+                    let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+                    runtime.block_on(super::$name(super::Ctx { store: &store, clock: &env.clock }));
+                }
+            )*
+        }
+
+        /// Every scenario on one etcd cluster, each under its own prefix.
+        #[cfg(feature = "etcd")]
+        #[test]
+        fn all_on_etcd() {
+            let cluster = crate::etcd::cluster::Cluster::start();
+            let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+            runtime.block_on(async {
+                $(
+                    let clock = crate::common::Env::new().clock;
+                    let store = idemstore::EtcdStore::builder()
+                        .prefix(concat!("scenario/", stringify!($name), "/"))
+                        .lease(LEASE)
+                        .retention(RETENTION)
+                        .clock(clock.clone())
+                        .connect(&cluster.endpoints())
+                        .await
+                        .expect("connect to the test cluster");
+                    eprintln!("scenario {} on etcd", stringify!($name));
+                    $name(Ctx { store: &store, clock: &clock }).await;
+                )*
+            });
+        }
+    };
+}
+
+on_both_backends!(
+    same_request_twice,
+    duplicate_while_in_progress,
+    retry_after_retention,
+    same_key_other_body,
+    released_failure_is_not_cached,
+    scopes_never_share,
+    takeover_fences_the_old_owner,
+    release_never_deletes_completed,
+    extend_keeps_the_key,
+    needs_review_until_resolved,
+    stale_lists_ran_out_leases,
+    sweep_is_bounded,
+    reserve_many_matches_single_reserves,
+);

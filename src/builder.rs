@@ -69,6 +69,8 @@ pub enum Durability {
 #[derive(Clone)]
 pub struct Builder {
     pub(crate) retention: Duration,
+    /// Per-operation retentions ([`Builder::retention_for`], in `retention.rs`).
+    pub(crate) retention_by_operation: Vec<(Vec<u8>, Duration)>,
     pub(crate) lease: Duration,
     pub(crate) durability: Durability,
     pub(crate) max_result_len: usize,
@@ -81,6 +83,8 @@ pub struct Builder {
     pub(crate) verify_on_open: bool,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) limits: Limits,
+    /// The admin socket ([`Builder::admin_socket`], in `admin/mod.rs`).
+    pub(crate) admin_socket: crate::admin::AdminSocket,
 }
 
 /// The size limits of one batch and one log frame. Fixed in normal builds; tests scale them
@@ -110,6 +114,7 @@ impl Default for Builder {
     fn default() -> Self {
         Builder {
             retention: DEFAULT_RETENTION,
+            retention_by_operation: Vec::new(),
             lease: DEFAULT_LEASE,
             durability: Durability::default(),
             max_result_len: DEFAULT_MAX_RESULT_LEN,
@@ -122,6 +127,7 @@ impl Default for Builder {
             verify_on_open: true,
             clock: Arc::new(SystemClock),
             limits: Limits::default(),
+            admin_socket: crate::admin::AdminSocket::Off,
         }
     }
 }
@@ -130,6 +136,7 @@ impl fmt::Debug for Builder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Builder")
             .field("retention", &self.retention)
+            .field("retention_by_operation", &self.retention_by_operation)
             .field("lease", &self.lease)
             .field("durability", &self.durability)
             .field("max_result_len", &self.max_result_len)
@@ -140,6 +147,7 @@ impl fmt::Debug for Builder {
             .field("sweep_interval", &self.sweep_interval)
             .field("preallocate_log", &self.preallocate_log)
             .field("verify_on_open", &self.verify_on_open)
+            .field("admin_socket", &self.admin_socket)
             .finish_non_exhaustive()
     }
 }
@@ -258,6 +266,7 @@ impl Builder {
     }
 
     fn validate(&self) -> Result<(), Error> {
+        crate::retention::validate(self)?;
         let check = |ok: bool, setting: &'static str, reason: &str| {
             if ok {
                 Ok(())

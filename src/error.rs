@@ -114,6 +114,24 @@ pub enum Error {
         /// What the key holds instead.
         reason: &'static str,
     },
+    /// [`Store::expire`](crate::Store::expire) found the key held by a live lease: a worker
+    /// is doing the work now. Nothing was changed; force it with
+    /// [`Store::expire_forced`](crate::Store::expire_forced) to take the key from the holder.
+    LeaseLive {
+        /// The key.
+        key: Key,
+        /// When the holder's lease ends (it may still be extended).
+        lease_until: std::time::SystemTime,
+    },
+    /// A store's admin socket refused a request of an
+    /// [`AdminClient`](crate::admin::AdminClient); nothing was changed unless the message
+    /// says otherwise.
+    Admin {
+        /// The socket.
+        socket: PathBuf,
+        /// The store's own error message.
+        message: String,
+    },
     /// Another process (or another `Store` in this one) has the file open.
     AlreadyOpen {
         /// The store file.
@@ -163,6 +181,16 @@ pub enum Error {
         /// The closure's error.
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// A cluster-backed store (feature `etcd`) got no definite answer from the cluster: it
+    /// was unreachable, had no leader, or refused the request, for longer than the store's
+    /// operation deadline. For a write the error says whether it may have been applied.
+    Cluster {
+        /// What was being done, naming the key when there is one, and whether a write may
+        /// have landed.
+        context: String,
+        /// The client's last error.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// A store operation that needs the writer (any write, `checkpoint`, `sweep`, `stale`,
     /// inspection) was called from inside a [`Store::complete_with`](crate::Store::complete_with)
     /// closure, which runs while the store's writer is held. Reads work there; do the rest
@@ -179,16 +207,6 @@ pub enum Error {
         log: PathBuf,
         /// What is wrong with the log.
         reason: String,
-    },
-    /// A cluster-backed store (feature `etcd`) got no definite answer from the cluster: it
-    /// was unreachable, had no leader, or refused the request, for longer than the store's
-    /// operation deadline. For a write the error says whether it may have been applied.
-    Cluster {
-        /// What was being done, naming the key when there is one, and whether a write may
-        /// have landed.
-        context: String,
-        /// The client's last error.
-        source: Box<dyn std::error::Error + Send + Sync>,
     },
 }
 
@@ -274,6 +292,14 @@ impl fmt::Display for Error {
                 f,
                 "key {key} cannot be resolved: {reason}; only a key marked for review or a stale reservation can; nothing was changed"
             ),
+            Error::LeaseLive { key, lease_until } => write!(
+                f,
+                "key {key} is held by a live lease until {}; nothing was changed; force the expiry to take the key from its holder (its later complete and extend then fail with \"lease lost\")",
+                crate::inspect::describe_millis(crate::clock::to_millis(*lease_until))
+            ),
+            Error::Admin { socket, message } => {
+                write!(f, "{message} (answered by the store's admin socket {})", socket.display())
+            }
             Error::AlreadyOpen { path } => write!(
                 f,
                 "store {} is already open in another process or Store handle; one process owns a store file",
@@ -296,6 +322,7 @@ impl fmt::Display for Error {
             Error::Callback { source } => {
                 write!(f, "complete_with callback failed, transaction rolled back: {source}")
             }
+            Error::Cluster { context, source } => write!(f, "cluster error while {context}: {source}"),
             Error::Reentrant => f.write_str(
                 "a store operation that needs the writer was called from inside a complete_with \
                  closure, which runs while the writer is held; reads work there, do the rest \
@@ -310,7 +337,6 @@ impl fmt::Display for Error {
                 log.display(),
                 store.display()
             ),
-            Error::Cluster { context, source } => write!(f, "cluster error while {context}: {source}"),
         }
     }
 }

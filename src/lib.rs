@@ -48,6 +48,12 @@
 //! - Per-record checksums: damage is reported with the key, never returned as data.
 //! - [`http::IdempotencyLayer`] (feature `http`, on by default): the `Idempotency-Key` header
 //!   for any tower HTTP service, in one `.layer(...)`, on any [`Reservations`] backend.
+//! - [`Store::expire`] deletes a key now (a wrong stored response, a data-deletion request,
+//!   reprocessing on purpose); a live lease is refused unless [`Store::expire_forced`].
+//! - Retention per operation ([`Builder::retention_for`]) and per completion
+//!   ([`Store::complete_with_retention`]).
+//! - A live view for operators: with [`Builder::admin_socket`] the store serves a Unix socket
+//!   that the `idemstore` tool ([`AdminClient`]) reads while the service runs ([`admin`]).
 //!
 //! The on-disk format is described in `docs/format.md`.
 
@@ -55,6 +61,7 @@
 #![deny(missing_docs)]
 #![warn(clippy::host_endian_bytes)]
 
+pub mod admin;
 mod builder;
 mod cache;
 mod clock;
@@ -73,6 +80,7 @@ mod record;
 mod recovery;
 mod reservation;
 mod reservations;
+mod retention;
 mod stats;
 mod store;
 mod sweep;
@@ -84,6 +92,7 @@ pub mod testing;
 mod wait;
 mod wal;
 
+pub use admin::{AdminClient, AdminSocket};
 pub use builder::{
     Builder, Durability, DEFAULT_CACHE_RECORDS, DEFAULT_CACHE_SIZE, DEFAULT_CHECKPOINT_BYTES,
     DEFAULT_CHECKPOINT_INTERVAL, DEFAULT_LEASE, DEFAULT_MAX_RESULT_LEN, DEFAULT_RETENTION,
@@ -107,7 +116,7 @@ pub use record::{Record, Status, MAX_NOTE_LEN};
 pub use reservation::{Completed, Lease, Progress, Reservation, Seen};
 pub use reservations::Reservations;
 pub use stats::Stats;
-pub use store::Store;
+pub use store::{LiveLease, Store};
 
 /// The redb crate this store is built on, for [`Store::complete_with`] callers.
 pub use redb;

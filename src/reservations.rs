@@ -7,7 +7,9 @@
 
 use std::future::Future;
 
-use crate::{Error, Fingerprint, Key, Lease, Record, Reservation, Resolution, Store};
+use crate::{
+    Error, Fingerprint, Key, Lease, LiveLease, Record, RecordClass, Reservation, Resolution, Store,
+};
 
 /// The key-reservation operations, implemented by [`Store`] and by every other backend.
 ///
@@ -89,6 +91,14 @@ pub trait Reservations: Send + Sync {
 
     /// Deletes up to `limit` expired records; see [`Store::sweep`].
     fn sweep(&self, limit: usize) -> impl Future<Output = Result<usize, Error>> + Send;
+
+    /// Deletes whatever is stored for `key` now; see [`Store::expire`] and
+    /// [`Store::expire_forced`].
+    fn expire(
+        &self,
+        key: &Key,
+        live: LiveLease,
+    ) -> impl Future<Output = Result<Option<RecordClass>, Error>> + Send;
 }
 
 /// The local store. The operations that have an `_async` form use it, so no thread blocks
@@ -136,5 +146,9 @@ impl Reservations for Store {
 
     async fn sweep(&self, limit: usize) -> Result<usize, Error> {
         Store::sweep(self, limit)
+    }
+
+    async fn expire(&self, key: &Key, live: LiveLease) -> Result<Option<RecordClass>, Error> {
+        self.expire_async(key, live).await
     }
 }

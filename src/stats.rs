@@ -21,9 +21,10 @@ pub(crate) enum Counter {
     Syncs,
     Commits,
     Checkpoints,
+    Expired,
 }
 
-const COUNTERS: usize = 12;
+const COUNTERS: usize = 13;
 
 impl Counter {
     /// The metric name reported to the `metrics` facade.
@@ -42,6 +43,7 @@ impl Counter {
             Counter::Syncs => "idemstore_log_syncs_total",
             Counter::Commits => "idemstore_redb_commits_total",
             Counter::Checkpoints => "idemstore_checkpoints_total",
+            Counter::Expired => "idemstore_expired_total",
         }
     }
 }
@@ -86,6 +88,7 @@ impl Counters {
             syncs: get(Counter::Syncs),
             commits: get(Counter::Commits),
             checkpoints: get(Counter::Checkpoints),
+            expired: get(Counter::Expired),
         }
     }
 }
@@ -133,6 +136,9 @@ pub struct Stats {
     pub commits: u64,
     /// Checkpoints (durable redb commits after which the log is reused).
     pub checkpoints: u64,
+    /// Records deleted by [`Store::expire`](crate::Store::expire) and its other forms (not
+    /// by sweeps).
+    pub expired: u64,
 }
 
 #[cfg(all(test, feature = "metrics"))]

@@ -351,6 +351,73 @@ fn resolve_completes_or_releases_stale_and_review_keys_only() {
     ));
 }
 
+/// `expire` deletes a completed key, a key under review and an expired one; a live lease is
+/// refused with its end named and a hint for `--force`, which then takes it; everything stays
+/// so when the store is opened again.
+#[test]
+fn expire_deletes_keys_and_needs_force_for_a_live_lease() {
+    let fx = Fixture::new();
+    let text = run(&["expire", fx.file(), "u1", "charge", "done"], 0);
+    assert!(
+        text.contains("expired u1/charge/done (was completed); the next request"),
+        "{text}"
+    );
+    let value = run_json(
+        &["expire", fx.file(), "u1", "charge", "review", "--json"],
+        0,
+    );
+    assert_eq!(
+        (value["expired"].as_bool(), value["was"].as_str()),
+        (Some(true), Some("needs-review"))
+    );
+    let value = run_json(&["expire", fx.file(), "u2", "refund", "old", "--json"], 0);
+    assert_eq!(value["was"], "expired", "{value}");
+    let text = run(&["expire", fx.file(), "u1", "charge", "never"], 0);
+    assert!(
+        text.contains("nothing stored for u1/charge/never"),
+        "{text}"
+    );
+
+    let live = idemstore(&["expire", fx.file(), "u1", "charge", "live"]);
+    assert_eq!(live.status.code(), Some(1));
+    let message = stderr(&live);
+    assert!(message.contains("held by a live lease until"), "{message}");
+    assert!(message.contains("hint: add --force"), "{message}");
+    assert!(fx
+        .open()
+        .get(&key("u1", "charge", "live"))
+        .unwrap()
+        .is_some());
+    let value = run_json(
+        &[
+            "expire",
+            fx.file(),
+            "u1",
+            "charge",
+            "live",
+            "--force",
+            "--json",
+        ],
+        0,
+    );
+    assert_eq!(value["was"], "pending", "{value}");
+
+    let store = fx.open();
+    for (scope, operation, id) in [
+        ("u1", "charge", "done"),
+        ("u1", "charge", "review"),
+        ("u1", "charge", "live"),
+        ("u2", "refund", "old"),
+    ] {
+        assert_eq!(store.get(&key(scope, operation, id)).unwrap(), None, "{id}");
+    }
+    assert_eq!(
+        store.counts().unwrap().total(),
+        1,
+        "only the stale reservation is left"
+    );
+}
+
 #[test]
 fn sweep_deletes_expired_records_in_slices_durably() {
     let fx = Fixture::new();

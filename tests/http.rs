@@ -18,7 +18,8 @@ use axum::routing::{get, post};
 use axum::Router;
 use idemstore::http::IdempotencyLayer;
 use idemstore::{
-    Error, Fingerprint, Key, Lease, Record, Reservation, Reservations, Resolution, Store,
+    Error, Fingerprint, Key, Lease, LiveLease, Record, RecordClass, Reservation, Reservations,
+    Resolution, Store,
 };
 use reqwest::StatusCode;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -701,6 +702,9 @@ impl Reservations for NeverReleases {
     }
     async fn sweep(&self, limit: usize) -> Result<usize, Error> {
         Reservations::sweep(&self.0, limit).await
+    }
+    async fn expire(&self, key: &Key, live: LiveLease) -> Result<Option<RecordClass>, Error> {
+        Reservations::expire(&self.0, key, live).await
     }
 }
 

@@ -1,7 +1,9 @@
 //! Model-based property test: random sequences of every public operation (reserve, complete,
-//! release_if_pending, extend, mark_needs_review, resolve, sweep, stale), clock steps around
-//! the lease and retention, and reopens of the same file, run against a real store and
-//! against a plain in-memory reference model written from DESIGN.md (not from `decide.rs`).
+//! complete_with_retention, release_if_pending, extend, mark_needs_review, resolve, expire,
+//! expire_forced, expire_many, sweep, stale), clock steps around the lease and retentions,
+//! and reopens of the same file, run against a real store and against a plain in-memory
+//! reference model written from DESIGN.md (not from `decide/`). Three operations have
+//! three different retentions (the store's default and two per-operation settings).
 //!
 //! Every outcome is compared (variant, tokens, attempts, results, deadlines, retry_after,
 //! error reasons), and after every step `get` is compared for every key. The key space is
@@ -16,8 +18,8 @@ use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use idemstore::{
-    Error, Fingerprint, Key, Lease, LeaseLostReason, ManualClock, Record, Reservation, Resolution,
-    Status, Store,
+    Error, Fingerprint, Key, Lease, LeaseLostReason, LiveLease, ManualClock, Record, RecordClass,
+    Reservation, Resolution, Status, Store,
 };
 use proptest::prelude::*;
 
@@ -25,6 +27,11 @@ use crate::common::encoded;
 
 const LEASE_MS: u64 = 1_000;
 const RETENTION_MS: u64 = 5_000;
+/// Key 1's operation keeps its keys longer than the store's default, key 2's much shorter.
+const REFUNDS_RETENTION_MS: u64 = 8_000;
+const CONSUME_RETENTION_MS: u64 = 2_000;
+/// A per-call retention of complete_with_retention.
+const OVERRIDE_RETENTION_MS: u64 = 3_000;
 const START_MS: u64 = 1_700_000_000_000;
 const NEVER: u64 = u64::MAX;
 const KEYS: usize = 4;
@@ -37,7 +44,24 @@ fn key_of(index: usize) -> Key {
         3 => ("tenant-b", "k0".to_string()),
         i => ("tenant-a", format!("k{i}")),
     };
-    Key::new(scope, "POST /charges", id).expect("valid key")
+    Key::new(scope, operation_of(index), id).expect("valid key")
+}
+
+fn operation_of(index: usize) -> &'static str {
+    match index {
+        1 => "POST /refunds",
+        2 => "consume",
+        _ => "POST /charges",
+    }
+}
+
+/// The retention of a key, per its operation.
+fn retention_of(index: usize) -> u64 {
+    match index {
+        1 => REFUNDS_RETENTION_MS,
+        2 => CONSUME_RETENTION_MS,
+        _ => RETENTION_MS,
+    }
 }
 
 fn body_of(index: usize) -> Fingerprint {
@@ -59,6 +83,9 @@ enum Op {
     Complete {
         lease: u16,
     },
+    CompleteWithRetention {
+        lease: u16,
+    },
     Release {
         lease: u16,
     },
@@ -71,6 +98,16 @@ enum Op {
     Resolve {
         key: usize,
         complete: bool,
+    },
+    /// `expire` (refusing a live lease) or `expire_forced`.
+    Expire {
+        key: usize,
+        force: bool,
+    },
+    /// `expire_many`, keys possibly repeated (the second sees the first's effect).
+    ExpireMany {
+        keys: Vec<usize>,
+        force: bool,
     },
     Advance {
         ms: u64,
@@ -93,6 +130,9 @@ fn advance_ms() -> impl Strategy<Value = u64> {
         Just(LEASE_MS),
         Just(RETENTION_MS),
         Just(LEASE_MS + RETENTION_MS),
+        Just(CONSUME_RETENTION_MS),
+        Just(REFUNDS_RETENTION_MS),
+        Just(OVERRIDE_RETENTION_MS),
         (LEASE_MS - 1)..=(LEASE_MS + 1),
         (RETENTION_MS - 1)..=(RETENTION_MS + 1),
         0..=LEASE_MS,
@@ -104,6 +144,10 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         5 => (0..KEYS, 0..BODIES).prop_map(|(key, body)| Op::Reserve { key, body }),
         3 => any::<u16>().prop_map(|lease| Op::Complete { lease }),
+        1 => any::<u16>().prop_map(|lease| Op::CompleteWithRetention { lease }),
+        2 => (0..KEYS, any::<bool>()).prop_map(|(key, force)| Op::Expire { key, force }),
+        1 => (prop::collection::vec(0..KEYS, 0..4), any::<bool>())
+            .prop_map(|(keys, force)| Op::ExpireMany { keys, force }),
         1 => any::<u16>().prop_map(|lease| Op::Release { lease }),
         1 => any::<u16>().prop_map(|lease| Op::Extend { lease }),
         1 => any::<u16>().prop_map(|lease| Op::MarkNeedsReview { lease }),
@@ -168,16 +212,20 @@ impl Model {
                 body,
                 token,
                 attempt,
-                expires_at: lease_until + RETENTION_MS,
+                expires_at: lease_until + retention_of(key),
                 state: MState::Pending { lease_until },
             },
         );
     }
 
     fn complete(&mut self, key: usize, result: Vec<u8>) {
+        self.complete_for(key, result, retention_of(key));
+    }
+
+    fn complete_for(&mut self, key: usize, result: Vec<u8>, retention: u64) {
         let now = self.now;
         let record = self.records.get_mut(&key).expect("completing a stored key");
-        record.expires_at = now + RETENTION_MS;
+        record.expires_at = now + retention;
         record.state = MState::Completed {
             completed_at: now,
             result,
@@ -193,6 +241,61 @@ impl Model {
             .collect();
         found.sort_by_key(|&(d, k)| (d, encoded(&key_of(k))));
         found
+    }
+}
+
+impl Model {
+    /// What expiring `key` answers, and its effect: whatever is stored goes, also past its
+    /// expiry (the bytes must go), except under a live lease unless forced, which answers the
+    /// lease's end.
+    fn expire(&mut self, key: usize, force: bool) -> Result<Option<RecordClass>, u64> {
+        let Some(record) = self.records.get(&key) else {
+            return Ok(None);
+        };
+        let class = if self.now >= record.expires_at {
+            RecordClass::Expired
+        } else {
+            match record.state {
+                MState::Pending { lease_until } if self.now < lease_until => {
+                    if !force {
+                        return Err(lease_until);
+                    }
+                    RecordClass::Pending
+                }
+                MState::Pending { .. } => RecordClass::Stale,
+                MState::Completed { .. } => RecordClass::Completed,
+                MState::NeedsReview { .. } => RecordClass::NeedsReview,
+            }
+        };
+        self.records.remove(&key);
+        Ok(Some(class))
+    }
+}
+
+/// Asserts an expire's answer: the removed record's class, or `LeaseLive` naming the key and
+/// the lease's end.
+#[track_caller]
+fn check_expired(
+    actual: Result<Option<RecordClass>, Error>,
+    expected: Result<Option<RecordClass>, u64>,
+    key: usize,
+    context: &str,
+) {
+    match (actual, expected) {
+        (Ok(got), Ok(want)) => assert_eq!(got, want, "{context}: expired key {key}"),
+        (
+            Err(Error::LeaseLive {
+                key: got,
+                lease_until,
+            }),
+            Err(want),
+        ) => {
+            assert_eq!(got, key_of(key), "{context}: refused key");
+            assert_eq!(lease_until, at(want), "{context}: lease end named");
+        }
+        (actual, expected) => {
+            panic!("{context}: key {key}: store answered {actual:?}, model {expected:?}")
+        }
     }
 }
 
@@ -363,6 +466,8 @@ fn run(ops: &[Op]) {
         Store::builder()
             .lease(Duration::from_millis(LEASE_MS))
             .retention(Duration::from_millis(RETENTION_MS))
+            .retention_for(operation_of(1), Duration::from_millis(REFUNDS_RETENTION_MS))
+            .retention_for(operation_of(2), Duration::from_millis(CONSUME_RETENTION_MS))
             .clock(clock.clone())
             .open(&path)
             .expect("open the store")
@@ -437,6 +542,52 @@ fn run(ops: &[Op]) {
                     }
                 }
             }
+            Op::CompleteWithRetention { lease } => {
+                let Some((_, key, lease)) = pick(lease) else {
+                    continue;
+                };
+                let result = format!("result of step {step}").into_bytes();
+                let retention = Duration::from_millis(OVERRIDE_RETENTION_MS);
+                let actual = store.complete_with_retention(&lease, result.clone(), retention);
+                let already = matches!(
+                    model.live(key),
+                    Some(MRecord { token, state: MState::Completed { .. }, .. }) if *token == lease.token()
+                );
+                if already {
+                    actual.expect(&context);
+                } else {
+                    match model.owner_check(key, lease.token()) {
+                        Ok(()) => {
+                            actual.expect(&context);
+                            model.complete_for(key, result, OVERRIDE_RETENTION_MS);
+                        }
+                        Err(reason) => check_lost(actual, &lease, reason, &context),
+                    }
+                }
+            }
+            Op::Expire { key, force } => {
+                let actual = if *force {
+                    store.expire_forced(&key_of(*key))
+                } else {
+                    store.expire(&key_of(*key))
+                };
+                let expected = model.expire(*key, *force);
+                check_expired(actual, expected, *key, &context);
+            }
+            Op::ExpireMany { keys, force } => {
+                let live = if *force {
+                    LiveLease::Take
+                } else {
+                    LiveLease::Refuse
+                };
+                let batch: Vec<Key> = keys.iter().map(|&k| key_of(k)).collect();
+                let actual = store.expire_many(&batch, live).expect(&context);
+                assert_eq!(actual.len(), keys.len(), "{context}: one answer per key");
+                for (actual, &key) in actual.into_iter().zip(keys) {
+                    let expected = model.expire(key, *force);
+                    check_expired(actual, expected, key, &context);
+                }
+            }
             Op::Release { lease } => {
                 let Some((_, key, lease)) = pick(lease) else {
                     continue;
@@ -471,7 +622,7 @@ fn run(ops: &[Op]) {
                         assert_eq!(extended.key(), lease.key(), "{context}");
                         let record = model.records.get_mut(&key).unwrap();
                         record.state = MState::Pending { lease_until };
-                        record.expires_at = lease_until + RETENTION_MS;
+                        record.expires_at = lease_until + retention_of(key);
                         leases[i].1 = extended;
                     }
                     Err(reason) => check_lost(actual, &lease, reason, &context),
@@ -659,5 +810,47 @@ fn model_runner_covers_a_known_story() {
             complete: false,
         },
         Op::Extend { lease: 1 },
+    ]);
+}
+
+/// A fixed story through expire and the per-operation retentions: a refused and a forced
+/// expiry of a live lease (whose holder then loses it), an expiry across a reopen, a batch
+/// with a repeated key, and completions whose deadlines follow their operation or the call.
+#[test]
+fn model_runner_covers_expiry_and_retentions() {
+    run(&[
+        Op::Reserve { key: 0, body: 0 },
+        Op::Expire {
+            key: 0,
+            force: false,
+        },
+        Op::Expire {
+            key: 0,
+            force: true,
+        },
+        Op::Complete { lease: 0 },
+        Op::Reserve { key: 0, body: 1 },
+        Op::Reserve { key: 2, body: 0 },
+        Op::Complete { lease: 2 },
+        Op::Reserve { key: 1, body: 0 },
+        Op::CompleteWithRetention { lease: 3 },
+        Op::Reopen,
+        Op::Advance {
+            ms: CONSUME_RETENTION_MS,
+        },
+        Op::Reserve { key: 2, body: 1 },
+        Op::ExpireMany {
+            keys: vec![2, 2, 1, 0],
+            force: false,
+        },
+        Op::Advance {
+            ms: LEASE_MS + RETENTION_MS,
+        },
+        Op::Expire {
+            key: 0,
+            force: false,
+        },
+        Op::Reopen,
+        Op::Sweep { limit: 4 },
     ]);
 }

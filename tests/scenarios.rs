@@ -5,8 +5,8 @@
 use std::time::{Duration, SystemTime};
 
 use idemstore::{
-    Error, Fingerprint, Key, Lease, LeaseLostReason, ManualClock, Reservation, Reservations,
-    Resolution, Status,
+    Error, Fingerprint, Key, Lease, LeaseLostReason, LiveLease, ManualClock, RecordClass,
+    Reservation, Reservations, Resolution, Status,
 };
 
 use crate::common::{fp, key, LEASE, RETENTION};
@@ -416,6 +416,98 @@ pub async fn reserve_many_matches_single_reserves<R: Reservations>(c: Ctx<'_, R>
     assert_eq!(c.replayed(&items[0].0, fp("m")).await.result, b"m0");
 }
 
+/// Expire: a live lease is refused (naming its end) unless forced; a forced expire fences the
+/// holder; an expired key is acquired afresh with a higher token; every settled state goes,
+/// also a record past its expiry that no sweep deleted yet.
+pub async fn expire_fences_the_holder_and_frees_the_key<R: Reservations>(c: Ctx<'_, R>) {
+    let k = key("user-1", "POST /charges", "e1");
+    let first = c.acquire(&k, fp("a")).await;
+    match c.store.expire(&k, LiveLease::Refuse).await {
+        Err(Error::LeaseLive { key, lease_until }) => {
+            assert_eq!(key, k);
+            assert_eq!(lease_until, first.lease_until());
+        }
+        other => panic!("a live lease refuses a plain expire, got {other:?}"),
+    }
+    assert!(
+        c.get(&k).await.is_some(),
+        "a refused expire changes nothing"
+    );
+    let forced = c.store.expire(&k, LiveLease::Take).await.expect("expire");
+    assert_eq!(forced, Some(RecordClass::Pending));
+    assert!(c.get(&k).await.is_none());
+    // The old holder is fenced: nothing of its lease is left.
+    expect_lost(
+        c.store.complete(&first, b"late".to_vec()).await,
+        first.token(),
+        LeaseLostReason::Gone,
+    );
+    assert!(!c.store.release_if_pending(&first).await.expect("release"));
+    // Acquired afresh, first attempt, with a higher token; the old holder stays fenced.
+    let second = c.acquire(&k, fp("b")).await;
+    assert!(second.token() > first.token());
+    assert_eq!(second.attempt(), 1);
+    expect_lost(
+        c.store.complete(&first, b"late".to_vec()).await,
+        first.token(),
+        LeaseLostReason::TakenOver {
+            by_token: second.token(),
+        },
+    );
+    c.store
+        .complete(&second, b"wrong".to_vec())
+        .await
+        .expect("complete");
+    // A wrong stored response goes; the next request does the work again.
+    let gone = c.store.expire(&k, LiveLease::Refuse).await.expect("expire");
+    assert_eq!(gone, Some(RecordClass::Completed));
+    let third = c.acquire(&k, fp("b")).await;
+    assert!(third.token() > second.token());
+    c.store
+        .complete(&third, b"right".to_vec())
+        .await
+        .expect("complete");
+    assert_eq!(c.replayed(&k, fp("b")).await.result, b"right");
+    // Past its expiry, not swept: it reads as absent, and expire deletes its bytes.
+    c.advance(RETENTION + Duration::from_millis(1));
+    assert!(c.get(&k).await.is_none());
+    let swept_now = c.store.expire(&k, LiveLease::Refuse).await.expect("expire");
+    assert_eq!(swept_now, Some(RecordClass::Expired));
+    assert_eq!(
+        c.store.sweep(10).await.expect("sweep"),
+        0,
+        "nothing left to sweep"
+    );
+    // Nothing stored: nothing removed.
+    assert_eq!(
+        c.store.expire(&k, LiveLease::Take).await.expect("expire"),
+        None
+    );
+    // A stale reservation and one under review go too.
+    let stale = c.acquire(&k, fp("c")).await;
+    c.advance(LEASE + Duration::from_millis(1));
+    assert_eq!(
+        c.store.expire(&k, LiveLease::Refuse).await.expect("expire"),
+        Some(RecordClass::Stale)
+    );
+    expect_lost(
+        c.store.extend(&stale).await,
+        stale.token(),
+        LeaseLostReason::Gone,
+    );
+    let review = c.acquire(&k, fp("c")).await;
+    c.store
+        .mark_needs_review(&review, "check")
+        .await
+        .expect("review");
+    assert_eq!(
+        c.store.expire(&k, LiveLease::Refuse).await.expect("expire"),
+        Some(RecordClass::NeedsReview)
+    );
+    let last = c.acquire(&k, fp("c")).await;
+    assert!(last.token() > review.token());
+}
+
 /// Runs each scenario on its own local store.
 macro_rules! on_both_backends {
     ($($name:ident),* $(,)?) => {
@@ -470,4 +562,5 @@ on_both_backends!(
     stale_lists_ran_out_leases,
     sweep_is_bounded,
     reserve_many_matches_single_reserves,
+    expire_fences_the_holder_and_frees_the_key,
 );

@@ -21,32 +21,62 @@ fn handle(store: &Store, key: &Key, body: &str, work: impl FnOnce() -> Vec<u8>) 
     }
 }
 
+/// The operations of the per-operation variants: the store's default retention, one kept
+/// longer and one much shorter ([`idemstore::Builder::retention_for`]).
+const PER_OPERATION: [(&str, Duration); 3] = [
+    ("POST /charges", RETENTION),
+    ("POST /refunds", Duration::from_secs(7)),
+    ("consume", Duration::from_secs(2)),
+];
+
+/// A store whose operations have the retentions of [`PER_OPERATION`].
+fn open_per_operation(env: &Env) -> Store {
+    let mut builder = env.builder();
+    for (operation, retention) in PER_OPERATION.iter().skip(1) {
+        builder.retention_for(operation, *retention);
+    }
+    builder.open(&env.path).expect("open the store")
+}
+
 /// The same request twice: the second gets the first's stored result and the work ran once.
 #[test]
 fn same_request_twice_replays_the_stored_result_and_runs_the_work_once() {
     let env = Env::new();
-    let store = env.open();
-    let k = key("user-1", "POST /charges", "a1");
+    same_request_twice(&env, &env.open(), "POST /charges", RETENTION);
+}
+
+/// The same story for operations with three different retentions in one store.
+#[test]
+fn same_request_twice_with_retentions_per_operation() {
+    let env = Env::new();
+    let store = open_per_operation(&env);
+    for (operation, retention) in PER_OPERATION {
+        same_request_twice(&env, &store, operation, retention);
+    }
+}
+
+fn same_request_twice(env: &Env, store: &Store, operation: &str, retention: Duration) {
+    let k = key("user-1", operation, "a1");
     let runs = Cell::new(0);
     let work = || {
         runs.set(runs.get() + 1);
         format!("charge #{} created", runs.get()).into_bytes()
     };
 
-    let first = handle(&store, &k, "amount=100", work);
+    let first = handle(store, &k, "amount=100", work);
     let completed_at = env.now();
     env.advance(Duration::from_millis(10));
-    let second = handle(&store, &k, "amount=100", work);
+    let second = handle(store, &k, "amount=100", work);
 
     assert_eq!(runs.get(), 1, "the work must run once");
     assert_eq!(first, b"charge #1 created");
     assert_eq!(second, first);
 
-    let done = replayed(&store, &k, fp("amount=100"));
+    let done = replayed(store, &k, fp("amount=100"));
     assert_eq!(done.result, first);
     assert_eq!(done.attempt, 1);
     assert_eq!(done.completed_at, completed_at);
-    assert_eq!(done.expires_at, completed_at + RETENTION);
+    assert_eq!(done.expires_at, completed_at + retention, "{operation}");
 }
 
 /// A duplicate while the first request is still working: InProgress with the time left on
@@ -91,22 +121,35 @@ fn duplicate_while_in_progress_is_told_to_retry_within_the_lease() {
 #[test]
 fn retry_after_retention_expired_acquires_afresh() {
     let env = Env::new();
-    let store = env.open();
-    let k = key("user-1", "POST /charges", "a3");
-    let first = acquire(&store, &k, fp("body"));
+    retry_after_retention(&env, &env.open(), "POST /charges", RETENTION);
+}
+
+/// The same story for operations with three different retentions in one store.
+#[test]
+fn retry_after_retention_expired_with_retentions_per_operation() {
+    let env = Env::new();
+    let store = open_per_operation(&env);
+    for (operation, retention) in PER_OPERATION {
+        retry_after_retention(&env, &store, operation, retention);
+    }
+}
+
+fn retry_after_retention(env: &Env, store: &Store, operation: &str, retention: Duration) {
+    let k = key("user-1", operation, "a3");
+    let first = acquire(store, &k, fp("body"));
     store.complete(&first, b"old".to_vec()).unwrap();
 
-    env.advance(RETENTION - Duration::from_millis(1));
-    assert_eq!(replayed(&store, &k, fp("body")).result, b"old");
+    env.advance(retention - Duration::from_millis(1));
+    assert_eq!(replayed(store, &k, fp("body")).result, b"old");
     assert!(store.get(&k).unwrap().is_some());
 
     env.advance(Duration::from_millis(1));
     assert_eq!(
         store.get(&k).unwrap(),
         None,
-        "an expired key reads as absent"
+        "an expired key of {operation} reads as absent"
     );
-    let second = acquire(&store, &k, fp("body"));
+    let second = acquire(store, &k, fp("body"));
     assert_eq!(second.attempt(), 1, "an expired key starts over");
     assert!(second.token() > first.token());
     assert!(matches!(
@@ -572,6 +615,44 @@ fn sweep_deletes_expired_keys_bounded_by_limit() {
     // A swept key is acquired afresh.
     let store = env.open();
     assert_eq!(acquire(&store, &expiring[0], fp("b")).attempt(), 1);
+}
+
+/// Keys of operations with different retentions, completed at the same moment, each expire at
+/// their own deadline: `get`, `counts`, listing expired records and `sweep` all follow it.
+#[test]
+fn sweep_counts_and_listing_follow_each_keys_own_deadline() {
+    let env = Env::new();
+    let store = open_per_operation(&env);
+    for (operation, _) in PER_OPERATION {
+        let lease = acquire(&store, &key("s", operation, "k"), fp("b"));
+        store.complete(&lease, b"r".to_vec()).unwrap();
+    }
+    let mut by_deadline = PER_OPERATION.to_vec();
+    by_deadline.sort_by_key(|&(_, retention)| retention);
+    let mut elapsed = Duration::ZERO;
+    for (expired, (operation, retention)) in by_deadline.iter().enumerate() {
+        env.advance(*retention - elapsed - Duration::from_millis(1));
+        let counts = store.counts().unwrap();
+        assert_eq!(
+            counts.expired, expired as u64,
+            "just before {operation} expires"
+        );
+        assert!(store.get(&key("s", operation, "k")).unwrap().is_some());
+        env.advance(Duration::from_millis(1));
+        elapsed = *retention;
+        assert_eq!(store.get(&key("s", operation, "k")).unwrap(), None);
+        let listed = store
+            .scan(
+                &idemstore::ScanFilter::of(idemstore::RecordClass::Expired),
+                10,
+            )
+            .unwrap();
+        let listed: Vec<&[u8]> = listed.iter().map(|(k, _)| k.operation()).collect();
+        assert_eq!(listed.last(), Some(&operation.as_bytes()), "oldest first");
+        assert_eq!(listed.len(), expired + 1);
+    }
+    assert_eq!(store.sweep(10).unwrap(), 3);
+    assert_eq!(store.counts().unwrap().total(), 0);
 }
 
 /// Fencing tokens strictly increase with every acquisition, also across closing and

@@ -9,10 +9,13 @@ mod complete_with;
 mod concurrency;
 #[cfg(feature = "etcd")]
 mod etcd;
+mod expire;
 mod features;
 #[cfg(feature = "http")]
 mod http;
 mod kill;
+#[cfg(feature = "cli")]
+mod live;
 mod log_identity;
 mod model;
 mod scenarios;

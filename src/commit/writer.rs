@@ -9,10 +9,11 @@ use redb::{Database, WriteTransaction};
 use crate::builder::Durability;
 use crate::cache::{Overlay, RecordCache};
 use crate::clock::{to_millis, Clock};
-use crate::decide::{decide, Change, Operation, Policy};
+use crate::decide::{decide, Change, Operation};
 use crate::error::Error;
 use crate::key::Key;
 use crate::record::{Millis, Record};
+use crate::retention::Policies;
 use crate::stats::{Counter, Counters};
 use crate::tables::{IndexEntries, Tables};
 use crate::wal::Wal;
@@ -47,7 +48,7 @@ pub(crate) struct Writer {
     /// The write transaction kept open across batches, and when it was opened.
     pub(super) txn: Option<(WriteTransaction, Instant)>,
     pub(super) clock: Arc<dyn Clock>,
-    pub(super) policy: Policy,
+    pub(super) policy: Policies,
     pub(super) next_token: u64,
     pub(super) poison: Arc<Poison>,
     pub(super) cache: Arc<RecordCache>,
@@ -70,7 +71,7 @@ impl Writer {
         db: Arc<Database>,
         wal: Wal,
         clock: Arc<dyn Clock>,
-        policy: Policy,
+        policy: Policies,
         next_token: u64,
         poison: Arc<Poison>,
         cache: Arc<RecordCache>,
@@ -224,7 +225,7 @@ impl Writer {
             Err(corrupt) => return Ok(Err(corrupt)),
         };
         let old_index = old.as_ref().map(IndexEntries::of);
-        let decision = decide(old, op, now, self.policy, self.next_token);
+        let decision = decide(old, op, now, self.policy.for_key(key), self.next_token);
         if decision.used_token {
             self.next_token += 1;
         }

@@ -3,9 +3,11 @@
 
 use crate::clock::from_millis;
 use crate::error::{Error, LeaseLostReason};
+use crate::inspect::RecordClass;
 use crate::key::Key;
 use crate::reservation::{Completed, Lease, Reservation, Seen};
 
+use super::expire::Expired;
 use super::op::{Completion, LeaseOutcome, Reserved};
 
 /// A reserve's answer for `key`.
@@ -80,5 +82,17 @@ pub(crate) fn seen(new: bool) -> Seen {
         Seen::New
     } else {
         Seen::Duplicate
+    }
+}
+
+/// An expire's answer for `key`: the class of the removed record, `None` when nothing was
+/// stored.
+pub(crate) fn expired(key: &Key, outcome: Expired) -> Result<Option<RecordClass>, Error> {
+    match outcome {
+        Ok(phase) => Ok(phase.map(RecordClass::of_phase)),
+        Err(lease_until) => Err(Error::LeaseLive {
+            key: key.clone(),
+            lease_until: from_millis(lease_until),
+        }),
     }
 }

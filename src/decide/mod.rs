@@ -10,6 +10,7 @@
 //! public answer ([`answer`]) is total, with no "never happens" branch a caller could reach.
 
 pub(crate) mod answer;
+pub(crate) mod expire;
 pub(crate) mod op;
 
 use crate::record::{Millis, Record};
@@ -81,6 +82,10 @@ pub(crate) trait Operation: Send + 'static {
     fn payload_len(&self) -> usize {
         0
     }
+
+    /// Whether [`decide_live`](Operation::decide_live) is also given a record past its
+    /// expiry (which every other operation sees as absent).
+    const SEES_EXPIRED: bool = false;
 }
 
 /// Decides `op` against `current` at time `now`.
@@ -94,7 +99,11 @@ pub(crate) fn decide<O: Operation>(
     policy: Policy,
     next_token: u64,
 ) -> Decision<O::Outcome> {
-    let current = current.filter(|record| !record.is_expired(now));
+    let current = if O::SEES_EXPIRED {
+        current
+    } else {
+        current.filter(|record| !record.is_expired(now))
+    };
     op.decide_live(current, now, policy, next_token)
 }
 

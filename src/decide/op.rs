@@ -422,3 +422,36 @@ fn with_own_lease<T>(
     };
     Decision::answer(Err(reason))
 }
+
+/// Any operation, decided with its own retention instead of the key's (a per-call override:
+/// [`Store::complete_with_retention`](crate::Store::complete_with_retention), an operator's
+/// resolve with a retention).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct WithRetention<O> {
+    pub(crate) op: O,
+    pub(crate) retention: Millis,
+}
+
+impl<O: Operation> Operation for WithRetention<O> {
+    type Outcome = O::Outcome;
+
+    const SEES_EXPIRED: bool = O::SEES_EXPIRED;
+
+    fn decide_live(
+        self,
+        current: Option<Record>,
+        now: Millis,
+        policy: Policy,
+        next_token: u64,
+    ) -> Decision<Self::Outcome> {
+        let policy = Policy {
+            retention: self.retention,
+            ..policy
+        };
+        self.op.decide_live(current, now, policy, next_token)
+    }
+
+    fn payload_len(&self) -> usize {
+        self.op.payload_len()
+    }
+}

@@ -424,3 +424,68 @@ fn resolve_applies_only_to_review_or_stale() {
         })
     ));
 }
+
+#[test]
+fn expire_deletes_every_settled_state_and_refuses_a_live_lease() {
+    use super::expire::Expire;
+    use crate::record::Phase;
+    let plain = Expire { force: false };
+    let cases = [
+        (completed(7, NOW + 5), Phase::Completed),
+        (review(7), Phase::NeedsReview),
+        (pending(7, 1, NOW - 5), Phase::Stale),
+        // Past its expiry but not swept: the bytes are deleted too.
+        (completed(7, NOW), Phase::Expired),
+    ];
+    for (record, phase) in cases {
+        let d = decide(Some(record), plain, NOW, POLICY, 42);
+        assert_eq!(d, Decision::change(Change::Delete, Ok(Some(phase))));
+    }
+    assert_eq!(
+        decide(None, plain, NOW, POLICY, 42),
+        Decision::answer(Ok(None))
+    );
+    let live = pending(7, 1, NOW + 300);
+    assert_eq!(
+        decide(Some(live.clone()), plain, NOW, POLICY, 42),
+        Decision::answer(Err(NOW + 300))
+    );
+    let forced = decide(Some(live), Expire { force: true }, NOW, POLICY, 42);
+    assert_eq!(
+        forced,
+        Decision::change(Change::Delete, Ok(Some(Phase::Live)))
+    );
+    assert!(!forced.used_token);
+}
+
+#[test]
+fn the_holder_of_a_forced_expiry_has_lost_its_lease() {
+    // After the delete, the old holder's token finds nothing, or a newer owner.
+    let complete = Complete {
+        token: 7,
+        result: b"late".to_vec(),
+    };
+    let d = decide(None, complete.clone(), NOW, POLICY, 42);
+    assert_eq!(d, Decision::answer(Err(LeaseLostReason::Gone)));
+    let d = decide(Some(pending(42, 1, NOW + 300)), complete, NOW, POLICY, 43);
+    assert_eq!(
+        d,
+        Decision::answer(Err(LeaseLostReason::TakenOver { by_token: 42 }))
+    );
+}
+
+#[test]
+fn a_retention_override_sets_the_completed_deadline() {
+    let op = WithRetention {
+        op: Complete {
+            token: 7,
+            result: b"ok".to_vec(),
+        },
+        retention: 123,
+    };
+    let d = decide(Some(pending(7, 1, NOW + 300)), op, NOW, POLICY, 42);
+    let Change::Put(record) = d.change else {
+        panic!("a completion is stored, got {:?}", d.change)
+    };
+    assert_eq!(record.expires_at, NOW + 123);
+}

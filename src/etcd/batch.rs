@@ -6,9 +6,11 @@ use std::collections::HashSet;
 use etcd_client::{Txn, TxnOp};
 
 use super::layout::{placeholder, Stored, MAX_SLOTS};
-use super::store::{reservation, EtcdStore};
-use super::write::{unchanged, Sent};
-use crate::decide::{decide, Change, Decision, Op, Outcome};
+use super::store::EtcdStore;
+use super::write::{unchanged, AtRevision, Sent};
+use crate::decide::answer;
+use crate::decide::op::{Reserve, Reserved};
+use crate::decide::{decide, Change, Decision};
 use crate::error::Error;
 use crate::fingerprint::Fingerprint;
 use crate::key::Key;
@@ -85,7 +87,7 @@ impl EtcdStore {
             };
             let decision = self.decide_reserve(items, item, current.as_ref(), now, 0);
             if decision.change == Change::Keep {
-                answers[item] = Some(Ok(reservation(&items[item].0, decision.outcome)));
+                answers[item] = Some(Ok(answer::reservation(&items[item].0, decision.outcome)));
                 continue;
             }
             let mut ops = Vec::new();
@@ -103,7 +105,6 @@ impl EtcdStore {
             writes.push(Write {
                 item,
                 current,
-
                 ops,
                 bytes,
             });
@@ -137,8 +138,8 @@ impl EtcdStore {
         current: Option<&Stored>,
         now: Millis,
         slot: usize,
-    ) -> Decision {
-        let op = Op::Reserve {
+    ) -> Decision<Reserved> {
+        let op = Reserve {
             fingerprint: items[item].1,
         };
         let record = current.map(|s| s.record.clone());
@@ -194,24 +195,19 @@ impl EtcdStore {
         match revision {
             Some(revision) => {
                 for (write, decision) in group.iter().zip(decisions) {
-                    let outcome = super::write::with_token(decision.outcome, revision);
-                    answers[write.item] = Some(Ok(reservation(&items[write.item].0, outcome)));
+                    let reserved = decision.outcome.at_revision(revision);
+                    answers[write.item] =
+                        Some(Ok(answer::reservation(&items[write.item].0, reserved)));
                 }
             }
             None => {
                 for write in &group {
                     let (key, fingerprint) = &items[write.item];
-                    let outcome: Result<Outcome, Error> = inner
-                        .apply(
-                            key,
-                            Op::Reserve {
-                                fingerprint: *fingerprint,
-                            },
-                            &[],
-                        )
-                        .await;
-                    answers[write.item] = Some(match outcome {
-                        Ok(outcome) => Ok(reservation(key, outcome)),
+                    let op = Reserve {
+                        fingerprint: *fingerprint,
+                    };
+                    answers[write.item] = Some(match inner.apply(key, op, &[]).await {
+                        Ok(reserved) => Ok(answer::reservation(key, reserved)),
                         Err(error @ Error::Corruption { .. }) => Err(error),
                         Err(error) => return Err(error),
                     });

@@ -6,10 +6,12 @@
 //! - [`layout`]: etcd keys, value envelope, tokens from revisions.
 //! - [`write`]: read, decide, conditional write, retry; ambiguous answers.
 //! - [`store`]: the public single-key operations. [`batch`]: `reserve_many`.
+//! - [`expire`]: deleting a key now (`expire`, `expire_forced`).
 //! - [`sweep`]: expiry through the expiry index, the background sweeper, `stale`.
 
 mod batch;
 mod builder;
+mod expire;
 mod layout;
 mod store;
 mod sweep;
@@ -22,7 +24,10 @@ pub use builder::{
 pub use store::EtcdStore;
 pub use sweep::Sweeper;
 
-use crate::{Error, Fingerprint, Key, Lease, Record, Reservation, Reservations, Resolution};
+use crate::{
+    Error, Fingerprint, Key, Lease, LiveLease, Record, RecordClass, Reservation, Reservations,
+    Resolution,
+};
 
 /// The cluster store, through the same trait as the local one: code written against
 /// [`Reservations`] runs on either.
@@ -68,5 +73,9 @@ impl Reservations for EtcdStore {
 
     async fn sweep(&self, limit: usize) -> Result<usize, Error> {
         EtcdStore::sweep(self, limit).await
+    }
+
+    async fn expire(&self, key: &Key, live: LiveLease) -> Result<Option<RecordClass>, Error> {
+        EtcdStore::expire_with(self, key, live).await
     }
 }

@@ -9,12 +9,14 @@ use etcd_client::{Client, TxnOp};
 use super::builder::EtcdBuilder;
 use super::layout::Layout;
 use crate::clock::{from_millis, to_millis, Clock};
-use crate::decide::{Op, Outcome, Policy, Resolution};
+use crate::decide::answer;
+use crate::decide::op::{Complete, Completion, Extend, MarkNeedsReview, Release, Reserve, Resolve};
+use crate::decide::{Policy, Resolution};
 use crate::error::{Error, LeaseLostReason};
 use crate::fingerprint::Fingerprint;
 use crate::key::Key;
 use crate::record::{Millis, Record, MAX_NOTE_LEN};
-use crate::reservation::{Completed, Lease, Reservation};
+use crate::reservation::{Lease, Reservation};
 
 /// The shared state of an [`EtcdStore`] and its clones.
 pub(crate) struct Inner {
@@ -122,11 +124,8 @@ impl EtcdStore {
     /// [`Error::Corruption`] for a damaged record; [`Error::Cluster`] when the cluster gave no
     /// definite answer within the operation deadline.
     pub async fn reserve(&self, key: &Key, fingerprint: Fingerprint) -> Result<Reservation, Error> {
-        let outcome = self
-            .inner
-            .apply(key, Op::Reserve { fingerprint }, &[])
-            .await?;
-        Ok(reservation(key, outcome))
+        let reserved = self.inner.apply(key, Reserve { fingerprint }, &[]).await?;
+        Ok(answer::reservation(key, reserved))
     }
 
     /// Stores the lease's result; see [`Store::complete`](crate::Store::complete).
@@ -135,11 +134,11 @@ impl EtcdStore {
     /// [`Error::ResultTooLarge`], [`Error::LeaseLost`], [`Error::Cluster`].
     pub async fn complete(&self, lease: &Lease, result: Vec<u8>) -> Result<(), Error> {
         self.check_result(&lease.key, &result)?;
-        let op = Op::Complete {
+        let op = Complete {
             token: lease.token,
             result,
         };
-        expect_done(lease, self.inner.apply(&lease.key, op, &[]).await?)
+        answer::completion(lease, self.inner.apply(&lease.key, op, &[]).await?)
     }
 
     /// Completes the lease's key and applies the caller's own etcd operations (`ops`) in the
@@ -170,22 +169,19 @@ impl EtcdStore {
         ops: Vec<TxnOp>,
     ) -> Result<(), Error> {
         self.check_result(&lease.key, &result)?;
-        let op = Op::Complete {
+        let op = Complete {
             token: lease.token,
             result,
         };
-        match self.inner.apply(&lease.key, op, &ops).await? {
-            Outcome::Done => Ok(()),
+        let reason = match self.inner.apply(&lease.key, op, &ops).await? {
+            Ok(Completion::Stored) => return Ok(()),
             // The caller's operations went with the first completion, not this call.
-            Outcome::AlreadyCompleted => Err(lease_lost(
-                lease,
-                LeaseLostReason::Completed {
-                    by_token: lease.token,
-                },
-            )),
-            Outcome::LeaseLost(reason) => Err(lease_lost(lease, reason)),
-            other => unreachable!("complete never decides {other:?}"),
-        }
+            Ok(Completion::AlreadyCompleted) => LeaseLostReason::Completed {
+                by_token: lease.token,
+            },
+            Err(reason) => reason,
+        };
+        Err(answer::lease_lost(lease, reason))
     }
 
     /// Deletes the reservation if this lease still holds it pending; see
@@ -194,12 +190,8 @@ impl EtcdStore {
     /// # Errors
     /// [`Error::LeaseLost`], [`Error::Cluster`].
     pub async fn release_if_pending(&self, lease: &Lease) -> Result<bool, Error> {
-        let op = Op::Release { token: lease.token };
-        match self.inner.apply(&lease.key, op, &[]).await? {
-            Outcome::Released(released) => Ok(released),
-            Outcome::LeaseLost(reason) => Err(lease_lost(lease, reason)),
-            other => unreachable!("release never decides {other:?}"),
-        }
+        let op = Release { token: lease.token };
+        answer::with_lease(lease, self.inner.apply(&lease.key, op, &[]).await?)
     }
 
     /// Renews the lease; see [`Store::extend`](crate::Store::extend).
@@ -207,15 +199,12 @@ impl EtcdStore {
     /// # Errors
     /// [`Error::LeaseLost`], [`Error::Cluster`].
     pub async fn extend(&self, lease: &Lease) -> Result<Lease, Error> {
-        let op = Op::Extend { token: lease.token };
-        match self.inner.apply(&lease.key, op, &[]).await? {
-            Outcome::Extended { lease_until } => Ok(Lease {
-                lease_until: from_millis(lease_until),
-                ..lease.clone()
-            }),
-            Outcome::LeaseLost(reason) => Err(lease_lost(lease, reason)),
-            other => unreachable!("extend never decides {other:?}"),
-        }
+        let op = Extend { token: lease.token };
+        let lease_until = answer::with_lease(lease, self.inner.apply(&lease.key, op, &[]).await?)?;
+        Ok(Lease {
+            lease_until: from_millis(lease_until),
+            ..lease.clone()
+        })
     }
 
     /// Parks the key for a person; see [`Store::mark_needs_review`](crate::Store::mark_needs_review).
@@ -229,11 +218,11 @@ impl EtcdStore {
                 len: note.len(),
             });
         }
-        let op = Op::MarkNeedsReview {
+        let op = MarkNeedsReview {
             token: lease.token,
             note: note.to_string(),
         };
-        expect_done(lease, self.inner.apply(&lease.key, op, &[]).await?)
+        answer::with_lease(lease, self.inner.apply(&lease.key, op, &[]).await?)
     }
 
     /// Settles a key under review or a stale reservation; see
@@ -245,14 +234,8 @@ impl EtcdStore {
         if let Resolution::Complete(result) = &resolution {
             self.check_result(key, result)?;
         }
-        match self.inner.apply(key, Op::Resolve(resolution), &[]).await? {
-            Outcome::Done => Ok(()),
-            Outcome::NotResolvable(reason) => Err(Error::NotResolvable {
-                key: key.clone(),
-                reason,
-            }),
-            other => unreachable!("resolve never decides {other:?}"),
-        }
+        let outcome = self.inner.apply(key, Resolve(resolution), &[]).await?;
+        answer::resolved(key, outcome)
     }
 
     /// The stored record, `None` when absent or expired; a linearizable read.
@@ -278,60 +261,5 @@ impl EtcdStore {
             });
         }
         Ok(())
-    }
-}
-
-fn expect_done(lease: &Lease, outcome: Outcome) -> Result<(), Error> {
-    match outcome {
-        Outcome::Done | Outcome::AlreadyCompleted => Ok(()),
-        Outcome::LeaseLost(reason) => Err(lease_lost(lease, reason)),
-        other => unreachable!("a lease operation never decides {other:?}"),
-    }
-}
-
-fn lease_lost(lease: &Lease, reason: LeaseLostReason) -> Error {
-    Error::LeaseLost {
-        key: lease.key.clone(),
-        token: lease.token,
-        reason,
-    }
-}
-
-/// The answer to a reserve, from `decide`'s outcome.
-pub(crate) fn reservation(key: &Key, outcome: Outcome) -> Reservation {
-    match outcome {
-        Outcome::Acquired {
-            token,
-            attempt,
-            lease_until,
-            progress,
-        } => Reservation::Acquired(Lease {
-            key: key.clone(),
-            token,
-            attempt,
-            lease_until: from_millis(lease_until),
-            progress,
-        }),
-        Outcome::Completed {
-            result,
-            completed_at,
-            expires_at,
-            attempt,
-        } => Reservation::Completed(Completed {
-            result,
-            completed_at: from_millis(completed_at),
-            expires_at: from_millis(expires_at),
-            attempt,
-        }),
-        Outcome::InProgress {
-            retry_after,
-            attempt,
-        } => Reservation::InProgress {
-            retry_after,
-            attempt,
-        },
-        Outcome::Mismatch => Reservation::Mismatch,
-        Outcome::NeedsReview { note } => Reservation::NeedsReview { note },
-        other => unreachable!("reserve never decides {other:?}"),
     }
 }

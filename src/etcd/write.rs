@@ -8,7 +8,8 @@ use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp, TxnOpResponse, Txn
 
 use super::layout::{self, placeholder, resolve_token, Nonce, Stored};
 use super::store::Inner;
-use crate::decide::{decide, Change, Op, Outcome};
+use crate::decide::op::Reserved;
+use crate::decide::{decide, Change, Operation};
 use crate::error::Error;
 use crate::key::Key;
 
@@ -173,7 +174,16 @@ impl Inner {
     /// Applies `op` to `key` through [`decide`]: read, decide, write if the record is
     /// unchanged, else decide again on what the write found. `extra` joins the caller's own
     /// operations to a write (for `complete_with`); they are not sent when nothing changes.
-    pub(crate) async fn apply(&self, key: &Key, op: Op, extra: &[TxnOp]) -> Result<Outcome, Error> {
+    pub(crate) async fn apply<O>(
+        &self,
+        key: &Key,
+        op: O,
+        extra: &[TxnOp],
+    ) -> Result<O::Outcome, Error>
+    where
+        O: Operation + Clone,
+        O::Outcome: AtRevision,
+    {
         let record_key = self.layout.record(key);
         let mut current = self.read(key).await?;
         loop {
@@ -196,7 +206,7 @@ impl Inner {
                 .or_else(vec![TxnOp::get(record_key.clone(), None)]);
             let answer = self.send(txn, || format!("writing key {key}")).await?;
             match answer.sent {
-                Sent::Applied { revision } => return Ok(with_token(decision.outcome, revision)),
+                Sent::Applied { revision } => return Ok(decision.outcome.at_revision(revision)),
                 Sent::Refused { responses } => {
                     let found = self.stored_in(key, responses.first())?;
                     if answer.ambiguous
@@ -204,7 +214,7 @@ impl Inner {
                     {
                         // An earlier copy of this very write was applied.
                         let revision = found.as_ref().map_or(0, |s| s.mod_revision);
-                        return Ok(with_token(decision.outcome, revision));
+                        return Ok(decision.outcome.at_revision(revision));
                     }
                     current = found;
                 }
@@ -313,21 +323,37 @@ fn landed(before: Option<&Stored>, found: Option<&Stored>, nonce: Nonce, change:
     }
 }
 
-/// Gives an acquisition (or an operator's completion) its real token.
-pub(crate) fn with_token(outcome: Outcome, revision: i64) -> Outcome {
-    match outcome {
-        Outcome::Acquired {
-            token,
-            attempt,
-            lease_until,
-            progress,
-        } => Outcome::Acquired {
-            token: resolve_token(token, revision),
-            attempt,
-            lease_until,
-            progress,
-        },
-        other => other,
+/// An outcome as it is answered once the write's revision is known: an acquisition's
+/// placeholder token becomes its real token (see [`resolve_token`]). Only a reserve answers a
+/// token; every other outcome is answered as decided.
+pub(crate) trait AtRevision {
+    /// The outcome of a write applied at `revision`.
+    fn at_revision(self, revision: i64) -> Self;
+}
+
+impl AtRevision for Reserved {
+    fn at_revision(self, revision: i64) -> Reserved {
+        match self {
+            Reserved::Acquired {
+                token,
+                attempt,
+                lease_until,
+                progress,
+            } => Reserved::Acquired {
+                token: resolve_token(token, revision),
+                attempt,
+                lease_until,
+                progress,
+            },
+            other => other,
+        }
+    }
+}
+
+/// The lease operations, resolve and expire answer no token.
+impl<T, E> AtRevision for Result<T, E> {
+    fn at_revision(self, _revision: i64) -> Self {
+        self
     }
 }
 
@@ -401,16 +427,22 @@ mod tests {
 
     #[test]
     fn tokens_are_given_only_to_acquisitions() {
-        let acquired = Outcome::Acquired {
+        let acquired = Reserved::Acquired {
             token: placeholder(2),
             attempt: 1,
             lease_until: 5,
             progress: None,
         };
-        match with_token(acquired, 40) {
-            Outcome::Acquired { token, .. } => assert_eq!(token, (40 << 10) | 2),
+        match acquired.at_revision(40) {
+            Reserved::Acquired { token, .. } => assert_eq!(token, (40 << 10) | 2),
             other => panic!("{other:?}"),
         }
-        assert_eq!(with_token(Outcome::Done, 40), Outcome::Done);
+        let replay = Reserved::InProgress {
+            retry_after: Duration::from_millis(5),
+            attempt: 1,
+        };
+        assert_eq!(replay.clone().at_revision(40), replay);
+        let done: Result<(), &str> = Ok(());
+        assert_eq!(done.at_revision(40), Ok(()));
     }
 }

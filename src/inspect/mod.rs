@@ -12,7 +12,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use redb::{ReadOnlyTable, ReadableTable, ReadableTableMetadata};
+use redb::{ReadOnlyTable, ReadableTable};
 
 use crate::clock::duration_millis;
 use crate::error::Error;
@@ -66,7 +66,12 @@ impl RecordClass {
     /// as [`reserve`](Store::reserve): a lease is live while `now < lease_until`, and a record
     /// reads as absent from `expires_at` on.
     fn of(record: &Record, now: Millis) -> RecordClass {
-        match record.phase(now) {
+        RecordClass::of_phase(record.phase(now))
+    }
+
+    /// The class of a record in `phase`.
+    pub(crate) fn of_phase(phase: Phase) -> RecordClass {
+        match phase {
             Phase::Expired => RecordClass::Expired,
             Phase::Live => RecordClass::Pending,
             Phase::Stale => RecordClass::Stale,
@@ -104,8 +109,8 @@ fn age_reference(record: &Record, class: RecordClass) -> Millis {
 /// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ScanFilter {
-    class: Option<RecordClass>,
-    older_than: Option<Duration>,
+    pub(crate) class: Option<RecordClass>,
+    pub(crate) older_than: Option<Duration>,
 }
 
 impl ScanFilter {
@@ -317,9 +322,6 @@ impl Verification {
     }
 }
 
-/// How many entries [`Store::verify_with_progress`] checks between two progress calls.
-pub const VERIFY_PROGRESS_STEP: u64 = 4096;
-
 /// Storage errors of the inspection calls.
 fn storage(source: impl Into<redb::Error>) -> Error {
     Error::storage("inspecting the store", source)
@@ -334,7 +336,7 @@ fn load(records: &RecordsTable, key: &[u8]) -> Result<Option<Record>, Error> {
 }
 
 /// A time in a problem report, in UTC as RFC 3339 (`2026-11-29T12:00:00.250Z`).
-fn describe_millis(millis: Millis) -> String {
+pub(crate) fn describe_millis(millis: Millis) -> String {
     if millis == Millis::MAX {
         return "never".into();
     }
@@ -362,3 +364,5 @@ mod scan;
 #[cfg(test)]
 mod tests;
 mod verify;
+
+pub use verify::VERIFY_PROGRESS_STEP;

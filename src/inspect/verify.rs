@@ -1,6 +1,11 @@
 //! The full consistency check of records and indexes.
 
+use redb::ReadableTableMetadata;
+
 use super::*;
+
+/// How many entries [`Store::verify_with_progress`] checks between two progress calls.
+pub const VERIFY_PROGRESS_STEP: u64 = 4096;
 
 impl Store {
     /// Checks the whole store: every record's checksum and encoding, every key's encoding,

@@ -5,12 +5,16 @@
 //! - `open.rs`: opening (checks, creation, recovery) and assembling the parts;
 //! - `reserve.rs`: reserve (one, many, async, waiting) and observe;
 //! - `lease.rs`: complete, release, extend, review, recovery points, resolve;
-//! - `read.rs`: get, stale, snapshots.
+//! - `read.rs`: get, stale, snapshots;
+//! - `expire.rs`: expire (one, forced, many, async);
+//! - `retain.rs`: completing or resolving with a retention of its own.
 
+mod expire;
 mod lease;
 pub(crate) mod open;
 mod read;
 mod reserve;
+mod retain;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -21,11 +25,13 @@ use redb::Database;
 use crate::cache::{Overlay, RecordCache};
 use crate::clock::{to_millis, Clock};
 use crate::commit::{Committer, Writer};
-use crate::decide::Policy;
 use crate::error::Error;
 use crate::poison::Poison;
 use crate::record::Millis;
+use crate::retention::Policies;
 use crate::stats::{Counters, Stats};
+
+pub use expire::LiveLease;
 
 /// An open idempotency store: one file, owned by one process.
 ///
@@ -59,15 +65,26 @@ pub struct Store {
     cache: Arc<RecordCache>,
     overlay: Arc<Overlay>,
     counters: Arc<Counters>,
-    committer: Committer,
+    /// Shared with the admin socket's handle, which is stopped first (see `Drop`).
+    committer: Arc<Committer>,
     clock: Arc<dyn Clock>,
-    policy: Policy,
+    policy: Policies,
     max_result_len: usize,
     poison: Arc<Poison>,
     path: PathBuf,
     /// Runs once at the start of the next read (tests of races with poisoning).
     #[cfg(test)]
     read_hook: parking_lot::Mutex<Option<Box<dyn FnOnce() + Send>>>,
+    /// The admin socket, when [`Builder::admin_socket`](crate::Builder::admin_socket) asks.
+    admin: Option<crate::admin::Server>,
+}
+
+impl Drop for Store {
+    /// Stops the admin socket before the store's parts go, so that its handle on them is
+    /// gone by the time the committer shuts down and releases the file.
+    fn drop(&mut self) {
+        drop(self.admin.take());
+    }
 }
 
 impl fmt::Debug for Store {
@@ -112,6 +129,26 @@ impl Store {
     /// Storage errors; a failed checkpoint poisons the store like any failed write.
     pub fn checkpoint(&self) -> Result<(), Error> {
         self.committer.with_writer(Writer::checkpoint)
+    }
+
+    /// A second handle on this store's parts, for the admin socket's thread: no socket of
+    /// its own, and it must be dropped before the owner's (the owner's `Drop` sees to that).
+    pub(crate) fn handle(&self) -> Store {
+        Store {
+            db: Arc::clone(&self.db),
+            cache: Arc::clone(&self.cache),
+            overlay: Arc::clone(&self.overlay),
+            counters: Arc::clone(&self.counters),
+            committer: Arc::clone(&self.committer),
+            clock: Arc::clone(&self.clock),
+            policy: self.policy.clone(),
+            max_result_len: self.max_result_len,
+            poison: Arc::clone(&self.poison),
+            path: self.path.clone(),
+            #[cfg(test)]
+            read_hook: parking_lot::Mutex::new(None),
+            admin: None,
+        }
     }
 
     /// Runs `f` with the writer to itself (tests that damage the file on purpose).

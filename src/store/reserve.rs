@@ -76,7 +76,7 @@ impl Store {
             Some(record?),
             Reserve { fingerprint },
             now,
-            self.policy,
+            self.policy.for_key(key),
             0,
         );
         (decision.change == Change::Keep).then(|| self.reservation(key, decision.outcome))

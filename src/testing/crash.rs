@@ -10,12 +10,14 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 
-use crate::clock::to_millis;
+use crate::clock::{from_millis, to_millis};
 use crate::record::Millis;
 use crate::testing::model::{body, Model};
 use crate::testing::sim::{Rng, SimDisk};
 use crate::wal::{LogFile, Recovered, Wal};
-use crate::{Builder, Error, Fingerprint, Key, Lease, ManualClock, Reservation, Status, Store};
+use crate::{
+    Builder, Error, Fingerprint, Key, Lease, ManualClock, RecordClass, Reservation, Status, Store,
+};
 
 const KEYS: usize = 6;
 
@@ -48,12 +50,26 @@ fn builder(clock: &ManualClock) -> Builder {
         .retention(Duration::from_millis(RETENTION_MS))
         .checkpoint_bytes(64 * 1024)
         .checkpoint_interval(Duration::from_secs(3600))
-        .cache_records(16);
+        .cache_records(16)
+        .retention_for("short-op", Duration::from_millis(SHORT_RETENTION_MS));
     builder
 }
 
+/// Odd keys belong to an operation with its own retention; even keys use the store's.
+const SHORT_RETENTION_MS: Millis = 90_000;
+
 fn key(i: usize) -> Key {
-    Key::new("tenant", "op", format!("key-{i}")).unwrap()
+    let operation = if i % 2 == 1 { "short-op" } else { "op" };
+    Key::new("tenant", operation, format!("key-{i}")).unwrap()
+}
+
+/// How long key `i`'s completion is kept.
+fn retention_ms(i: usize) -> Millis {
+    if i % 2 == 1 {
+        SHORT_RETENTION_MS
+    } else {
+        RETENTION_MS
+    }
 }
 
 /// A result big enough that a few hundred operations fill the log past a checkpoint.
@@ -68,6 +84,10 @@ enum Step {
     Reserve(usize),
     Complete(usize),
     Release(usize),
+    /// `expire`: refused while the key is pending (leases last the whole test).
+    Expire(usize),
+    /// `expire_forced`: the holder loses its lease.
+    ExpireForced(usize),
     Checkpoint,
     Restart,
     PowerLoss(u64),
@@ -79,6 +99,8 @@ fn step() -> impl Strategy<Value = Step> {
         6 => (0..KEYS).prop_map(Step::Reserve),
         5 => (0..KEYS).prop_map(Step::Complete),
         2 => (0..KEYS).prop_map(Step::Release),
+        2 => (0..KEYS).prop_map(Step::Expire),
+        1 => (0..KEYS).prop_map(Step::ExpireForced),
         1 => Just(Step::Checkpoint),
         1 => Just(Step::Restart),
         2 => any::<u64>().prop_map(Step::PowerLoss),
@@ -177,7 +199,7 @@ impl Harness {
                         attempt: *attempt,
                         body: 0,
                         result,
-                        expires_at: self.now() + RETENTION_MS,
+                        expires_at: self.now() + retention_ms(i),
                     };
                 }
             }
@@ -188,6 +210,36 @@ impl Harness {
                     assert!(self.store().release_if_pending(lease).unwrap());
                     self.expected[i] = Model::Absent;
                 }
+            }
+            Step::Expire(i) => {
+                let answer = self.store().expire(&key(i));
+                match (&self.expected[i], answer) {
+                    (Model::Pending { .. }, Err(Error::LeaseLive { key: got, .. })) => {
+                        assert_eq!(got, key(i));
+                    }
+                    (Model::Absent, Ok(None)) => {}
+                    (Model::Completed { .. }, Ok(Some(RecordClass::Completed))) => {
+                        self.expected[i] = Model::Absent;
+                    }
+                    (expected, got) => panic!("expire key {i}: expected {expected:?}, got {got:?}"),
+                }
+            }
+            Step::ExpireForced(i) => {
+                let answer = self.store().expire_forced(&key(i)).unwrap();
+                let class = match self.expected[i] {
+                    Model::Absent => None,
+                    Model::Pending { .. } => Some(RecordClass::Pending),
+                    Model::Completed { .. } => Some(RecordClass::Completed),
+                    Model::Review { .. } => Some(RecordClass::NeedsReview),
+                };
+                assert_eq!(answer, class, "forced expire of key {i}");
+                if let (Model::Pending { .. }, Some(lease)) =
+                    (&self.expected[i], self.leases.get(&i))
+                {
+                    let late = self.store().complete(lease, b"late".to_vec());
+                    assert!(matches!(late, Err(Error::LeaseLost { .. })), "{late:?}");
+                }
+                self.expected[i] = Model::Absent;
             }
             Step::Checkpoint => self.store().checkpoint().unwrap(),
             Step::Restart => {
@@ -229,6 +281,11 @@ impl Harness {
                     .as_ref()
                     .map(|r| (r.token(), r.attempt(), r.status()))
             );
+            // The deadline follows the key's operation, also after recovery.
+            if let Model::Completed { expires_at, .. } = expected {
+                let got = record.as_ref().and_then(|r| r.expires_at());
+                assert_eq!(got, Some(from_millis(*expires_at)), "key {i}: expires_at");
+            }
         }
     }
 }
@@ -272,6 +329,40 @@ fn log_is_checkpointed_and_reused_in_place() {
     assert!(log_len < 80 * 1024, "log grew to {log_len} bytes");
     harness.run(Step::PowerLoss(99));
     harness.run(Step::ProcessCrash);
+}
+
+/// An acknowledged expiry is never undone by recovery: not when the completion it removed is
+/// in the checkpointed file and the expiry only in the log, not when both are only in the log,
+/// and not after the log was rewound by a checkpoint.
+#[test]
+fn expired_keys_stay_expired_across_crashes() {
+    for checkpoint_before in [false, true] {
+        for checkpoint_after in [false, true] {
+            let mut harness = Harness::new();
+            for i in 0..KEYS {
+                harness.run(Step::Reserve(i));
+                harness.run(Step::Complete(i));
+            }
+            if checkpoint_before {
+                harness.run(Step::Checkpoint);
+            }
+            for i in 0..KEYS {
+                harness.run(Step::Expire(i));
+            }
+            assert!(harness.expected.iter().all(|e| *e == Model::Absent));
+            if checkpoint_after {
+                harness.run(Step::Checkpoint);
+            }
+            for seed in 1..=4 {
+                harness.run(Step::PowerLoss(seed));
+                harness.run(Step::ProcessCrash);
+            }
+            // The keys are acquired afresh, with tokens above every earlier one.
+            for i in 0..KEYS {
+                harness.run(Step::Reserve(i));
+            }
+        }
+    }
 }
 
 fn ops_then_process_crash(count: usize) -> (ManualClock, SimDisk, SimDisk) {

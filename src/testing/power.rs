@@ -1,5 +1,6 @@
 //! The concurrent power-loss model: several threads reserve, complete, release, extend, abandon
-//! (so leases go stale and are taken over) and sweep on one store on simulated disks while the
+//! (so leases go stale and are taken over), expire keys they do not hold (forced or not), and
+//! sweep on one store on simulated disks while the
 //! clock moves; at a random moment the power is cut, sometimes while syncs are held so that
 //! several frames are in flight. The images keep, lose or tear each unsynced write of the log
 //! and of the redb file. After every cut the store must open and:
@@ -110,9 +111,19 @@ struct History {
     /// Every acknowledged acquisition's token.
     tokens: HashSet<u64>,
     max_token: u64,
-    /// Acknowledged acquisitions, of them takeovers of a stale lease, completions, releases
-    /// and extends.
-    counts: [u64; 5],
+    /// Acknowledged acquisitions, of them takeovers of a stale lease, completions, releases,
+    /// extends and expires that removed a record.
+    counts: [u64; 6],
+    /// Per key, the clock when an expire that may have removed its record (it answered so,
+    /// or failed, so its frame may still have reached the log) last returned: a lease
+    /// acquired (decided) at or before then may have been removed by it, whatever order the
+    /// threads recorded their acknowledgments in, and whether or not the power was cut.
+    expired_at: HashMap<usize, Millis>,
+    /// Per key, expires asked and not returned (a worker that panicked after the cut).
+    expiring: HashMap<usize, u32>,
+    /// Per key, forced expires: when each was asked and when it returned (`None` while in
+    /// flight). One decided at some moment in between ends any live lease of the key.
+    forced: HashMap<usize, Vec<(Millis, Option<Millis>)>>,
     /// Acknowledged operations since the store was opened.
     acked: u64,
     /// The highest token acknowledged before the current store was opened.
@@ -191,15 +202,58 @@ impl History {
         }
     }
 
+    /// An expire of key `i` that removed a record was acknowledged. A plain expire never
+    /// removes a live lease, so no live interval ends here.
+    /// An expire of key `i` is asked at `now`; returns its place among the forced ones.
+    fn expiring(&mut self, i: usize, now: Millis, force: bool) -> Option<usize> {
+        *self.expiring.entry(i).or_default() += 1;
+        force.then(|| {
+            let forced = self.forced.entry(i).or_default();
+            forced.push((now, None));
+            forced.len() - 1
+        })
+    }
+
+    /// An expire of key `i` returned at `now`; `removed`: it may have removed a record.
+    fn expired(&mut self, i: usize, now: Millis, removed: bool, forced: Option<usize>) {
+        if let Some(n) = self.expiring.get_mut(&i) {
+            *n -= 1;
+        }
+        if let Some(f) = forced {
+            self.forced.get_mut(&i).expect("asked")[f].1 = Some(now);
+        }
+        if removed {
+            let at = self.expired_at.entry(i).or_insert(now);
+            *at = (*at).max(now);
+            if !self.cut {
+                self.acked += 1;
+                self.counts[5] += 1;
+            }
+        }
+    }
+
     /// No acquisition falls inside another lease's acknowledged live interval: checks the
     /// lease `token` (just acquired or extended) against every other lease of its key.
     fn check_owners(&self, token: u64) {
         let l = &self.leases[&token];
+        let forced = self.forced.get(&l.key).map_or(&[][..], Vec::as_slice);
+        // A forced expire decided between its asking and its return may end an interval from
+        // the later of its asking and the interval's start.
+        let forced_end = |from: Millis| {
+            forced
+                .iter()
+                .filter(|(_, returned)| returned.is_none_or(|r| r >= from))
+                .map(|&(asked, _)| asked.max(from))
+                .min()
+        };
         let live = |lease: &LeaseLog| -> Vec<(Millis, Millis)> {
             lease
                 .live
                 .iter()
-                .map(|&(from, until)| (from, lease.ending_from.map_or(until, |e| until.min(e))))
+                .map(|&(from, until)| {
+                    let until = lease.ending_from.map_or(until, |e| until.min(e));
+                    (from, forced_end(from).map_or(until, |f| until.min(f)))
+                })
                 .collect()
         };
         for (&other, o) in self.leases.iter().filter(|(_, o)| o.key == l.key) {
@@ -231,6 +285,21 @@ impl History {
             newest.get(&l.key) == Some(t)
                 || l.live.iter().any(|&(_, until)| until + 10 * LEASE_MS > now)
         });
+        // An expire that never returned (its worker panicked after the cut) was decided, if
+        // at all, before this reopen.
+        for (&i, n) in &mut self.expiring {
+            if *n > 0 {
+                let at = self.expired_at.entry(i).or_insert(now);
+                *at = (*at).max(now);
+                *n = 0;
+            }
+        }
+        for forced in self.forced.values_mut() {
+            for (_, returned) in forced.iter_mut() {
+                returned.get_or_insert(now);
+            }
+            forced.retain(|&(_, returned)| returned.is_some_and(|r| r + 10 * LEASE_MS > now));
+        }
     }
 
     /// After reopening at `now`: every key holds what was acknowledged.
@@ -249,6 +318,12 @@ impl History {
             let fail = || -> ! {
                 panic!("key {i} after a power cut at {now}: acknowledged token {token} {log:?}, found {got:?}")
             };
+            let acquired_at = log.live[0].0;
+            let maybe_expired = self.expired_at.get(&i).is_some_and(|&t| acquired_at <= t)
+                || self.expiring.get(&i).is_some_and(|&n| n > 0);
+            if maybe_expired && got.as_ref().is_none_or(|(t, _)| *t > token) {
+                continue;
+            }
             match &log.state {
                 Acked::Completed { result, expires_at } => match got {
                     Some((t, Status::Completed { result: r, .. })) if t == token => {
@@ -328,6 +403,21 @@ fn work(
                 let _ = store.sweep(4);
                 continue;
             }
+            // Rarely, so that most keys keep their acknowledged state to be checked.
+            if choice == 1 && rng.next().is_multiple_of(16) {
+                let force = rng.next().is_multiple_of(2);
+                let asked_at = now();
+                let forced = history.lock().expiring(i, asked_at, force);
+                let answer = if force {
+                    store.expire_forced(&key(i))
+                } else {
+                    store.expire(&key(i))
+                };
+                let removed = !matches!(answer, Ok(None) | Err(crate::Error::LeaseLive { .. }));
+                let returned_at = now();
+                history.lock().expired(i, returned_at, removed, forced);
+                continue;
+            }
             match store.reserve(&key(i), fingerprint(i)) {
                 Ok(Reservation::Acquired(lease)) => {
                     history.lock().acquired(i, &lease);
@@ -379,7 +469,7 @@ fn work(
 }
 
 /// One lineage of stores: `cuts` rounds of concurrent work, each ended by a power cut.
-fn lineage(cuts: usize, seed: u64, covered: &[AtomicU64; 7]) {
+fn lineage(cuts: usize, seed: u64, covered: &[AtomicU64; 8]) {
     let clock = ManualClock::starting_at(UNIX_EPOCH + Duration::from_secs(1_700_000_000));
     let mut rng = Rng(seed | 1);
     let (mut db, mut log) = (SimDisk::new(), SimDisk::new());
@@ -458,7 +548,7 @@ fn concurrent_work_survives_power_cuts_with_frames_in_flight() {
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| to_millis(std::time::SystemTime::now()));
     let lineages = 2;
-    let covered: Arc<[AtomicU64; 7]> = Arc::new([const { AtomicU64::new(0) }; 7]);
+    let covered: Arc<[AtomicU64; 8]> = Arc::new([const { AtomicU64::new(0) }; 8]);
     let start = Instant::now();
     thread::scope(|s| {
         for l in 0..lineages {
@@ -469,7 +559,7 @@ fn concurrent_work_survives_power_cuts_with_frames_in_flight() {
     });
     let n = |i: usize| covered[i].load(Ordering::Relaxed);
     eprintln!(
-        "power-loss model: {cuts} cuts in {:.1} s (seed {seed}): {} unsynced log writes at the cuts, {} cuts with 2 or more; acknowledged: {} acquisitions ({} of them takeovers of a stale lease), {} completions, {} releases, {} extends",
+        "power-loss model: {cuts} cuts in {:.1} s (seed {seed}): {} unsynced log writes at the cuts, {} cuts with 2 or more; acknowledged: {} acquisitions ({} of them takeovers of a stale lease), {} completions, {} releases, {} extends, {} expires",
         start.elapsed().as_secs_f64(),
         n(0),
         n(1),
@@ -478,5 +568,6 @@ fn concurrent_work_survives_power_cuts_with_frames_in_flight() {
         n(4),
         n(5),
         n(6),
+        n(7),
     );
 }

@@ -1,11 +1,13 @@
 //! What only the etcd store has: `complete_with` on etcd operations, batching within
-//! `--max-txn-ops`, the indexes, the background sweeper, damaged values, settings, and the
-//! message when the `etcd` binary is missing.
+//! `--max-txn-ops`, the indexes, the background sweeper, expire's index entries, damaged
+//! values, settings, and the message when the `etcd` binary is missing.
 
 use std::time::{Duration, Instant};
 
 use idemstore::etcd_client::{Client, GetOptions, TxnOp};
-use idemstore::{Error, EtcdStore, Fingerprint, Key, LeaseLostReason, ManualClock, Reservation};
+use idemstore::{
+    Error, EtcdStore, Fingerprint, Key, LeaseLostReason, ManualClock, RecordClass, Reservation,
+};
 
 use super::cluster::Cluster;
 use crate::common::{encoded, fp, key, Env, LEASE, RETENTION};
@@ -58,6 +60,8 @@ fn etcd_only_operations() {
         indexes_follow_every_change_and_the_sweeper_empties_them(&cluster, &mut client).await;
         a_damaged_value_is_corruption_naming_the_key(&cluster, &mut client).await;
         a_refused_request_fails_at_once_and_says_nothing_was_applied(&cluster, &mut client).await;
+        expire_deletes_the_record_and_its_index_entries_in_one_transaction(&cluster, &mut client)
+            .await;
     });
 }
 
@@ -224,6 +228,88 @@ async fn indexes_follow_every_change_and_the_sweeper_empties_them(
         store.reserve(&ks[2], fp("b")).await.unwrap(),
         Reservation::NeedsReview { .. }
     ));
+}
+
+/// (records, expiry index entries, lease index entries) under `prefix`.
+async fn counts(client: &mut Client, prefix: &str) -> (i64, i64, i64) {
+    (
+        count(client, &format!("{prefix}r/")).await,
+        count(client, &format!("{prefix}x/")).await,
+        count(client, &format!("{prefix}l/")).await,
+    )
+}
+
+/// The cluster's current revision: one write transaction raises it by exactly one.
+async fn revision(client: &mut Client) -> i64 {
+    let response = client.get("rev/", None).await.unwrap();
+    response.header().expect("a response header").revision()
+}
+
+async fn expire_deletes_the_record_and_its_index_entries_in_one_transaction(
+    cluster: &Cluster,
+    client: &mut Client,
+) {
+    let env = Env::new();
+    let store = store(cluster, "ex/", &env.clock, 128).await;
+    let [done, review, live] = ["done", "review", "live"].map(|id| key("u", "o", id));
+    let lease = acquire(&store, &done, fp("b")).await;
+    store.complete(&lease, b"r".to_vec()).await.unwrap();
+    let lease = acquire(&store, &review, fp("b")).await;
+    store.mark_needs_review(&lease, "check").await.unwrap();
+    let holder = acquire(&store, &live, fp("b")).await;
+    // Under review never expires by itself; only the pending key has a lease entry.
+    assert_eq!(counts(client, "ex/").await, (3, 2, 1));
+
+    let before = revision(client).await;
+    assert_eq!(
+        store.expire(&done).await.unwrap(),
+        Some(RecordClass::Completed)
+    );
+    assert_eq!(revision(client).await, before + 1, "one transaction");
+    assert_eq!(counts(client, "ex/").await, (2, 1, 1));
+
+    let refused = store.expire(&live).await;
+    assert!(
+        matches!(&refused, Err(Error::LeaseLive { key, .. }) if *key == live),
+        "{refused:?}"
+    );
+    assert_eq!(
+        counts(client, "ex/").await,
+        (2, 1, 1),
+        "a refusal writes nothing"
+    );
+
+    let before = revision(client).await;
+    assert_eq!(
+        store.expire_forced(&live).await.unwrap(),
+        Some(RecordClass::Pending)
+    );
+    assert_eq!(revision(client).await, before + 1, "one transaction");
+    assert_eq!(counts(client, "ex/").await, (1, 0, 0));
+    let late = store.complete(&holder, b"late".to_vec()).await;
+    assert!(
+        matches!(
+            late,
+            Err(Error::LeaseLost {
+                reason: LeaseLostReason::Gone,
+                ..
+            })
+        ),
+        "{late:?}"
+    );
+
+    assert_eq!(
+        store.expire(&review).await.unwrap(),
+        Some(RecordClass::NeedsReview)
+    );
+    assert_eq!(
+        count(client, "ex/").await,
+        0,
+        "nothing left under the prefix"
+    );
+    assert_eq!(store.expire(&review).await.unwrap(), None);
+    let again = acquire(&store, &live, fp("b")).await;
+    assert!(again.token() > holder.token());
 }
 
 async fn a_damaged_value_is_corruption_naming_the_key(cluster: &Cluster, client: &mut Client) {

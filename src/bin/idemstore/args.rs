@@ -6,11 +6,15 @@ pub(crate) const EXIT_STATUS: &str = "\
 Exit status:
   0  success; also when the reader of the output goes away early (a closed pipe)
   1  error: the store cannot be opened (a service has it open, it is not a store, it is
-     damaged), the key is not stored, the resolve was refused, or `check` found problems
+     damaged), the key is not stored, the resolve or expire was refused, or `check` found
+     problems
   2  usage error: unknown command, missing or bad arguments
 
-Every command opens the store as a service does: one process owns a store file, so stop the
-service first. Opening replays the store's write-ahead log (FILE.wal) into the file.";
+A command opens the store as a service does: one process owns a store file, and opening
+replays its write-ahead log (FILE.wal) into the file. When a running service holds the file
+and serves its admin socket (FILE.admin, Builder::admin_socket), stats, get and list ask the
+service and see its live state; so do expire, resolve and sweep with a read-write socket.
+Otherwise stop the service first. check always needs the store to itself.";
 
 #[derive(Parser)]
 #[command(
@@ -64,10 +68,20 @@ pub(crate) enum Command {
         key: KeyArgs,
         #[command(flatten)]
         action: ResolveAction,
-        /// How long the stored result is replayed (with --complete)
+        /// How long the stored result is replayed (with --complete; default: the store's
+        /// retention for the key's operation)
         #[arg(long, value_parser = humantime::parse_duration, value_name = "DURATION",
-              default_value = "24h", requires = "complete")]
-        retention: Duration,
+              requires = "complete")]
+        retention: Option<Duration>,
+    },
+    /// Delete a key now: a wrong stored result, a data-deletion request, reprocessing on
+    /// purpose; the next request with the key does the work afresh
+    Expire {
+        #[command(flatten)]
+        key: KeyArgs,
+        /// Also take a key whose lease is live from its holder (its later complete fails)
+        #[arg(long)]
+        force: bool,
     },
     /// Delete expired records, in slices, with a progress bar on a terminal
     Sweep {

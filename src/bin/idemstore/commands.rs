@@ -1,4 +1,5 @@
-//! The commands: each opens the store, does its work and prints a table or JSON.
+//! The commands: each opens the store (or asks the running service that holds it, see
+//! `view.rs`), does its work and prints a table or JSON.
 
 use super::*;
 
@@ -6,9 +7,9 @@ pub(crate) fn run(cli: Cli) -> Result<Option<ProblemsFound>> {
     let mut out = io::stdout().lock();
     let json = cli.json;
     match cli.command {
-        Command::Stats { file } => stats(&open(&file, None)?, &mut out, json)?,
+        Command::Stats { file } => stats(&*open_view(&file)?, &mut out, json)?,
         Command::Get { key, raw } => {
-            get(&open(&key.file, None)?, &key.key()?, &mut out, json, raw)?
+            get(&*open_view(&key.file)?, &key.key()?, &mut out, json, raw)?
         }
         Command::List {
             file,
@@ -20,7 +21,7 @@ pub(crate) fn run(cli: Cli) -> Result<Option<ProblemsFound>> {
             if let Some(age) = older_than {
                 filter = filter.older_than(age);
             }
-            list(&open(&file, None)?, &filter, limit, &mut out, json)?
+            list(&*open_view(&file)?, &filter, limit, &mut out, json)?
         }
         Command::Resolve {
             key,
@@ -31,17 +32,25 @@ pub(crate) fn run(cli: Cli) -> Result<Option<ProblemsFound>> {
                 Some(path) => Resolution::Complete(read_result(&path)?),
                 None => Resolution::Release,
             };
-            let store = open(&key.file, Some(retention))?;
-            resolve(&store, &key.key()?, resolution, &mut out, json)?
+            let store = open_view(&key.file)?;
+            resolve(&*store, &key.key()?, resolution, retention, &mut out, json)?
+        }
+        Command::Expire { key, force } => {
+            let live = if force {
+                LiveLease::Take
+            } else {
+                LiveLease::Refuse
+            };
+            expire(&*open_view(&key.file)?, &key.key()?, live, &mut out, json)?
         }
         Command::Sweep { file, limit, slice } => {
             if slice == 0 {
                 bail!("--slice must be at least 1");
             }
-            sweep(&open(&file, None)?, limit, slice, &mut out, json)?
+            sweep(&*open_view(&file)?, limit, slice, &mut out, json)?
         }
         Command::Check { file } => {
-            let store = open(&file, None)?;
+            let store = open(&file)?;
             let bar = progress_bar(
                 "checking {bar:40} {pos}/{len} entries ({percent}%), eta {eta}",
                 json,
@@ -61,8 +70,20 @@ pub(crate) fn run(cli: Cli) -> Result<Option<ProblemsFound>> {
     Ok(None)
 }
 
+/// The store at `path` as the commands see it: the live store of the service that serves its
+/// admin socket, else the store opened by this tool.
+pub(crate) fn open_view(path: &Path) -> Result<Box<dyn View>> {
+    if std::fs::symlink_metadata(idemstore::admin::socket_path(path)).is_ok() {
+        // A socket left by a service that died refuses the connection: open the file then.
+        if let Ok(client) = AdminClient::connect(path) {
+            return Ok(Box::new(client));
+        }
+    }
+    Ok(Box::new(open(path)?))
+}
+
 /// Opens an existing store; never creates one (a typo must not leave a new empty store).
-pub(crate) fn open(path: &Path, retention: Option<Duration>) -> Result<Store> {
+pub(crate) fn open(path: &Path) -> Result<Store> {
     match std::fs::metadata(path) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             bail!(
@@ -73,11 +94,7 @@ pub(crate) fn open(path: &Path, retention: Option<Duration>) -> Result<Store> {
         Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
         Ok(_) => {}
     }
-    let mut builder = Store::builder();
-    if let Some(retention) = retention {
-        builder.retention(retention);
-    }
-    Ok(builder.open(path)?)
+    Ok(Store::open(path)?)
 }
 
 pub(crate) fn read_result(path: &Path) -> Result<Vec<u8>> {
@@ -93,7 +110,7 @@ pub(crate) fn read_result(path: &Path) -> Result<Vec<u8>> {
     Ok(bytes)
 }
 
-pub(crate) fn stats(store: &Store, out: &mut impl Write, json: bool) -> Result<()> {
+pub(crate) fn stats(store: &dyn View, out: &mut impl Write, json: bool) -> Result<()> {
     let info = store.file_info()?;
     let counts = store.counts()?;
     let now = SystemTime::now();
@@ -119,6 +136,7 @@ pub(crate) fn stats(store: &Store, out: &mut impl Write, json: bool) -> Result<(
                 "total": counts.total(),
             },
             "oldest_pending": oldest,
+            "live_socket": store.socket(),
         });
         writeln!(out, "{value:#}")?;
         return Ok(());
@@ -140,6 +158,14 @@ pub(crate) fn stats(store: &Store, out: &mut impl Write, json: bool) -> Result<(
             "meta wal_seq",
         ]),
         row(["next token", &info.next_token.to_string(), ""]),
+        match store.socket() {
+            Some(socket) => row([
+                "read from",
+                "the running service",
+                &format!("admin socket {}", socket.display()),
+            ]),
+            None => row(["read from", "the file, opened by this tool", ""]),
+        },
     ];
     table(out, &[], &rows)?;
     writeln!(out)?;
@@ -174,7 +200,7 @@ pub(crate) fn stats(store: &Store, out: &mut impl Write, json: bool) -> Result<(
 }
 
 pub(crate) fn get(
-    store: &Store,
+    store: &dyn View,
     key: &Key,
     out: &mut impl Write,
     json: bool,
@@ -249,7 +275,7 @@ pub(crate) fn get(
 }
 
 pub(crate) fn list(
-    store: &Store,
+    store: &dyn View,
     filter: &ScanFilter,
     limit: usize,
     out: &mut impl Write,
@@ -313,9 +339,10 @@ pub(crate) fn list(
 }
 
 pub(crate) fn resolve(
-    store: &Store,
+    store: &dyn View,
     key: &Key,
     resolution: Resolution,
+    retention: Option<Duration>,
     out: &mut impl Write,
     json: bool,
 ) -> Result<()> {
@@ -324,7 +351,7 @@ pub(crate) fn resolve(
         Resolution::Complete(result) => ("complete", Some(result.len())),
         _ => ("release", None),
     };
-    store.resolve(key, resolution)?;
+    store.resolve(key, resolution, retention)?;
     if json {
         let value = json!({
             "resolved": true,
@@ -352,20 +379,37 @@ pub(crate) fn resolve(
     Ok(())
 }
 
-/// A progress bar on stderr for a command that walks the whole store, drawn only for a person
-/// watching: hidden with `--json` or when stdout or stderr is not a terminal (a script, a pipe,
-/// a log file).
-fn progress_bar(template: &str, json: bool) -> ProgressBar {
-    if json || !io::stdout().is_terminal() || !io::stderr().is_terminal() {
-        return ProgressBar::hidden();
+pub(crate) fn expire(
+    store: &dyn View,
+    key: &Key,
+    live: LiveLease,
+    out: &mut impl Write,
+    json: bool,
+) -> Result<()> {
+    let was = store.expire(key, live)?;
+    if json {
+        let value = json!({
+            "expired": was.is_some(),
+            "scope": part(key.scope()),
+            "operation": part(key.operation()),
+            "id": part(key.id()),
+            "was": was.map(|c| c.name()),
+        });
+        writeln!(out, "{value:#}")?;
+    } else {
+        match was {
+            Some(class) => writeln!(
+                out,
+                "expired {key} (was {class}); the next request with it does the work afresh"
+            )?,
+            None => writeln!(out, "nothing stored for {key}; nothing to expire")?,
+        }
     }
-    let bar = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::stderr());
-    bar.set_style(ProgressStyle::with_template(template).expect("a valid template"));
-    bar
+    Ok(())
 }
 
 pub(crate) fn sweep(
-    store: &Store,
+    store: &dyn View,
     limit: Option<usize>,
     slice: usize,
     out: &mut impl Write,
@@ -465,4 +509,16 @@ pub(crate) fn check(report: &Verification, out: &mut impl Write, json: bool) -> 
         plural(report.problems.len() as u64, "problem")
     )?;
     Ok(())
+}
+
+/// A progress bar on stderr for a command that walks the whole store, drawn only for a person
+/// watching: hidden with `--json` or when stdout or stderr is not a terminal (a script, a pipe,
+/// a log file).
+fn progress_bar(template: &str, json: bool) -> ProgressBar {
+    if json || !io::stdout().is_terminal() || !io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::stderr());
+    bar.set_style(ProgressStyle::with_template(template).expect("a valid template"));
+    bar
 }

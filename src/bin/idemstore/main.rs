@@ -6,13 +6,16 @@
 //! idemstore get    keys.idem user-7 charge 4f0c-a1
 //! idemstore resolve keys.idem user-7 charge 4f0c-a1 --complete response.bin
 //! idemstore sweep  keys.idem
+//! idemstore expire keys.idem user-7 charge 4f0c-a1 [--force]
 //! idemstore check  keys.idem
 //! ```
 //!
-//! Every command opens the store like a service would ([`Store::open`]: one process owns a
-//! file, and opening replays its write-ahead log), so it runs while no service has the store
-//! open. Tables by default, `--json` for scripts. A closed output pipe ends the command
-//! quietly with status 0.
+//! A command opens the store like a service would ([`Store::open`]: one process owns a file,
+//! and opening replays its write-ahead log). When a running service holds the file and
+//! serves its admin socket ([`idemstore::Builder::admin_socket`]), `stats`, `get`, `list`,
+//! and with a read-write socket `expire`, `resolve` and `sweep`, ask the service instead and
+//! see its live state; `check` always needs the store to itself. Tables by default, `--json`
+//! for scripts. A closed output pipe ends the command quietly with status 0.
 
 use std::fmt::Write as _;
 use std::io::{self, IsTerminal, Read, Write};
@@ -23,7 +26,8 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use idemstore::{
-    Error, Key, Record, RecordClass, Resolution, ScanFilter, Status, Store, Verification,
+    AdminClient, Error, Key, LiveLease, Record, RecordClass, Resolution, ScanFilter, Status, Store,
+    Verification,
 };
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::{json, Value};
@@ -31,10 +35,12 @@ use serde_json::{json, Value};
 mod args;
 mod commands;
 mod render;
+mod view;
 
 use args::*;
 use commands::*;
 use render::*;
+use view::View;
 
 /// What a command reports when it succeeded but must exit 1 (`check` found problems).
 struct ProblemsFound;
@@ -65,8 +71,13 @@ fn report(error: &anyhow::Error, json: bool) {
     let hint = match error.downcast_ref::<Error>() {
         Some(Error::AlreadyOpen { .. }) => Some(
             "stop the service that has the store open, then run this again \
-             (the tool opens the store itself to replay its log)",
+             (the tool opens the store itself to replay its log); or let the service serve \
+             its admin socket (Builder::admin_socket: ReadOnly for stats, get and list, \
+             ReadWrite also for expire, resolve and sweep), which this tool then uses",
         ),
+        Some(Error::LeaseLive { .. }) => {
+            Some("add --force to take the key from its holder (its later complete fails)")
+        }
         Some(Error::Poisoned { .. }) => Some("run the command again: reopening recovers"),
         _ => None,
     };

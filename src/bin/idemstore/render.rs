@@ -5,7 +5,7 @@ use super::*;
 /// A record for `--json`: key parts, state, numbers, times (RFC 3339, UTC) and, with
 /// `with_result`, the stored result (as text when it is UTF-8, else as hex).
 pub(crate) fn record_json(
-    store: &Store,
+    store: &dyn View,
     key: &Key,
     record: &Record,
     now: SystemTime,
@@ -63,7 +63,7 @@ pub(crate) fn record_json(
 }
 
 /// How a record stands in time, for humans: "lease ends in 40s", "stale for 4m12s", ...
-pub(crate) fn when(store: &Store, record: &Record, now: SystemTime) -> String {
+pub(crate) fn when(store: &dyn View, record: &Record, now: SystemTime) -> String {
     let class = store.class_of(record);
     match (class, record.status()) {
         (RecordClass::Expired, _) => match record.expires_at() {

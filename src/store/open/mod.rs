@@ -9,12 +9,11 @@ use redb::Database;
 
 use crate::builder::{Builder, Durability};
 use crate::cache::{Overlay, RecordCache};
-use crate::clock::duration_millis;
 use crate::commit::{Committer, Schedule, Writer};
-use crate::decide::Policy;
 use crate::error::Error;
 use crate::poison::Poison;
 use crate::recovery;
+use crate::retention::Policies;
 use crate::stats::Counters;
 use crate::tables::Tables;
 use crate::wal::identity::{self, Identity};
@@ -172,10 +171,7 @@ impl Store {
         let (mut wal, next_token) = recovery::recover(&db, log, log_path, strict)?;
         wal.set_max_payload(builder.limits.frame_bytes);
         let db = Arc::new(db);
-        let policy = Policy {
-            lease: duration_millis(builder.lease),
-            retention: duration_millis(builder.retention),
-        };
+        let policy = Policies::of(builder);
         let poison = Arc::new(Poison::default());
         let cache = Arc::new(RecordCache::new(builder.cache_records));
         let overlay = Arc::new(Overlay::default());
@@ -184,7 +180,7 @@ impl Store {
             Arc::clone(&db),
             wal,
             Arc::clone(&builder.clock),
-            policy,
+            policy.clone(),
             next_token,
             Arc::clone(&poison),
             Arc::clone(&cache),
@@ -197,12 +193,12 @@ impl Store {
                 sweep_interval: builder.sweep_interval,
             },
         );
-        Ok(Store {
+        let mut store = Store {
             db,
             cache,
             overlay,
             counters,
-            committer: Committer::start(writer, builder.limits)?,
+            committer: Arc::new(Committer::start(writer, builder.limits)?),
             clock: Arc::clone(&builder.clock),
             policy,
             max_result_len: builder.max_result_len,
@@ -210,6 +206,9 @@ impl Store {
             path,
             #[cfg(test)]
             read_hook: parking_lot::Mutex::new(None),
-        })
+            admin: None,
+        };
+        store.admin = crate::admin::Server::start(store.handle(), builder.admin_socket)?;
+        Ok(store)
     }
 }

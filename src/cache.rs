@@ -141,7 +141,7 @@ mod tests {
 /// Records acknowledged but not yet committed to redb: the committer keeps one redb write
 /// transaction open across several batches, so readers must see these first. Every entry is
 /// the latest acknowledged state of its key; `None` is a deletion. Not bounded by a capacity:
-/// it is emptied each time the open transaction commits (every few milliseconds).
+/// it is emptied each time the open transaction commits (every 100 ms at most, `TXN_SPAN`).
 #[derive(Debug, Default)]
 pub(crate) struct Overlay {
     map: RwLock<HashMap<Key, Option<Record>, Hasher>>,

@@ -125,10 +125,31 @@ impl<O: Operation> Queued for Request<O> {
     ) -> Result<usize, Error> {
         let ops = std::mem::take(&mut *self.ops.lock());
         let count = ops.len();
-        let mut outcomes = Vec::with_capacity(count);
-        for (key, op) in ops {
-            outcomes.push(writer.apply(tables, &key, op, now, written)?);
+        if count <= 1 {
+            let mut outcomes = Vec::with_capacity(count);
+            for (key, op) in ops {
+                outcomes.push(writer.apply(tables, &key, op, now, written)?);
+            }
+            *self.staged.lock() = Some(outcomes);
+            return Ok(count);
         }
+        // Many keys: apply them in key order, so the B-tree inserts of the records and of
+        // both indexes (ordered by deadline, then key: one deadline per batch) walk each page
+        // once instead of jumping between random leaves. The sort is stable, so operations on
+        // one key keep their order; outcomes go back to the caller's order.
+        let mut order: Vec<usize> = (0..count).collect();
+        order.sort_by(|&a, &b| ops[a].0.encoded().cmp(ops[b].0.encoded()));
+        let mut slots: Vec<Option<(Key, O)>> = ops.into_iter().map(Some).collect();
+        let mut outcomes: Vec<Option<Result<O::Outcome, Error>>> =
+            (0..count).map(|_| None).collect();
+        for index in order {
+            let (key, op) = slots[index].take().expect("each index once");
+            outcomes[index] = Some(writer.apply(tables, &key, op, now, written)?);
+        }
+        let outcomes = outcomes
+            .into_iter()
+            .map(|o| o.expect("every index applied"))
+            .collect();
         *self.staged.lock() = Some(outcomes);
         Ok(count)
     }

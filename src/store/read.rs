@@ -35,8 +35,10 @@ impl Store {
     }
 
     /// The stored record, from the overlay, the cache or a read transaction; expired or not.
+    /// (No vector for the one key: this is the duplicate path.)
     pub(super) fn read(&self, key: &Key) -> Result<Option<Record>, Error> {
-        self.read_many([key]).remove(0)
+        self.read_hook();
+        self.read_one(key, &mut None)
     }
 
     /// The stored records of `keys`, in order (see [`read`](Store::read)); the ones that are
@@ -47,7 +49,15 @@ impl Store {
         &self,
         keys: impl IntoIterator<Item = &'k Key>,
     ) -> Vec<Result<Option<Record>, Error>> {
-        let ctx = "reading a record";
+        self.read_hook();
+        let mut table = None;
+        keys.into_iter()
+            .map(|key| self.read_one(key, &mut table))
+            .collect()
+    }
+
+    /// Runs the test hook set to race a read against other work.
+    fn read_hook(&self) {
         #[cfg(test)]
         {
             let hook = self.read_hook.lock().take();
@@ -55,36 +65,40 @@ impl Store {
                 hook();
             }
         }
-        let mut table = None;
-        keys.into_iter()
-            .map(|key| {
-                if let Some(state) = self.overlay.get(key) {
-                    return Ok(state);
-                }
-                if let Some(record) = self.cache.get(key) {
-                    return Ok(Some(record));
-                }
-                if table.is_none() {
-                    let txn = self.db.begin_read().map_err(|e| Error::storage(ctx, e))?;
-                    let opened = txn
-                        .open_table(RECORDS)
-                        .map_err(|e| Error::storage(ctx, e))?;
-                    table = Some(opened);
-                }
-                let table = table.as_ref().expect("opened above");
-                let value = table
-                    .get(key.encoded())
-                    .map_err(|e| Error::storage(ctx, e))?;
-                // A failed write clears the overlay and the cache after latching the poison:
-                // if that happened since the caller checked, the overlay or the cache may have
-                // held a newer acknowledged state than redb, so refuse rather than return an
-                // older one.
-                self.poison.check()?;
-                value
-                    .map(|bytes| decode_record(key.encoded(), bytes.value()))
-                    .transpose()
-            })
-            .collect()
+    }
+
+    /// One key of [`read_many`](Store::read_many): `table` is the records table of the read
+    /// transaction, opened on the first key that needs it.
+    fn read_one(
+        &self,
+        key: &Key,
+        table: &mut Option<redb::ReadOnlyTable<&'static [u8], &'static [u8]>>,
+    ) -> Result<Option<Record>, Error> {
+        let ctx = "reading a record";
+        if let Some(state) = self.overlay.get(key) {
+            return Ok(state);
+        }
+        if let Some(record) = self.cache.get(key) {
+            return Ok(Some(record));
+        }
+        if table.is_none() {
+            let txn = self.db.begin_read().map_err(|e| Error::storage(ctx, e))?;
+            let opened = txn
+                .open_table(RECORDS)
+                .map_err(|e| Error::storage(ctx, e))?;
+            *table = Some(opened);
+        }
+        let table = table.as_ref().expect("opened above");
+        let value = table
+            .get(key.encoded())
+            .map_err(|e| Error::storage(ctx, e))?;
+        // A failed write clears the overlay and the cache after latching the poison: if that
+        // happened since the caller checked, the overlay or the cache may have held a newer
+        // acknowledged state than redb, so refuse rather than return an older one.
+        self.poison.check()?;
+        value
+            .map(|bytes| decode_record(key.encoded(), bytes.value()))
+            .transpose()
     }
 
     /// Up to `limit` reservations whose lease ran out without completion, oldest first: work

@@ -11,7 +11,7 @@ use crate::decide::{decide, Change};
 use crate::error::Error;
 use crate::fingerprint::Fingerprint;
 use crate::key::Key;
-use crate::record::Record;
+use crate::record::{Millis, Record};
 use crate::reservation::{Reservation, Seen};
 use crate::stats::Counter;
 
@@ -57,22 +57,25 @@ impl Store {
     ) -> Result<Option<Reservation>, Error> {
         self.poison.check()?;
         let record = self.read(key)?;
-        Ok(self.decide_without_writing(key, fingerprint, record))
+        Ok(self.decide_without_writing(key, fingerprint, record, self.now()))
     }
 
-    /// The answer to a reserve of `key` given its stored `record`, when it needs no write.
+    /// The answer to a reserve of `key` given its stored `record` at time `now`, when it
+    /// needs no write. (A batch reads the clock once: at a million keys per second the clock
+    /// read per key was a tenth of the batch's time.)
     fn decide_without_writing(
         &self,
         key: &Key,
         fingerprint: Fingerprint,
         record: Option<Record>,
+        now: Millis,
     ) -> Option<Reservation> {
         // The token is a placeholder: a decision that would use it is discarded and taken
         // again by the writer against the latest state.
         let decision = decide(
             Some(record?),
             Reserve { fingerprint },
-            self.now(),
+            now,
             self.policy.for_key(key),
             0,
         );
@@ -110,13 +113,14 @@ impl Store {
         // Duplicates (and mismatches, keys in progress) are answered from what is
         // acknowledged, without the writer; only the rest waits for a commit.
         self.poison.check()?;
+        let now = self.now();
         let mut answers: Vec<Option<Result<Reservation, Error>>> = self
             .read_many(items.iter().map(|(key, _)| key))
             .into_iter()
             .zip(items)
             .map(|(record, (key, fingerprint))| match record {
                 Ok(record) => self
-                    .decide_without_writing(key, *fingerprint, record)
+                    .decide_without_writing(key, *fingerprint, record, now)
                     .map(Ok),
                 Err(error) => Some(Err(error)),
             })

@@ -25,7 +25,7 @@ pub(crate) struct Schedule {
 /// The most records one background sweep slice deletes, so it holds the writer only briefly:
 /// 200 kept reserves at p99 2.7 ms while 200k expired keys were swept (examples/sweep_load.rs),
 /// where slices of 1 000 made the p50 10 ms.
-pub(crate) const SWEEP_SLICE: usize = 200;
+pub(crate) const SWEEP_SLICE: usize = crate::builder::SWEEP_SLICE_RECORDS;
 
 impl Writer {
     /// Deletes up to `limit` expired records in one unlogged transaction; returns how many.

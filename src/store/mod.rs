@@ -4,10 +4,12 @@
 //!
 //! - `open.rs`: opening (checks, creation, recovery) and assembling the parts;
 //! - `reserve.rs`: reserve (one, many, async, waiting) and observe;
-//! - `lease.rs`: complete, release, extend, review, recovery points, resolve;
+//! - `lease.rs`: complete, release, extend, review, recovery points, resolve (sync and async);
+//! - `many.rs`: the batch forms of complete, release and extend (sync and async);
 //! - `read.rs`: get, stale, snapshots.
 
 mod lease;
+mod many;
 pub(crate) mod open;
 mod read;
 mod reserve;

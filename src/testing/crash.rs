@@ -48,7 +48,9 @@ fn builder(clock: &ManualClock) -> Builder {
         .retention(Duration::from_millis(RETENTION_MS))
         .checkpoint_bytes(64 * 1024)
         .checkpoint_interval(Duration::from_secs(3600))
-        .cache_records(16);
+        .cache_records(16)
+        // Repeatable runs: no background sweep commits at moments real time picks.
+        .sweep_interval(None);
     builder
 }
 

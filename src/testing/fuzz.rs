@@ -86,7 +86,9 @@ fn builder(clock: &ManualClock) -> Builder {
         .checkpoint_bytes(64 * 1024)
         .checkpoint_interval(Duration::from_secs(3600))
         .cache_size(1 << 20)
-        .cache_records(4);
+        .cache_records(4)
+        // Sweeps happen when an input asks for them, not when real time says.
+        .sweep_interval(None);
     builder
 }
 

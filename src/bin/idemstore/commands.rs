@@ -64,7 +64,11 @@ pub(crate) fn open(path: &Path, retention: Option<Duration>) -> Result<Store> {
         Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
         Ok(_) => {}
     }
+    // The tool reports and sweeps by itself (`sweep` shows its progress): no background
+    // sweeper changing counts under it, and no growing an existing store's log to its
+    // preallocated size just to inspect it.
     let mut builder = Store::builder();
+    builder.sweep_interval(None).preallocate_log(false);
     if let Some(retention) = retention {
         builder.retention(retention);
     }

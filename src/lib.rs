@@ -56,6 +56,7 @@
 
 mod builder;
 mod cache;
+mod clean_close;
 mod clock;
 mod commit;
 mod decide;

@@ -103,13 +103,12 @@ impl Writer {
         due.map(|d| d.max(Duration::from_millis(1)))
     }
 
-    /// On shutdown: make everything durable in redb so the next open replays nothing.
+    /// On shutdown: make everything durable in redb, marked as closed cleanly, so the next
+    /// open neither replays nor reads the log (see `clean_close.rs`).
     pub(super) fn close(&mut self) {
         if self.poison.check().is_ok() {
             let _ = self.flush();
-            if self.wal.len_since_rewind() > 0 {
-                let _ = self.checkpoint();
-            }
+            let _ = self.checkpoint_and_mark_clean();
         }
     }
 }

@@ -24,6 +24,10 @@ impl Store {
     /// Storage errors (including damage redb itself detects in its pages), and
     /// [`Error::Poisoned`]. Damage to records and indexes is reported in the result.
     pub fn verify(&self) -> Result<Verification, Error> {
+        self.guard_read("verifying records", || self.verify_unguarded())
+    }
+
+    fn verify_unguarded(&self) -> Result<Verification, Error> {
         let txn = self.snapshot()?;
         let records = txn.open_table(RECORDS).map_err(storage)?;
         let expiry = txn.open_table(EXPIRY).map_err(storage)?;

@@ -146,6 +146,26 @@ impl Wal {
         })
     }
 
+    /// The log of a store closed cleanly, positioned to overwrite it from its first frame
+    /// without reading it: the checkpoint at `checkpoint_seq` holds every frame, and frames
+    /// left in the file are under older salts than `salt`.
+    pub(crate) fn resume(
+        file: Arc<dyn LogFile>,
+        path: PathBuf,
+        checkpoint_seq: u64,
+        salt: u64,
+    ) -> Wal {
+        Wal {
+            file,
+            path,
+            offset: LOG_HEADER_LEN,
+            next_seq: checkpoint_seq + 1,
+            salt,
+            max_payload: u32::MAX as usize,
+            buf: Vec::new(),
+        }
+    }
+
     fn corrupt(&self, offset: u64, reason: String) -> Error {
         Error::Corruption {
             location: format!("log {} at offset {offset}", self.path.display()),

@@ -37,7 +37,7 @@ pub const SWEEP_SLICE_RECORDS: usize = 200;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum Durability {
-    /// Every acknowledged reservation, completion and release is in the write-ahead log and
+    /// Every acknowledged reservation, completion and release is in the log and
     /// synced (fdatasync) before the call returns; concurrent callers share one sync.
     ///
     /// Survives a process crash: yes. Survives a power loss: yes.

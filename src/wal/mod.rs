@@ -1,4 +1,4 @@
-//! The write-ahead log: every batch of changes is appended here, as one checksummed frame,
+//! The log: every batch of changes is appended here, as one checksummed frame,
 //! and synced before anyone in the batch is answered. redb then receives the batch in a
 //! non-durable transaction; a periodic durable redb commit (a checkpoint) makes the log's
 //! contents redundant, after which the log is rewound and overwritten in place from its first

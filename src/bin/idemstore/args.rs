@@ -10,7 +10,7 @@ Exit status:
   2  usage error: unknown command, missing or bad arguments
 
 Every command opens the store as a service does: one process owns a store file, so stop the
-service first. Opening replays the store's write-ahead log (FILE.wal) into the file.";
+service first. Opening replays the store's log (FILE.wal) into the file.";
 
 #[derive(Parser)]
 #[command(

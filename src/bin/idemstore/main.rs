@@ -10,7 +10,7 @@
 //! ```
 //!
 //! Every command opens the store like a service would ([`Store::open`]: one process owns a
-//! file, and opening replays its write-ahead log), so it runs while no service has the store
+//! file, and opening replays its log), so it runs while no service has the store
 //! open. Tables by default, `--json` for scripts. A closed output pipe ends the command
 //! quietly with status 0.
 

@@ -97,8 +97,10 @@ impl Store {
     }
 
     /// Deletes up to `limit` expired records and returns how many were deleted. Expired
-    /// records already read as absent; sweeping reclaims their space. Run it periodically
-    /// with a bound that keeps each call short, since it holds the writer while it runs.
+    /// records already read as absent; sweeping reclaims their space. The background sweeper
+    /// ([`Builder::sweep_interval`](crate::Builder::sweep_interval), on by default) does this
+    /// by itself; call it when the sweeper is off, with a bound that keeps each call short,
+    /// since it holds the writer while it runs.
     ///
     /// # Errors
     /// Storage errors; a failed sweep poisons the store like any failed write.

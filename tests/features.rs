@@ -362,6 +362,59 @@ fn every_lease_operation_has_an_async_form() {
     });
 }
 
+/// Generic code over the `Reservations` trait reaches every lease operation of the local store
+/// through its async form.
+#[test]
+fn the_reservations_trait_runs_every_lease_operation() {
+    use idemstore::{Reservations, Resolution};
+
+    async fn exercise<R: Reservations>(store: &R, clock: &ManualClock) -> Vec<u8> {
+        let fp = Fingerprint::of(b"trait");
+        let items = vec![(key("t1"), fp), (key("t2"), fp)];
+        let mut leases: Vec<idemstore::Lease> = store
+            .reserve_many(&items)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|r| match r.unwrap() {
+                Reservation::Acquired(lease) => lease,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        clock.advance(Duration::from_secs(3));
+        let renewed = store.extend(&leases[0]).await.unwrap();
+        assert!(renewed.lease_until() > leases[0].lease_until(), "renewed");
+        leases[0] = renewed;
+        store
+            .mark_needs_review(&leases[0], "unknown outcome")
+            .await
+            .unwrap();
+        assert!(
+            store.extend(&leases[0]).await.is_err(),
+            "a marked key is not held"
+        );
+        store
+            .resolve(&key("t1"), Resolution::Complete(b"by hand".to_vec()))
+            .await
+            .unwrap();
+        assert!(store.release_if_pending(&leases[1]).await.unwrap());
+        match store.reserve(&key("t1"), fp).await.unwrap() {
+            Reservation::Completed(done) => done.result,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new();
+    let store = Store::builder()
+        .clock(clock.clone())
+        .lease(Duration::from_secs(10))
+        .open(dir.path().join("trait.idem"))
+        .unwrap();
+    assert_eq!(block_on(exercise(&store, &clock)), b"by hand");
+    assert!(store.get(&key("t2")).unwrap().is_none(), "released");
+}
+
 fn block_on<F: std::future::Future>(future: F) -> F::Output {
     use std::task::{Context, Poll, Wake, Waker};
     struct Unpark(thread::Thread);

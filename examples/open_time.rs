@@ -7,17 +7,19 @@
 //! cargo run --release --example open_time -- fill /data/big.idem 1000000
 //! # time Store::open (default settings) five times; each open closes cleanly
 //! cargo run --release --example open_time -- open /data/big.idem
-//! # a child process opens the store, writes 20,000 more keys (in the log, not yet
-//! # checkpointed), and is killed with SIGKILL; then time the open that recovers it
+//! # a child process opens the store, writes 20,000 more keys (in the log; past about
+//! # 100,000 the child also checkpoints), is killed with SIGKILL; then time the open
 //! cargo run --release --example open_time -- kill /data/big.idem 20000
 //! # the same without the open: the store is left as the killed process left it
 //! cargo run --release --example open_time -- crash /data/big.idem 20000
 //! ```
 //!
-//! Prints one line per open: `open <path> (<how>): <ms> ms`. Add `--verify` after the path to
-//! open with `verify_on_open(true)`, `--ascending` to `fill` to write the keys in order (much
-//! faster for big fills; the default spreads them at random, like real idempotency keys). Run it on the disk being measured; drop the page
-//! cache first (`echo 3 > /proc/sys/vm/drop_caches`) to measure a cold open.
+//! Prints one line per open: `open <path> (<how>): <ms> ms`, and how long closing took on
+//! stderr. Add `--verify` after the path to open with `verify_on_open(true)`, and
+//! `--ascending` to `fill` to write the keys in order (much faster for big fills; by default
+//! they are spread at random, like real idempotency keys). Run it on the disk being measured;
+//! drop the page cache first (`echo 3 > /proc/sys/vm/drop_caches`) to measure a cold open.
+//! `BENCHMARKS.md` ("Open time") has the figures.
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;

@@ -198,6 +198,10 @@ impl Store {
     /// [`extend`](Store::extend) for async code; no thread blocks while the renewal is
     /// synced.
     ///
+    /// # Backpressure
+    /// At most 4,096 async requests wait in the commit queue; a future started when it is full
+    /// waits (without queueing anything) until a batch makes room.
+    ///
     /// # Cancel safety
     /// Dropping the future does not withdraw the renewal: it may still be committed, and then
     /// the lease runs until the renewed deadline.
@@ -228,6 +232,10 @@ impl Store {
 
     /// [`mark_needs_review`](Store::mark_needs_review) for async code; no thread blocks while
     /// the mark is synced.
+    ///
+    /// # Backpressure
+    /// At most 4,096 async requests wait in the commit queue; a future started when it is full
+    /// waits (without queueing anything) until a batch makes room.
     ///
     /// # Cancel safety
     /// Dropping the future does not withdraw the mark: it may still be committed, and then
@@ -279,6 +287,10 @@ impl Store {
 
     /// [`record_step`](Store::record_step) for async code; no thread blocks while the
     /// recovery point is synced.
+    ///
+    /// # Backpressure
+    /// At most 4,096 async requests wait in the commit queue; a future started when it is full
+    /// waits (without queueing anything) until a batch makes room.
     ///
     /// # Cancel safety
     /// Dropping the future does not withdraw the recovery point: it may still be committed,
@@ -332,6 +344,10 @@ impl Store {
 
     /// [`resolve`](Store::resolve) for async code; no thread blocks while the resolution is
     /// synced.
+    ///
+    /// # Backpressure
+    /// At most 4,096 async requests wait in the commit queue; a future started when it is full
+    /// waits (without queueing anything) until a batch makes room.
     ///
     /// # Cancel safety
     /// Dropping the future does not withdraw the resolution: it may still be committed.

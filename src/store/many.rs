@@ -82,7 +82,7 @@ impl Store {
         batch.answer(outcomes, map)
     }
 
-    async fn run_batch_async<O: Operation, T>(
+    async fn run_batch_async<O: Operation + Unpin, T>(
         &self,
         mut batch: Batch<'_, O>,
         map: impl Fn(&Lease, O::Outcome) -> Result<T, Error>,
@@ -124,6 +124,10 @@ impl Store {
     /// [`complete_many`](Store::complete_many) for async code; no thread blocks while the
     /// batch is synced.
     ///
+    /// # Backpressure
+    /// At most 4,096 async requests wait in the commit queue; a future started when it is full
+    /// waits (without queueing anything) until a batch makes room.
+    ///
     /// # Cancel safety
     /// Dropping the future does not withdraw the completions: they may still be committed.
     ///
@@ -153,6 +157,10 @@ impl Store {
     /// [`release_if_pending_many`](Store::release_if_pending_many) for async code; no thread
     /// blocks while the batch is synced.
     ///
+    /// # Backpressure
+    /// At most 4,096 async requests wait in the commit queue; a future started when it is full
+    /// waits (without queueing anything) until a batch makes room.
+    ///
     /// # Cancel safety
     /// Dropping the future does not withdraw the releases: they may still be committed.
     ///
@@ -179,6 +187,10 @@ impl Store {
 
     /// [`extend_many`](Store::extend_many) for async code; no thread blocks while the batch is
     /// synced.
+    ///
+    /// # Backpressure
+    /// At most 4,096 async requests wait in the commit queue; a future started when it is full
+    /// waits (without queueing anything) until a batch makes room.
     ///
     /// # Cancel safety
     /// Dropping the future does not withdraw the renewals: they may still be committed.

@@ -118,6 +118,10 @@ impl Store {
     /// [`reserve_many`](Store::reserve_many) for async code: duplicates are answered at once,
     /// and the acquisitions wait for their commit without blocking a thread.
     ///
+    /// # Backpressure
+    /// At most 4,096 async requests wait in the commit queue; a future started when it is full
+    /// waits (without queueing anything) until a batch makes room.
+    ///
     /// # Cancel safety
     /// Dropping the future does not withdraw the reservations: keys may still be acquired,
     /// and then go stale when their leases run out.

@@ -255,7 +255,7 @@ impl Builder {
     /// opens (after a kill, a crash or a power loss), so that a damaged file (a disk that lost
     /// writes it had acknowledged, say) is refused with [`Error::NotAStore`] naming it before
     /// any of its pages is trusted. It reads the whole file (0.7 to 2 s per GB when measured,
-    /// 3.9 s for a 10M-key store of 3.1 GB), so an open after a crash then grows with the
+    /// about 5 s for a 10M-key store of 3.1 GB), so an open after a crash then grows with the
     /// store.
     ///
     /// Off by default: a kill cannot damage the file, and redb's two-phase commit (used by

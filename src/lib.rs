@@ -44,7 +44,8 @@
 //! - [`Store::complete_with`] commits the caller's own redb tables with the completion.
 //! - Durable before acknowledging by default; concurrent callers share one commit.
 //! - Duplicates are answered from read transactions that never wait for writers.
-//! - Bounded sweeping of expired keys through an expiry index ([`Store::sweep`]).
+//! - Expired keys swept in the background by default, in bounded slices through an expiry
+//!   index ([`Builder::sweep_interval`], [`Store::sweep`]).
 //! - Per-record checksums: damage is reported with the key, never returned as data.
 //! - [`http::IdempotencyLayer`] (feature `http`, on by default): the `Idempotency-Key` header
 //!   for any tower HTTP service, in one `.layer(...)`, on any [`Reservations`] backend.
@@ -64,6 +65,7 @@
 pub mod admin;
 mod builder;
 mod cache;
+mod clean_close;
 mod clock;
 mod commit;
 mod decide;
@@ -96,7 +98,7 @@ pub use admin::{AdminClient, AdminSocket};
 pub use builder::{
     Builder, Durability, DEFAULT_CACHE_RECORDS, DEFAULT_CACHE_SIZE, DEFAULT_CHECKPOINT_BYTES,
     DEFAULT_CHECKPOINT_INTERVAL, DEFAULT_LEASE, DEFAULT_MAX_RESULT_LEN, DEFAULT_RETENTION,
-    MAX_RESULT_LEN_LIMIT,
+    DEFAULT_SWEEP_INTERVAL, MAX_RESULT_LEN_LIMIT, SWEEP_SLICE_RECORDS,
 };
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decide::Resolution;

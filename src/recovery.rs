@@ -3,7 +3,8 @@
 //! (Checkpoints, which make redb durable and rewind the log, are in `commit/checkpoint.rs`.)
 //!
 //! Opening a store replays the log frames newer than the file's checkpoint into redb, in one
-//! durable transaction, and then rewinds the log. Frames are after-images, so replaying a
+//! durable transaction, and then rewinds the log. A store closed cleanly skips the log
+//! (`clean_close.rs`). Frames are after-images, so replaying a
 //! frame that was already applied changes nothing: recovery can itself crash and run again.
 
 use std::path::PathBuf;
@@ -25,11 +26,19 @@ pub(crate) fn recover(
     strict: bool,
 ) -> Result<(Wal, u64), Error> {
     let ctx = "replaying the log";
-    let txn = db.begin_write().map_err(|e| Error::storage(ctx, e))?;
+    let mut txn = db.begin_write().map_err(|e| Error::storage(ctx, e))?;
+    // Record redb's allocator state with this commit, as checkpoints do (`commit/writer.rs`).
+    txn.set_quick_repair(true);
     let (checkpoint_seq, mut next_token, salt) = {
         let tables = Tables::open(&txn)?;
         (tables.wal_seq()?, tables.next_token()?, tables.log_salt()?)
     };
+    if crate::clean_close::take(&txn)? {
+        // Closed cleanly: the checkpoint holds every frame, so the log is not read. The mark
+        // is removed durably before any new frame can be written.
+        txn.commit().map_err(|e| Error::storage(ctx, e))?;
+        return Ok((Wal::resume(log, log_path, checkpoint_seq, salt), next_token));
+    }
     let Recovered {
         mut wal,
         frames,

@@ -101,9 +101,9 @@ pub trait Reservations: Send + Sync {
     ) -> impl Future<Output = Result<Option<RecordClass>, Error>> + Send;
 }
 
-/// The local store. The operations that have an `_async` form use it, so no thread blocks
-/// while a commit is synced; the others run on the calling task (a local commit is one
-/// fdatasync, a few hundred microseconds).
+/// The local store. Every write uses its `_async` form, so no thread blocks while a commit is
+/// synced. Reads (`get`, `stale`) never wait for a commit and run on the calling task; so
+/// does `sweep`, which holds the writer for one bounded slice.
 impl Reservations for Store {
     async fn reserve(&self, key: &Key, fingerprint: Fingerprint) -> Result<Reservation, Error> {
         self.reserve_async(key, fingerprint).await
@@ -113,7 +113,7 @@ impl Reservations for Store {
         &self,
         items: &[(Key, Fingerprint)],
     ) -> Result<Vec<Result<Reservation, Error>>, Error> {
-        Store::reserve_many(self, items)
+        self.reserve_many_async(items).await
     }
 
     async fn complete(&self, lease: &Lease, result: Vec<u8>) -> Result<(), Error> {
@@ -125,15 +125,15 @@ impl Reservations for Store {
     }
 
     async fn extend(&self, lease: &Lease) -> Result<Lease, Error> {
-        Store::extend(self, lease)
+        self.extend_async(lease).await
     }
 
     async fn mark_needs_review(&self, lease: &Lease, note: &str) -> Result<(), Error> {
-        Store::mark_needs_review(self, lease, note)
+        self.mark_needs_review_async(lease, note).await
     }
 
     async fn resolve(&self, key: &Key, resolution: Resolution) -> Result<(), Error> {
-        Store::resolve(self, key, resolution)
+        self.resolve_async(key, resolution).await
     }
 
     async fn get(&self, key: &Key) -> Result<Option<Record>, Error> {

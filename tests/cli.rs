@@ -58,10 +58,12 @@ impl Fixture {
 
     /// The fixture's store, with its clock: lease 1 h, retention 24 h.
     fn open(&self) -> Store {
+        // The tests count expired keys: no background sweeper deleting them meanwhile.
         Store::builder()
             .lease(HOUR)
             .retention(24 * HOUR)
             .clock(self.clock.clone())
+            .sweep_interval(None)
             .open(&self.path)
             .expect("open the fixture store")
     }

@@ -146,6 +146,51 @@ fn background_sweeper_deletes_expired_records_in_slices() {
     assert!(store.get(&keys[0].0).unwrap().is_none());
 }
 
+/// `Store::open`'s defaults serve a service: the log is preallocated, and expired records are
+/// swept in the background without anyone calling `sweep` (more than one slice of them).
+#[test]
+fn a_default_store_sweeps_by_itself_and_preallocates_its_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new();
+    let path = dir.path().join("defaults.idem");
+    // Only the clock and the retention differ from `Store::open`.
+    let store = Store::builder()
+        .clock(clock.clone())
+        .retention(Duration::from_secs(60))
+        .open(&path)
+        .unwrap();
+    let log_len = std::fs::metadata(dir.path().join("defaults.idem.wal"))
+        .unwrap()
+        .len();
+    assert_eq!(log_len, idemstore::DEFAULT_CHECKPOINT_BYTES + (1 << 20));
+    let n = idemstore::SWEEP_SLICE_RECORDS + 50;
+    let keys: Vec<(Key, Fingerprint)> = (0..n)
+        .map(|i| (key(&format!("d{i}")), Fingerprint::of(b"x")))
+        .collect();
+    let leases: Vec<_> = store
+        .reserve_many(&keys)
+        .unwrap()
+        .into_iter()
+        .map(|r| match r.unwrap() {
+            Reservation::Acquired(lease) => lease,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    store
+        .complete_many(leases.iter().map(|l| (l, b"ok".to_vec())).collect())
+        .unwrap();
+    clock.advance(Duration::from_secs(61));
+    let deadline = Instant::now() + idemstore::DEFAULT_SWEEP_INTERVAL * 10;
+    while store.stats().swept < n as u64 && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(
+        store.stats().swept,
+        n as u64,
+        "swept by the default sweeper"
+    );
+}
+
 #[test]
 fn batches_share_commits_and_stats_count_outcomes() {
     let dir = tempfile::tempdir().unwrap();
@@ -196,6 +241,178 @@ fn async_reserve_and_complete_work_on_any_executor() {
         Reservation::Completed(done) => assert_eq!(done.result, b"async result"),
         other => panic!("{other:?}"),
     }
+}
+
+/// Every lease operation has an async form that answers as its sync form does, and the batch
+/// forms answer each item on its own.
+#[test]
+fn every_lease_operation_has_an_async_form() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new();
+    let store = Store::builder()
+        .clock(clock.clone())
+        .lease(Duration::from_secs(10))
+        .open(dir.path().join("async-all.idem"))
+        .unwrap();
+    let fp = Fingerprint::of(b"job");
+    block_on(async {
+        let items: Vec<(Key, Fingerprint)> = (0..4).map(|i| (key(&format!("a{i}")), fp)).collect();
+        let leases: Vec<idemstore::Lease> = store
+            .reserve_many_async(&items)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|r| match r.unwrap() {
+                Reservation::Acquired(lease) => lease,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        clock.advance(Duration::from_secs(5));
+        let renewed = store.extend_async(&leases[0]).await.unwrap();
+        assert_eq!(
+            renewed.lease_until(),
+            clock.time() + Duration::from_secs(10),
+            "extended from now"
+        );
+        let renewed_many = store
+            .extend_many_async(&[&leases[1], &leases[2]])
+            .await
+            .unwrap();
+        for lease in renewed_many {
+            assert_eq!(
+                lease.unwrap().lease_until(),
+                clock.time() + Duration::from_secs(10)
+            );
+        }
+        store
+            .record_step_async(&leases[0], 2, b"charged ch_9")
+            .await
+            .unwrap();
+        let record = store.get(&key("a0")).unwrap().unwrap();
+        match record.status() {
+            Status::Pending { progress, .. } => {
+                let progress = progress.expect("the recovery point is stored");
+                assert_eq!(
+                    (progress.step, progress.data.as_slice()),
+                    (2, &b"charged ch_9"[..])
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        store
+            .mark_needs_review_async(&leases[0], "gateway timed out")
+            .await
+            .unwrap();
+        assert!(matches!(
+            store.reserve_async(&key("a0"), fp).await.unwrap(),
+            Reservation::NeedsReview { .. }
+        ));
+        // The marked lease no longer owns its key.
+        assert!(matches!(
+            store.extend_async(&leases[0]).await,
+            Err(idemstore::Error::LeaseLost { .. })
+        ));
+        store
+            .resolve_async(
+                &key("a0"),
+                idemstore::Resolution::Complete(b"settled".to_vec()),
+            )
+            .await
+            .unwrap();
+        match store.reserve_async(&key("a0"), fp).await.unwrap() {
+            Reservation::Completed(done) => assert_eq!(done.result, b"settled"),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            store
+                .resolve_async(&key("a0"), idemstore::Resolution::Release)
+                .await,
+            Err(idemstore::Error::NotResolvable { .. })
+        ));
+        let completed = store
+            .complete_many_async(vec![
+                (&leases[1], b"one".to_vec()),
+                (&leases[0], b"x".to_vec()),
+            ])
+            .await
+            .unwrap();
+        assert!(completed[0].is_ok());
+        assert!(matches!(
+            completed[1],
+            Err(idemstore::Error::LeaseLost { .. })
+        ));
+        let released = store
+            .release_if_pending_many_async(&[&leases[2], &leases[1]])
+            .await
+            .unwrap();
+        assert_eq!(released[0].as_ref().ok(), Some(&true), "pending: released");
+        assert_eq!(released[1].as_ref().ok(), Some(&false), "completed: kept");
+        assert_eq!(
+            store.release_if_pending_many(&[&leases[3]]).unwrap()[0]
+                .as_ref()
+                .ok(),
+            Some(&true)
+        );
+        assert!(store.get(&key("a2")).unwrap().is_none());
+        assert!(store.get(&key("a3")).unwrap().is_none());
+        assert!(
+            store.extend_many(&[&leases[3]]).unwrap()[0].is_err(),
+            "released: lost"
+        );
+    });
+}
+
+/// Generic code over the `Reservations` trait reaches every lease operation of the local store
+/// through its async form.
+#[test]
+fn the_reservations_trait_runs_every_lease_operation() {
+    use idemstore::{Reservations, Resolution};
+
+    async fn exercise<R: Reservations>(store: &R, clock: &ManualClock) -> Vec<u8> {
+        let fp = Fingerprint::of(b"trait");
+        let items = vec![(key("t1"), fp), (key("t2"), fp)];
+        let mut leases: Vec<idemstore::Lease> = store
+            .reserve_many(&items)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|r| match r.unwrap() {
+                Reservation::Acquired(lease) => lease,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        clock.advance(Duration::from_secs(3));
+        let renewed = store.extend(&leases[0]).await.unwrap();
+        assert!(renewed.lease_until() > leases[0].lease_until(), "renewed");
+        leases[0] = renewed;
+        store
+            .mark_needs_review(&leases[0], "unknown outcome")
+            .await
+            .unwrap();
+        assert!(
+            store.extend(&leases[0]).await.is_err(),
+            "a marked key is not held"
+        );
+        store
+            .resolve(&key("t1"), Resolution::Complete(b"by hand".to_vec()))
+            .await
+            .unwrap();
+        assert!(store.release_if_pending(&leases[1]).await.unwrap());
+        match store.reserve(&key("t1"), fp).await.unwrap() {
+            Reservation::Completed(done) => done.result,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new();
+    let store = Store::builder()
+        .clock(clock.clone())
+        .lease(Duration::from_secs(10))
+        .open(dir.path().join("trait.idem"))
+        .unwrap();
+    assert_eq!(block_on(exercise(&store, &clock)), b"by hand");
+    assert!(store.get(&key("t2")).unwrap().is_none(), "released");
 }
 
 fn block_on<F: std::future::Future>(future: F) -> F::Output {

@@ -463,12 +463,16 @@ fn run(ops: &[Op]) {
     let path = dir.path().join("model.idem");
     let clock = ManualClock::starting_at(at(START_MS));
     let open = || {
+        // The model counts what each `sweep` deletes: no background sweeper. Each case creates
+        // a store: no 33 MiB preallocated log either.
         Store::builder()
             .lease(Duration::from_millis(LEASE_MS))
             .retention(Duration::from_millis(RETENTION_MS))
             .retention_for(operation_of(1), Duration::from_millis(REFUNDS_RETENTION_MS))
             .retention_for(operation_of(2), Duration::from_millis(CONSUME_RETENTION_MS))
             .clock(clock.clone())
+            .sweep_interval(None)
+            .preallocate_log(false)
             .open(&path)
             .expect("open the store")
     };

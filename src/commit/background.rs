@@ -25,7 +25,7 @@ pub(crate) struct Schedule {
 /// The most records one background sweep slice deletes, so it holds the writer only briefly:
 /// 200 kept reserves at p99 2.7 ms while 200k expired keys were swept (examples/sweep_load.rs),
 /// where slices of 1 000 made the p50 10 ms.
-pub(crate) const SWEEP_SLICE: usize = 200;
+pub(crate) const SWEEP_SLICE: usize = crate::builder::SWEEP_SLICE_RECORDS;
 
 impl Writer {
     /// Deletes up to `limit` expired records in one unlogged transaction; returns how many.
@@ -103,13 +103,12 @@ impl Writer {
         due.map(|d| d.max(Duration::from_millis(1)))
     }
 
-    /// On shutdown: make everything durable in redb so the next open replays nothing.
+    /// On shutdown: make everything durable in redb, marked as closed cleanly, so the next
+    /// open neither replays nor reads the log (see `clean_close.rs`).
     pub(super) fn close(&mut self) {
         if self.poison.check().is_ok() {
             let _ = self.flush();
-            if self.wal.len_since_rewind() > 0 {
-                let _ = self.checkpoint();
-            }
+            let _ = self.checkpoint_and_mark_clean();
         }
     }
 }

@@ -3,7 +3,7 @@
 //! Callers queue a request (one or many key operations) and wait. One committer thread takes
 //! everything queued, decides each operation against the current state with [`decide`],
 //! applies the batch to a redb write transaction that stays open across batches, and appends
-//! the resulting changes to the write-ahead log as one frame. The batch is then handed to the
+//! the resulting changes to the log as one frame. The batch is then handed to the
 //! [`Syncer`]: one fdatasync makes every frame written so far durable, after which the batch's
 //! changes are published to the [`Overlay`] (what readers see before redb commits) and its
 //! callers are answered. Nobody hears an answer before its batch is durable.

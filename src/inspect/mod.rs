@@ -206,7 +206,7 @@ pub struct FileInfo {
     pub path: PathBuf,
     /// Its size in bytes.
     pub file_bytes: u64,
-    /// The write-ahead log: the store file's name with `.wal` appended.
+    /// The log: the store file's name with `.wal` appended.
     pub log_path: PathBuf,
     /// The log's size in bytes. The log is overwritten in place from its start after each
     /// checkpoint, so this is its high-water mark, not the amount of unreplayed data.

@@ -47,6 +47,10 @@ impl Store {
     /// # Errors
     /// Storage errors, and [`Error::Poisoned`]. Damaged records are counted, not errors.
     pub fn counts(&self) -> Result<StateCounts, Error> {
+        self.guard_read("counting records", || self.counts_unguarded())
+    }
+
+    fn counts_unguarded(&self) -> Result<StateCounts, Error> {
         let txn = self.snapshot()?;
         let records = txn.open_table(RECORDS).map_err(storage)?;
         let now = self.now();
@@ -108,6 +112,14 @@ impl Store {
     /// # Errors
     /// Storage errors, and [`Error::Poisoned`].
     pub fn scan(&self, filter: &ScanFilter, limit: usize) -> Result<Vec<(Key, Record)>, Error> {
+        self.guard_read("scanning records", || self.scan_unguarded(filter, limit))
+    }
+
+    fn scan_unguarded(
+        &self,
+        filter: &ScanFilter,
+        limit: usize,
+    ) -> Result<Vec<(Key, Record)>, Error> {
         let txn = self.snapshot()?;
         let records = txn.open_table(RECORDS).map_err(storage)?;
         let now = self.now();
@@ -189,6 +201,10 @@ impl Store {
     /// # Errors
     /// [`Error::Io`] when a file's size cannot be read; storage errors; [`Error::Poisoned`].
     pub fn file_info(&self) -> Result<FileInfo, Error> {
+        self.guard_read("reading the file's layout", || self.file_info_unguarded())
+    }
+
+    fn file_info_unguarded(&self) -> Result<FileInfo, Error> {
         let txn = self.snapshot()?;
         let meta = txn.open_table(META).map_err(storage)?;
         let read = |name: &str| -> Result<u64, Error> {

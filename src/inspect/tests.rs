@@ -9,10 +9,12 @@ use crate::reservation::Reservation;
 use crate::tables::Tables;
 
 fn store(dir: &tempfile::TempDir, clock: &ManualClock) -> Store {
+    // These tests count expired records: no background sweeper deleting them meanwhile.
     Store::builder()
         .lease(Duration::from_secs(10))
         .retention(Duration::from_secs(100))
         .clock(clock.clone())
+        .sweep_interval(None)
         .open(dir.path().join("s.idem"))
         .unwrap()
 }

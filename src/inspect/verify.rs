@@ -56,6 +56,13 @@ impl Store {
         &self,
         mut progress: impl FnMut(u64, u64),
     ) -> Result<Verification, Error> {
+        self.guard_read("verifying records", || self.verify_unguarded(&mut progress))
+    }
+
+    fn verify_unguarded(
+        &self,
+        mut progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<Verification, Error> {
         let txn = self.snapshot()?;
         let records = txn.open_table(RECORDS).map_err(storage)?;
         let expiry = txn.open_table(EXPIRY).map_err(storage)?;

@@ -3,7 +3,6 @@
 
 use redb::WriteTransaction;
 
-use crate::clock::from_millis;
 use crate::commit::{first, CommitKind, Committer};
 use crate::decide::answer;
 use crate::decide::op::{
@@ -16,6 +15,7 @@ use crate::record::MAX_NOTE_LEN;
 use crate::reservation::{Lease, Progress};
 use crate::tables::Tables;
 
+use super::many::extended;
 use super::Store;
 
 impl Store {
@@ -66,57 +66,6 @@ impl Store {
             .submit_async(vec![(lease.key.clone(), op)])
             .await;
         answer::completion(lease, first(answer)?)
-    }
-
-    /// Completes many leases with one shared commit. Returns one result per item, in order.
-    ///
-    /// A call whose results add up to more than one batch takes (64 MiB of log entries) is
-    /// committed in several consecutive batches, each durable before this returns.
-    ///
-    /// # Errors
-    /// The outer error is a failure of the batch (a poisoned store, a failed sync); when the
-    /// call spanned several batches, the items of earlier ones may have been committed, as for
-    /// any failed write. An item fails alone with
-    /// [`Error::ResultTooLarge`] or [`Error::LeaseLost`].
-    pub fn complete_many(
-        &self,
-        items: Vec<(&Lease, Vec<u8>)>,
-    ) -> Result<Vec<Result<(), Error>>, Error> {
-        let mut results: Vec<Option<Result<(), Error>>> = Vec::with_capacity(items.len());
-        let mut ops = Vec::new();
-        let mut leases = Vec::with_capacity(items.len());
-        for (lease, result) in items {
-            leases.push(lease);
-            match self.check_result(lease, &result) {
-                Ok(()) => {
-                    results.push(None);
-                    ops.push((
-                        lease.key.clone(),
-                        Complete {
-                            token: lease.token,
-                            result,
-                        },
-                    ));
-                }
-                Err(error) => results.push(Some(Err(error))),
-            }
-        }
-        let mut outcomes = if ops.is_empty() {
-            Vec::new()
-        } else {
-            self.committer.submit(ops)?
-        }
-        .into_iter();
-        Ok(results
-            .into_iter()
-            .zip(leases)
-            .map(|(result, lease)| {
-                result.unwrap_or_else(|| {
-                    let outcome = outcomes.next().expect("one outcome per queued item");
-                    outcome.and_then(|outcome| answer::completion(lease, outcome))
-                })
-            })
-            .collect())
     }
 
     pub(super) fn check_result(&self, lease: &Lease, result: &[u8]) -> Result<(), Error> {
@@ -243,12 +192,29 @@ impl Store {
     /// [`Error::LeaseLost`] when the reservation was taken over, completed or released.
     pub fn extend(&self, lease: &Lease) -> Result<Lease, Error> {
         let op = Extend { token: lease.token };
-        let lease_until =
-            answer::with_lease(lease, self.committer.submit_one(lease.key.clone(), op)?)?;
-        Ok(Lease {
-            lease_until: from_millis(lease_until),
-            ..lease.clone()
-        })
+        extended(lease, self.committer.submit_one(lease.key.clone(), op)?)
+    }
+
+    /// [`extend`](Store::extend) for async code; no thread blocks while the renewal is
+    /// synced.
+    ///
+    /// # Backpressure
+    /// At most 4,096 async requests wait in the commit queue; a future started when it is full
+    /// waits (without queueing anything) until a batch makes room.
+    ///
+    /// # Cancel safety
+    /// Dropping the future does not withdraw the renewal: it may still be committed, and then
+    /// the lease runs until the renewed deadline.
+    ///
+    /// # Errors
+    /// As for [`extend`](Store::extend).
+    pub async fn extend_async(&self, lease: &Lease) -> Result<Lease, Error> {
+        let op = Extend { token: lease.token };
+        let outcome = self
+            .committer
+            .submit_async(vec![(lease.key.clone(), op)])
+            .await;
+        extended(lease, first(outcome)?)
     }
 
     /// Parks the lease's key for a person: the outcome of the work is unknown (a payment
@@ -260,17 +226,30 @@ impl Store {
     /// [`Error::NoteTooLarge`] over [`MAX_NOTE_LEN`](crate::MAX_NOTE_LEN) bytes;
     /// [`Error::LeaseLost`] when the lease no longer owns the key.
     pub fn mark_needs_review(&self, lease: &Lease, note: &str) -> Result<(), Error> {
-        if note.len() > MAX_NOTE_LEN {
-            return Err(Error::NoteTooLarge {
-                key: lease.key.clone(),
-                len: note.len(),
-            });
-        }
-        let op = MarkNeedsReview {
-            token: lease.token,
-            note: note.to_string(),
-        };
+        let op = mark_op(lease, note)?;
         answer::with_lease(lease, self.committer.submit_one(lease.key.clone(), op)?)
+    }
+
+    /// [`mark_needs_review`](Store::mark_needs_review) for async code; no thread blocks while
+    /// the mark is synced.
+    ///
+    /// # Backpressure
+    /// At most 4,096 async requests wait in the commit queue; a future started when it is full
+    /// waits (without queueing anything) until a batch makes room.
+    ///
+    /// # Cancel safety
+    /// Dropping the future does not withdraw the mark: it may still be committed, and then
+    /// the key is under review.
+    ///
+    /// # Errors
+    /// As for [`mark_needs_review`](Store::mark_needs_review).
+    pub async fn mark_needs_review_async(&self, lease: &Lease, note: &str) -> Result<(), Error> {
+        let op = mark_op(lease, note)?;
+        let outcome = self
+            .committer
+            .submit_async(vec![(lease.key.clone(), op)])
+            .await;
+        answer::with_lease(lease, first(outcome)?)
     }
 
     /// Records a recovery point for multi-step work: step `step` is done, with `data` (what
@@ -302,24 +281,90 @@ impl Store {
     /// [`Error::ResultTooLarge`] when `data` is over [`Builder::max_result_len`](crate::Builder::max_result_len);
     /// [`Error::LeaseLost`] when the lease no longer owns the key.
     pub fn record_step(&self, lease: &Lease, step: u32, data: &[u8]) -> Result<(), Error> {
+        let op = self.step_op(lease, step, data)?;
+        answer::with_lease(lease, self.committer.submit_one(lease.key.clone(), op)?)
+    }
+
+    /// [`record_step`](Store::record_step) for async code; no thread blocks while the
+    /// recovery point is synced.
+    ///
+    /// # Backpressure
+    /// At most 4,096 async requests wait in the commit queue; a future started when it is full
+    /// waits (without queueing anything) until a batch makes room.
+    ///
+    /// # Cancel safety
+    /// Dropping the future does not withdraw the recovery point: it may still be committed,
+    /// and then a takeover finds it in [`Lease::progress`].
+    ///
+    /// # Errors
+    /// As for [`record_step`](Store::record_step).
+    pub async fn record_step_async(
+        &self,
+        lease: &Lease,
+        step: u32,
+        data: &[u8],
+    ) -> Result<(), Error> {
+        let op = self.step_op(lease, step, data)?;
+        let outcome = self
+            .committer
+            .submit_async(vec![(lease.key.clone(), op)])
+            .await;
+        answer::with_lease(lease, first(outcome)?)
+    }
+
+    fn step_op(&self, lease: &Lease, step: u32, data: &[u8]) -> Result<RecordStep, Error> {
         self.check_result(lease, data)?;
-        let op = RecordStep {
+        Ok(RecordStep {
             token: lease.token,
             progress: Progress {
                 step,
                 data: data.to_vec(),
             },
-        };
-        answer::with_lease(lease, self.committer.submit_one(lease.key.clone(), op)?)
+        })
     }
 
     /// Operator action on a key marked for review or a stale reservation: store a result
     /// ([`Resolution::Complete`]) or delete the key ([`Resolution::Release`]).
     ///
+    /// There is no `resolve_many` (nor a `_many` form of [`record_step`](Store::record_step)
+    /// or [`mark_needs_review`](Store::mark_needs_review)): each of these follows its own
+    /// check (at the external service, or of the work's progress), one key at a time, and
+    /// concurrent calls already share one commit and one log sync.
+    ///
     /// # Errors
+    /// [`Error::ResultTooLarge`] over [`Builder::max_result_len`](crate::Builder::max_result_len);
     /// [`Error::NotResolvable`] when the key is absent, completed or held by a live lease.
     pub fn resolve(&self, key: &Key, resolution: Resolution) -> Result<(), Error> {
-        if let Resolution::Complete(result) = &resolution {
+        self.check_resolution(key, &resolution)?;
+        let outcome = self
+            .committer
+            .submit_one(key.clone(), Resolve(resolution))?;
+        answer::resolved(key, outcome)
+    }
+
+    /// [`resolve`](Store::resolve) for async code; no thread blocks while the resolution is
+    /// synced.
+    ///
+    /// # Backpressure
+    /// At most 4,096 async requests wait in the commit queue; a future started when it is full
+    /// waits (without queueing anything) until a batch makes room.
+    ///
+    /// # Cancel safety
+    /// Dropping the future does not withdraw the resolution: it may still be committed.
+    ///
+    /// # Errors
+    /// As for [`resolve`](Store::resolve).
+    pub async fn resolve_async(&self, key: &Key, resolution: Resolution) -> Result<(), Error> {
+        self.check_resolution(key, &resolution)?;
+        let outcome = self
+            .committer
+            .submit_async(vec![(key.clone(), Resolve(resolution))])
+            .await;
+        answer::resolved(key, first(outcome)?)
+    }
+
+    fn check_resolution(&self, key: &Key, resolution: &Resolution) -> Result<(), Error> {
+        if let Resolution::Complete(result) = resolution {
             if result.len() > self.max_result_len {
                 return Err(Error::ResultTooLarge {
                     key: key.clone(),
@@ -328,9 +373,21 @@ impl Store {
                 });
             }
         }
-        let outcome = self
-            .committer
-            .submit_one(key.clone(), Resolve(resolution))?;
-        answer::resolved(key, outcome)
+        Ok(())
     }
+}
+
+/// The operation that marks `lease`'s key for review with `note`, once the note's size is
+/// checked.
+fn mark_op(lease: &Lease, note: &str) -> Result<MarkNeedsReview, Error> {
+    if note.len() > MAX_NOTE_LEN {
+        return Err(Error::NoteTooLarge {
+            key: lease.key.clone(),
+            len: note.len(),
+        });
+    }
+    Ok(MarkNeedsReview {
+        token: lease.token,
+        note: note.to_string(),
+    })
 }

@@ -4,13 +4,15 @@
 //!
 //! - `open.rs`: opening (checks, creation, recovery) and assembling the parts;
 //! - `reserve.rs`: reserve (one, many, async, waiting) and observe;
-//! - `lease.rs`: complete, release, extend, review, recovery points, resolve;
+//! - `lease.rs`: complete, release, extend, review, recovery points, resolve (sync and async);
+//! - `many.rs`: the batch forms of complete, release and extend (sync and async);
 //! - `read.rs`: get, stale, snapshots;
 //! - `expire.rs`: expire (one, forced, many, async);
 //! - `retain.rs`: completing or resolving with a retention of its own.
 
 mod expire;
 mod lease;
+mod many;
 pub(crate) mod open;
 mod read;
 mod reserve;
@@ -112,8 +114,10 @@ impl Store {
     }
 
     /// Deletes up to `limit` expired records and returns how many were deleted. Expired
-    /// records already read as absent; sweeping reclaims their space. Run it periodically
-    /// with a bound that keeps each call short, since it holds the writer while it runs.
+    /// records already read as absent; sweeping reclaims their space. The background sweeper
+    /// ([`Builder::sweep_interval`](crate::Builder::sweep_interval), on by default) does this
+    /// by itself; call it when the sweeper is off, with a bound that keeps each call short,
+    /// since it holds the writer while it runs.
     ///
     /// # Errors
     /// Storage errors; a failed sweep poisons the store like any failed write.

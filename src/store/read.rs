@@ -81,24 +81,43 @@ impl Store {
         if let Some(record) = self.cache.get(key) {
             return Ok(Some(record));
         }
-        if table.is_none() {
-            let txn = self.db.begin_read().map_err(|e| Error::storage(ctx, e))?;
-            let opened = txn
-                .open_table(RECORDS)
+        self.guard_read(ctx, || {
+            if table.is_none() {
+                let txn = self.db.begin_read().map_err(|e| Error::storage(ctx, e))?;
+                let opened = txn
+                    .open_table(RECORDS)
+                    .map_err(|e| Error::storage(ctx, e))?;
+                *table = Some(opened);
+            }
+            let table = table.as_ref().expect("opened above");
+            let value = table
+                .get(key.encoded())
                 .map_err(|e| Error::storage(ctx, e))?;
-            *table = Some(opened);
-        }
-        let table = table.as_ref().expect("opened above");
-        let value = table
-            .get(key.encoded())
-            .map_err(|e| Error::storage(ctx, e))?;
-        // A failed write clears the overlay and the cache after latching the poison: if that
-        // happened since the caller checked, the overlay or the cache may have held a newer
-        // acknowledged state than redb, so refuse rather than return an older one.
-        self.poison.check()?;
-        value
-            .map(|bytes| decode_record(key.encoded(), bytes.value()))
-            .transpose()
+            // A failed write clears the overlay and the cache after latching the poison: if
+            // that happened since the caller checked, the overlay or the cache may have held
+            // a newer acknowledged state than redb, so refuse rather than return an older one.
+            self.poison.check()?;
+            value
+                .map(|bytes| decode_record(key.encoded(), bytes.value()))
+                .transpose()
+        })
+    }
+
+    /// Runs `read`, which reads redb pages, turning a panic inside redb into
+    /// [`Error::Corruption`] naming the file. A store closed cleanly opens without verifying
+    /// every page (`clean_close.rs`), so a page damaged since is first met by a read, and redb
+    /// can panic on a damaged page it trusts.
+    pub(crate) fn guard_read<T>(
+        &self,
+        doing: &str,
+        read: impl FnOnce() -> Result<T, Error>,
+    ) -> Result<T, Error> {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(read)).unwrap_or_else(|_| {
+            Err(Error::Corruption {
+                location: format!("store {}", self.path.display()),
+                reason: format!("redb panicked {doing}: a page of the file is damaged"),
+            })
+        })
     }
 
     /// Up to `limit` reservations whose lease ran out without completion, oldest first: work
@@ -113,12 +132,14 @@ impl Store {
         // acknowledged operation.
         self.committer.with_writer(|_| Ok(()))?;
         let ctx = "listing stale reservations";
-        let txn = self.db.begin_read().map_err(|e| Error::storage(ctx, e))?;
-        let records = txn
-            .open_table(RECORDS)
-            .map_err(|e| Error::storage(ctx, e))?;
-        let leases = txn.open_table(LEASES).map_err(|e| Error::storage(ctx, e))?;
-        sweep::stale(&records, &leases, self.now(), limit)
+        self.guard_read(ctx, || {
+            let txn = self.db.begin_read().map_err(|e| Error::storage(ctx, e))?;
+            let records = txn
+                .open_table(RECORDS)
+                .map_err(|e| Error::storage(ctx, e))?;
+            let leases = txn.open_table(LEASES).map_err(|e| Error::storage(ctx, e))?;
+            sweep::stale(&records, &leases, self.now(), limit)
+        })
     }
 
     /// Commits the writer's open transaction and begins a snapshot that sees every

@@ -110,11 +110,52 @@ impl Store {
         &self,
         items: &[(Key, Fingerprint)],
     ) -> Result<Vec<Result<Reservation, Error>>, Error> {
-        // Duplicates (and mismatches, keys in progress) are answered from what is
-        // acknowledged, without the writer; only the rest waits for a commit.
+        let (mut answers, ops) = self.reserve_without_writing(items)?;
+        if !ops.is_empty() {
+            let decided = self.committer.submit(ops);
+            self.answer_decided(items, &mut answers, decided)?;
+        }
+        Ok(answered(answers))
+    }
+
+    /// [`reserve_many`](Store::reserve_many) for async code: duplicates are answered at once,
+    /// and the acquisitions wait for their commit without blocking a thread.
+    ///
+    /// # Backpressure
+    /// At most 4,096 async requests wait in the commit queue; a future started when it is full
+    /// waits (without queueing anything) until a batch makes room.
+    ///
+    /// # Cancel safety
+    /// Dropping the future does not withdraw the reservations: keys may still be acquired,
+    /// and then go stale when their leases run out.
+    ///
+    /// # Errors
+    /// As for [`reserve_many`](Store::reserve_many).
+    pub async fn reserve_many_async(
+        &self,
+        items: &[(Key, Fingerprint)],
+    ) -> Result<Vec<Result<Reservation, Error>>, Error> {
+        let (mut answers, ops) = self.reserve_without_writing(items)?;
+        if !ops.is_empty() {
+            let decided = self.committer.submit_async(ops).await;
+            self.answer_decided(items, &mut answers, decided)?;
+        }
+        Ok(answered(answers))
+    }
+
+    /// Duplicates (and mismatches, keys in progress) answered from what is acknowledged,
+    /// without the writer; and the operations for the rest, which wait for a commit.
+    #[expect(
+        clippy::type_complexity,
+        reason = "one answer slot per item, and the ops"
+    )]
+    fn reserve_without_writing(
+        &self,
+        items: &[(Key, Fingerprint)],
+    ) -> Result<(Vec<Option<Result<Reservation, Error>>>, Vec<(Key, Reserve)>), Error> {
         self.poison.check()?;
         let now = self.now();
-        let mut answers: Vec<Option<Result<Reservation, Error>>> = self
+        let answers: Vec<Option<Result<Reservation, Error>>> = self
             .read_many(items.iter().map(|(key, _)| key))
             .into_iter()
             .zip(items)
@@ -125,7 +166,7 @@ impl Store {
                 Err(error) => Some(Err(error)),
             })
             .collect();
-        let ops: Vec<_> = items
+        let ops = items
             .iter()
             .zip(&answers)
             .filter(|(_, answer)| answer.is_none())
@@ -136,19 +177,24 @@ impl Store {
                 (key.clone(), op)
             })
             .collect();
-        if !ops.is_empty() {
-            let mut decided = self.committer.submit(ops)?.into_iter();
-            for ((key, _), answer) in items.iter().zip(&mut answers) {
-                if answer.is_none() {
-                    let reserved = decided.next().expect("one outcome per queued item");
-                    *answer = Some(reserved.map(|reserved| self.reservation(key, reserved)));
-                }
+        Ok((answers, ops))
+    }
+
+    /// Fills the items the writer decided, in order.
+    fn answer_decided(
+        &self,
+        items: &[(Key, Fingerprint)],
+        answers: &mut [Option<Result<Reservation, Error>>],
+        decided: Result<Vec<Result<Reserved, Error>>, Error>,
+    ) -> Result<(), Error> {
+        let mut decided = decided?.into_iter();
+        for ((key, _), answer) in items.iter().zip(answers) {
+            if answer.is_none() {
+                let reserved = decided.next().expect("one outcome per queued item");
+                *answer = Some(reserved.map(|reserved| self.reservation(key, reserved)));
             }
         }
-        Ok(answers
-            .into_iter()
-            .map(|answer| answer.expect("every item answered"))
-            .collect())
+        Ok(())
     }
 
     /// [`reserve`](Store::reserve) for async code: the duplicate path answers at once, and an
@@ -298,4 +344,12 @@ impl Store {
             .map(|answer| answer.expect("every key answered"))
             .collect())
     }
+}
+
+/// Every item's answer, once each is filled.
+fn answered(answers: Vec<Option<Result<Reservation, Error>>>) -> Vec<Result<Reservation, Error>> {
+    answers
+        .into_iter()
+        .map(|answer| answer.expect("every item answered"))
+        .collect()
 }

@@ -51,7 +51,9 @@ fn builder(clock: &ManualClock) -> Builder {
         .checkpoint_bytes(64 * 1024)
         .checkpoint_interval(Duration::from_secs(3600))
         .cache_records(16)
-        .retention_for("short-op", Duration::from_millis(SHORT_RETENTION_MS));
+        .retention_for("short-op", Duration::from_millis(SHORT_RETENTION_MS))
+        // Repeatable runs: no background sweep commits at moments real time picks.
+        .sweep_interval(None);
     builder
 }
 

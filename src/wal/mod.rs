@@ -1,4 +1,4 @@
-//! The write-ahead log: every batch of changes is appended here, as one checksummed frame,
+//! The log: every batch of changes is appended here, as one checksummed frame,
 //! and synced before anyone in the batch is answered. redb then receives the batch in a
 //! non-durable transaction; a periodic durable redb commit (a checkpoint) makes the log's
 //! contents redundant, after which the log is rewound and overwritten in place from its first
@@ -144,6 +144,26 @@ impl Wal {
             wal,
             frames,
         })
+    }
+
+    /// The log of a store closed cleanly, positioned to overwrite it from its first frame
+    /// without reading it: the checkpoint at `checkpoint_seq` holds every frame, and frames
+    /// left in the file are under older salts than `salt`.
+    pub(crate) fn resume(
+        file: Arc<dyn LogFile>,
+        path: PathBuf,
+        checkpoint_seq: u64,
+        salt: u64,
+    ) -> Wal {
+        Wal {
+            file,
+            path,
+            offset: LOG_HEADER_LEN,
+            next_seq: checkpoint_seq + 1,
+            salt,
+            max_payload: u32::MAX as usize,
+            buf: Vec::new(),
+        }
     }
 
     fn corrupt(&self, offset: u64, reason: String) -> Error {

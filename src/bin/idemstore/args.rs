@@ -11,7 +11,7 @@ Exit status:
   2  usage error: unknown command, missing or bad arguments
 
 A command opens the store as a service does: one process owns a store file, and opening
-replays its write-ahead log (FILE.wal) into the file. When a running service holds the file
+replays its log (FILE.wal) into the file. When a running service holds the file
 and serves its admin socket (FILE.admin, Builder::admin_socket), stats, get and list ask the
 service and see its live state; so do expire, resolve and sweep with a read-write socket.
 Otherwise stop the service first. check always needs the store to itself.";

@@ -94,7 +94,12 @@ pub(crate) fn open(path: &Path) -> Result<Store> {
         Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
         Ok(_) => {}
     }
-    Ok(Store::open(path)?)
+    // The tool reports and sweeps by itself (`sweep` shows its progress): no background
+    // sweeper changing counts under it, and no growing an existing store's log to its
+    // preallocated size just to inspect it.
+    let mut builder = Store::builder();
+    builder.sweep_interval(None).preallocate_log(false);
+    Ok(builder.open(path)?)
 }
 
 pub(crate) fn read_result(path: &Path) -> Result<Vec<u8>> {

@@ -11,7 +11,7 @@
 //! ```
 //!
 //! A command opens the store like a service would ([`Store::open`]: one process owns a file,
-//! and opening replays its write-ahead log). When a running service holds the file and
+//! and opening replays its log). When a running service holds the file and
 //! serves its admin socket ([`idemstore::Builder::admin_socket`]), `stats`, `get`, `list`,
 //! and with a read-write socket `expire`, `resolve` and `sweep`, ask the service instead and
 //! see its live state; `check` always needs the store to itself. Tables by default, `--json`

@@ -21,13 +21,18 @@ use crate::wal::OsFile;
 /// The first bytes of every redb file.
 const REDB_SIGNATURE: [u8; 9] = [b'r', b'e', b'd', b'b', 0x1A, 0x0A, 0xA9, 0x0D, 0x0A];
 
-/// Opens the store at `path`, creating it if it does not exist.
-pub(crate) fn open_or_create(path: &Path, builder: &redb::Builder) -> Result<Database, Error> {
+/// Opens the store at `path`, creating it if it does not exist. `builder(verify)` gives redb's
+/// settings, asking for redb's integrity check on open when `verify` is set; the check is
+/// asked for unless the file carries the clean-close mark (`clean_close.rs`).
+pub(crate) fn open_or_create(
+    path: &Path,
+    builder: impl Fn(bool) -> redb::Builder,
+) -> Result<Database, Error> {
     match fs::metadata(path) {
         Ok(meta) if meta.is_dir() => Err(not_a_store(path, "it is a directory")),
         Ok(_) => open_existing(path, builder),
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            create(path, builder)?;
+            create(path, &builder(false))?;
             open_existing(path, builder)
         }
         Err(e) => Err(Error::io(
@@ -46,7 +51,7 @@ fn not_a_store(path: &Path, reason: impl Into<String>) -> Error {
 
 /// Opens an existing file after checking, without writing, that it is a redb file; then checks
 /// that it is an idemstore store of a format this build reads.
-fn open_existing(path: &Path, builder: &redb::Builder) -> Result<Database, Error> {
+fn open_existing(path: &Path, builder: impl Fn(bool) -> redb::Builder) -> Result<Database, Error> {
     let mut signature = [0u8; REDB_SIGNATURE.len()];
     let read = File::open(path)
         .and_then(|mut file| file.read_exact(&mut signature))
@@ -65,13 +70,17 @@ fn open_existing(path: &Path, builder: &redb::Builder) -> Result<Database, Error
         Err(e) => return Err(Error::io(format!("reading {}", path.display()), e)),
     }
     // Check the format through a read-only handle first, so a foreign redb database is refused
-    // without redb rewriting its header. A store that needs crash recovery cannot be opened
-    // read-only; it is checked after the read-write open below.
-    let checked = match builder.open_read_only(path) {
-        Ok(read_only) => check_format(&read_only, path).map(|()| true)?,
-        Err(_) => false,
+    // without redb rewriting its header, and read the clean-close mark. A store that needs
+    // crash recovery cannot be opened read-only; it is checked after the read-write open below,
+    // which verifies it first when asked to.
+    let (checked, closed_clean) = match builder(false).open_read_only(path) {
+        Ok(read_only) => {
+            check_format(&read_only, path)?;
+            (true, crate::clean_close::recorded(&read_only)?)
+        }
+        Err(_) => (false, false),
     };
-    let db = builder
+    let db = builder(!closed_clean)
         .open(path)
         .map_err(|e| open_error(path, "opening", e))?;
     if !checked {
@@ -81,7 +90,7 @@ fn open_existing(path: &Path, builder: &redb::Builder) -> Result<Database, Error
 }
 
 /// An error from redb opening or creating `path`, naming the file.
-fn open_error(path: &Path, doing: &str, error: DatabaseError) -> Error {
+pub(crate) fn open_error(path: &Path, doing: &str, error: DatabaseError) -> Error {
     match error {
         DatabaseError::DatabaseAlreadyOpen => Error::AlreadyOpen {
             path: path.to_path_buf(),

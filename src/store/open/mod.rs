@@ -23,18 +23,20 @@ use super::Store;
 
 pub(crate) mod file;
 
-/// redb's settings for a store.
-fn redb_builder(builder: &Builder) -> redb::Builder {
+/// redb's settings for a store; `verify` asks for redb's integrity check on open (with
+/// [`Builder::verify_on_open`], and only when the store was not closed cleanly).
+fn redb_builder(builder: &Builder, verify: bool) -> redb::Builder {
     let mut redb_builder = redb::Builder::new();
     redb_builder
         .set_cache_size(builder.cache_size)
-        .set_check_integrity_on_open(builder.verify_on_open);
+        .set_check_integrity_on_open(verify && builder.verify_on_open);
     redb_builder
 }
 
 /// Runs an open. redb can panic on a damaged file that it trusts; hostile bytes must never
-/// panic the caller, so a panic becomes [`Error::NotAStore`] (redb's integrity check on open,
-/// [`Builder::verify_on_open`](crate::Builder::verify_on_open), makes this a backstop).
+/// panic the caller, so a panic becomes [`Error::NotAStore`]. The format check and the
+/// clean-close mark are read before any integrity check, so this guard is what refuses a
+/// file damaged in those pages; later reads are guarded by [`Store::guard_read`].
 fn guard_open(path: &Path, open: impl FnOnce() -> Result<Store, Error>) -> Result<Store, Error> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(open)).unwrap_or_else(|_| {
         Err(Error::NotAStore {
@@ -43,6 +45,7 @@ fn guard_open(path: &Path, open: impl FnOnce() -> Result<Store, Error>) -> Resul
         })
     })
 }
+
 /// The store's random identity, from its meta table.
 fn store_id(db: &Database) -> Result<u64, Error> {
     let ctx = "reading the store's identity";
@@ -95,8 +98,7 @@ impl Store {
     }
 
     pub(super) fn open_unguarded(builder: &Builder, path: &Path) -> Result<Store, Error> {
-        let redb_builder = redb_builder(builder);
-        let db = file::open_or_create(path, &redb_builder)?;
+        let db = file::open_or_create(path, |verify| redb_builder(builder, verify))?;
         let store_id = store_id(&db)?;
         let log_path = log_path(path);
         let preallocate = builder
@@ -130,9 +132,15 @@ impl Store {
     ) -> Result<Store, Error> {
         let path = PathBuf::from("sim.idem");
         guard_open(&path.clone(), || {
-            let db = redb_builder(builder)
+            // The clean-close mark, read as `file::open_or_create` reads it.
+            let closed_clean =
+                match redb_builder(builder, false).open_read_only_with_backend(db_disk.clone()) {
+                    Ok(read_only) => crate::clean_close::recorded(&read_only)?,
+                    Err(_) => false,
+                };
+            let db = redb_builder(builder, !closed_clean)
                 .create_with_backend(db_disk.clone())
-                .map_err(|e| Error::storage("opening a simulated store", e))?;
+                .map_err(|e| file::open_error(&path, "opening", e))?;
             file::initialize_if_new(&db)?;
             file::check_format(&db, &path)?;
             Store::from_parts(

@@ -6,7 +6,12 @@
 //! cargo run --example http_service -- --serve 127.0.0.1:3000 --store shop.idem
 //! curl -i -X POST localhost:3000/orders -H 'Authorization: Bearer alice' \
 //!      -H 'Idempotency-Key: "k-1"' -d 'book x1'
+//! cargo run -- stats shop.idem                      # the live view, while it serves
+//! cargo run -- list shop.idem --state completed
 //! ```
+//!
+//! With `--serve` the store is opened with a read-only admin socket (`shop.idem.admin`), so
+//! the `idemstore` tool can look at it while the service runs.
 //!
 //! The demo starts the service on a free port of 127.0.0.1 with a store in a temporary
 //! directory, sends a handful of requests with reqwest, and prints one line per request: the
@@ -30,7 +35,7 @@ use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::Router;
 use idemstore::http::IdempotencyLayer;
-use idemstore::Store;
+use idemstore::{AdminSocket, Store};
 
 /// The caller: `Authorization: Bearer <user>`. A real service verifies a token here.
 fn caller(request: &Parts) -> Option<Vec<u8>> {
@@ -94,13 +99,19 @@ async fn main() -> Result<(), Box<dyn Error>> {
     }
     let dir = tempfile::tempdir()?;
     let path = store_path.unwrap_or_else(|| dir.path().join("shop.idem"));
-    let store = Arc::new(Store::open(&path)?);
+    let mut builder = Store::builder();
+    if serve.is_some() {
+        // Operators can run `idemstore stats|get|list` on the file while this process owns it.
+        builder.admin_socket(AdminSocket::ReadOnly);
+    }
+    let store = Arc::new(builder.open(&path)?);
     let listener =
         tokio::net::TcpListener::bind(serve.unwrap_or(([127, 0, 0, 1], 0).into())).await?;
     let addr = listener.local_addr()?;
     let server = tokio::spawn(axum::serve(listener, app(store)).into_future());
     if serve.is_some() {
         println!("serving on http://{addr} with store {}", path.display());
+        println!("live view: idemstore stats {}", path.display());
         return Ok(server.await??);
     }
 

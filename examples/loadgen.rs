@@ -168,8 +168,18 @@ const SCENARIOS: [&str; 7] = [
     "async-1000",
 ];
 
+/// Every engine this build can run: [`Kind::ALL`], and etcd when built with its feature (run
+/// only when `--engines` names it: it starts a cluster).
+fn every_engine() -> Vec<Kind> {
+    #[allow(unused_mut)]
+    let mut engines = Kind::ALL.to_vec();
+    #[cfg(feature = "etcd")]
+    engines.push(Kind::Etcd);
+    engines
+}
+
 fn scenario(name: &str, tasks: usize) -> Result<Scenario, String> {
-    let threads = |workload, clients| (Mode::Threads(workload), clients, Kind::ALL.to_vec());
+    let threads = |workload, clients| (Mode::Threads(workload), clients, every_engine());
     let (mode, clients, engines) = match name {
         "reserve-1" => threads(Workload::Reserve, 1),
         "reserve-32" => threads(Workload::Reserve, 32),
@@ -471,13 +481,14 @@ fn scenarios(args: &Args) -> Result<Vec<Scenario>, String> {
                 name: format!("{workload}-{t}"),
                 mode: Mode::Threads(workload),
                 clients: t,
-                engines: Kind::ALL.to_vec(),
+                engines: every_engine(),
             })
             .collect()
     };
-    if let Some(only) = &args.engines {
-        for s in &mut list {
-            s.engines.retain(|k| only.contains(k));
+    for s in &mut list {
+        match &args.engines {
+            Some(only) => s.engines.retain(|k| only.contains(k)),
+            None => s.engines.retain(|k| Kind::ALL.contains(k)),
         }
     }
     Ok(list)
@@ -499,7 +510,7 @@ fn run(args: &Args) -> BenchResult<(Report, Vec<Scenario>)> {
         }
     };
     let mut skipped = Vec::new();
-    for kind in Kind::ALL {
+    for kind in every_engine() {
         if !scenarios.iter().any(|s| s.engines.contains(&kind)) {
             continue;
         }

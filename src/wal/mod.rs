@@ -98,15 +98,7 @@ impl Wal {
         let len = file
             .len()
             .map_err(|e| Error::io(format!("reading the length of log {}", path.display()), e))?;
-        let mut wal = Wal {
-            file,
-            path,
-            offset: LOG_HEADER_LEN,
-            next_seq: checkpoint_seq + 1,
-            salt,
-            max_payload: u32::MAX as usize,
-            buf: Vec::new(),
-        };
+        let mut wal = Wal::resume(file, path, checkpoint_seq, salt);
         let mut frames = Vec::new();
         let mut previous: Option<u64> = None;
         while let Some((header, payload)) = wal.read_frame(wal.offset, len)? {

@@ -604,6 +604,46 @@ async fn missing_or_oversized_keys_are_400_and_unguarded_methods_pass() {
     assert_eq!(open.shop.runs("alice", "-"), 2);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_without_an_identity_is_401_with_a_challenge() {
+    let service = Service::start(Duration::ZERO, |layer| layer).await;
+    let anonymous = service
+        .client
+        .post(format!("http://{}/orders", service.addr))
+        .header("idempotency-key", "a-1")
+        .body("book")
+        .send()
+        .await
+        .expect("answered");
+    assert_eq!(anonymous.status(), StatusCode::UNAUTHORIZED);
+    let header = |name: &str| anonymous.headers().get(name).cloned();
+    assert_eq!(
+        header("www-authenticate").as_ref().map(|v| v.as_bytes()),
+        Some(&b"Bearer"[..])
+    );
+    assert_eq!(
+        header("content-type").as_ref().map(|v| v.as_bytes()),
+        Some(&b"application/problem+json"[..])
+    );
+    assert_eq!(service.shop.total(), 0, "no handler ran");
+
+    let realm = Service::start(Duration::ZERO, |layer| {
+        layer.challenge(HeaderValue::from_static("Bearer realm=\"shop\""))
+    })
+    .await;
+    let anonymous = realm
+        .client
+        .post(format!("http://{}/orders", realm.addr))
+        .header("idempotency-key", "a-1")
+        .send()
+        .await
+        .expect("answered");
+    assert_eq!(
+        anonymous.headers().get("www-authenticate"),
+        Some(&HeaderValue::from_static("Bearer realm=\"shop\""))
+    );
+}
+
 /// Sends `request` on a fresh connection and reads the answer until the server closes it.
 async fn raw(addr: std::net::SocketAddr, request: &[u8]) -> String {
     let mut socket = TcpStream::connect(addr).await.expect("connect");

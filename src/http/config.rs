@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::request::Parts;
-use http::{header, HeaderName, Method, StatusCode};
+use http::{header, HeaderName, HeaderValue, Method, StatusCode};
 
 use crate::http::service::Idempotency;
 use crate::Reservations;
@@ -34,6 +34,7 @@ pub(crate) struct Options {
     pub(crate) body_too_large: StatusCode,
     pub(crate) max_retry_after: Duration,
     pub(crate) problem_base: String,
+    pub(crate) challenge: HeaderValue,
 }
 
 /// A tower [`Layer`](tower::Layer) that makes the requests it guards idempotent by their
@@ -104,6 +105,7 @@ impl<R: Reservations + 'static> IdempotencyLayer<R> {
                 body_too_large: StatusCode::PAYLOAD_TOO_LARGE,
                 max_retry_after: DEFAULT_MAX_RETRY_AFTER,
                 problem_base: DEFAULT_PROBLEM_BASE.to_owned(),
+                challenge: HeaderValue::from_static("Bearer"),
             }),
         }
     }
@@ -191,6 +193,14 @@ impl<R: Reservations + 'static> IdempotencyLayer<R> {
     pub fn problem_base(self, base: impl Into<String>) -> Self {
         let base = base.into();
         self.with(|o| o.problem_base = base)
+    }
+
+    /// The `WWW-Authenticate` challenge sent with the 401 that refuses a request without a
+    /// scope (HTTP requires one on every 401), e.g. `Bearer realm="shop"`.
+    ///
+    /// Default: `Bearer`.
+    pub fn challenge(self, challenge: HeaderValue) -> Self {
+        self.with(|o| o.challenge = challenge)
     }
 }
 

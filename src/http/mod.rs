@@ -48,7 +48,7 @@
 //! |---|---|
 //! | no `Idempotency-Key` | 400 ([`require_key(false)`](IdempotencyLayer::require_key) lets it through, unguarded) |
 //! | key empty, sent twice, or over [`MAX_KEY_PART_LEN`](crate::MAX_KEY_PART_LEN) bytes | 400 naming the limit |
-//! | no scope found ([`scope`](IdempotencyLayer::scope) returned `None`) | 401 |
+//! | no scope found ([`scope`](IdempotencyLayer::scope) returned `None`) | 401 with `WWW-Authenticate` ([`challenge`](IdempotencyLayer::challenge), default `Bearer`) |
 //! | body over [`max_body`](IdempotencyLayer::max_body) | 413 (or [the status chosen](IdempotencyLayer::body_too_large_status)) naming the limit; the key is not reserved |
 //! | a new key | the handler runs; its response is stored if [`store_status`](IdempotencyLayer::store_status) says so (default: all but 5xx), else the key is released so a retry runs the handler again |
 //! | the same key, the first request still running | 409 with `Retry-After` (at most [`max_retry_after`](IdempotencyLayer::max_retry_after)) |

@@ -120,12 +120,11 @@ where
     let (parts, body) = request.into_parts();
     let Some(scope) = (o.scope)(&parts).filter(|scope| !scope.is_empty()) else {
         let detail = "the request carries no identity to scope its Idempotency-Key by";
-        return Ok(refuse(
-            &o,
-            Refusal::NoScope,
-            StatusCode::UNAUTHORIZED,
-            detail,
-        ));
+        let mut response = refuse(&o, Refusal::NoScope, StatusCode::UNAUTHORIZED, detail);
+        response
+            .headers_mut()
+            .insert(header::WWW_AUTHENTICATE, o.challenge.clone());
+        return Ok(response);
     };
     let key = match Key::new(bounded(scope), bounded(operation(&parts)), &id) {
         Ok(key) => key,

@@ -138,9 +138,10 @@ impl Wal {
         })
     }
 
-    /// The log of a store closed cleanly, positioned to overwrite it from its first frame
-    /// without reading it: the checkpoint at `checkpoint_seq` holds every frame, and frames
-    /// left in the file are under older salts than `salt`.
+    /// The log positioned at its first frame, the next one numbered after the checkpoint at
+    /// `checkpoint_seq`, without reading it: where [`recover`](Wal::recover) starts reading,
+    /// and what a store closed cleanly overwrites (the checkpoint holds every frame, and
+    /// frames left in the file are under older salts than `salt`).
     pub(crate) fn resume(
         file: Arc<dyn LogFile>,
         path: PathBuf,

@@ -33,7 +33,8 @@
 //! Engines: `idemstore` (`Store::open` defaults), `idemstore-prealloc` (`preallocate_log(true)`),
 //! `redis` (`appendfsync always`; a `redis-server` the run starts and stops itself, skipped
 //! with a message when not installed: `apt-get install redis-server`), `redb`, `sqlite`,
-//! `fdatasync`; `benches/peers/mod.rs` says what each does.
+//! `fdatasync`, `grouplog` (the ceiling for callers that block until durable: a bare
+//! group-commit log with nothing else); `benches/peers/mod.rs` says what each does.
 //!
 //! Within a pass each scenario runs every engine back to back, on a fresh store in a new
 //! directory under `--dir` (default: the temp dir, which must be on the disk to be measured);
@@ -63,7 +64,8 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use peers::{prefill, BenchKey, BenchResult, Driver, Engine, Fresh, Kind, Visit, Workload};
 use report::{add_ratios, latency_text, medians, table, thousands, Report, Row, Skipped};
 
-/// Run the idempotency workload against idemstore, Redis, redb, SQLite and raw fdatasync.
+/// Run the idempotency workload against idemstore, Redis, redb, SQLite, raw fdatasync and a
+/// bare group-commit log.
 #[derive(Parser, Debug)]
 #[command(version)]
 struct Args {
@@ -73,7 +75,7 @@ struct Args {
     scenario: Vec<String>,
 
     /// Engines to run (each scenario runs those of its engines listed here): idemstore,
-    /// idemstore-prealloc, redis, redb, sqlite, fdatasync [default: all]; etcd with
+    /// idemstore-prealloc, redis, redb, sqlite, fdatasync, grouplog [default: all]; etcd with
     /// `--features etcd` (never in the default: it starts a cluster).
     #[arg(long, value_delimiter = ',')]
     engines: Option<Vec<Kind>>,

@@ -32,7 +32,13 @@ pub(crate) struct Row {
 }
 
 /// The peers each row is divided by, in column order.
-pub(crate) const RATIO_PEERS: [Kind; 4] = [Kind::Redis, Kind::Redb, Kind::Fdatasync, Kind::Sqlite];
+pub(crate) const RATIO_PEERS: [Kind; 5] = [
+    Kind::Redis,
+    Kind::Redb,
+    Kind::Fdatasync,
+    Kind::Sqlite,
+    Kind::GroupLog,
+];
 pub(crate) const VS_THREADS: &str = "32 threads";
 
 #[derive(Serialize, Debug)]

@@ -174,6 +174,17 @@ impl<'txn> Tables<'txn> {
         record: &Record,
         encoded: &[u8],
     ) -> Result<(), Error> {
+        self.put_indexed(key, old, IndexEntries::of(record), encoded)
+    }
+
+    /// [`put`](Tables::put) of a record whose index entries are `index`.
+    pub(crate) fn put_indexed(
+        &mut self,
+        key: &[u8],
+        old: Option<IndexEntries>,
+        index: IndexEntries,
+        encoded: &[u8],
+    ) -> Result<(), Error> {
         let ctx = "writing a record";
         if let Some(old) = old {
             self.unindex(key, old)?;
@@ -181,7 +192,6 @@ impl<'txn> Tables<'txn> {
         self.records
             .insert(key, encoded)
             .map_err(|e| Error::storage(ctx, e))?;
-        let index = IndexEntries::of(record);
         if let Some(deadline) = index.expiry {
             self.expiry
                 .insert((deadline, key), ())

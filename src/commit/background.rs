@@ -50,9 +50,8 @@ impl Writer {
             return;
         }
         let txn_due = self
-            .txn
-            .as_ref()
-            .is_some_and(|(_, since)| since.elapsed() >= TXN_SPAN);
+            .unflushed_since
+            .is_some_and(|since| since.elapsed() >= TXN_SPAN);
         let sync_due = match self.schedule.durability {
             Durability::Buffered { flush_interval } => self.last_sync.elapsed() >= flush_interval,
             Durability::Immediate => false,
@@ -81,7 +80,7 @@ impl Writer {
         }
         let mut due: Option<Duration> = None;
         let mut at = |d: Duration| due = Some(due.map_or(d, |x| x.min(d)));
-        if let Some((_, since)) = &self.txn {
+        if let Some(since) = self.unflushed_since {
             at(TXN_SPAN.saturating_sub(since.elapsed()));
         }
         if let Some(interval) = self.schedule.sweep_interval {

@@ -1,11 +1,13 @@
 //! The commit path: every write goes through here.
 //!
-//! Callers queue a request (one or many key operations) and wait. One committer thread takes
-//! everything queued, decides each operation against the current state with [`decide`],
-//! applies the batch to a redb write transaction that stays open across batches, and appends
-//! the resulting changes to the log as one frame. The batch is then handed to the
-//! [`Syncer`]: one fdatasync makes every frame written so far durable, after which the batch's
-//! changes are published to the [`Overlay`] (what readers see before redb commits) and its
+//! Callers queue a request (one or many key operations) and wait. The batch's leader (a waiting
+//! caller, or the committer thread for async callers) takes everything queued, decides each
+//! operation against the latest state with [`decide`] (the changes since the last redb
+//! commit, then the record cache, then committed redb), and appends the resulting changes to
+//! the log as one frame. The changes are queued for the applier thread (`apply.rs`), which
+//! writes them into a redb write transaction kept open across batches, off the batch path.
+//! The batch is then handed to the [`Syncer`]: one fdatasync makes every frame written so far
+//! durable, after which the batch's changes are published to the [`Overlay`] (what readers see before redb commits) and its
 //! callers are answered. Nobody hears an answer before its batch is durable.
 //!
 //! The sync is run by one of the waiting callers (it is awake anyway), so the committer is
@@ -13,14 +15,16 @@
 //! frame written before it started. Only batches whose callers are all async are synced by the
 //! committer itself.
 //!
-//! Every few milliseconds, once every written frame is synced, the open redb transaction is
-//! committed (non-durably; the log is what makes it durable) and the overlay is emptied into
+//! Every 100 ms at most, once every written frame is synced, whatever the applier has not
+//! applied yet is applied, the open redb transaction is committed (non-durably; the log is
+//! what makes it durable), the in-memory changes are forgotten and the overlay is emptied into
 //! the record cache. Checkpoints, [`Store::complete_with`](crate::Store::complete_with) and
 //! sweeps take the writer between batches.
 //!
 //! Any failure of a write poisons the store: the failing batches are answered with the error
 //! and every later call is refused until the store is reopened.
 
+mod apply;
 mod background;
 mod checkpoint;
 mod queue;

@@ -46,6 +46,8 @@ pub(crate) struct Committer {
 
 impl Committer {
     pub(crate) fn start(writer: Writer, limits: Limits) -> Result<Committer, Error> {
+        let applier = Arc::clone(&writer.applier);
+        applier.start()?;
         let syncer = Arc::clone(&writer.syncer);
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue {
@@ -66,7 +68,10 @@ impl Committer {
                 let shared = Arc::clone(&shared);
                 move || run(&shared)
             })
-            .map_err(|e| Error::io("starting the committer thread", e))?;
+            .map_err(|e| {
+                applier.stop();
+                Error::io("starting the committer thread", e)
+            })?;
         Ok(Committer {
             shared,
             thread: Some(thread),
@@ -264,7 +269,9 @@ fn run(shared: &Shared) {
         drop(writer);
         wake_next(shared);
     }
-    shared.writer.lock().close();
+    let mut writer = shared.writer.lock();
+    writer.close();
+    writer.applier.stop();
 }
 
 /// Runs a batch; a panic (a bug, or inside redb) poisons the store and answers every caller

@@ -7,12 +7,12 @@ use std::thread::Thread;
 
 use parking_lot::Mutex;
 
+use super::apply::Target;
 use super::{Writer, Written};
 use crate::decide::Operation;
 use crate::error::Error;
 use crate::key::Key;
 use crate::record::Millis;
-use crate::tables::Tables;
 
 /// One result per operation of a request.
 pub(crate) type Outcomes<T> = Vec<Result<T, Error>>;
@@ -48,7 +48,7 @@ pub(crate) trait Queued: Send + Sync {
     fn apply(
         &self,
         writer: &mut Writer,
-        tables: &mut Tables<'_>,
+        tables: &mut dyn Target,
         now: Millis,
         written: &mut Vec<Written>,
     ) -> Result<usize, Error>;
@@ -119,7 +119,7 @@ impl<O: Operation> Queued for Request<O> {
     fn apply(
         &self,
         writer: &mut Writer,
-        tables: &mut Tables<'_>,
+        tables: &mut dyn Target,
         now: Millis,
         written: &mut Vec<Written>,
     ) -> Result<usize, Error> {

@@ -1,6 +1,7 @@
-//! The writer: decides a batch against the current state, applies it to the open redb
-//! transaction and appends it to the log as one frame.
+//! The writer: decides a batch against the latest state and appends it to the log as one
+//! frame; the applier (`apply.rs`) writes it into redb off this path.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,22 +16,23 @@ use crate::key::Key;
 use crate::record::{Millis, Record};
 use crate::retention::Policies;
 use crate::stats::{Counter, Counters};
-use crate::tables::{IndexEntries, Tables};
+use crate::tables::IndexEntries;
 use crate::wal::Wal;
 
+use super::apply::{Applier, Deferring, Target};
 use super::syncer::PendingBatch;
 use super::{Queued, Schedule, Syncer};
 use crate::poison::{error_copy, Poison};
 
-/// How long the committer keeps one redb write transaction open across batches.
+/// How long one redb write transaction (the applier's) stays open across batches.
 ///
 /// Each (non-durable) commit of it holds the writer for a moment while redb finalizes its
 /// dirty pages, and callers queue behind it: at 20 ms that pause hit more than 1% of the
 /// reserves at 32 callers (p99 3.5 ms), and batches of 1000 new keys paid it every few
 /// batches. At 100 ms, in A/B runs of the load generator: 32 callers p99 1.8-2.4 ms
 /// (3.5-3.6 ms before) and +3% throughput, batches of new keys 106k against 85k keys/s.
-/// The overlay holds what the open transaction has not committed, so its size is bounded by
-/// this span times the write rate (~10k records at 100k writes/s).
+/// The overlay and the writer's `latest` hold what the open transaction has not committed, so
+/// their size is bounded by this span times the write rate (~10k records at 100k writes/s).
 pub(super) const TXN_SPAN: Duration = Duration::from_millis(100);
 
 /// A change made by a transaction: for the log, the overlay and the cache.
@@ -45,8 +47,13 @@ pub(crate) struct Writer {
     pub(super) db: Arc<Database>,
     pub(super) wal: Wal,
     pub(super) syncer: Arc<Syncer>,
-    /// The write transaction kept open across batches, and when it was opened.
-    pub(super) txn: Option<(WriteTransaction, Instant)>,
+    /// Applies logged batches to the write transaction it keeps open across batches.
+    pub(super) applier: Arc<Applier>,
+    /// Every change since the last redb commit (applied to the open transaction or still
+    /// queued for the applier): what the next batch is decided against first.
+    pub(super) latest: HashMap<Key, Option<Record>>,
+    /// When the first change since the last redb commit was logged (the transaction's age).
+    pub(super) unflushed_since: Option<Instant>,
     pub(super) clock: Arc<dyn Clock>,
     pub(super) policy: Policies,
     pub(super) next_token: u64,
@@ -85,11 +92,19 @@ impl Writer {
             Arc::clone(&overlay),
             Arc::clone(&counters),
         ));
+        let applier = Arc::new(Applier::new(
+            Arc::clone(&db),
+            Arc::clone(&poison),
+            Arc::clone(&overlay),
+            Arc::clone(&cache),
+        ));
         Writer {
             db,
             wal,
             syncer,
-            txn: None,
+            applier,
+            latest: HashMap::new(),
+            unflushed_since: None,
             clock,
             policy,
             next_token,
@@ -107,8 +122,9 @@ impl Writer {
 
     /// Latches `error`: the store refuses all further work.
     pub(crate) fn fail(&mut self, error: Error) -> Error {
-        self.poison.set(&error);
-        self.txn = None;
+        self.applier.fail(&mut self.applier.txn.lock(), &error);
+        self.latest.clear();
+        self.unflushed_since = None;
         self.overlay.clear();
         self.cache.clear();
         error
@@ -175,56 +191,62 @@ impl Writer {
             .all(|b| b.requests.iter().any(|r| r.waiter().is_thread()))
     }
 
-    /// Decides and applies every request (staging their outcomes); returns how many operations
-    /// there were, the changes, and the sequence number of the frame that logged them (the last
-    /// written frame when nothing changed).
+    /// Decides every request (staging their outcomes) and logs the changes as one frame,
+    /// queued for the applier; returns how many operations there were, the changes, and the
+    /// sequence number of the frame that logged them (the last written frame when nothing
+    /// changed).
     fn apply_batch(
         &mut self,
         batch: &[Arc<dyn Queued>],
     ) -> Result<(usize, Vec<Written>, u64), Error> {
-        if self.txn.is_none() {
-            self.txn = Some((self.begin(redb::Durability::None)?, Instant::now()));
-        }
         let now = to_millis(self.clock.now());
-        let (txn, since) = self.txn.take().expect("opened above");
+        let mut latest = std::mem::take(&mut self.latest);
+        let cache = Arc::clone(&self.cache);
+        let db = Arc::clone(&self.db);
+        let mut target = Deferring::new(&mut latest, &cache, &db);
         let result = (|| {
-            let mut tables = Tables::open(&txn)?;
             let mut ops = 0;
             let mut written = Vec::new();
             for request in batch {
-                ops += request.apply(self, &mut tables, now, &mut written)?;
+                ops += request.apply(self, &mut target, now, &mut written)?;
             }
-            let seq = if written.is_empty() {
-                self.wal.last_seq()
-            } else {
-                let entries = written
-                    .iter()
-                    .map(|w| (w.key.encoded(), w.encoded.as_deref()));
-                let durable = self.syncer.synced_seq();
-                let seq = self.wal.append(self.next_token, durable, entries)?;
-                tables.set_wal_seq(seq)?;
-                tables.set_next_token(self.next_token)?;
-                seq
-            };
-            Ok((ops, written, seq))
+            Ok((ops, written))
         })();
-        if result.is_ok() {
-            self.txn = Some((txn, since));
+        let logged = result.and_then(|(ops, written)| {
+            if written.is_empty() {
+                return Ok((ops, written, self.wal.last_seq(), None));
+            }
+            let entries = written
+                .iter()
+                .map(|w| (w.key.encoded(), w.encoded.as_deref()));
+            let durable = self.syncer.synced_seq();
+            let seq = self.wal.append(self.next_token, durable, entries)?;
+            Ok((ops, written, seq, target.finish(seq, self.next_token)))
+        });
+        self.latest = latest;
+        let (ops, written, seq, deferred) = logged?;
+        if let Some(deferred) = deferred {
+            self.unflushed_since.get_or_insert_with(Instant::now);
+            if self.applier.push(deferred) {
+                // The applier fell behind: catch up here, so a flush never finds much left.
+                let mut txn = self.applier.txn.lock();
+                self.applier.apply_queued(&mut txn)?;
+            }
         }
-        result
+        Ok((ops, written, seq))
     }
 
-    /// Decides and applies one operation inside an open transaction, recording the change in
+    /// Decides one operation against `target` and writes the change there, recording it in
     /// `written`. The inner `Err` is an error for this operation alone (a corrupt record).
     pub(crate) fn apply<O: Operation>(
         &mut self,
-        tables: &mut Tables<'_>,
+        tables: &mut dyn Target,
         key: &Key,
         op: O,
         now: Millis,
         written: &mut Vec<Written>,
     ) -> Result<Result<O::Outcome, Error>, Error> {
-        let old = match tables.load(key.encoded())? {
+        let old = match tables.load(key)? {
             Ok(old) => old,
             Err(corrupt) => return Ok(Err(corrupt)),
         };
@@ -237,7 +259,7 @@ impl Writer {
             Change::Keep => {}
             Change::Put(record) => {
                 let encoded = record.encode();
-                tables.put(key.encoded(), old_index, &record, &encoded)?;
+                tables.put(key, old_index, &record, &encoded)?;
                 written.push(Written {
                     key: key.clone(),
                     record: Some(record),
@@ -245,7 +267,7 @@ impl Writer {
                 });
             }
             Change::Delete => {
-                tables.delete(key.encoded(), old_index)?;
+                tables.delete(key, old_index)?;
                 Writer::deleted(written, key.clone());
             }
         }
@@ -261,22 +283,35 @@ impl Writer {
         });
     }
 
-    /// Makes every written frame durable and answered, then commits the open transaction
-    /// (non-durably) and moves the overlay into the cache.
+    /// Makes every written frame durable and answered, applies what the applier has not,
+    /// commits the open transaction (non-durably), and moves the overlay into the cache.
     pub(crate) fn flush(&mut self) -> Result<(), Error> {
         self.poison.check()?;
         if let Err(error) = self.syncer.drive_all() {
-            self.txn = None;
-            return Err(error);
+            return Err(self.fail(error));
         }
         self.last_sync = Instant::now();
-        if let Some((txn, _)) = self.txn.take() {
-            if let Err(e) = txn.commit() {
-                return Err(self.fail(Error::storage("committing a write transaction", e)));
+        let mut txn = self.applier.txn.lock();
+        let applied = self.applier.apply_queued(&mut txn);
+        let committed = applied.and_then(|()| match txn.take() {
+            Some((open, _)) => open
+                .commit()
+                .map(|()| true)
+                .map_err(|e| Error::storage("committing a write transaction", e)),
+            None => Ok(false),
+        });
+        drop(txn);
+        match committed {
+            Ok(committed) => {
+                if committed {
+                    self.counters.add(Counter::Commits, 1);
+                }
+                self.latest.clear();
+                self.unflushed_since = None;
+                self.overlay.drain_into(&self.cache);
+                Ok(())
             }
-            self.counters.add(Counter::Commits, 1);
-            self.overlay.drain_into(&self.cache);
+            Err(error) => Err(self.fail(error)),
         }
-        Ok(())
     }
 }

@@ -1,0 +1,321 @@
+//! Applying logged batches to redb off the batch path.
+//!
+//! The log is what makes a batch durable, so its B-tree writes need not come before the
+//! answer. The writer decides each batch against [`Deferring`]: the changes since the last
+//! redb commit (its `latest` map), then the record cache, then the last committed redb state;
+//! it appends the frame and queues the batch's changes here. The applier thread applies them,
+//! in order, to the write transaction it keeps open; [`Writer::flush`](super::Writer::flush)
+//! applies whatever is left, commits, and only then forgets `latest`. So the serial stage
+//! before a sync is deciding and framing, and the three B-tree inserts per new key run on
+//! another thread while callers wait for the sync.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::thread::{self, JoinHandle};
+use std::time::Instant;
+
+use parking_lot::{Condvar, Mutex};
+use redb::{Database, ReadOnlyTable, ReadableDatabase, WriteTransaction};
+
+use crate::cache::{Overlay, RecordCache};
+use crate::error::Error;
+use crate::key::Key;
+use crate::poison::Poison;
+use crate::record::Record;
+use crate::tables::{decode_record, IndexEntries, Tables, RECORDS};
+
+/// Where an operation reads the state it is decided against and writes the new one: a write
+/// transaction's tables directly ([`Tables`]), or the batch path's [`Deferring`].
+pub(crate) trait Target {
+    /// The record stored under `key`, expired or not; `Ok(Err(_))` is a corrupt record.
+    fn load(&mut self, key: &Key) -> Result<Result<Option<Record>, Error>, Error>;
+    /// Stores `record` (encoded as `encoded`) where `old` was indexed.
+    fn put(
+        &mut self,
+        key: &Key,
+        old: Option<IndexEntries>,
+        record: &Record,
+        encoded: &[u8],
+    ) -> Result<(), Error>;
+    /// Deletes `key`, indexed at `old`.
+    fn delete(&mut self, key: &Key, old: Option<IndexEntries>) -> Result<(), Error>;
+}
+
+impl Target for Tables<'_> {
+    fn load(&mut self, key: &Key) -> Result<Result<Option<Record>, Error>, Error> {
+        Tables::load(self, key.encoded())
+    }
+
+    fn put(
+        &mut self,
+        key: &Key,
+        old: Option<IndexEntries>,
+        record: &Record,
+        encoded: &[u8],
+    ) -> Result<(), Error> {
+        Tables::put(self, key.encoded(), old, record, encoded)
+    }
+
+    fn delete(&mut self, key: &Key, old: Option<IndexEntries>) -> Result<(), Error> {
+        Tables::delete(self, key.encoded(), old)
+    }
+}
+
+/// One change to apply: the key, where its old record was indexed, and the new record with
+/// its index entries and encoding (`None`: a deletion).
+struct Change {
+    key: Key,
+    old: Option<IndexEntries>,
+    new: Option<(IndexEntries, Vec<u8>)>,
+}
+
+/// A logged batch's changes, with the frame that logged them and the token counter after it.
+pub(super) struct DeferredBatch {
+    changes: Vec<Change>,
+    seq: u64,
+    next_token: u64,
+}
+
+/// The batch path's [`Target`]: reads the latest state (changes since the last redb commit,
+/// then the cache, then committed redb), records the batch's changes for the applier.
+pub(super) struct Deferring<'w> {
+    latest: &'w mut HashMap<Key, Option<Record>>,
+    cache: &'w RecordCache,
+    db: &'w Database,
+    /// The committed records, opened on the first key neither in `latest` nor in the cache.
+    committed: Option<ReadOnlyTable<&'static [u8], &'static [u8]>>,
+    changes: Vec<Change>,
+}
+
+impl<'w> Deferring<'w> {
+    pub(super) fn new(
+        latest: &'w mut HashMap<Key, Option<Record>>,
+        cache: &'w RecordCache,
+        db: &'w Database,
+    ) -> Deferring<'w> {
+        Deferring {
+            latest,
+            cache,
+            db,
+            committed: None,
+            changes: Vec::new(),
+        }
+    }
+
+    /// The changes recorded, for the applier; `None` when there were none.
+    pub(super) fn finish(self, seq: u64, next_token: u64) -> Option<DeferredBatch> {
+        (!self.changes.is_empty()).then_some(DeferredBatch {
+            changes: self.changes,
+            seq,
+            next_token,
+        })
+    }
+}
+
+impl Target for Deferring<'_> {
+    fn load(&mut self, key: &Key) -> Result<Result<Option<Record>, Error>, Error> {
+        if let Some(state) = self.latest.get(key) {
+            return Ok(Ok(state.clone()));
+        }
+        if let Some(record) = self.cache.get(key) {
+            return Ok(Ok(Some(record)));
+        }
+        let ctx = "reading a record";
+        if self.committed.is_none() {
+            let txn = self.db.begin_read().map_err(|e| Error::storage(ctx, e))?;
+            let table = txn
+                .open_table(RECORDS)
+                .map_err(|e| Error::storage(ctx, e))?;
+            self.committed = Some(table);
+        }
+        let table = self.committed.as_ref().expect("opened above");
+        let value = table
+            .get(key.encoded())
+            .map_err(|e| Error::storage(ctx, e))?;
+        Ok(value
+            .map(|bytes| decode_record(key.encoded(), bytes.value()))
+            .transpose())
+    }
+
+    fn put(
+        &mut self,
+        key: &Key,
+        old: Option<IndexEntries>,
+        record: &Record,
+        encoded: &[u8],
+    ) -> Result<(), Error> {
+        self.latest.insert(key.clone(), Some(record.clone()));
+        self.changes.push(Change {
+            key: key.clone(),
+            old,
+            new: Some((IndexEntries::of(record), encoded.to_vec())),
+        });
+        Ok(())
+    }
+
+    fn delete(&mut self, key: &Key, old: Option<IndexEntries>) -> Result<(), Error> {
+        self.latest.insert(key.clone(), None);
+        self.changes.push(Change {
+            key: key.clone(),
+            old,
+            new: None,
+        });
+        Ok(())
+    }
+}
+
+/// The open write transaction, and when it was opened.
+pub(super) type OpenTxn = Option<(WriteTransaction, Instant)>;
+
+#[derive(Default)]
+struct Queue {
+    batches: Vec<DeferredBatch>,
+    /// Changes in `batches`.
+    changes: usize,
+    shutdown: bool,
+}
+
+/// The most changes queued for the applier before the writer applies them itself: this
+/// bounds the work a flush (every 100 ms, under the writer) may find left over when the
+/// applier falls behind, such as under a stream of large `reserve_many` batches.
+const MAX_QUEUED: usize = 4096;
+
+/// Applies queued batches to the open write transaction, on its own thread.
+pub(crate) struct Applier {
+    db: Arc<Database>,
+    poison: Arc<Poison>,
+    overlay: Arc<Overlay>,
+    cache: Arc<RecordCache>,
+    /// Held while applying, committing, or reading when the transaction was opened. A batch is
+    /// taken from `queue` only while holding it, so that a flush never misses one.
+    pub(super) txn: Mutex<OpenTxn>,
+    queue: Mutex<Queue>,
+    more: Condvar,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Applier {
+    pub(super) fn new(
+        db: Arc<Database>,
+        poison: Arc<Poison>,
+        overlay: Arc<Overlay>,
+        cache: Arc<RecordCache>,
+    ) -> Applier {
+        Applier {
+            db,
+            poison,
+            overlay,
+            cache,
+            txn: Mutex::new(None),
+            queue: Mutex::new(Queue::default()),
+            more: Condvar::new(),
+            thread: Mutex::new(None),
+        }
+    }
+
+    /// Starts the applier thread. Without it every batch is applied by the next flush.
+    pub(super) fn start(self: &Arc<Applier>) -> Result<(), Error> {
+        let applier = Arc::clone(self);
+        let thread = thread::Builder::new()
+            .name("idemstore-applier".into())
+            .spawn(move || applier.run())
+            .map_err(|e| Error::io("starting the applier thread", e))?;
+        *self.thread.lock() = Some(thread);
+        Ok(())
+    }
+
+    /// Stops the applier thread (after the final flush has applied everything).
+    pub(super) fn stop(&self) {
+        self.queue.lock().shutdown = true;
+        self.more.notify_one();
+        let thread = self.thread.lock().take();
+        if let Some(thread) = thread {
+            let _ = thread.join();
+        }
+    }
+
+    /// Queues a logged batch's changes for the applier thread. Returns whether the queue is
+    /// full, in which case the caller applies it ([`apply_queued`](Applier::apply_queued)).
+    pub(super) fn push(&self, batch: DeferredBatch) -> bool {
+        let mut queue = self.queue.lock();
+        queue.changes += batch.changes.len();
+        queue.batches.push(batch);
+        if queue.batches.len() == 1 {
+            self.more.notify_one();
+        }
+        queue.changes > MAX_QUEUED
+    }
+
+    fn run(&self) {
+        loop {
+            {
+                let mut queue = self.queue.lock();
+                while queue.batches.is_empty() && !queue.shutdown {
+                    self.more.wait(&mut queue);
+                }
+                if queue.shutdown {
+                    return;
+                }
+            }
+            let mut txn = self.txn.lock();
+            if let Err(error) = self.apply_queued(&mut txn) {
+                self.fail(&mut txn, &error);
+            }
+        }
+    }
+
+    /// Applies every queued batch to the open transaction (opening one if needed). The caller
+    /// holds `txn`.
+    pub(super) fn apply_queued(&self, txn: &mut OpenTxn) -> Result<(), Error> {
+        let batches = {
+            let mut queue = self.queue.lock();
+            queue.changes = 0;
+            std::mem::take(&mut queue.batches)
+        };
+        if batches.is_empty() {
+            return Ok(());
+        }
+        self.poison.check()?;
+        if txn.is_none() {
+            let ctx = "starting a write transaction";
+            let mut opened = self.db.begin_write().map_err(|e| Error::storage(ctx, e))?;
+            opened
+                .set_durability(redb::Durability::None)
+                .map_err(|e| Error::storage(ctx, e))?;
+            *txn = Some((opened, Instant::now()));
+        }
+        let (open, _) = txn.as_ref().expect("opened above");
+        let mut tables = Tables::open(open)?;
+        let mut last = None;
+        for batch in batches {
+            for change in batch.changes {
+                let key = change.key.encoded();
+                match change.new {
+                    Some((index, encoded)) => {
+                        tables.put_indexed(key, change.old, index, &encoded)?
+                    }
+                    None => tables.delete(key, change.old)?,
+                }
+            }
+            last = Some((batch.seq, batch.next_token));
+        }
+        if let Some((seq, next_token)) = last {
+            tables.set_wal_seq(seq)?;
+            tables.set_next_token(next_token)?;
+        }
+        Ok(())
+    }
+
+    /// A failed apply poisons the store: the open transaction and everything read ahead of
+    /// redb are dropped, and every later call is refused until the store is reopened (which
+    /// replays the log).
+    pub(super) fn fail(&self, txn: &mut OpenTxn, error: &Error) {
+        self.poison.set(error);
+        *txn = None;
+        let mut queue = self.queue.lock();
+        queue.batches.clear();
+        queue.changes = 0;
+        self.overlay.clear();
+        self.cache.clear();
+    }
+}

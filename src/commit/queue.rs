@@ -1,5 +1,6 @@
-//! The commit queue and the committer thread: callers queue requests, the first free
-//! caller (or the committer thread, for async callers) leads the next batch.
+//! The commit queue and the committer thread: callers queue requests; a lone caller leads its
+//! own batch, and under load the committer thread takes everything queued, writes it as one
+//! batch, syncs it and loops, like a bare group-commit log.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -15,7 +16,9 @@ use crate::error::Error;
 use crate::key::Key;
 
 use super::request::{Answer, Queued, Request, Waiter};
+use super::writer::Leader;
 use super::{Syncer, Writer};
+use crate::builder::Durability;
 use crate::builder::Limits;
 use crate::poison::error_copy;
 
@@ -87,16 +90,21 @@ impl Committer {
         for request in &requests {
             queue.requests.push(Arc::clone(request) as Arc<dyn Queued>);
         }
-        // A blocked caller leads its own batch (see `submit`): no need to wake the committer.
+        // A blocked caller leads its own batch or wakes the committer (see `submit`).
         requests
     }
 
     /// Runs `ops` in the next batch and blocks until it is durable.
     ///
-    /// The caller leads when the writer is free: it runs the queued batch (its own request
-    /// and whatever else is queued) itself, then drives the sync, so a lone caller is answered
-    /// without any hand-off between threads. Otherwise it waits to be answered, or to be woken
-    /// to lead the next batch or run a sync.
+    /// While the committer thread is idle, the caller leads when the writer is free: it runs
+    /// the queued batch (its own request and whatever else is queued) itself, then drives the
+    /// sync, so a lone caller is answered without any hand-off between threads. When the
+    /// writer is busy (callers overlap), it hands the queue to the committer thread, which
+    /// then runs every batch and its sync until the queue is empty, while callers only wait:
+    /// one wake-up per operation, and each sync covers everything queued while the previous
+    /// one ran. (With callers leading every batch, as before, 32 callers reached 0.91-0.96x
+    /// Redis against 1.02-1.16x, and the reserve-then-complete cycle 1.18-1.28x against
+    /// 1.33-1.51x with twice the p99, over 4 alternations of the load generator.)
     pub(crate) fn submit<O: Operation>(&self, ops: Vec<(Key, O)>) -> Answer<O::Outcome> {
         not_in_callback()?;
         let requests = self.enqueue(ops);
@@ -105,23 +113,34 @@ impl Committer {
             if requests.iter().all(|r| r.is_answered()) {
                 return collect(&requests);
             }
-            if let Some(mut writer) = self.shared.writer.try_lock() {
-                let batch = take_batch(
-                    &mut self.shared.queue.lock(),
-                    self.shared.limits.batch_bytes,
-                );
-                if !batch.is_empty() {
-                    run_guarded(&self.shared, &mut writer, batch);
+            // Alone (the committer idle, nothing else queued, no sync running): lead. Otherwise
+            // the committer runs the batch and its sync.
+            let alone = self.alone(requests.len()) && !self.shared.syncer.is_busy();
+            match alone.then(|| self.shared.writer.try_lock()).flatten() {
+                Some(mut writer) => {
+                    let batch = take_batch(
+                        &mut self.shared.queue.lock(),
+                        self.shared.limits.batch_bytes,
+                    );
+                    if !batch.is_empty() {
+                        run_guarded(&self.shared, &mut writer, batch, Leader::Caller);
+                    }
+                    drop(writer);
+                    self.shared.syncer.drive(Some(&**last));
                 }
-                drop(writer);
-                wake_next(&self.shared);
+                None => wake_committer(&self.shared),
             }
-            self.shared.syncer.drive(Some(&**last));
             if requests.iter().all(|r| r.is_answered()) {
                 return collect(&requests);
             }
             thread::park();
         }
+    }
+
+    /// Whether the committer is idle and nothing is queued beyond the caller's `parts`.
+    fn alone(&self, parts: usize) -> bool {
+        let queue = self.shared.queue.lock();
+        queue.idle && queue.requests.len() <= parts
     }
 
     /// Runs one operation in the next batch and blocks until it is durable.
@@ -263,11 +282,16 @@ fn run(shared: &Shared) {
         };
         let mut writer = shared.writer.lock();
         if !batch.is_empty() {
-            run_guarded(shared, &mut writer, batch);
+            run_guarded(shared, &mut writer, batch, Leader::Committer);
         }
+        let sync = matches!(writer.schedule.durability, Durability::Immediate);
         writer.background_work();
         drop(writer);
-        wake_next(shared);
+        if sync {
+            // Callers wait without driving syncs while the committer works: it syncs every
+            // written frame (an error reaches the callers through their requests).
+            let _ = shared.syncer.drive_written();
+        }
     }
     let mut writer = shared.writer.lock();
     writer.close();
@@ -276,9 +300,11 @@ fn run(shared: &Shared) {
 
 /// Runs a batch; a panic (a bug, or inside redb) poisons the store and answers every caller
 /// instead of leaving them waiting.
-fn run_guarded(shared: &Shared, writer: &mut Writer, batch: Vec<Arc<dyn Queued>>) {
+fn run_guarded(shared: &Shared, writer: &mut Writer, batch: Vec<Arc<dyn Queued>>, led_by: Leader) {
     let requests = batch.clone();
-    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| writer.run_batch(batch)));
+    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        writer.run_batch(batch, led_by)
+    }));
     if run.is_err() {
         let error = writer.fail(Error::Poisoned {
             cause: "a thread panicked while committing a batch".into(),
@@ -293,21 +319,12 @@ fn run_guarded(shared: &Shared, writer: &mut Writer, batch: Vec<Arc<dyn Queued>>
     }
 }
 
-/// After a batch, wakes whoever should lead the next one: the oldest queued blocked caller,
-/// or the committer thread for async requests.
-fn wake_next(shared: &Shared) {
+/// Wakes the committer thread (when idle) to run what is queued.
+fn wake_committer(shared: &Shared) {
     let mut queue = shared.queue.lock();
-    let Some(first) = queue.requests.first() else {
-        return;
-    };
-    match first.waiter() {
-        Waiter::Thread(thread) => thread.unpark(),
-        Waiter::Task(_) => {
-            if queue.idle {
-                queue.idle = false;
-                shared.work.notify_one();
-            }
-        }
+    if queue.idle {
+        queue.idle = false;
+        shared.work.notify_one();
     }
 }
 

@@ -181,6 +181,12 @@ impl Syncer {
         }
     }
 
+    /// Whether a sync is running or batches wait for one.
+    pub(super) fn is_busy(&self) -> bool {
+        let state = self.state.lock();
+        state.syncing || !state.pending.is_empty()
+    }
+
     /// The last frame known durable (recorded in every new frame; see `Wal::recover`).
     pub(super) fn synced_seq(&self) -> u64 {
         self.state.lock().synced_seq
@@ -188,11 +194,30 @@ impl Syncer {
 
     /// Syncs until every written frame is durable and answered; fails if the store is poisoned.
     pub(super) fn drive_all(&self) -> Result<(), Error> {
+        self.drive_until(None)
+    }
+
+    /// Syncs until every frame written before the call is durable and answered (so a caller
+    /// that keeps writing cannot keep the committer here); fails if the store is poisoned.
+    pub(super) fn drive_written(&self) -> Result<(), Error> {
+        let written = self.state.lock().written_seq;
+        self.drive_until(Some(written))
+    }
+
+    /// Syncs until frame `until` (every written frame when `None`) is durable and every batch
+    /// up to it answered.
+    fn drive_until(&self, until: Option<u64>) -> Result<(), Error> {
         loop {
             self.drive(None);
             let mut state = self.state.lock();
             self.poison.check()?;
-            if state.synced_seq >= state.written_seq && state.pending.is_empty() {
+            let done = match until {
+                None => state.synced_seq >= state.written_seq && state.pending.is_empty(),
+                Some(seq) => {
+                    state.synced_seq >= seq && state.pending.front().is_none_or(|b| b.seq > seq)
+                }
+            };
+            if done {
                 return Ok(());
             }
             if state.syncing {

@@ -42,6 +42,15 @@ pub(crate) struct Written {
     pub(super) encoded: Option<Vec<u8>>,
 }
 
+/// Who runs a batch, and so who drives its sync.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Leader {
+    /// A blocked caller, while the committer thread is idle.
+    Caller,
+    /// The committer thread.
+    Committer,
+}
+
 /// The single writer: owns the database's write side, the log and the fencing-token counter.
 pub(crate) struct Writer {
     pub(super) db: Arc<Database>,
@@ -142,8 +151,10 @@ impl Writer {
         Ok(txn)
     }
 
-    /// Decides, applies and logs one batch; hands it to the syncer.
-    pub(super) fn run_batch(&mut self, batch: Vec<Arc<dyn Queued>>) {
+    /// Decides and logs one batch; hands it to the syncer. A batch led by a caller is synced
+    /// by its callers ([`Syncer::drive`]); one run by the committer thread, by the committer
+    /// after it.
+    pub(super) fn run_batch(&mut self, batch: Vec<Arc<dyn Queued>>, led_by: Leader) {
         if let Err(error) = self.poison.check() {
             for request in &batch {
                 request.fail(error_copy(&error));
@@ -162,11 +173,9 @@ impl Writer {
                 match self.schedule.durability {
                     Durability::Buffered { .. } => self.syncer.answer_now(pending),
                     Durability::Immediate => {
-                        if let Some(driver) = self.syncer.push(pending) {
+                        let driver = self.syncer.push(pending);
+                        if let (Some(driver), Leader::Caller) = (driver, led_by) {
                             driver.waiter().wake();
-                        }
-                        if !self.every_pending_batch_has_a_thread() {
-                            self.syncer.drive(None);
                         }
                     }
                 }
@@ -178,17 +187,6 @@ impl Writer {
                 }
             }
         }
-    }
-
-    /// Whether every batch waiting for a sync has a blocked thread that can run it; when not
-    /// (async callers only), the committer syncs.
-    fn every_pending_batch_has_a_thread(&self) -> bool {
-        self.syncer
-            .state
-            .lock()
-            .pending
-            .iter()
-            .all(|b| b.requests.iter().any(|r| r.waiter().is_thread()))
     }
 
     /// Decides every request (staging their outcomes) and logs the changes as one frame,

@@ -395,7 +395,11 @@ fn work(
     let mut rng = Rng(seed | 1);
     let mut held: HashMap<usize, Lease> = HashMap::new();
     let now = || to_millis(clock.time());
-    while !stop.load(Ordering::Relaxed) {
+    // No operation starts once the cut is marked: an acquisition acknowledged after the mark
+    // is not recorded, and its holder could otherwise take over a stale key and release or
+    // expire it before the disks freeze, which the history cannot know about (it showed as an
+    // acknowledged stale reservation "found None").
+    while !stop.load(Ordering::Relaxed) && !history.lock().cut {
         let i = (rng.next() % KEYS as u64) as usize;
         let choice = rng.next() % 16;
         let Some(lease) = held.get(&i).cloned() else {

@@ -1,7 +1,7 @@
 //! The commit path: every write goes through here.
 //!
-//! Callers queue a request (one or many key operations) and wait. The batch's leader (a waiting
-//! caller, or the committer thread for async callers) takes everything queued, decides each
+//! Callers queue a request (one or many key operations) and wait. The batch's leader (a caller
+//! that is alone, or else the committer thread) takes everything queued, decides each
 //! operation against the latest state with [`decide`] (the changes since the last redb
 //! commit, then the record cache, then committed redb), and appends the resulting changes to
 //! the log as one frame. The changes are queued for the applier thread (`apply.rs`), which
@@ -10,10 +10,11 @@
 //! durable, after which the batch's changes are published to the [`Overlay`] (what readers see before redb commits) and its
 //! callers are answered. Nobody hears an answer before its batch is durable.
 //!
-//! The sync is run by one of the waiting callers (it is awake anyway), so the committer is
-//! already deciding the next batch while the previous one syncs, and one sync covers every
-//! frame written before it started. Only batches whose callers are all async are synced by the
-//! committer itself.
+//! A lone caller (the committer idle, nothing else queued, no sync running) runs its batch and
+//! the sync itself, with no hand-off between threads. Under load the committer thread takes
+//! everything queued, writes it as one batch, syncs every frame written so far and loops,
+//! while callers only wait to be woken with their answer: each sync covers everything queued
+//! while the previous one ran, as in a bare group-commit log.
 //!
 //! Every 100 ms at most, once every written frame is synced, whatever the applier has not
 //! applied yet is applied, the open redb transaction is committed (non-durably; the log is

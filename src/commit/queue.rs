@@ -16,7 +16,6 @@ use crate::error::Error;
 use crate::key::Key;
 
 use super::request::{Answer, Queued, Request, Waiter};
-use super::writer::Leader;
 use super::{Syncer, Writer};
 use crate::builder::Durability;
 use crate::builder::Limits;
@@ -123,7 +122,7 @@ impl Committer {
                         self.shared.limits.batch_bytes,
                     );
                     if !batch.is_empty() {
-                        run_guarded(&self.shared, &mut writer, batch, Leader::Caller);
+                        run_guarded(&self.shared, &mut writer, batch);
                     }
                     drop(writer);
                     self.shared.syncer.drive(Some(&**last));
@@ -282,7 +281,7 @@ fn run(shared: &Shared) {
         };
         let mut writer = shared.writer.lock();
         if !batch.is_empty() {
-            run_guarded(shared, &mut writer, batch, Leader::Committer);
+            run_guarded(shared, &mut writer, batch);
         }
         let sync = matches!(writer.schedule.durability, Durability::Immediate);
         writer.background_work();
@@ -300,11 +299,9 @@ fn run(shared: &Shared) {
 
 /// Runs a batch; a panic (a bug, or inside redb) poisons the store and answers every caller
 /// instead of leaving them waiting.
-fn run_guarded(shared: &Shared, writer: &mut Writer, batch: Vec<Arc<dyn Queued>>, led_by: Leader) {
+fn run_guarded(shared: &Shared, writer: &mut Writer, batch: Vec<Arc<dyn Queued>>) {
     let requests = batch.clone();
-    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        writer.run_batch(batch, led_by)
-    }));
+    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| writer.run_batch(batch)));
     if run.is_err() {
         let error = writer.fail(Error::Poisoned {
             cause: "a thread panicked while committing a batch".into(),

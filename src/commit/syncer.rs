@@ -71,27 +71,17 @@ impl Syncer {
         }
     }
 
-    /// Queues a batch whose frame `seq` was written; returns the thread to wake so that it
-    /// runs the sync, if no sync is running.
-    pub(super) fn push(&self, batch: PendingBatch) -> Option<Arc<dyn Queued>> {
+    /// Queues a batch whose frame `seq` was written, to be answered by the sync that covers
+    /// it (driven by the batch's leader).
+    pub(super) fn push(&self, batch: PendingBatch) {
         let mut state = self.state.lock();
         if batch.seq <= state.synced_seq {
             // It logged nothing and everything it saw is durable.
             self.answer(batch);
-            return None;
+            return;
         }
         state.written_seq = state.written_seq.max(batch.seq);
-        let driver = batch
-            .requests
-            .iter()
-            .find(|r| r.waiter().is_thread())
-            .cloned();
         state.pending.push_back(batch);
-        if state.syncing {
-            None
-        } else {
-            driver
-        }
     }
 
     /// Answers a batch without a sync (buffered durability).

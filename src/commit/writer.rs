@@ -42,15 +42,6 @@ pub(crate) struct Written {
     pub(super) encoded: Option<Vec<u8>>,
 }
 
-/// Who runs a batch, and so who drives its sync.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Leader {
-    /// A blocked caller, while the committer thread is idle.
-    Caller,
-    /// The committer thread.
-    Committer,
-}
-
 /// The single writer: owns the database's write side, the log and the fencing-token counter.
 pub(crate) struct Writer {
     pub(super) db: Arc<Database>,
@@ -151,10 +142,9 @@ impl Writer {
         Ok(txn)
     }
 
-    /// Decides and logs one batch; hands it to the syncer. A batch led by a caller is synced
-    /// by its callers ([`Syncer::drive`]); one run by the committer thread, by the committer
-    /// after it.
-    pub(super) fn run_batch(&mut self, batch: Vec<Arc<dyn Queued>>, led_by: Leader) {
+    /// Decides and logs one batch; hands it to the syncer. Whoever ran it (a lone caller, or
+    /// the committer thread) then drives its sync ([`Syncer::drive`]).
+    pub(super) fn run_batch(&mut self, batch: Vec<Arc<dyn Queued>>) {
         if let Err(error) = self.poison.check() {
             for request in &batch {
                 request.fail(error_copy(&error));
@@ -172,12 +162,7 @@ impl Writer {
                 };
                 match self.schedule.durability {
                     Durability::Buffered { .. } => self.syncer.answer_now(pending),
-                    Durability::Immediate => {
-                        let driver = self.syncer.push(pending);
-                        if let (Some(driver), Leader::Caller) = (driver, led_by) {
-                            driver.waiter().wake();
-                        }
-                    }
+                    Durability::Immediate => self.syncer.push(pending),
                 }
             }
             Err(error) => {

@@ -24,6 +24,8 @@ use crate::poison::Poison;
 use crate::record::Record;
 use crate::tables::{decode_record, IndexEntries, Tables, RECORDS};
 
+use super::Written;
+
 /// Where an operation reads the state it is decided against and writes the new one: a write
 /// transaction's tables directly ([`Tables`]), or the batch path's [`Deferring`].
 pub(crate) trait Target {
@@ -76,15 +78,38 @@ pub(super) struct DeferredBatch {
     next_token: u64,
 }
 
+impl DeferredBatch {
+    /// The changes of a batch logged as frame `seq`, taken from what the writer recorded
+    /// (the encodings move here: the frame is written already).
+    pub(super) fn logged(written: &mut [Written], seq: u64, next_token: u64) -> DeferredBatch {
+        let changes = written
+            .iter_mut()
+            .map(|w| Change {
+                key: w.key.clone(),
+                old: w.old,
+                new: w.record.as_ref().map(|record| {
+                    let encoded = w.encoded.take().expect("a stored record is logged encoded");
+                    (IndexEntries::of(record), encoded)
+                }),
+            })
+            .collect();
+        DeferredBatch {
+            changes,
+            seq,
+            next_token,
+        }
+    }
+}
+
 /// The batch path's [`Target`]: reads the latest state (changes since the last redb commit,
-/// then the cache, then committed redb), records the batch's changes for the applier.
+/// then the cache, then committed redb) and keeps each change in `latest`; the applier gets
+/// the changes from the writer's record of them ([`DeferredBatch::logged`]).
 pub(super) struct Deferring<'w> {
     latest: &'w mut HashMap<Key, Option<Record>>,
     cache: &'w RecordCache,
     db: &'w Database,
     /// The committed records, opened on the first key neither in `latest` nor in the cache.
     committed: Option<ReadOnlyTable<&'static [u8], &'static [u8]>>,
-    changes: Vec<Change>,
 }
 
 impl<'w> Deferring<'w> {
@@ -98,17 +123,7 @@ impl<'w> Deferring<'w> {
             cache,
             db,
             committed: None,
-            changes: Vec::new(),
         }
-    }
-
-    /// The changes recorded, for the applier; `None` when there were none.
-    pub(super) fn finish(self, seq: u64, next_token: u64) -> Option<DeferredBatch> {
-        (!self.changes.is_empty()).then_some(DeferredBatch {
-            changes: self.changes,
-            seq,
-            next_token,
-        })
     }
 }
 
@@ -140,26 +155,16 @@ impl Target for Deferring<'_> {
     fn put(
         &mut self,
         key: &Key,
-        old: Option<IndexEntries>,
+        _old: Option<IndexEntries>,
         record: &Record,
-        encoded: &[u8],
+        _encoded: &[u8],
     ) -> Result<(), Error> {
         self.latest.insert(key.clone(), Some(record.clone()));
-        self.changes.push(Change {
-            key: key.clone(),
-            old,
-            new: Some((IndexEntries::of(record), encoded.to_vec())),
-        });
         Ok(())
     }
 
-    fn delete(&mut self, key: &Key, old: Option<IndexEntries>) -> Result<(), Error> {
+    fn delete(&mut self, key: &Key, _old: Option<IndexEntries>) -> Result<(), Error> {
         self.latest.insert(key.clone(), None);
-        self.changes.push(Change {
-            key: key.clone(),
-            old,
-            new: None,
-        });
         Ok(())
     }
 }

@@ -19,7 +19,7 @@ use crate::stats::{Counter, Counters};
 use crate::tables::IndexEntries;
 use crate::wal::Wal;
 
-use super::apply::{Applier, Deferring, Target};
+use super::apply::{Applier, DeferredBatch, Deferring, Target};
 use super::syncer::PendingBatch;
 use super::{Queued, Schedule, Syncer};
 use crate::poison::{error_copy, Poison};
@@ -40,6 +40,8 @@ pub(crate) struct Written {
     pub(super) key: Key,
     pub(super) record: Option<Record>,
     pub(super) encoded: Option<Vec<u8>>,
+    /// Where the record it replaced was indexed (for the applier).
+    pub(super) old: Option<IndexEntries>,
 }
 
 /// The single writer: owns the database's write side, the log and the fencing-token counter.
@@ -195,7 +197,7 @@ impl Writer {
             }
             Ok((ops, written))
         })();
-        let logged = result.and_then(|(ops, written)| {
+        let logged = result.and_then(|(ops, mut written)| {
             if written.is_empty() {
                 return Ok((ops, written, self.wal.last_seq(), None));
             }
@@ -204,7 +206,8 @@ impl Writer {
                 .map(|w| (w.key.encoded(), w.encoded.as_deref()));
             let durable = self.syncer.synced_seq();
             let seq = self.wal.append(self.next_token, durable, entries)?;
-            Ok((ops, written, seq, target.finish(seq, self.next_token)))
+            let deferred = DeferredBatch::logged(&mut written, seq, self.next_token);
+            Ok((ops, written, seq, Some(deferred)))
         });
         self.latest = latest;
         let (ops, written, seq, deferred) = logged?;
@@ -247,11 +250,17 @@ impl Writer {
                     key: key.clone(),
                     record: Some(record),
                     encoded: Some(encoded),
+                    old: old_index,
                 });
             }
             Change::Delete => {
                 tables.delete(key, old_index)?;
-                Writer::deleted(written, key.clone());
+                written.push(Written {
+                    key: key.clone(),
+                    record: None,
+                    encoded: None,
+                    old: old_index,
+                });
             }
         }
         Ok(Ok(decision.outcome))
@@ -263,6 +272,7 @@ impl Writer {
             key,
             record: None,
             encoded: None,
+            old: None,
         });
     }
 

@@ -3,12 +3,12 @@
 //! recovery); the in-memory set only tells new keys from duplicates, which cost no I/O.
 
 use std::collections::HashSet;
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use super::{context, BenchKey, BenchResult, Engine, Handle};
+use super::{context, preallocated, BenchKey, BenchResult, Engine, Handle};
 
 const BLOCK: usize = 4096;
 /// The preallocated ring the blocks are written to, in place: 4 MiB.
@@ -52,19 +52,7 @@ impl Engine for Fdatasync {
     type Handle = FdatasyncHandle;
 
     fn open(dir: &Path) -> BenchResult<Self> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(dir.join("ring.bin"))
-            .map_err(context("fdatasync: open"))?;
-        // Write every block once, so that later writes overwrite allocated blocks in place.
-        let zeros = vec![0; 1 << 20];
-        for offset in (0..RING).step_by(zeros.len()) {
-            file.write_all_at(&zeros, offset)
-                .map_err(context("fdatasync: preallocate"))?;
-        }
-        file.sync_all().map_err(context("fdatasync: preallocate"))?;
+        let file = preallocated(&dir.join("ring.bin"), RING, "fdatasync")?;
         Ok(Fdatasync(Arc::new(Mutex::new(Ring {
             file,
             next: 0,

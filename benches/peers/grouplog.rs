@@ -10,14 +10,14 @@
 //! measured rather than assumed.
 
 use std::collections::HashSet;
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::{self, JoinHandle, Thread};
 
-use super::{context, BenchKey, BenchResult, Engine, Handle};
+use super::{context, preallocated, BenchKey, BenchResult, Engine, Handle};
 
 /// The preallocated ring the frames are written to, in place: 64 MiB.
 const RING: u64 = 64 << 20;
@@ -63,19 +63,7 @@ impl Engine for GroupLog {
     type Handle = GroupLogHandle;
 
     fn open(dir: &Path) -> BenchResult<Self> {
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(dir.join("group.log"))
-            .map_err(context("grouplog: open"))?;
-        // Write every block once, so that later writes overwrite allocated blocks in place.
-        let zeros = vec![0; 1 << 20];
-        for offset in (0..RING).step_by(zeros.len()) {
-            file.write_all_at(&zeros, offset)
-                .map_err(context("grouplog: preallocate"))?;
-        }
-        file.sync_all().map_err(context("grouplog: preallocate"))?;
+        let file = preallocated(&dir.join("group.log"), RING, "grouplog")?;
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue::default()),
             work: Condvar::new(),

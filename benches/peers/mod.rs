@@ -330,6 +330,25 @@ pub fn splitmix64(x: u64) -> u64 {
     z ^ (z >> 31)
 }
 
+/// Creates the file at `path` and writes every block of its first `len` bytes once (then
+/// syncs), so that later writes overwrite allocated blocks in place, as a preallocated log.
+pub(crate) fn preallocated(path: &Path, len: u64, engine: &str) -> BenchResult<std::fs::File> {
+    use std::os::unix::fs::FileExt;
+    let fail = |e: std::io::Error| format!("{engine}: preallocate {}: {e}", path.display());
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(path)
+        .map_err(fail)?;
+    let zeros = vec![0; 1 << 20];
+    for offset in (0..len).step_by(zeros.len()) {
+        file.write_all_at(&zeros, offset).map_err(fail)?;
+    }
+    file.sync_all().map_err(fail)?;
+    Ok(file)
+}
+
 /// Adds `what` to an error's message.
 pub(crate) fn context<E: fmt::Display>(what: &'static str) -> impl FnOnce(E) -> BenchError {
     move |e| format!("{what}: {e}").into()

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use crate::clock::{duration_millis, Clock, SystemClock};
 use crate::error::Error;
+use crate::key::MAX_KEY_PART_LEN;
 use crate::store::Store;
 
 /// Default for [`Builder::retention`]: 24 hours, as long as Stripe keeps keys.
@@ -76,7 +77,7 @@ pub enum Durability {
 #[derive(Clone)]
 pub struct Builder {
     pub(crate) retention: Duration,
-    /// Per-operation retentions ([`Builder::retention_for`], in `retention.rs`).
+    /// Per-operation retentions ([`Builder::retention_for`]).
     pub(crate) retention_by_operation: Vec<(Vec<u8>, Duration)>,
     pub(crate) lease: Duration,
     pub(crate) durability: Durability,
@@ -90,8 +91,8 @@ pub struct Builder {
     pub(crate) verify_on_open: bool,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) limits: Limits,
-    /// The admin socket ([`Builder::admin_socket`], in `admin/mod.rs`).
-    pub(crate) admin_socket: crate::admin::AdminSocket,
+    /// The admin socket ([`Builder::admin_socket`]).
+    pub(crate) admin_socket: AdminSocket,
 }
 
 /// The size limits of one batch and one log frame. Fixed in normal builds; tests scale them
@@ -117,6 +118,19 @@ impl Default for Limits {
     }
 }
 
+/// Whether and how a store serves its admin socket; see [`Builder::admin_socket`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum AdminSocket {
+    /// No socket: only the owning process can look at the store.
+    #[default]
+    Off,
+    /// Serve stats, get and list.
+    ReadOnly,
+    /// Also serve expire, resolve, sweep and checkpoint.
+    ReadWrite,
+}
+
 impl Default for Builder {
     fn default() -> Self {
         Builder {
@@ -134,7 +148,7 @@ impl Default for Builder {
             verify_on_open: false,
             clock: Arc::new(SystemClock),
             limits: Limits::default(),
-            admin_socket: crate::admin::AdminSocket::Off,
+            admin_socket: AdminSocket::Off,
         }
     }
 }
@@ -170,6 +184,45 @@ impl Builder {
     /// is kept after its lease ran out. At least 1 ms. Default = [`DEFAULT_RETENTION`] (24 h).
     pub fn retention(&mut self, retention: Duration) -> &mut Self {
         self.retention = retention;
+        self
+    }
+
+    /// How long completed keys of `operation` (the middle part of a [`Key`](crate::Key)) are kept,
+    /// instead of [`retention`](Builder::retention): payments for days, a dedup window for
+    /// minutes. Also how long an abandoned reservation of that operation is kept after its
+    /// lease ran out. Setting an operation again replaces its retention. At least 1 ms.
+    /// Default = none: every operation uses [`retention`](Builder::retention).
+    ///
+    /// Each record carries its own deadline, written when it is completed; changing the
+    /// setting later does not move the deadline of keys already completed.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idemstore::{Fingerprint, Key, Reservation, Store};
+    ///
+    /// # let dir = tempfile::tempdir()?;
+    /// let store = Store::builder()
+    ///     .retention(Duration::from_secs(24 * 3600))
+    ///     .retention_for("POST /charges", Duration::from_secs(7 * 24 * 3600))
+    ///     .retention_for("consume", Duration::from_secs(5 * 60))
+    ///     .open(dir.path().join("keys.idem"))?;
+    /// let key = Key::new("user-7", "POST /charges", "k1")?;
+    /// let Reservation::Acquired(lease) = store.reserve(&key, Fingerprint::of(b"amount=5"))? else {
+    ///     unreachable!("a fresh key is acquired")
+    /// };
+    /// store.complete(&lease, b"201".to_vec())?;
+    /// let Reservation::Completed(done) = store.reserve(&key, Fingerprint::of(b"amount=5"))? else {
+    ///     unreachable!("a completed key is replayed")
+    /// };
+    /// let kept = done.expires_at.duration_since(done.completed_at)?;
+    /// assert_eq!(kept, Duration::from_secs(7 * 24 * 3600));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn retention_for(&mut self, operation: impl AsRef<[u8]>, retention: Duration) -> &mut Self {
+        let operation = operation.as_ref().to_vec();
+        self.retention_by_operation
+            .retain(|(name, _)| *name != operation);
+        self.retention_by_operation.push((operation, retention));
         self
     }
 
@@ -288,6 +341,32 @@ impl Builder {
         self
     }
 
+    /// Serve a Unix socket next to the store file ([`socket_path`](crate::admin::socket_path)) through which the
+    /// `idemstore` tool (or an [`AdminClient`](crate::AdminClient)) reads the live store, and with
+    /// [`AdminSocket::ReadWrite`] changes it, while this process owns it. A socket file left
+    /// by a process that died is replaced; any other file at that path is refused. The
+    /// socket is removed when the store is dropped (which waits for a request being answered,
+    /// at most the 5 s a client is given). See the [`admin`](crate::admin) module for what it
+    /// costs the service. Default = [`AdminSocket::Off`].
+    ///
+    /// ```
+    /// use idemstore::{AdminClient, AdminSocket, Fingerprint, Key, Store};
+    ///
+    /// # let dir = tempfile::tempdir()?;
+    /// let path = dir.path().join("keys.idem");
+    /// let store = Store::builder().admin_socket(AdminSocket::ReadOnly).open(&path)?;
+    /// let _ = store.reserve(&Key::new("user-1", "charge", "k1")?, Fingerprint::of(b"x"))?;
+    ///
+    /// // Another process (here the same one) looks at the live store.
+    /// let admin = AdminClient::connect(&path)?;
+    /// assert_eq!(admin.counts()?.pending, 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn admin_socket(&mut self, socket: AdminSocket) -> &mut Self {
+        self.admin_socket = socket;
+        self
+    }
+
     /// Opens the store at `path`, creating it (crash-safely) if it does not exist.
     ///
     /// # Errors
@@ -302,7 +381,7 @@ impl Builder {
     }
 
     fn validate(&self) -> Result<(), Error> {
-        crate::retention::validate(self)?;
+        self.validate_retentions()?;
         let check = |ok: bool, setting: &'static str, reason: &str| {
             if ok {
                 Ok(())
@@ -343,5 +422,27 @@ impl Builder {
                 self.max_result_len
             ),
         )
+    }
+
+    /// Checks the per-operation retentions.
+    fn validate_retentions(&self) -> Result<(), Error> {
+        for (operation, retention) in &self.retention_by_operation {
+            let name = String::from_utf8_lossy(operation);
+            let reason = if operation.is_empty() || operation.len() > MAX_KEY_PART_LEN {
+                format!(
+                    "operation {name:?} is {} bytes; a key's operation has 1 to {MAX_KEY_PART_LEN} bytes",
+                    operation.len()
+                )
+            } else if duration_millis(*retention) < 1 {
+                format!("the retention of operation {name:?} must be at least 1 ms")
+            } else {
+                continue;
+            };
+            return Err(Error::InvalidConfig {
+                setting: "retention_for",
+                reason,
+            });
+        }
+        Ok(())
     }
 }

@@ -99,6 +99,31 @@ pub(crate) fn duration_millis(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
+/// A time in a problem report, in UTC as RFC 3339 (`2026-11-29T12:00:00.250Z`).
+pub(crate) fn describe_millis(millis: u64) -> String {
+    if millis == u64::MAX {
+        return "never".into();
+    }
+    let (days, ms) = (millis / 86_400_000, millis % 86_400_000);
+    // Days since 1970-01-01 to a civil date (Howard Hinnant's days_from_civil, inverted).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        ms / 3_600_000,
+        ms / 60_000 % 60,
+        ms / 1_000 % 60,
+        ms % 1_000
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -118,5 +143,15 @@ mod tests {
     fn conversions_saturate() {
         assert_eq!(to_millis(UNIX_EPOCH - Duration::from_secs(5)), 0);
         assert_eq!(duration_millis(Duration::MAX), u64::MAX);
+    }
+
+    #[test]
+    fn times_in_reports_are_rfc3339_utc() {
+        assert_eq!(describe_millis(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(describe_millis(951_782_400_250), "2000-02-29T00:00:00.250Z");
+        assert_eq!(
+            describe_millis(1_795_000_000_000),
+            "2026-11-18T11:06:40.000Z"
+        );
     }
 }

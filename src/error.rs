@@ -5,7 +5,7 @@
 use std::fmt;
 use std::path::PathBuf;
 
-use crate::key::{Key, MAX_KEY_PART_LEN};
+use crate::key::{Key, MAX_KEY_PART_LEN, MAX_NOTE_LEN};
 
 /// Which part of a [`Key`] an error is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -278,8 +278,7 @@ impl fmt::Display for Error {
             ),
             Error::NoteTooLarge { key, len } => write!(
                 f,
-                "review note for key {key} is {len} bytes; the limit is {} bytes",
-                crate::record::MAX_NOTE_LEN
+                "review note for key {key} is {len} bytes; the limit is {MAX_NOTE_LEN} bytes"
             ),
             Error::InvalidConfig { setting, reason } => {
                 write!(f, "invalid setting {setting}: {reason}")
@@ -295,7 +294,7 @@ impl fmt::Display for Error {
             Error::LeaseLive { key, lease_until } => write!(
                 f,
                 "key {key} is held by a live lease until {}; nothing was changed; force the expiry to take the key from its holder (its later complete and extend then fail with \"lease lost\")",
-                crate::inspect::describe_millis(crate::clock::to_millis(*lease_until))
+                crate::clock::describe_millis(crate::clock::to_millis(*lease_until))
             ),
             Error::Admin { socket, message } => {
                 write!(f, "{message} (answered by the store's admin socket {})", socket.display())

@@ -9,6 +9,9 @@ use crate::error::{Error, KeyPart};
 /// Each part is stored behind a one-byte length, so 255 is the format's own limit.
 pub const MAX_KEY_PART_LEN: usize = 255;
 
+/// Longest review note accepted by [`Store::mark_needs_review`](crate::Store::mark_needs_review), in bytes.
+pub const MAX_NOTE_LEN: usize = 4096;
+
 /// An idempotency key: who (`scope`), what (`operation`) and the client's own key (`id`).
 ///
 /// Two requests are duplicates only when all three parts are equal, so a key sent by tenant A

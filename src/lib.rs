@@ -113,12 +113,12 @@ pub use inspect::{
     FileInfo, Problem, ProblemKind, RecordClass, ScanFilter, StateCounts, Verification,
     VERIFY_PROGRESS_STEP,
 };
-pub use key::{Key, MAX_KEY_PART_LEN};
-pub use record::{Record, Status, MAX_NOTE_LEN};
-pub use reservation::{Completed, Lease, Progress, Reservation, Seen};
+pub use key::{Key, MAX_KEY_PART_LEN, MAX_NOTE_LEN};
+pub use record::{Progress, Record, Status};
+pub use reservation::{Completed, Lease, LiveLease, Reservation, Seen};
 pub use reservations::Reservations;
 pub use stats::Stats;
-pub use store::{LiveLease, Store};
+pub use store::Store;
 
 /// The redb crate this store is built on, for [`Store::complete_with`] callers.
 pub use redb;

@@ -14,8 +14,8 @@ use redb::Database;
 
 use crate::error::Error;
 use crate::record::Record;
-use crate::tables::{IndexEntries, Tables};
-use crate::wal::{new_salt, LogFile, Recovered, Wal};
+use crate::tables::{new_salt, IndexEntries, Tables};
+use crate::wal::{LogFile, Recovered, Wal};
 
 /// Brings `db` up to date with the log and returns the log, rewound and ready for appends,
 /// and the next fencing token.

@@ -3,6 +3,7 @@
 use std::time::{Duration, SystemTime};
 
 use crate::key::Key;
+use crate::record::Progress;
 
 /// Ownership of a reserved key, returned by [`Reservation::Acquired`].
 ///
@@ -17,18 +18,6 @@ pub struct Lease {
     pub(crate) attempt: u32,
     pub(crate) lease_until: SystemTime,
     pub(crate) progress: Option<Progress>,
-}
-
-/// A recovery point of multi-step work: "step `step` is done, with this data". Recorded by the
-/// lease holder with [`Store::record_step`](crate::Store::record_step); a caller that takes a
-/// stale reservation over finds the last one in [`Lease::progress`] and resumes after it
-/// (Stripe's recovery points).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Progress {
-    /// The last step completed (numbering is the caller's).
-    pub step: u32,
-    /// What the caller needs to resume after it (an external id, say).
-    pub data: Vec<u8>,
 }
 
 impl Lease {
@@ -115,4 +104,15 @@ pub enum Seen {
     New,
     /// Already seen within the window: skip it.
     Duplicate,
+}
+
+/// What [`Store::expire_many`](crate::Store::expire_many) and [`Store::expire_async`](crate::Store::expire_async) do with a key that a live lease
+/// holds (a worker is doing the work now).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LiveLease {
+    /// Leave it: the key's answer is [`Error::LeaseLive`](crate::Error::LeaseLive) naming the lease's end.
+    Refuse,
+    /// Take the key from the holder: its later complete and extend fail with
+    /// [`Error::LeaseLost`](crate::Error::LeaseLost), and its fencing token is never handed out again.
+    Take,
 }

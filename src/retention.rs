@@ -1,5 +1,5 @@
 //! Retention per operation: how long a completed key of each operation is kept, with the
-//! store's [`Builder::retention`] as the default.
+//! store's [`Builder::retention`](crate::Builder::retention) as the default.
 //!
 //! A service rarely wants one retention for everything: payments keep their keys for days, a
 //! queue's dedup window is minutes. The retention is looked up by the key's operation part
@@ -13,11 +13,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::builder::Builder;
 use crate::clock::duration_millis;
 use crate::decide::Policy;
-use crate::error::Error;
-use crate::key::{Key, MAX_KEY_PART_LEN};
+use crate::key::Key;
 use crate::record::Millis;
 
 /// The decision policy of every key: the store's, with a retention per operation.
@@ -28,16 +26,20 @@ pub(crate) struct Policies {
 }
 
 impl Policies {
-    /// The store's policies from its builder (validated by [`validate`]).
-    pub(crate) fn of(builder: &Builder) -> Policies {
+    /// The policies of a store with these settings (validated by the builder): `lease` and
+    /// `retention` for every key, `retention` replaced per operation by `by_operation`.
+    pub(crate) fn new(
+        lease: Duration,
+        retention: Duration,
+        by_operation: &[(Vec<u8>, Duration)],
+    ) -> Policies {
         Policies {
             default: Policy {
-                lease: duration_millis(builder.lease),
-                retention: duration_millis(builder.retention),
+                lease: duration_millis(lease),
+                retention: duration_millis(retention),
             },
             by_operation: Arc::new(
-                builder
-                    .retention_by_operation
+                by_operation
                     .iter()
                     .map(|(operation, retention)| (operation.clone(), duration_millis(*retention)))
                     .collect(),
@@ -58,67 +60,4 @@ impl Policies {
             None => self.default,
         }
     }
-}
-
-impl Builder {
-    /// How long completed keys of `operation` (the middle part of a [`Key`]) are kept,
-    /// instead of [`retention`](Builder::retention): payments for days, a dedup window for
-    /// minutes. Also how long an abandoned reservation of that operation is kept after its
-    /// lease ran out. Setting an operation again replaces its retention. At least 1 ms.
-    /// Default = none: every operation uses [`retention`](Builder::retention).
-    ///
-    /// Each record carries its own deadline, written when it is completed; changing the
-    /// setting later does not move the deadline of keys already completed.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use idemstore::{Fingerprint, Key, Reservation, Store};
-    ///
-    /// # let dir = tempfile::tempdir()?;
-    /// let store = Store::builder()
-    ///     .retention(Duration::from_secs(24 * 3600))
-    ///     .retention_for("POST /charges", Duration::from_secs(7 * 24 * 3600))
-    ///     .retention_for("consume", Duration::from_secs(5 * 60))
-    ///     .open(dir.path().join("keys.idem"))?;
-    /// let key = Key::new("user-7", "POST /charges", "k1")?;
-    /// let Reservation::Acquired(lease) = store.reserve(&key, Fingerprint::of(b"amount=5"))? else {
-    ///     unreachable!("a fresh key is acquired")
-    /// };
-    /// store.complete(&lease, b"201".to_vec())?;
-    /// let Reservation::Completed(done) = store.reserve(&key, Fingerprint::of(b"amount=5"))? else {
-    ///     unreachable!("a completed key is replayed")
-    /// };
-    /// let kept = done.expires_at.duration_since(done.completed_at)?;
-    /// assert_eq!(kept, Duration::from_secs(7 * 24 * 3600));
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn retention_for(&mut self, operation: impl AsRef<[u8]>, retention: Duration) -> &mut Self {
-        let operation = operation.as_ref().to_vec();
-        self.retention_by_operation
-            .retain(|(name, _)| *name != operation);
-        self.retention_by_operation.push((operation, retention));
-        self
-    }
-}
-
-/// Checks the per-operation retentions of `builder`.
-pub(crate) fn validate(builder: &Builder) -> Result<(), Error> {
-    for (operation, retention) in &builder.retention_by_operation {
-        let name = String::from_utf8_lossy(operation);
-        let reason = if operation.is_empty() || operation.len() > MAX_KEY_PART_LEN {
-            format!(
-                "operation {name:?} is {} bytes; a key's operation has 1 to {MAX_KEY_PART_LEN} bytes",
-                operation.len()
-            )
-        } else if duration_millis(*retention) < 1 {
-            format!("the retention of operation {name:?} must be at least 1 ms")
-        } else {
-            continue;
-        };
-        return Err(Error::InvalidConfig {
-            setting: "retention_for",
-            reason,
-        });
-    }
-    Ok(())
 }

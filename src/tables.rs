@@ -80,10 +80,10 @@ impl<'txn> Tables<'txn> {
             .insert(META_WAL_SEQ, 0)
             .map_err(|e| Error::storage(ctx, e))?;
         self.meta
-            .insert(META_STORE_ID, crate::wal::new_salt().max(1))
+            .insert(META_STORE_ID, new_salt().max(1))
             .map_err(|e| Error::storage(ctx, e))?;
         self.meta
-            .insert(META_LOG_SALT, crate::wal::new_salt())
+            .insert(META_LOG_SALT, new_salt())
             .map_err(|e| Error::storage(ctx, e))?;
         Ok(())
     }
@@ -258,4 +258,17 @@ impl IndexEntries {
             lease: record.lease_until(),
         }
     }
+}
+
+/// A fresh random number: a store's identity, or the salt of the log's frames after a
+/// checkpoint.
+pub(crate) fn new_salt() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    hasher.finish()
 }

@@ -14,7 +14,7 @@ use crate::error::Error;
 use crate::inspect::{FileInfo, RecordClass, ScanFilter, StateCounts};
 use crate::key::Key;
 use crate::record::Record;
-use crate::store::LiveLease;
+use crate::reservation::LiveLease;
 
 /// How long a client waits for an answer. A sweep slice or a checkpoint of a large store
 /// can take a while.

@@ -52,52 +52,11 @@ use std::path::{Path, PathBuf};
 pub use client::AdminClient;
 pub(crate) use server::Server;
 
-use crate::builder::Builder;
-
-/// Whether and how a store serves its admin socket; see [`Builder::admin_socket`].
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum AdminSocket {
-    /// No socket: only the owning process can look at the store.
-    #[default]
-    Off,
-    /// Serve stats, get and list.
-    ReadOnly,
-    /// Also serve expire, resolve, sweep and checkpoint.
-    ReadWrite,
-}
+pub use crate::builder::AdminSocket;
 
 /// The admin socket of the store at `store_path`: its name with `.admin` appended.
 pub fn socket_path(store_path: &Path) -> PathBuf {
     let mut name = store_path.as_os_str().to_os_string();
     name.push(".admin");
     PathBuf::from(name)
-}
-
-impl Builder {
-    /// Serve a Unix socket next to the store file ([`socket_path`]) through which the
-    /// `idemstore` tool (or an [`AdminClient`]) reads the live store, and with
-    /// [`AdminSocket::ReadWrite`] changes it, while this process owns it. A socket file left
-    /// by a process that died is replaced; any other file at that path is refused. The
-    /// socket is removed when the store is dropped (which waits for a request being answered,
-    /// at most the 5 s a client is given). See the [`admin`](crate::admin) module for what it
-    /// costs the service. Default = [`AdminSocket::Off`].
-    ///
-    /// ```
-    /// use idemstore::{AdminClient, AdminSocket, Fingerprint, Key, Store};
-    ///
-    /// # let dir = tempfile::tempdir()?;
-    /// let path = dir.path().join("keys.idem");
-    /// let store = Store::builder().admin_socket(AdminSocket::ReadOnly).open(&path)?;
-    /// let _ = store.reserve(&Key::new("user-1", "charge", "k1")?, Fingerprint::of(b"x"))?;
-    ///
-    /// // Another process (here the same one) looks at the live store.
-    /// let admin = AdminClient::connect(&path)?;
-    /// assert_eq!(admin.counts()?.pending, 1);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn admin_socket(&mut self, socket: AdminSocket) -> &mut Self {
-        self.admin_socket = socket;
-        self
-    }
 }

@@ -66,7 +66,7 @@ impl Writer {
             }
             Err(error) => return Err(self.fail(error)),
         };
-        let new_salt = crate::wal::new_salt();
+        let new_salt = crate::tables::new_salt();
         if self.next_token != token_before || kind == CommitKind::Durable {
             let saved = Tables::open(&txn).and_then(|mut t| {
                 t.set_next_token(self.next_token)?;

@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use crate::error::LeaseLostReason;
 use crate::fingerprint::Fingerprint;
+use crate::record::Progress;
 use crate::record::{Millis, Phase, Record, State};
-use crate::reservation::Progress;
 
 use super::{Change, Decision, Operation, Policy};
 

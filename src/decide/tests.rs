@@ -6,8 +6,8 @@ use super::op::*;
 use super::*;
 use crate::error::LeaseLostReason;
 use crate::fingerprint::Fingerprint;
+use crate::record::Progress;
 use crate::record::State;
-use crate::reservation::Progress;
 
 const POLICY: Policy = Policy {
     lease: 1_000,

@@ -7,7 +7,7 @@ use crate::decide::expire::Expire;
 use crate::error::Error;
 use crate::inspect::RecordClass;
 use crate::key::Key;
-use crate::store::LiveLease;
+use crate::reservation::LiveLease;
 
 impl EtcdStore {
     /// Deletes whatever is stored for `key`, now; see [`Store::expire`](crate::Store::expire).

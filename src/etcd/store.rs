@@ -15,7 +15,8 @@ use crate::decide::{Policy, Resolution};
 use crate::error::{Error, LeaseLostReason};
 use crate::fingerprint::Fingerprint;
 use crate::key::Key;
-use crate::record::{Millis, Record, MAX_NOTE_LEN};
+use crate::key::MAX_NOTE_LEN;
+use crate::record::{Millis, Record};
 use crate::reservation::{Lease, Reservation};
 
 /// The shared state of an [`EtcdStore`] and its clones.

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use redb::{ReadOnlyTable, ReadableTable};
 
-use crate::clock::duration_millis;
+use crate::clock::{describe_millis, duration_millis};
 use crate::error::Error;
 use crate::key::Key;
 use crate::record::{Millis, Phase, Record, State};
@@ -333,31 +333,6 @@ type RecordsTable = ReadOnlyTable<&'static [u8], &'static [u8]>;
 fn load(records: &RecordsTable, key: &[u8]) -> Result<Option<Record>, Error> {
     let value = records.get(key).map_err(storage)?;
     Ok(value.and_then(|bytes| Record::decode(bytes.value()).ok()))
-}
-
-/// A time in a problem report, in UTC as RFC 3339 (`2026-11-29T12:00:00.250Z`).
-pub(crate) fn describe_millis(millis: Millis) -> String {
-    if millis == Millis::MAX {
-        return "never".into();
-    }
-    let (days, ms) = (millis / 86_400_000, millis % 86_400_000);
-    // Days since 1970-01-01 to a civil date (Howard Hinnant's days_from_civil, inverted).
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-        ms / 3_600_000,
-        ms / 60_000 % 60,
-        ms / 1_000 % 60,
-        ms % 1_000
-    )
 }
 
 mod scan;

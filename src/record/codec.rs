@@ -2,7 +2,7 @@
 //! it. The layout is documented byte by byte in `docs/format.md`.
 
 use crate::fingerprint::Fingerprint;
-use crate::reservation::Progress;
+use crate::record::Progress;
 
 use super::{Millis, Record, State};
 

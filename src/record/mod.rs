@@ -5,15 +5,23 @@ use std::time::SystemTime;
 
 use crate::clock::from_millis;
 use crate::fingerprint::Fingerprint;
-use crate::reservation::Progress;
 
 mod codec;
 
-/// Longest review note accepted by [`Store::mark_needs_review`](crate::Store::mark_needs_review), in bytes.
-pub const MAX_NOTE_LEN: usize = 4096;
-
 /// Time in milliseconds since the Unix epoch; `u64::MAX` means never.
 pub(crate) type Millis = u64;
+
+/// A recovery point of multi-step work: "step `step` is done, with this data". Recorded by the
+/// lease holder with [`Store::record_step`](crate::Store::record_step); a caller that takes a
+/// stale reservation over finds the last one in [`Lease::progress`](crate::Lease::progress) and resumes after it
+/// (Stripe's recovery points).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Progress {
+    /// The last step completed (numbering is the caller's).
+    pub step: u32,
+    /// What the caller needs to resume after it (an external id, say).
+    pub data: Vec<u8>,
+}
 
 /// The stored state of one key.
 #[derive(Debug, Clone, PartialEq, Eq)]

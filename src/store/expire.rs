@@ -7,20 +7,10 @@ use crate::decide::expire::{Expire, Expired};
 use crate::error::Error;
 use crate::inspect::RecordClass;
 use crate::key::Key;
+use crate::reservation::LiveLease;
 use crate::stats::Counter;
 
 use super::Store;
-
-/// What [`Store::expire_many`] and [`Store::expire_async`] do with a key that a live lease
-/// holds (a worker is doing the work now).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LiveLease {
-    /// Leave it: the key's answer is [`Error::LeaseLive`] naming the lease's end.
-    Refuse,
-    /// Take the key from the holder: its later complete and extend fail with
-    /// [`Error::LeaseLost`], and its fencing token is never handed out again.
-    Take,
-}
 
 impl Store {
     /// Deletes whatever is stored for `key`, now: the key then reads as absent and the next

@@ -11,8 +11,9 @@ use crate::decide::op::{
 use crate::decide::Resolution;
 use crate::error::{Error, LeaseLostReason};
 use crate::key::Key;
-use crate::record::MAX_NOTE_LEN;
-use crate::reservation::{Lease, Progress};
+use crate::key::MAX_NOTE_LEN;
+use crate::record::Progress;
+use crate::reservation::Lease;
 use crate::tables::Tables;
 
 use super::many::extended;

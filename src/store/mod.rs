@@ -33,8 +33,6 @@ use crate::record::Millis;
 use crate::retention::Policies;
 use crate::stats::{Counters, Stats};
 
-pub use expire::LiveLease;
-
 /// An open idempotency store: one file, owned by one process.
 ///
 /// `Store` is `Send + Sync`; share it between threads with `&Store` or `Arc<Store>`.

@@ -54,18 +54,6 @@ pub(crate) struct Wal {
     buf: Vec<u8>,
 }
 
-/// A fresh random salt for the frames after a checkpoint.
-pub(crate) fn new_salt() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos()),
-    );
-    hasher.finish()
-}
-
 /// The log file that belongs to the store at `store_path`.
 pub(crate) fn log_path(store_path: &Path) -> PathBuf {
     let mut name = store_path.as_os_str().to_os_string();

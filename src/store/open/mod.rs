@@ -179,7 +179,11 @@ impl Store {
         let (mut wal, next_token) = recovery::recover(&db, log, log_path, strict)?;
         wal.set_max_payload(builder.limits.frame_bytes);
         let db = Arc::new(db);
-        let policy = Policies::of(builder);
+        let policy = Policies::new(
+            builder.lease,
+            builder.retention,
+            &builder.retention_by_operation,
+        );
         let poison = Arc::new(Poison::default());
         let cache = Arc::new(RecordCache::new(builder.cache_records));
         let overlay = Arc::new(Overlay::default());

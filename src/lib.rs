@@ -110,11 +110,10 @@ pub use etcd::{
 };
 pub use fingerprint::Fingerprint;
 pub use inspect::{
-    FileInfo, Problem, ProblemKind, RecordClass, ScanFilter, StateCounts, Verification,
-    VERIFY_PROGRESS_STEP,
+    FileInfo, Problem, ProblemKind, ScanFilter, StateCounts, Verification, VERIFY_PROGRESS_STEP,
 };
 pub use key::{Key, MAX_KEY_PART_LEN, MAX_NOTE_LEN};
-pub use record::{Progress, Record, Status};
+pub use record::{Progress, Record, RecordClass, Status};
 pub use reservation::{Completed, Lease, LiveLease, Reservation, Seen};
 pub use reservations::Reservations;
 pub use stats::Stats;

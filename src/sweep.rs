@@ -8,7 +8,7 @@ use redb::{ReadOnlyTable, ReadableTable};
 
 use crate::error::Error;
 use crate::key::Key;
-use crate::record::{Millis, Phase, Record};
+use crate::record::{Millis, Record, RecordClass};
 use crate::tables::{decode_record, IndexEntries, Tables};
 
 /// Deletes up to `limit` records that expired at or before `now`; returns their keys.
@@ -67,7 +67,7 @@ pub(crate) fn stale(
         let record = decode_record(key_bytes, bytes.value())?;
         let key = Key::decode(key_bytes)
             .ok_or_else(|| Error::corrupt_record(key_bytes, "key does not decode"))?;
-        if record.phase(now) == Phase::Stale {
+        if record.class(now) == RecordClass::Stale {
             found.push((key, record));
         }
     }

@@ -11,9 +11,10 @@ use super::socket_path;
 use crate::clock::{from_millis, to_millis};
 use crate::decide::Resolution;
 use crate::error::Error;
-use crate::inspect::{FileInfo, RecordClass, ScanFilter, StateCounts};
+use crate::inspect::{FileInfo, ScanFilter, StateCounts};
 use crate::key::Key;
 use crate::record::Record;
+use crate::record::RecordClass;
 use crate::reservation::LiveLease;
 
 /// How long a client waits for an answer. A sweep slice or a checkpoint of a large store
@@ -98,7 +99,7 @@ impl AdminClient {
     /// The [`RecordClass`] of `record` now, by this machine's system clock (a service's
     /// store runs on the system clock).
     pub fn class_of(&self, record: &Record) -> RecordClass {
-        RecordClass::of_phase(record.phase(to_millis(SystemTime::now())))
+        record.class(to_millis(SystemTime::now()))
     }
 
     /// [`Store::expire`](crate::Store::expire) or [`Store::expire_forced`](crate::Store::expire_forced)

@@ -3,8 +3,8 @@
 
 use crate::clock::from_millis;
 use crate::error::{Error, LeaseLostReason};
-use crate::inspect::RecordClass;
 use crate::key::Key;
+use crate::record::RecordClass;
 use crate::reservation::{Completed, Lease, Reservation, Seen};
 
 use super::expire::Expired;
@@ -89,7 +89,7 @@ pub(crate) fn seen(new: bool) -> Seen {
 /// stored.
 pub(crate) fn expired(key: &Key, outcome: Expired) -> Result<Option<RecordClass>, Error> {
     match outcome {
-        Ok(phase) => Ok(phase.map(RecordClass::of_phase)),
+        Ok(class) => Ok(class),
         Err(lease_until) => Err(Error::LeaseLive {
             key: key.clone(),
             lease_until: from_millis(lease_until),

@@ -2,7 +2,7 @@
 //! release-if-pending. It deletes whatever is stored for the key, now, instead of waiting for
 //! the key's retention to end.
 
-use crate::record::{Millis, Phase, Record};
+use crate::record::{Millis, Record, RecordClass};
 
 use super::{Change, Decision, Operation, Policy};
 
@@ -16,7 +16,7 @@ pub(crate) struct Expire {
 
 /// What an expire answers: the phase the removed record was in (`None` when nothing was
 /// stored), or the end of the live lease that refused it.
-pub(crate) type Expired = Result<Option<Phase>, Millis>;
+pub(crate) type Expired = Result<Option<RecordClass>, Millis>;
 
 impl Operation for Expire {
     type Outcome = Expired;
@@ -35,9 +35,11 @@ impl Operation for Expire {
         let Some(record) = current else {
             return Decision::answer(Ok(None));
         };
-        let phase = record.phase(now);
+        let phase = record.class(now);
         match (phase, record.lease_until()) {
-            (Phase::Live, Some(lease_until)) if !self.force => Decision::answer(Err(lease_until)),
+            (RecordClass::Pending, Some(lease_until)) if !self.force => {
+                Decision::answer(Err(lease_until))
+            }
             _ => Decision::change(Change::Delete, Ok(Some(phase))),
         }
     }

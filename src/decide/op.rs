@@ -5,7 +5,7 @@ use std::time::Duration;
 use crate::error::LeaseLostReason;
 use crate::fingerprint::Fingerprint;
 use crate::record::Progress;
-use crate::record::{Millis, Phase, Record, State};
+use crate::record::{Millis, Record, RecordClass, State};
 
 use super::{Change, Decision, Operation, Policy};
 
@@ -19,6 +19,11 @@ pub(crate) struct Reserve {
 }
 
 /// What a reserve answers, before the store adds the key to it.
+///
+/// It stays apart from the public [`Reservation`](crate::Reservation), variant for variant,
+/// because deciding is pure: it knows no key (a [`Lease`](crate::Lease) carries one) and
+/// counts time in [`Millis`] (the answers carry `SystemTime`). The store's mapping between
+/// the two copies fields and converts times, nothing else.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Reserved {
     Acquired {
@@ -82,7 +87,7 @@ impl Operation for Reserve {
         if record.fingerprint != fingerprint {
             return Decision::answer(Reserved::Mismatch);
         }
-        let live = record.phase(now) == Phase::Live;
+        let live = record.class(now) == RecordClass::Pending;
         match record.state {
             State::Completed {
                 completed_at,
@@ -317,14 +322,14 @@ impl Operation for Resolve {
             None => return Decision::answer(Err("the key is not stored")),
             Some(record) => record,
         };
-        match record.phase(now) {
-            Phase::NeedsReview | Phase::Stale => {}
-            Phase::Live => {
+        match record.class(now) {
+            RecordClass::NeedsReview | RecordClass::Stale => {}
+            RecordClass::Pending => {
                 return Decision::answer(Err("its lease is live, the holder is still working"))
             }
-            Phase::Completed => return Decision::answer(Err("the key is already completed")),
+            RecordClass::Completed => return Decision::answer(Err("the key is already completed")),
             // `decide` passes no expired record; one reads as absent.
-            Phase::Expired => return Decision::answer(Err("the key is not stored")),
+            RecordClass::Expired => return Decision::answer(Err("the key is not stored")),
         }
         match self.0 {
             Resolution::Release => Decision::change(Change::Delete, Ok(())),

@@ -428,14 +428,14 @@ fn resolve_applies_only_to_review_or_stale() {
 #[test]
 fn expire_deletes_every_settled_state_and_refuses_a_live_lease() {
     use super::expire::Expire;
-    use crate::record::Phase;
+    use crate::record::RecordClass;
     let plain = Expire { force: false };
     let cases = [
-        (completed(7, NOW + 5), Phase::Completed),
-        (review(7), Phase::NeedsReview),
-        (pending(7, 1, NOW - 5), Phase::Stale),
+        (completed(7, NOW + 5), RecordClass::Completed),
+        (review(7), RecordClass::NeedsReview),
+        (pending(7, 1, NOW - 5), RecordClass::Stale),
         // Past its expiry but not swept: the bytes are deleted too.
-        (completed(7, NOW), Phase::Expired),
+        (completed(7, NOW), RecordClass::Expired),
     ];
     for (record, phase) in cases {
         let d = decide(Some(record), plain, NOW, POLICY, 42);
@@ -453,7 +453,7 @@ fn expire_deletes_every_settled_state_and_refuses_a_live_lease() {
     let forced = decide(Some(live), Expire { force: true }, NOW, POLICY, 42);
     assert_eq!(
         forced,
-        Decision::change(Change::Delete, Ok(Some(Phase::Live)))
+        Decision::change(Change::Delete, Ok(Some(RecordClass::Pending)))
     );
     assert!(!forced.used_token);
 }

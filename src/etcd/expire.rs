@@ -5,8 +5,8 @@ use super::store::EtcdStore;
 use crate::decide::answer;
 use crate::decide::expire::Expire;
 use crate::error::Error;
-use crate::inspect::RecordClass;
 use crate::key::Key;
+use crate::record::RecordClass;
 use crate::reservation::LiveLease;
 
 impl EtcdStore {

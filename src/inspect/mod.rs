@@ -17,75 +17,10 @@ use redb::{ReadOnlyTable, ReadableTable};
 use crate::clock::{describe_millis, duration_millis};
 use crate::error::Error;
 use crate::key::Key;
-use crate::record::{Millis, Phase, Record, State};
+use crate::record::{Millis, Record, RecordClass, State};
 use crate::store::Store;
 use crate::tables::{IndexEntries, EXPIRY, LEASES, META, META_NEXT_TOKEN, META_WAL_SEQ, RECORDS};
 use crate::wal::log_path;
-
-/// The state a stored record is in at a given moment, as the inspection APIs count and filter
-/// records. Unlike [`Status`](crate::Status), it tells a live reservation from a stale one and
-/// counts records past their expiry that a sweep has not deleted yet.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-#[non_exhaustive]
-pub enum RecordClass {
-    /// Reserved, and the lease is live: a worker is doing the work.
-    Pending,
-    /// Reserved, but the lease ran out without a completion: the worker probably died, maybe
-    /// after side effects. See [`Store::stale`].
-    Stale,
-    /// Parked for a person by [`Store::mark_needs_review`].
-    NeedsReview,
-    /// Done; the result is replayed to duplicates.
-    Completed,
-    /// Past its expiry: it already reads as absent, and [`Store::sweep`] will delete it.
-    Expired,
-}
-
-impl RecordClass {
-    /// Every class, in the order tools print them.
-    pub const ALL: [RecordClass; 5] = [
-        RecordClass::Pending,
-        RecordClass::Stale,
-        RecordClass::NeedsReview,
-        RecordClass::Completed,
-        RecordClass::Expired,
-    ];
-
-    /// A short lowercase name: `pending`, `stale`, `needs-review`, `completed` or `expired`.
-    pub fn name(self) -> &'static str {
-        match self {
-            RecordClass::Pending => "pending",
-            RecordClass::Stale => "stale",
-            RecordClass::NeedsReview => "needs-review",
-            RecordClass::Completed => "completed",
-            RecordClass::Expired => "expired",
-        }
-    }
-
-    /// The class of `record` at `now` (milliseconds since the Unix epoch), with the same rules
-    /// as [`reserve`](Store::reserve): a lease is live while `now < lease_until`, and a record
-    /// reads as absent from `expires_at` on.
-    fn of(record: &Record, now: Millis) -> RecordClass {
-        RecordClass::of_phase(record.phase(now))
-    }
-
-    /// The class of a record in `phase`.
-    pub(crate) fn of_phase(phase: Phase) -> RecordClass {
-        match phase {
-            Phase::Expired => RecordClass::Expired,
-            Phase::Live => RecordClass::Pending,
-            Phase::Stale => RecordClass::Stale,
-            Phase::Completed => RecordClass::Completed,
-            Phase::NeedsReview => RecordClass::NeedsReview,
-        }
-    }
-}
-
-impl fmt::Display for RecordClass {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
 
 /// The time a record's age is measured from, for [`ScanFilter::older_than`].
 fn age_reference(record: &Record, class: RecordClass) -> Millis {

@@ -17,7 +17,7 @@ impl Store {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn class_of(&self, record: &Record) -> RecordClass {
-        RecordClass::of(record, self.now())
+        record.class(self.now())
     }
 
     /// Counts the stored records in each [`RecordClass`], and finds the oldest reservation.
@@ -63,7 +63,7 @@ impl Store {
                 counts.damaged += 1;
                 continue;
             };
-            let class = RecordClass::of(&record, now);
+            let class = record.class(now);
             counts.add(class);
             if let (RecordClass::Pending | RecordClass::Stale, Some(lease_until)) =
                 (class, record.lease_until())
@@ -128,7 +128,7 @@ impl Store {
             return Ok(found);
         }
         let keep = |found: &mut Vec<(Key, Record)>, key: &[u8], record: Record| {
-            let class = RecordClass::of(&record, now);
+            let class = record.class(now);
             if filter.matches(&record, class, now) {
                 if let Some(key) = Key::decode(key) {
                     found.push((key, record));

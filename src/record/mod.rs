@@ -36,7 +36,9 @@ pub struct Record {
     pub(crate) state: State,
 }
 
-/// The state-specific part of a [`Record`].
+/// The state-specific part of a [`Record`], as stored: times in [`Millis`], owned data.
+/// [`Status`] is its public, borrowed view (times as `SystemTime`), and [`RecordClass`] what
+/// the state means at a given moment (it tells a live lease from a stale one).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum State {
     Pending {
@@ -53,19 +55,52 @@ pub(crate) enum State {
     },
 }
 
-/// Where a record stands at a moment, from [`Record::phase`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Phase {
-    /// Past `expires_at`: reads as absent; a sweep deletes it.
-    Expired,
-    /// Pending, and its lease is running: the holder owns the key.
-    Live,
-    /// Pending, and its lease ran out: the next reserve takes it over.
+/// The state a stored record is in at a given moment: the one lease-phase
+/// classification that deciding, sweeping, listing stale keys, expiring and the inspection APIs
+/// share. Unlike [`Status`], it tells a live reservation from a stale one and counts records
+/// past their expiry that a sweep has not deleted yet; [`Status`] carries the state's data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum RecordClass {
+    /// Reserved, and the lease is live: a worker is doing the work.
+    Pending,
+    /// Reserved, but the lease ran out without a completion: the worker probably died, maybe
+    /// after side effects. See [`Store::stale`](crate::Store::stale).
     Stale,
-    /// Completed: its result is replayed.
-    Completed,
-    /// Parked for a person.
+    /// Parked for a person by [`Store::mark_needs_review`](crate::Store::mark_needs_review).
     NeedsReview,
+    /// Done; the result is replayed to duplicates.
+    Completed,
+    /// Past its expiry: it already reads as absent, and [`Store::sweep`](crate::Store::sweep) will delete it.
+    Expired,
+}
+
+impl RecordClass {
+    /// Every class, in the order tools print them.
+    pub const ALL: [RecordClass; 5] = [
+        RecordClass::Pending,
+        RecordClass::Stale,
+        RecordClass::NeedsReview,
+        RecordClass::Completed,
+        RecordClass::Expired,
+    ];
+
+    /// A short lowercase name: `pending`, `stale`, `needs-review`, `completed` or `expired`.
+    pub fn name(self) -> &'static str {
+        match self {
+            RecordClass::Pending => "pending",
+            RecordClass::Stale => "stale",
+            RecordClass::NeedsReview => "needs-review",
+            RecordClass::Completed => "completed",
+            RecordClass::Expired => "expired",
+        }
+    }
+}
+
+impl std::fmt::Display for RecordClass {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 /// A read-only view of a record's state, from [`Record::status`].
@@ -148,18 +183,18 @@ impl Record {
         now >= self.expires_at
     }
 
-    /// Where the record stands at `now`: the one lease-phase predicate that deciding,
-    /// sweeping, listing stale keys and inspection share. A lease is live while
-    /// `now < lease_until`; a record reads as absent from `expires_at` on.
-    pub(crate) fn phase(&self, now: Millis) -> Phase {
+    /// The class of the record at `now`, with the same rules as
+    /// [`reserve`](crate::Store::reserve): a lease is live while `now < lease_until`; a record
+    /// reads as absent from `expires_at` on.
+    pub(crate) fn class(&self, now: Millis) -> RecordClass {
         if self.is_expired(now) {
-            return Phase::Expired;
+            return RecordClass::Expired;
         }
         match self.state {
-            State::Pending { lease_until, .. } if now < lease_until => Phase::Live,
-            State::Pending { .. } => Phase::Stale,
-            State::Completed { .. } => Phase::Completed,
-            State::NeedsReview { .. } => Phase::NeedsReview,
+            State::Pending { lease_until, .. } if now < lease_until => RecordClass::Pending,
+            State::Pending { .. } => RecordClass::Stale,
+            State::Completed { .. } => RecordClass::Completed,
+            State::NeedsReview { .. } => RecordClass::NeedsReview,
         }
     }
 

@@ -5,8 +5,8 @@ use crate::commit::first;
 use crate::decide::answer;
 use crate::decide::expire::{Expire, Expired};
 use crate::error::Error;
-use crate::inspect::RecordClass;
 use crate::key::Key;
+use crate::record::RecordClass;
 use crate::reservation::LiveLease;
 use crate::stats::Counter;
 

@@ -63,38 +63,30 @@
 #![warn(clippy::host_endian_bytes)]
 
 pub mod admin;
+mod answers;
 mod builder;
-mod cache;
-mod clean_close;
 mod clock;
-mod commit;
 mod decide;
+mod engine;
 mod error;
 #[cfg(feature = "etcd")]
 mod etcd;
 mod fingerprint;
+mod format;
 #[cfg(feature = "http")]
 pub mod http;
 mod inspect;
 mod key;
-mod poison;
 mod record;
-mod recovery;
-mod reservation;
 mod reservations;
-mod retention;
-mod stats;
 mod store;
-mod sweep;
-mod tables;
 // Test scaffolding: the simulated disk, the crash model and the fuzz targets' entry points;
 // never part of a normal build.
 #[cfg(any(test, fuzzing))]
 pub mod testing;
-mod wait;
-mod wal;
 
 pub use admin::{AdminClient, AdminSocket};
+pub use answers::{Completed, Lease, LiveLease, Reservation, Seen};
 pub use builder::{
     Builder, Durability, DEFAULT_CACHE_RECORDS, DEFAULT_CACHE_SIZE, DEFAULT_CHECKPOINT_BYTES,
     DEFAULT_CHECKPOINT_INTERVAL, DEFAULT_LEASE, DEFAULT_MAX_RESULT_LEN, DEFAULT_RETENTION,
@@ -102,6 +94,7 @@ pub use builder::{
 };
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decide::Resolution;
+pub use engine::stats::Stats;
 pub use error::{Error, KeyPart, LeaseLostReason};
 #[cfg(feature = "etcd")]
 pub use etcd::{
@@ -114,9 +107,7 @@ pub use inspect::{
 };
 pub use key::{Key, MAX_KEY_PART_LEN, MAX_NOTE_LEN};
 pub use record::{Progress, Record, RecordClass, Status};
-pub use reservation::{Completed, Lease, LiveLease, Reservation, Seen};
 pub use reservations::Reservations;
-pub use stats::Stats;
 pub use store::Store;
 
 /// The redb crate this store is built on, for [`Store::complete_with`] callers.

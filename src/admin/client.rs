@@ -8,6 +8,7 @@ use std::time::{Duration, SystemTime};
 use super::protocol::{Answer, Failure, Request};
 use super::server::{read_message, write_message};
 use super::socket_path;
+use crate::answers::LiveLease;
 use crate::clock::{from_millis, to_millis};
 use crate::decide::Resolution;
 use crate::error::Error;
@@ -15,7 +16,6 @@ use crate::inspect::{FileInfo, ScanFilter, StateCounts};
 use crate::key::Key;
 use crate::record::Record;
 use crate::record::RecordClass;
-use crate::reservation::LiveLease;
 
 /// How long a client waits for an answer. A sweep slice or a checkpoint of a large store
 /// can take a while.

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use super::protocol::{Answer, Failure, Request, MAX_MESSAGE};
 use super::{socket_path, AdminSocket};
+use crate::answers::LiveLease;
 use crate::error::Error;
-use crate::reservation::LiveLease;
 use crate::store::Store;
 
 /// How often the idle server checks for a connection and for its store being dropped.

@@ -9,9 +9,9 @@
 //! a reserve can only answer what a reserve answers, so the mapping from an outcome to the
 //! public answer ([`answer`]) is total, with no "never happens" branch a caller could reach.
 
-pub(crate) mod answer;
 pub(crate) mod expire;
 pub(crate) mod op;
+pub(crate) mod policy;
 
 use crate::record::{Millis, Record};
 

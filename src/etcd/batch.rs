@@ -8,14 +8,14 @@ use etcd_client::{Txn, TxnOp};
 use super::layout::{placeholder, Stored, MAX_SLOTS};
 use super::store::EtcdStore;
 use super::write::{unchanged, AtRevision, Sent};
-use crate::decide::answer;
+use crate::answers::Reservation;
 use crate::decide::op::{Reserve, Reserved};
 use crate::decide::{decide, Change, Decision};
 use crate::error::Error;
 use crate::fingerprint::Fingerprint;
 use crate::key::Key;
 use crate::record::Millis;
-use crate::reservation::Reservation;
+use crate::store::answer;
 
 /// Bytes of record values one batch transaction may carry, well under etcd's default
 /// `--max-request-bytes` of 1.5 MiB.

@@ -2,12 +2,12 @@
 //! same conditional write as every other operation.
 
 use super::store::EtcdStore;
-use crate::decide::answer;
+use crate::answers::LiveLease;
 use crate::decide::expire::Expire;
 use crate::error::Error;
 use crate::key::Key;
 use crate::record::RecordClass;
-use crate::reservation::LiveLease;
+use crate::store::answer;
 
 impl EtcdStore {
     /// Deletes whatever is stored for `key`, now; see [`Store::expire`](crate::Store::expire).

@@ -8,8 +8,8 @@ use etcd_client::{Client, TxnOp};
 
 use super::builder::EtcdBuilder;
 use super::layout::Layout;
+use crate::answers::{Lease, Reservation};
 use crate::clock::{from_millis, to_millis, Clock};
-use crate::decide::answer;
 use crate::decide::op::{Complete, Completion, Extend, MarkNeedsReview, Release, Reserve, Resolve};
 use crate::decide::{Policy, Resolution};
 use crate::error::{Error, LeaseLostReason};
@@ -17,7 +17,7 @@ use crate::fingerprint::Fingerprint;
 use crate::key::Key;
 use crate::key::MAX_NOTE_LEN;
 use crate::record::{Millis, Record};
-use crate::reservation::{Lease, Reservation};
+use crate::store::answer;
 
 /// The shared state of an [`EtcdStore`] and its clones.
 pub(crate) struct Inner {

@@ -15,12 +15,14 @@ use std::time::Duration;
 use redb::{ReadOnlyTable, ReadableTable};
 
 use crate::clock::{describe_millis, duration_millis};
+use crate::engine::wal::log_path;
 use crate::error::Error;
+use crate::format::tables::{
+    IndexEntries, EXPIRY, LEASES, META, META_NEXT_TOKEN, META_WAL_SEQ, RECORDS,
+};
 use crate::key::Key;
 use crate::record::{Millis, Record, RecordClass, State};
 use crate::store::Store;
-use crate::tables::{IndexEntries, EXPIRY, LEASES, META, META_NEXT_TOKEN, META_WAL_SEQ, RECORDS};
-use crate::wal::log_path;
 
 /// The time a record's age is measured from, for [`ScanFilter::older_than`].
 fn age_reference(record: &Record, class: RecordClass) -> Millis {

@@ -3,10 +3,10 @@
 use std::time::Duration;
 
 use super::*;
+use crate::answers::Reservation;
 use crate::clock::ManualClock;
 use crate::fingerprint::Fingerprint;
-use crate::reservation::Reservation;
-use crate::tables::Tables;
+use crate::format::tables::Tables;
 
 fn store(dir: &tempfile::TempDir, clock: &ManualClock) -> Store {
     // These tests count expired records: no background sweeper deleting them meanwhile.
@@ -80,35 +80,38 @@ fn verify_reports_damage_and_index_mismatches_by_key() {
     let key = |id: &str| Key::new("u", "op", id).unwrap();
     store
         .with_writer(|writer| {
-            writer.transact(crate::commit::CommitKind::Durable, |_, txn, _, _| {
-                let mut tables = Tables::open(txn)?;
-                let ctx = "damaging";
-                // a: flip a byte of the stored record.
-                let mut bytes = tables
-                    .records
-                    .get(key("a").encoded())
-                    .map_err(|e| Error::storage(ctx, e))?
-                    .unwrap()
-                    .value()
-                    .to_vec();
-                bytes[5] ^= 0xff;
-                tables
-                    .records
-                    .insert(key("a").encoded(), bytes.as_slice())
-                    .map_err(|e| Error::storage(ctx, e))?;
-                // b: drop its lease index entry and add a stray one.
-                let record = tables.load(key("b").encoded())?.unwrap().unwrap();
-                let lease = record.lease_until().unwrap();
-                tables
-                    .leases
-                    .remove((lease, key("b").encoded()))
-                    .map_err(|e| Error::storage(ctx, e))?;
-                tables
-                    .leases
-                    .insert((lease + 1, key("b").encoded()), ())
-                    .map_err(|e| Error::storage(ctx, e))?;
-                Ok(Ok(()))
-            })
+            writer.transact(
+                crate::engine::commit::CommitKind::Durable,
+                |_, txn, _, _| {
+                    let mut tables = Tables::open(txn)?;
+                    let ctx = "damaging";
+                    // a: flip a byte of the stored record.
+                    let mut bytes = tables
+                        .records
+                        .get(key("a").encoded())
+                        .map_err(|e| Error::storage(ctx, e))?
+                        .unwrap()
+                        .value()
+                        .to_vec();
+                    bytes[5] ^= 0xff;
+                    tables
+                        .records
+                        .insert(key("a").encoded(), bytes.as_slice())
+                        .map_err(|e| Error::storage(ctx, e))?;
+                    // b: drop its lease index entry and add a stray one.
+                    let record = tables.load(key("b").encoded())?.unwrap().unwrap();
+                    let lease = record.lease_until().unwrap();
+                    tables
+                        .leases
+                        .remove((lease, key("b").encoded()))
+                        .map_err(|e| Error::storage(ctx, e))?;
+                    tables
+                        .leases
+                        .insert((lease + 1, key("b").encoded()), ())
+                        .map_err(|e| Error::storage(ctx, e))?;
+                    Ok(Ok(()))
+                },
+            )
         })
         .unwrap();
     store.clear_cache();

@@ -1,14 +1,14 @@
 //! `expire`: deleting a key now, by a caller or an operator, through the same state machine
 //! and commit path as every other write.
 
-use crate::commit::first;
-use crate::decide::answer;
+use crate::answers::LiveLease;
 use crate::decide::expire::{Expire, Expired};
+use crate::engine::commit::first;
+use crate::engine::stats::Counter;
 use crate::error::Error;
 use crate::key::Key;
 use crate::record::RecordClass;
-use crate::reservation::LiveLease;
-use crate::stats::Counter;
+use crate::store::answer;
 
 use super::Store;
 

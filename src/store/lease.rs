@@ -3,18 +3,18 @@
 
 use redb::WriteTransaction;
 
-use crate::commit::{first, CommitKind, Committer};
-use crate::decide::answer;
+use crate::answers::Lease;
 use crate::decide::op::{
     Complete, Completion, Extend, MarkNeedsReview, RecordStep, Release, Resolve,
 };
 use crate::decide::Resolution;
+use crate::engine::commit::{first, CommitKind, Committer};
 use crate::error::{Error, LeaseLostReason};
+use crate::format::tables::Tables;
 use crate::key::Key;
 use crate::key::MAX_NOTE_LEN;
 use crate::record::Progress;
-use crate::reservation::Lease;
-use crate::tables::Tables;
+use crate::store::answer;
 
 use super::many::extended;
 use super::Store;

@@ -4,13 +4,13 @@
 //! `record_step`, `mark_needs_review` and `resolve` have no batch form: see
 //! [`Store::resolve`].
 
+use crate::answers::Lease;
 use crate::clock::from_millis;
-use crate::decide::answer;
 use crate::decide::op::{Complete, Extend, Release};
 use crate::decide::Operation;
 use crate::error::Error;
 use crate::key::Key;
-use crate::reservation::Lease;
+use crate::store::answer;
 
 use super::Store;
 

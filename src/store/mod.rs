@@ -1,6 +1,6 @@
 //! [`Store`]: the public operations. Reads of existing keys go straight to the overlay, the
 //! cache or a redb read transaction; every write goes through the commit path in
-//! [`crate::commit`].
+//! [`crate::engine::commit`].
 //!
 //! - `open.rs`: opening (checks, creation, recovery) and assembling the parts;
 //! - `reserve.rs`: reserve (one, many, async, waiting) and observe;
@@ -10,6 +10,7 @@
 //! - `expire.rs`: expire (one, forced, many, async);
 //! - `retain.rs`: completing or resolving with a retention of its own.
 
+pub(crate) mod answer;
 mod expire;
 mod lease;
 mod many;
@@ -24,14 +25,14 @@ use std::sync::Arc;
 
 use redb::Database;
 
-use crate::cache::{Overlay, RecordCache};
 use crate::clock::{to_millis, Clock};
-use crate::commit::{Committer, Writer};
+use crate::decide::policy::Policies;
+use crate::engine::cache::{Overlay, RecordCache};
+use crate::engine::commit::{Committer, Writer};
+use crate::engine::poison::Poison;
+use crate::engine::stats::{Counters, Stats};
 use crate::error::Error;
-use crate::poison::Poison;
 use crate::record::Millis;
-use crate::retention::Policies;
-use crate::stats::{Counters, Stats};
 
 /// An open idempotency store: one file, owned by one process.
 ///

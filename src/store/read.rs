@@ -2,11 +2,11 @@
 
 use redb::ReadableDatabase;
 
+use crate::engine::sweep;
 use crate::error::Error;
+use crate::format::tables::{decode_record, LEASES, RECORDS};
 use crate::key::Key;
 use crate::record::Record;
-use crate::sweep;
-use crate::tables::{decode_record, LEASES, RECORDS};
 
 use super::Store;
 

@@ -3,17 +3,17 @@
 
 use std::time::{Duration, Instant};
 
+use crate::answers::{Reservation, Seen};
 use crate::clock::duration_millis;
-use crate::commit::first;
-use crate::decide::answer;
 use crate::decide::op::{Observe, Reserve, Reserved};
 use crate::decide::{decide, Change};
+use crate::engine::commit::first;
+use crate::engine::stats::Counter;
 use crate::error::Error;
 use crate::fingerprint::Fingerprint;
 use crate::key::Key;
 use crate::record::{Millis, Record};
-use crate::reservation::{Reservation, Seen};
-use crate::stats::Counter;
+use crate::store::answer;
 
 use super::Store;
 

@@ -11,10 +11,10 @@ use std::time::Duration;
 use proptest::prelude::*;
 
 use crate::clock::{from_millis, to_millis};
+use crate::engine::wal::{LogFile, Recovered, Wal};
 use crate::record::Millis;
 use crate::testing::model::{body, Model};
 use crate::testing::sim::{Rng, SimDisk};
-use crate::wal::{LogFile, Recovered, Wal};
 use crate::{
     Builder, Error, Fingerprint, Key, Lease, ManualClock, RecordClass, Reservation, Status, Store,
 };
@@ -519,7 +519,7 @@ fn a_result_shaped_like_a_log_frame_does_not_stop_the_store_from_opening() {
     let (db, log) = (SimDisk::new(), SimDisk::new());
     let store = Store::open_sim(&builder(&clock), &db, &log).unwrap();
     let mut fake = Vec::new();
-    crate::wal::frame::encode(
+    crate::format::frame::encode(
         usize::MAX,
         0,
         1 << 40,

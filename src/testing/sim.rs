@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::wal::LogFile;
+use crate::engine::wal::LogFile;
 
 /// Sector size for torn writes: a power loss keeps or loses each sector of a write on its own.
 const SECTOR: usize = 512;

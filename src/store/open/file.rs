@@ -14,9 +14,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use redb::{Database, DatabaseError, ReadableDatabase, StorageError, TableError};
 
+use crate::engine::wal::OsFile;
 use crate::error::Error;
-use crate::tables::{Tables, FORMAT_VERSION, META, META_FORMAT};
-use crate::wal::OsFile;
+use crate::format::tables::{Tables, FORMAT_VERSION, META, META_FORMAT};
 
 /// The first bytes of every redb file.
 const REDB_SIGNATURE: [u8; 9] = [b'r', b'e', b'd', b'b', 0x1A, 0x0A, 0xA9, 0x0D, 0x0A];
@@ -76,7 +76,7 @@ fn open_existing(path: &Path, builder: impl Fn(bool) -> redb::Builder) -> Result
     let (checked, closed_clean) = match builder(false).open_read_only(path) {
         Ok(read_only) => {
             check_format(&read_only, path)?;
-            (true, crate::clean_close::recorded(&read_only)?)
+            (true, crate::engine::clean_close::recorded(&read_only)?)
         }
         Err(_) => (false, false),
     };

@@ -1,5 +1,5 @@
 //! Opening a store, all in one place: the file checks and crash-safe creation (`file.rs`),
-//! recovery ([`crate::recovery`]), and assembling the commit path. Every open goes through
+//! recovery ([`crate::engine::recovery`]), and assembling the commit path. Every open goes through
 //! [`Store::from_parts`].
 
 use std::path::{Path, PathBuf};
@@ -8,16 +8,16 @@ use std::sync::Arc;
 use redb::Database;
 
 use crate::builder::{Builder, Durability};
-use crate::cache::{Overlay, RecordCache};
-use crate::commit::{Committer, Schedule, Writer};
+use crate::decide::policy::Policies;
+use crate::engine::cache::{Overlay, RecordCache};
+use crate::engine::commit::{Committer, Schedule, Writer};
+use crate::engine::poison::Poison;
+use crate::engine::recovery;
+use crate::engine::stats::Counters;
+use crate::engine::wal::{log_path, LogFile};
 use crate::error::Error;
-use crate::poison::Poison;
-use crate::recovery;
-use crate::retention::Policies;
-use crate::stats::Counters;
-use crate::tables::Tables;
-use crate::wal::identity::{self, Identity};
-use crate::wal::{log_path, LogFile};
+use crate::format::identity::{self, Identity};
+use crate::format::tables::Tables;
 
 use super::Store;
 
@@ -135,7 +135,7 @@ impl Store {
             // The clean-close mark, read as `file::open_or_create` reads it.
             let closed_clean =
                 match redb_builder(builder, false).open_read_only_with_backend(db_disk.clone()) {
-                    Ok(read_only) => crate::clean_close::recorded(&read_only)?,
+                    Ok(read_only) => crate::engine::clean_close::recorded(&read_only)?,
                     Err(_) => false,
                 };
             let db = redb_builder(builder, !closed_clean)

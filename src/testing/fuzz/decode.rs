@@ -2,10 +2,10 @@
 
 use std::sync::Arc;
 
+use crate::engine::wal::{Recovered, Wal, LOG_HEADER_LEN};
+use crate::format::frame::{self, Entry, Frame, Header, HEADER_LEN};
 use crate::record::Record;
 use crate::testing::sim::SimDisk;
-use crate::wal::frame::{self, Entry, Frame, Header, HEADER_LEN};
-use crate::wal::{Recovered, Wal, LOG_HEADER_LEN};
 
 use super::Input;
 

@@ -7,9 +7,9 @@
 use redb::{ReadOnlyTable, ReadableTable};
 
 use crate::error::Error;
+use crate::format::tables::{decode_record, IndexEntries, Tables};
 use crate::key::Key;
 use crate::record::{Millis, Record, RecordClass};
-use crate::tables::{decode_record, IndexEntries, Tables};
 
 /// Deletes up to `limit` records that expired at or before `now`; returns their keys.
 ///

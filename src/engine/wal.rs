@@ -13,19 +13,15 @@
 //! acknowledged batch was lost: opening fails) or not (an unacknowledged tail, torn or
 //! reordered by a power loss: dropped). See [`Wal::recover`].
 
-mod file;
-pub(crate) mod frame;
-pub(crate) mod identity;
-
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-pub(crate) use file::{LogFile, OsFile};
-pub(crate) use frame::Frame;
-pub(crate) use identity::LOG_HEADER_LEN;
+pub(crate) use crate::format::frame::Frame;
+pub(crate) use crate::format::identity::LOG_HEADER_LEN;
+pub(crate) use crate::format::log_file::{LogFile, OsFile};
 
 use crate::error::Error;
-use frame::{parse_header, HEADER_LEN};
+use crate::format::frame::{self, parse_header, HEADER_LEN};
 
 /// What [`Wal::recover`] found.
 #[derive(Debug)]

@@ -17,12 +17,12 @@ use std::time::Instant;
 use parking_lot::{Condvar, Mutex};
 use redb::{Database, ReadOnlyTable, ReadableDatabase, WriteTransaction};
 
-use crate::cache::{Overlay, RecordCache};
+use crate::engine::cache::{Overlay, RecordCache};
+use crate::engine::poison::Poison;
 use crate::error::Error;
+use crate::format::tables::{decode_record, IndexEntries, Tables, RECORDS};
 use crate::key::Key;
-use crate::poison::Poison;
 use crate::record::Record;
-use crate::tables::{decode_record, IndexEntries, Tables, RECORDS};
 
 use super::Written;
 

@@ -12,9 +12,9 @@ use foldhash::fast::FixedState;
 
 use parking_lot::RwLock;
 
+use crate::engine::wait::Waiters;
 use crate::key::Key;
 use crate::record::Record;
-use crate::wait::Waiters;
 
 const SHARDS: usize = 16;
 

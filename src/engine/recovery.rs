@@ -12,10 +12,10 @@ use std::sync::Arc;
 
 use redb::Database;
 
+use crate::engine::wal::{LogFile, Recovered, Wal};
 use crate::error::Error;
+use crate::format::tables::{new_salt, IndexEntries, Tables};
 use crate::record::Record;
-use crate::tables::{new_salt, IndexEntries, Tables};
-use crate::wal::{LogFile, Recovered, Wal};
 
 /// Brings `db` up to date with the log and returns the log, rewound and ready for appends,
 /// and the next fencing token.
@@ -33,7 +33,7 @@ pub(crate) fn recover(
         let tables = Tables::open(&txn)?;
         (tables.wal_seq()?, tables.next_token()?, tables.log_salt()?)
     };
-    if crate::clean_close::take(&txn)? {
+    if crate::engine::clean_close::take(&txn)? {
         // Closed cleanly: the checkpoint holds every frame, so the log is not read. The mark
         // is removed durably before any new frame can be written.
         txn.commit().map_err(|e| Error::storage(ctx, e))?;

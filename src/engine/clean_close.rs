@@ -5,7 +5,7 @@
 //! file carries the mark:
 //!
 //! - skips reading the log: the checkpoint holds every frame, and the frames left in the file
-//!   are under older salts, so none of them can be current (see [`crate::wal`]);
+//!   are under older salts, so none of them can be current (see [`crate::engine::wal`]);
 //! - skips redb's full integrity check ([`Builder::verify_on_open`](crate::Builder::verify_on_open)):
 //!   nothing was in flight when the file was last written. The mark is read through a
 //!   read-only handle before the store is opened for writing, so a store that was not closed
@@ -23,9 +23,9 @@
 
 use redb::{ReadableDatabase, TableError, WriteTransaction};
 
-use crate::commit::{CommitKind, Writer};
+use crate::engine::commit::{CommitKind, Writer};
 use crate::error::Error;
-use crate::tables::META;
+use crate::format::tables::META;
 
 /// The meta key of the mark.
 pub(crate) const META_CLOSED_CLEAN: &str = "closed_clean";

@@ -10,7 +10,7 @@
 
 use crate::error::Error;
 
-use super::LogFile;
+use super::log_file::LogFile;
 
 /// Bytes before the first frame.
 pub(crate) const LOG_HEADER_LEN: u64 = 32;

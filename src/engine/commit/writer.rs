@@ -8,21 +8,21 @@ use std::time::{Duration, Instant};
 use redb::{Database, WriteTransaction};
 
 use crate::builder::Durability;
-use crate::cache::{Overlay, RecordCache};
 use crate::clock::{to_millis, Clock};
+use crate::decide::policy::Policies;
 use crate::decide::{decide, Change, Operation};
+use crate::engine::cache::{Overlay, RecordCache};
+use crate::engine::stats::{Counter, Counters};
+use crate::engine::wal::Wal;
 use crate::error::Error;
+use crate::format::tables::IndexEntries;
 use crate::key::Key;
 use crate::record::{Millis, Record};
-use crate::retention::Policies;
-use crate::stats::{Counter, Counters};
-use crate::tables::IndexEntries;
-use crate::wal::Wal;
 
 use super::apply::{Applier, DeferredBatch, Deferring, Target};
 use super::syncer::PendingBatch;
 use super::{Queued, Schedule, Syncer};
-use crate::poison::{error_copy, Poison};
+use crate::engine::poison::{error_copy, Poison};
 
 /// How long one redb write transaction (the applier's) stays open across batches.
 ///

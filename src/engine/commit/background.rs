@@ -5,9 +5,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::builder::Durability;
+use crate::engine::stats::Counter;
 use crate::error::Error;
-use crate::stats::Counter;
-use crate::tables::Tables;
+use crate::format::tables::Tables;
 
 use super::writer::TXN_SPAN;
 use super::{CommitKind, Writer};
@@ -33,7 +33,7 @@ impl Writer {
         let counters = Arc::clone(&self.counters);
         self.transact(CommitKind::Unlogged, |_, txn, now, written| {
             let mut tables = Tables::open(txn)?;
-            let deleted = crate::sweep::sweep_expired(&mut tables, now, limit)?;
+            let deleted = crate::engine::sweep::sweep_expired(&mut tables, now, limit)?;
             let count = deleted.len();
             counters.add(Counter::Swept, count as u64);
             for key in deleted {

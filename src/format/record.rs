@@ -4,7 +4,7 @@
 use crate::fingerprint::Fingerprint;
 use crate::record::Progress;
 
-use super::{Millis, Record, State};
+use crate::record::{Millis, Record, State};
 
 /// The record layout version written by this build.
 pub(crate) const RECORD_VERSION: u8 = 1;

@@ -8,15 +8,15 @@ use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::cache::Overlay;
+use crate::engine::cache::Overlay;
+use crate::engine::stats::{Counter, Counters};
+use crate::engine::wal::{LogFile, Wal};
 use crate::error::Error;
 use crate::key::Key;
 use crate::record::Record;
-use crate::stats::{Counter, Counters};
-use crate::wal::{LogFile, Wal};
 
 use super::Queued;
-use crate::poison::{error_copy, Poison};
+use crate::engine::poison::{error_copy, Poison};
 
 /// A batch written to the log, waiting for a sync before its callers are answered.
 pub(super) struct PendingBatch {

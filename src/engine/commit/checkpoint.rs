@@ -14,10 +14,10 @@ use redb::WriteTransaction;
 
 use super::{Writer, Written};
 use crate::clock::to_millis;
+use crate::engine::stats::Counter;
 use crate::error::Error;
+use crate::format::tables::Tables;
 use crate::record::Millis;
-use crate::stats::Counter;
-use crate::tables::Tables;
 
 /// How a transaction outside the batch path is made durable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,7 +66,7 @@ impl Writer {
             }
             Err(error) => return Err(self.fail(error)),
         };
-        let new_salt = crate::tables::new_salt();
+        let new_salt = crate::format::tables::new_salt();
         if self.next_token != token_before || kind == CommitKind::Durable {
             let saved = Tables::open(&txn).and_then(|mut t| {
                 t.set_next_token(self.next_token)?;

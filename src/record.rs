@@ -6,8 +6,6 @@ use std::time::SystemTime;
 use crate::clock::from_millis;
 use crate::fingerprint::Fingerprint;
 
-mod codec;
-
 /// Time in milliseconds since the Unix epoch; `u64::MAX` means never.
 pub(crate) type Millis = u64;
 

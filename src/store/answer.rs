@@ -1,14 +1,14 @@
 //! The mapping from a decision's outcome to what a caller of [`Store`](crate::Store) gets
 //! back. Each function takes one operation's own outcome type, so every mapping is total.
 
+use crate::answers::{Completed, Lease, Reservation, Seen};
 use crate::clock::from_millis;
 use crate::error::{Error, LeaseLostReason};
 use crate::key::Key;
 use crate::record::RecordClass;
-use crate::reservation::{Completed, Lease, Reservation, Seen};
 
-use super::expire::Expired;
-use super::op::{Completion, LeaseOutcome, Reserved};
+use crate::decide::expire::Expired;
+use crate::decide::op::{Completion, LeaseOutcome, Reserved};
 
 /// A reserve's answer for `key`.
 pub(crate) fn reservation(key: &Key, reserved: Reserved) -> Reservation {

@@ -19,7 +19,7 @@ use super::request::{Answer, Queued, Request, Waiter};
 use super::{Syncer, Writer};
 use crate::builder::Durability;
 use crate::builder::Limits;
-use crate::poison::error_copy;
+use crate::engine::poison::error_copy;
 
 struct Queue {
     requests: Vec<Arc<dyn Queued>>,

@@ -6,6 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::clock::{duration_millis, Clock, SystemClock};
+pub use crate::engine::settings::Durability;
+use crate::engine::settings::Limits;
 use crate::error::Error;
 use crate::key::MAX_KEY_PART_LEN;
 use crate::store::Store;
@@ -33,30 +35,6 @@ pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 /// holds the writer (about 2 ms on a typical disk: 1M expired keys were swept at 100k keys/s
 /// while reserves kept a p99 of 2.8 ms, against 1.7 ms with no sweep; `BENCHMARKS.md`).
 pub const SWEEP_SLICE_RECORDS: usize = 200;
-
-/// When an operation counts as done.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum Durability {
-    /// Every acknowledged reservation, completion and release is in the log and
-    /// synced (fdatasync) before the call returns; concurrent callers share one sync.
-    ///
-    /// Survives a process crash: yes. Survives a power loss: yes.
-    #[default]
-    Immediate,
-    /// Operations are written to the log (handed to the operating system) before the call
-    /// returns, and the log is synced at most `flush_interval` later.
-    ///
-    /// Survives a process crash: yes (the operating system holds the writes). Survives a power
-    /// loss: everything but the operations acknowledged in the last `flush_interval`. For pure
-    /// deduplication that accepts a stated loss window; never for keys that guard money.
-    /// Recovery after a power loss stops at the first damaged frame (the lost window) instead
-    /// of refusing to open.
-    Buffered {
-        /// The longest time an acknowledged operation stays unsynced.
-        flush_interval: Duration,
-    },
-}
 
 /// Configures and opens a [`Store`].
 ///
@@ -93,29 +71,6 @@ pub struct Builder {
     pub(crate) limits: Limits,
     /// The admin socket ([`Builder::admin_socket`]).
     pub(crate) admin_socket: AdminSocket,
-}
-
-/// The size limits of one batch and one log frame. Fixed in normal builds; tests scale them
-/// down so that oversized input is a few megabytes rather than gigabytes.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Limits {
-    /// The most bytes of log entries (keys, records, results) one batch takes, so a frame
-    /// stays far below its limit however large the configured results are.
-    pub(crate) batch_bytes: usize,
-    /// The largest frame payload the log format can hold (its length field is a `u32`).
-    pub(crate) frame_bytes: usize,
-    /// The most async requests waiting in the commit queue; more wait to be let in.
-    pub(crate) queued_async: usize,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Limits {
-            batch_bytes: 64 << 20,
-            frame_bytes: u32::MAX as usize,
-            queued_async: 4096,
-        }
-    }
 }
 
 /// Whether and how a store serves its admin socket; see [`Builder::admin_socket`].

@@ -3,7 +3,8 @@
 //! open ([`recovery`]), the clean-close marker ([`clean_close`]), the record cache and the
 //! overlay of acknowledged changes ([`cache`]), waiters for a key ([`wait`]), the poison flag
 //! after a failed sync ([`poison`]), sweeping expired records ([`sweep`]) and the counters
-//! ([`stats`]). It imports the vocabulary, [`decide`](crate::decide) and
+//! ([`stats`]), and the
+//! settings it runs under ([`settings`]). It imports the vocabulary, [`decide`](crate::decide) and
 //! [`format`](crate::format), nothing above.
 
 pub(crate) mod cache;
@@ -11,6 +12,7 @@ pub(crate) mod clean_close;
 pub(crate) mod commit;
 pub(crate) mod poison;
 pub(crate) mod recovery;
+pub(crate) mod settings;
 pub(crate) mod stats;
 pub(crate) mod sweep;
 pub(crate) mod wait;

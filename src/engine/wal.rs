@@ -45,7 +45,7 @@ pub(crate) struct Wal {
     next_seq: u64,
     /// Mixed into every frame header's checksum; see [`frame`].
     salt: u64,
-    /// The largest frame payload (see [`Limits`](crate::builder::Limits)).
+    /// The largest frame payload (see [`Limits`](crate::engine::settings::Limits)).
     max_payload: usize,
     buf: Vec<u8>,
 }

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::builder::Durability;
+use crate::engine::settings::Durability;
 use crate::engine::stats::Counter;
 use crate::error::Error;
 use crate::format::tables::Tables;

@@ -17,9 +17,8 @@ use crate::key::Key;
 
 use super::request::{Answer, Queued, Request, Waiter};
 use super::{Syncer, Writer};
-use crate::builder::Durability;
-use crate::builder::Limits;
 use crate::engine::poison::error_copy;
+use crate::engine::settings::{Durability, Limits};
 
 struct Queue {
     requests: Vec<Arc<dyn Queued>>,

@@ -7,11 +7,11 @@ use std::time::{Duration, Instant};
 
 use redb::{Database, WriteTransaction};
 
-use crate::builder::Durability;
 use crate::clock::{to_millis, Clock};
 use crate::decide::policy::Policies;
 use crate::decide::{decide, Change, Operation};
 use crate::engine::cache::{Overlay, RecordCache};
+use crate::engine::settings::Durability;
 use crate::engine::stats::{Counter, Counters};
 use crate::engine::wal::Wal;
 use crate::error::Error;

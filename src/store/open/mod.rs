@@ -7,12 +7,13 @@ use std::sync::Arc;
 
 use redb::Database;
 
-use crate::builder::{Builder, Durability};
+use crate::builder::Builder;
 use crate::decide::policy::Policies;
 use crate::engine::cache::{Overlay, RecordCache};
 use crate::engine::commit::{Committer, Schedule, Writer};
 use crate::engine::poison::Poison;
 use crate::engine::recovery;
+use crate::engine::settings::Durability;
 use crate::engine::stats::Counters;
 use crate::engine::wal::{log_path, LogFile};
 use crate::error::Error;

@@ -31,10 +31,6 @@ pub const DEFAULT_CHECKPOINT_INTERVAL: Duration = Duration::from_secs(30);
 /// Default for [`Builder::sweep_interval`]: the background sweeper looks for expired records
 /// every second.
 pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(1);
-/// The most expired records one background sweep slice deletes, in one short transaction that
-/// holds the writer (about 2 ms on a typical disk: 1M expired keys were swept at 100k keys/s
-/// while reserves kept a p99 of 2.8 ms, against 1.7 ms with no sweep; `BENCHMARKS.md`).
-pub const SWEEP_SLICE_RECORDS: usize = 200;
 
 /// Configures and opens a [`Store`].
 ///
@@ -238,7 +234,7 @@ impl Builder {
     /// Expired records already read as absent, so sweeping only reclaims disk space; without
     /// it a store keeps every key it ever saw. The sweeper runs on the store's committer
     /// thread (no thread of its own), between batches: each slice deletes at most
-    /// [`SWEEP_SLICE_RECORDS`] records in one short transaction, and slices follow each other
+    /// [`SWEEP_SLICE_RECORDS`](crate::SWEEP_SLICE_RECORDS) records in one short transaction, and slices follow each other
     /// while a backlog remains, so a reserve waits at most one slice (about 2 ms).
     /// When nothing has expired, a slice is one lookup in the expiry index.
     ///
@@ -255,8 +251,8 @@ impl Builder {
     /// Zero-fill the log to [`checkpoint_bytes`](Builder::checkpoint_bytes) + 1 MiB when the
     /// store opens (once; a store's log keeps its size). The log is overwritten in place after
     /// every checkpoint anyway; preallocating makes the very first cycle in place too, so each
-    /// sync flushes data only, not file metadata: in one run, one caller's p50 went from 310 µs
-    /// to 256 µs and 32 callers were about 1.4 times faster (`BENCHMARKS.md`).
+    /// sync flushes data only, not file metadata, which made syncs faster when measured
+    /// (BENCHMARKS.md, "Preallocating the log and verifying on open").
     ///
     /// Cost: disk space of `checkpoint_bytes` + 1 MiB for the log from creation on (33 MiB
     /// with the default), and one write of that size when the store is created. A test suite
@@ -270,9 +266,9 @@ impl Builder {
     /// Verify the checksum of every B-tree page when a store that was not closed cleanly
     /// opens (after a kill, a crash or a power loss), so that a damaged file (a disk that lost
     /// writes it had acknowledged, say) is refused with [`Error::NotAStore`] naming it before
-    /// any of its pages is trusted. It reads the whole file (0.7 to 2 s per GB when measured,
-    /// about 5 s for a 10M-key store of 3.1 GB), so an open after a crash then grows with the
-    /// store.
+    /// any of its pages is trusted. It reads the whole file (seconds per GB: BENCHMARKS.md,
+    /// "Preallocating the log and verifying on open"), so an open after a crash then grows with
+    /// the store.
     ///
     /// Off by default: a kill cannot damage the file, and redb's two-phase commit (used by
     /// every checkpoint) survives a power loss on a disk that honours its syncs, so an open

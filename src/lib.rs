@@ -90,11 +90,12 @@ pub use answers::{Completed, Lease, LiveLease, Reservation, Seen};
 pub use builder::{
     Builder, Durability, DEFAULT_CACHE_RECORDS, DEFAULT_CACHE_SIZE, DEFAULT_CHECKPOINT_BYTES,
     DEFAULT_CHECKPOINT_INTERVAL, DEFAULT_LEASE, DEFAULT_MAX_RESULT_LEN, DEFAULT_RETENTION,
-    DEFAULT_SWEEP_INTERVAL, MAX_RESULT_LEN_LIMIT, SWEEP_SLICE_RECORDS,
+    DEFAULT_SWEEP_INTERVAL, MAX_RESULT_LEN_LIMIT,
 };
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decide::Resolution;
 pub use engine::stats::Stats;
+pub use engine::sweep::SWEEP_SLICE_RECORDS;
 pub use error::{Error, KeyPart, LeaseLostReason};
 #[cfg(feature = "etcd")]
 pub use etcd::{

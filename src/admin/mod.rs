@@ -27,12 +27,9 @@
 //!   does by itself every 100 ms: a commit of its open redb transaction, in memory, no sync.
 //!   That is the bound on how long a writer waits for an admin read. They then read a
 //!   snapshot that blocks no one, though reading every record of a large store takes CPU
-//!   time. Measured (`examples/admin_load`, 8 writer threads, 20 000 keys, `stats` asked
-//!   nonstop, about 25 answers a second, on a shared 2-core machine): in the quietest run
-//!   8 000 to 8 500 reserve + complete per second with p99 7.8 to 7.9 ms, against 9 300 to
-//!   9 500 per second with p99 4.5 to 4.8 ms with nobody asking; the cost is the admin
-//!   thread's share of the CPU (reading every record), so an operator asking once in a
-//!   while should cost proportionally less (not measured).
+//!   time: asked nonstop, it costs the service the admin thread's share of the CPU
+//!   (`examples/admin_load`; the figures are in BENCHMARKS.md, "What an admin socket costs
+//!   the service").
 //! - Writes through the socket (expire, resolve, sweep slices) queue with the service's own
 //!   writes like any caller's; a checkpoint through it (the tool asks for one after a sweep)
 //!   holds the writer as the service's own checkpoints do.

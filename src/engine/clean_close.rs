@@ -25,10 +25,7 @@ use redb::{ReadableDatabase, TableError, WriteTransaction};
 
 use crate::engine::commit::{CommitKind, Writer};
 use crate::error::Error;
-use crate::format::tables::META;
-
-/// The meta key of the mark.
-pub(crate) const META_CLOSED_CLEAN: &str = "closed_clean";
+use crate::format::tables::{META, META_CLOSED_CLEAN};
 
 /// Whether the file carries the clean-close mark (read without writing).
 pub(crate) fn recorded(db: &impl ReadableDatabase) -> Result<bool, Error> {

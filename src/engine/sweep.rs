@@ -1,15 +1,42 @@
-//! Expiry: bounded, incremental deletion of expired records through the expiry index, and the
-//! lookup of stale reservations through the lease index.
+//! Expiry: bounded, incremental deletion of expired records through the expiry index (the
+//! slice size, the writer's unlogged sweep transaction, the walk of the index), and the lookup
+//! of stale reservations through the lease index.
 //!
 //! Expired records already read as absent (see [`decide`](crate::decide)); sweeping only
 //! reclaims their space, so it can run at any pace without changing any answer.
 
+use std::sync::Arc;
+
 use redb::{ReadOnlyTable, ReadableTable};
 
+use crate::engine::commit::{CommitKind, Writer};
+use crate::engine::stats::Counter;
 use crate::error::Error;
 use crate::format::tables::{decode_record, IndexEntries, Tables};
 use crate::key::Key;
 use crate::record::{Millis, Record, RecordClass};
+
+/// The most expired records one background sweep slice deletes, in one short transaction that
+/// holds the writer, so reserves queued behind it wait only briefly (the figures behind the
+/// choice: BENCHMARKS.md, "Sweeping in slices").
+pub const SWEEP_SLICE_RECORDS: usize = 200;
+
+impl Writer {
+    /// Deletes up to `limit` expired records in one unlogged transaction; returns how many.
+    pub(crate) fn sweep(&mut self, limit: usize) -> Result<usize, Error> {
+        let counters = Arc::clone(&self.counters);
+        self.transact(CommitKind::Unlogged, |_, txn, now, written| {
+            let mut tables = Tables::open(txn)?;
+            let deleted = sweep_expired(&mut tables, now, limit)?;
+            let count = deleted.len();
+            counters.add(Counter::Swept, count as u64);
+            for key in deleted {
+                Writer::deleted(written, key);
+            }
+            Ok(Ok(count))
+        })
+    }
+}
 
 /// Deletes up to `limit` records that expired at or before `now`; returns their keys.
 ///

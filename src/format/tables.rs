@@ -30,6 +30,9 @@ pub(crate) const META_NEXT_TOKEN: &str = "next_token";
 pub(crate) const META_WAL_SEQ: &str = "wal_seq";
 pub(crate) const META_LOG_SALT: &str = "log_salt";
 pub(crate) const META_STORE_ID: &str = "store_id";
+/// Present (value 1) while the store is closed cleanly: set by the last checkpoint on close,
+/// removed by the next open (`engine/clean_close.rs`).
+pub(crate) const META_CLOSED_CLEAN: &str = "closed_clean";
 
 /// The store format version written by this build. Version 2: the store's random identity
 /// and first log salt are made at creation; the log starts with an identity block; frames

@@ -1,16 +1,13 @@
 //! Background work between batches: committing the open transaction, syncing a buffered
 //! log, sweeping expired records in slices, checkpointing when the log is large or old.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::engine::settings::Durability;
-use crate::engine::stats::Counter;
-use crate::error::Error;
-use crate::format::tables::Tables;
+use crate::engine::sweep::SWEEP_SLICE_RECORDS;
 
 use super::writer::TXN_SPAN;
-use super::{CommitKind, Writer};
+use super::Writer;
 
 /// Background-work settings.
 #[derive(Debug, Clone, Copy)]
@@ -22,27 +19,7 @@ pub(crate) struct Schedule {
     pub(crate) sweep_interval: Option<Duration>,
 }
 
-/// The most records one background sweep slice deletes, so it holds the writer only briefly:
-/// 200 kept reserves at p99 2.7 ms while 200k expired keys were swept (examples/sweep_load.rs),
-/// where slices of 1 000 made the p50 10 ms.
-pub(crate) const SWEEP_SLICE: usize = crate::builder::SWEEP_SLICE_RECORDS;
-
 impl Writer {
-    /// Deletes up to `limit` expired records in one unlogged transaction; returns how many.
-    pub(crate) fn sweep(&mut self, limit: usize) -> Result<usize, Error> {
-        let counters = Arc::clone(&self.counters);
-        self.transact(CommitKind::Unlogged, |_, txn, now, written| {
-            let mut tables = Tables::open(txn)?;
-            let deleted = crate::engine::sweep::sweep_expired(&mut tables, now, limit)?;
-            let count = deleted.len();
-            counters.add(Counter::Swept, count as u64);
-            for key in deleted {
-                Writer::deleted(written, key);
-            }
-            Ok(Ok(count))
-        })
-    }
-
     /// Commits the open transaction when it is old, syncs a buffered log when its interval
     /// passed, and checkpoints when the log is large or old.
     pub(super) fn background_work(&mut self) {
@@ -62,7 +39,8 @@ impl Writer {
         if let Some(interval) = self.schedule.sweep_interval {
             if self.sweep_backlog || self.last_sweep.elapsed() >= interval {
                 self.last_sweep = Instant::now();
-                self.sweep_backlog = matches!(self.sweep(SWEEP_SLICE), Ok(n) if n == SWEEP_SLICE);
+                self.sweep_backlog =
+                    matches!(self.sweep(SWEEP_SLICE_RECORDS), Ok(n) if n == SWEEP_SLICE_RECORDS);
             }
         }
         let logged = self.wal.len_since_rewind();

@@ -100,9 +100,8 @@ impl Committer {
     /// (callers overlap) it hands the queue to the committer thread, which then runs every
     /// batch and its sync until the queue is empty, while callers only wait:
     /// one wake-up per operation, and each sync covers everything queued while the previous
-    /// one ran. (With callers leading every batch, as before, 32 callers reached 0.91-0.96x
-    /// Redis against 1.02-1.16x, and the reserve-then-complete cycle 1.18-1.28x against
-    /// 1.33-1.51x with twice the p99, over 4 alternations of the load generator.)
+    /// one ran. (Callers leading every batch was measured slower under load: BENCHMARKS.md,
+    /// "Who leads a batch".)
     pub(crate) fn submit<O: Operation>(&self, ops: Vec<(Key, O)>) -> Answer<O::Outcome> {
         not_in_callback()?;
         let requests = self.enqueue(ops);

@@ -27,10 +27,8 @@ use crate::engine::poison::{error_copy, Poison};
 /// How long one redb write transaction (the applier's) stays open across batches.
 ///
 /// Each (non-durable) commit of it holds the writer for a moment while redb finalizes its
-/// dirty pages, and callers queue behind it: at 20 ms that pause hit more than 1% of the
-/// reserves at 32 callers (p99 3.5 ms), and batches of 1000 new keys paid it every few
-/// batches. At 100 ms, in A/B runs of the load generator: 32 callers p99 1.8-2.4 ms
-/// (3.5-3.6 ms before) and +3% throughput, batches of new keys 106k against 85k keys/s.
+/// dirty pages, and callers queue behind it, so a longer span pauses them less often (the
+/// figures behind 100 ms: BENCHMARKS.md, "How long the applier's transaction stays open").
 /// The overlay and the writer's `latest` hold what the open transaction has not committed, so
 /// their size is bounded by this span times the write rate (~10k records at 100k writes/s).
 pub(super) const TXN_SPAN: Duration = Duration::from_millis(100);
@@ -62,7 +60,7 @@ pub(crate) struct Writer {
     pub(super) poison: Arc<Poison>,
     pub(super) cache: Arc<RecordCache>,
     pub(super) overlay: Arc<Overlay>,
-    pub(super) counters: Arc<Counters>,
+    pub(crate) counters: Arc<Counters>,
     pub(super) schedule: Schedule,
     pub(super) last_checkpoint: Instant,
     pub(super) last_sync: Instant,

@@ -351,3 +351,6 @@ impl std::error::Error for Error {
         }
     }
 }
+
+/// A `Result` with idemstore's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -57,6 +57,27 @@
 //!   that the `idemstore` tool ([`AdminClient`]) reads while the service runs ([`admin`]).
 //!
 //! The on-disk format is described in `docs/format.md`.
+//!
+//! # Layout: floors
+//! The crate reads from the bottom up: each floor imports only from the floors below it
+//! (`docs/DESIGN.md` gives the contract the floors build on).
+//!
+//! 1. **Vocabulary** (files at the root): `clock` (time, milliseconds, the time formatter),
+//!    `fingerprint`, `key` (with the input limits), `error`, `record` (a [`Record`], its
+//!    stored state, its public view [`Status`] and its one state type [`RecordClass`]), and
+//!    `answers` (what callers get: [`Reservation`], [`Lease`], [`Completed`], [`Seen`]).
+//! 2. **`decide/`**: the pure state machine, one type per operation, and the per-operation
+//!    policy; no I/O, no key-to-answer mapping.
+//! 3. **`format/`**: every byte on disk: the redb tables and meta keys, the record codec, the
+//!    log's frames and identity block, the log's file (`docs/format.md` describes them).
+//! 4. **`engine/`**: the commit path (`commit/`), the log (`wal`), recovery, the clean-close
+//!    mark, the cache and overlay, waiters, the poison latch, sweeping, counters and the
+//!    settings the engine runs under.
+//! 5. **Surface**: [`Builder`] (every setting and default), `store/` ([`Store`]'s operations
+//!    and the mapping from decisions to public answers), `inspect/`, and [`Reservations`], the
+//!    trait every backend implements.
+//! 6. **Adapters**: [`http`], `etcd`, [`admin`] and the `idemstore` command-line tool
+//!    (`src/bin/idemstore/`).
 
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
@@ -96,7 +117,7 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use decide::Resolution;
 pub use engine::stats::Stats;
 pub use engine::sweep::SWEEP_SLICE_RECORDS;
-pub use error::{Error, KeyPart, LeaseLostReason};
+pub use error::{Error, KeyPart, LeaseLostReason, Result};
 #[cfg(feature = "etcd")]
 pub use etcd::{
     EtcdBuilder, EtcdStore, Sweeper, DEFAULT_ETCD_PREFIX, DEFAULT_MAX_TXN_OPS, DEFAULT_OP_DEADLINE,
@@ -117,6 +138,3 @@ pub use redb;
 /// The etcd client crate, for [`EtcdStore::complete_with`] callers' own operations.
 #[cfg(feature = "etcd")]
 pub use etcd_client;
-
-/// A `Result` with idemstore's [`Error`].
-pub type Result<T, E = Error> = std::result::Result<T, E>;

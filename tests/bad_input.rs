@@ -305,7 +305,7 @@ fn a_redb_database_that_is_not_a_store_is_refused_and_kept() {
 }
 
 /// A corrupt file (redb's signature, then a damaged header) is refused with an error naming
-/// the file (DESIGN.md: "a clear error naming the limit or the place"), and left unchanged.
+/// the file (docs/DESIGN.md: "a clear error naming the limit or the place"), and left unchanged.
 #[test]
 fn a_damaged_redb_header_is_refused_naming_the_file() {
     let env = Env::new();

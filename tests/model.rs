@@ -2,7 +2,7 @@
 //! complete_with_retention, release_if_pending, extend, mark_needs_review, resolve, expire,
 //! expire_forced, expire_many, sweep, stale), clock steps around the lease and retentions,
 //! and reopens of the same file, run against a real store and against a plain in-memory
-//! reference model written from DESIGN.md (not from `decide/`). Three operations have
+//! reference model written from docs/DESIGN.md (not from `decide/`). Three operations have
 //! three different retentions (the store's default and two per-operation settings).
 //!
 //! Every outcome is compared (variant, tokens, attempts, results, deadlines, retry_after,
@@ -299,7 +299,7 @@ fn check_expired(
     }
 }
 
-/// What `reserve` should answer, per DESIGN.md, in plain fields.
+/// What `reserve` should answer, per docs/DESIGN.md, in plain fields.
 #[derive(Debug, PartialEq)]
 enum Expected {
     Acquired {

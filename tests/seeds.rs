@@ -1,5 +1,5 @@
 //! The seed scenarios: the cases from the articles the project was conceived from (see
-//! DESIGN.md), each as one small story against a real store file and a manual clock.
+//! docs/DESIGN.md), each as one small story against a real store file and a manual clock.
 
 use std::cell::Cell;
 use std::time::Duration;

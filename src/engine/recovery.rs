@@ -1,6 +1,6 @@
 //! Recovery: replaying the log into redb when a store is opened.
 //!
-//! (Checkpoints, which make redb durable and rewind the log, are in `commit/checkpoint.rs`.)
+//! (Checkpoints, which make redb durable and rewind the log, are in `engine/commit/checkpoint.rs`.)
 //!
 //! Opening a store replays the log frames newer than the file's checkpoint into redb, in one
 //! durable transaction, and then rewinds the log. A store closed cleanly skips the log

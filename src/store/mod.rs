@@ -2,13 +2,14 @@
 //! cache or a redb read transaction; every write goes through the commit path in
 //! [`crate::engine::commit`].
 //!
-//! - `open.rs`: opening (checks, creation, recovery) and assembling the parts;
+//! - `open/`: opening (checks, creation, recovery) and assembling the parts;
 //! - `reserve.rs`: reserve (one, many, async, waiting) and observe;
 //! - `lease.rs`: complete, release, extend, review, recovery points, resolve (sync and async);
 //! - `many.rs`: the batch forms of complete, release and extend (sync and async);
 //! - `read.rs`: get, stale, snapshots;
 //! - `expire.rs`: expire (one, forced, many, async);
-//! - `retain.rs`: completing or resolving with a retention of its own.
+//! - `retain.rs`: completing or resolving with a retention of its own;
+//! - `answer.rs`: the mapping from each decision's outcome to the public answer.
 
 pub(crate) mod answer;
 mod expire;

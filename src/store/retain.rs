@@ -1,5 +1,5 @@
 //! Per-call retentions: completing or resolving one key with its own retention instead of
-//! its operation's (see `retention.rs` for the per-operation setting).
+//! its operation's (see `decide/policy.rs` for the per-operation setting).
 
 use std::time::Duration;
 

@@ -1,5 +1,6 @@
 //! The one reference model of a key's state, shared by the crash model (`crash.rs`) and the
-//! `ops` fuzz target (`fuzz/ops.rs`): written from DESIGN.md, not from `decide`, so the store
+//! `ops` fuzz target (`fuzz/fuzz_targets/ops.rs`, through `src/testing/fuzz/ops.rs`): written
+//! from docs/DESIGN.md, not from `decide`, so the store
 //! is checked against an independent statement of what it must hold.
 
 use crate::clock::to_millis;

@@ -1,6 +1,6 @@
 //! The `ops` target: operations, clock steps, crashes and faults against a reference model.
 //!
-//! The model is written from DESIGN.md, not from `decide.rs`: one plain state per key. Every
+//! The model is written from docs/DESIGN.md, not from `decide/`: one plain state per key. Every
 //! outcome is compared while the store is healthy. An injected write or sync failure (or a
 //! full disk) makes the operation that hit it uncertain: the model then holds both the state
 //! before and the state after it, every later call must fail as poisoned, and the next

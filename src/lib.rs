@@ -76,7 +76,8 @@
 //! 5. **Surface**: [`Builder`] (every setting and default), `store/` ([`Store`]'s operations
 //!    and the mapping from decisions to public answers), `inspect/`, and [`Reservations`], the
 //!    trait every backend implements.
-//! 6. **Adapters**: [`http`], `etcd`, [`admin`] and the `idemstore` command-line tool
+//! 6. **Adapters**: [`guard`] (the framework-neutral decisions of the `Idempotency-Key`
+//!    layer) and [`http`] over it, `etcd`, [`admin`] and the `idemstore` command-line tool
 //!    (`src/bin/idemstore/`).
 
 #![forbid(unsafe_code)]
@@ -94,6 +95,8 @@ mod error;
 mod etcd;
 mod fingerprint;
 mod format;
+#[cfg(feature = "http")]
+pub mod guard;
 #[cfg(feature = "http")]
 pub mod http;
 mod inspect;

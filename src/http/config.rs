@@ -7,13 +7,13 @@ use std::time::Duration;
 use http::request::Parts;
 use http::{header, HeaderName, HeaderValue, Method, StatusCode};
 
+use crate::guard::Guard;
+pub use crate::guard::DEFAULT_MAX_RETRY_AFTER;
 use crate::http::service::Idempotency;
 use crate::Reservations;
 
 /// Default for [`IdempotencyLayer::max_body`]: 1 MiB.
 pub const DEFAULT_MAX_BODY: usize = 1 << 20;
-/// Default for [`IdempotencyLayer::max_retry_after`]: 1 s.
-pub const DEFAULT_MAX_RETRY_AFTER: Duration = Duration::from_secs(1);
 /// Default for [`IdempotencyLayer::problem_base`].
 pub const DEFAULT_PROBLEM_BASE: &str = "https://docs.rs/idemstore/latest/idemstore/http/#";
 
@@ -32,7 +32,6 @@ pub(crate) struct Options {
     pub(crate) replay_headers: Vec<HeaderName>,
     pub(crate) max_body: usize,
     pub(crate) body_too_large: StatusCode,
-    pub(crate) max_retry_after: Duration,
     pub(crate) problem_base: String,
     pub(crate) challenge: HeaderValue,
 }
@@ -62,14 +61,14 @@ pub(crate) struct Options {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct IdempotencyLayer<R> {
-    pub(crate) store: Arc<R>,
+    pub(crate) guard: Guard<R>,
     pub(crate) options: Arc<Options>,
 }
 
 impl<R> Clone for IdempotencyLayer<R> {
     fn clone(&self) -> Self {
         IdempotencyLayer {
-            store: Arc::clone(&self.store),
+            guard: self.guard.clone(),
             options: Arc::clone(&self.options),
         }
     }
@@ -84,7 +83,7 @@ impl<R> fmt::Debug for IdempotencyLayer<R> {
             .field("replay_headers", &o.replay_headers)
             .field("max_body", &o.max_body)
             .field("body_too_large", &o.body_too_large)
-            .field("max_retry_after", &o.max_retry_after)
+            .field("guard", &self.guard)
             .field("problem_base", &o.problem_base)
             .finish_non_exhaustive()
     }
@@ -94,7 +93,7 @@ impl<R: Reservations + 'static> IdempotencyLayer<R> {
     /// A layer over `store` with the defaults of every setter below.
     pub fn new(store: Arc<R>) -> IdempotencyLayer<R> {
         IdempotencyLayer {
-            store,
+            guard: Guard::new(store),
             options: Arc::new(Options {
                 scope: Arc::new(|_: &Parts| Some(b"*".to_vec())),
                 methods: vec![Method::POST, Method::PATCH],
@@ -103,7 +102,6 @@ impl<R: Reservations + 'static> IdempotencyLayer<R> {
                 replay_headers: vec![header::CONTENT_TYPE, header::LOCATION],
                 max_body: DEFAULT_MAX_BODY,
                 body_too_large: StatusCode::PAYLOAD_TOO_LARGE,
-                max_retry_after: DEFAULT_MAX_RETRY_AFTER,
                 problem_base: DEFAULT_PROBLEM_BASE.to_owned(),
                 challenge: HeaderValue::from_static("Bearer"),
             }),
@@ -182,8 +180,9 @@ impl<R: Reservations + 'static> IdempotencyLayer<R> {
     /// header is rounded up to whole seconds, at least 1.
     ///
     /// Default: [`DEFAULT_MAX_RETRY_AFTER`], 1 s.
-    pub fn max_retry_after(self, max: Duration) -> Self {
-        self.with(|o| o.max_retry_after = max)
+    pub fn max_retry_after(mut self, max: Duration) -> Self {
+        self.guard = self.guard.max_retry_after(max);
+        self
     }
 
     /// The start of every problem `type` URI; the refusal's
@@ -210,7 +209,7 @@ impl<S, R> tower::Layer<S> for IdempotencyLayer<R> {
     fn layer(&self, inner: S) -> Self::Service {
         Idempotency {
             inner,
-            store: Arc::clone(&self.store),
+            guard: self.guard.clone(),
             options: Arc::clone(&self.options),
         }
     }

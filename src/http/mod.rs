@@ -59,6 +59,10 @@
 //!
 //! Every refusal is an RFC 9457 problem (`application/problem+json`), see [`Refusal`].
 //!
+//! The decisions behind this table (the key, its scope, the fingerprint's use, reserve,
+//! replay, release on failure, the lease renewal, the refusals) are the framework-neutral
+//! [`guard`](crate::guard); this layer reads them from and writes them to HTTP.
+//!
 //! A key is (scope, operation, client key): the scope from the extractor, the operation from
 //! the method and path (`POST /orders`), so one caller's key never replays another caller's
 //! response and one key used on two routes is two keys. A scope or operation longer than
@@ -93,11 +97,8 @@
 //! released). Requests that pass through are not buffered.
 
 mod config;
-mod heartbeat;
 mod problem;
-mod release;
 mod service;
-mod stored;
 
 pub use config::{
     IdempotencyLayer, DEFAULT_MAX_BODY, DEFAULT_MAX_RETRY_AFTER, DEFAULT_PROBLEM_BASE,

@@ -4,79 +4,10 @@ use bytes::Bytes;
 use http::{header, HeaderValue, Response, StatusCode};
 use http_body_util::Full;
 
+pub use crate::guard::Refusal;
+
 /// The media type of every refusal body.
 pub const PROBLEM_JSON: &str = "application/problem+json";
-
-/// Why the layer answered a request itself instead of running (or replaying) the handler.
-///
-/// Each refusal is an RFC 9457 problem: a JSON object with `type`, `title`, `status` and
-/// `detail`, and for the size refusals a `limit` member (bytes). `type` is
-/// [`problem_base`](crate::http::IdempotencyLayer::problem_base) followed by the refusal's
-/// [`slug`](Refusal::slug).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Refusal {
-    /// No `Idempotency-Key` on a guarded method (400, unless configured to pass through).
-    KeyMissing,
-    /// The key is empty, sent twice, or longer than [`MAX_KEY_PART_LEN`](crate::MAX_KEY_PART_LEN)
-    /// bytes (400).
-    KeyInvalid,
-    /// The scope extractor found no scope (user, tenant) for the request (401).
-    NoScope,
-    /// The request body is over the fingerprinting limit (413 by default).
-    BodyTooLarge,
-    /// The request body could not be read (400).
-    BodyUnreadable,
-    /// A request with this key is still running (409, with `Retry-After`).
-    InProgress,
-    /// The key was used before with another request (422).
-    KeyReused,
-    /// The key is held for a person to review (409).
-    UnderReview,
-    /// The idempotency store failed (503, with `Retry-After`).
-    StoreUnavailable,
-    /// The stored response for the key does not decode (500).
-    StoredResponseUnreadable,
-    /// The handler's response body failed while it was read for storing (500); the key is
-    /// released.
-    ResponseUnreadable,
-}
-
-impl Refusal {
-    /// The last part of the problem `type`, e.g. `key-missing`.
-    pub fn slug(self) -> &'static str {
-        match self {
-            Refusal::KeyMissing => "key-missing",
-            Refusal::KeyInvalid => "key-invalid",
-            Refusal::NoScope => "no-scope",
-            Refusal::BodyTooLarge => "body-too-large",
-            Refusal::BodyUnreadable => "body-unreadable",
-            Refusal::InProgress => "in-progress",
-            Refusal::KeyReused => "key-reused",
-            Refusal::UnderReview => "under-review",
-            Refusal::StoreUnavailable => "store-unavailable",
-            Refusal::StoredResponseUnreadable => "stored-response-unreadable",
-            Refusal::ResponseUnreadable => "response-unreadable",
-        }
-    }
-
-    /// The problem's `title`: the same for every occurrence of the refusal.
-    pub fn title(self) -> &'static str {
-        match self {
-            Refusal::KeyMissing => "Idempotency-Key is missing",
-            Refusal::KeyInvalid => "Idempotency-Key is invalid",
-            Refusal::NoScope => "No scope for the Idempotency-Key",
-            Refusal::BodyTooLarge => "Request body too large",
-            Refusal::BodyUnreadable => "Request body unreadable",
-            Refusal::InProgress => "A request is outstanding for this Idempotency-Key",
-            Refusal::KeyReused => "Idempotency-Key is already used",
-            Refusal::UnderReview => "The request for this Idempotency-Key is under review",
-            Refusal::StoreUnavailable => "Idempotency store unavailable",
-            Refusal::StoredResponseUnreadable => "Stored response unreadable",
-            Refusal::ResponseUnreadable => "Response unreadable",
-        }
-    }
-}
 
 /// Builds the problem response. `limit` adds a `limit` member (bytes).
 pub(crate) fn problem(

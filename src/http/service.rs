@@ -7,17 +7,18 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::request::Parts;
-use http::{header, HeaderMap, HeaderValue, Request, Response, StatusCode};
+use http::{header, HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode};
 use http_body::Body;
 use http_body_util::{BodyExt, Either, Full, LengthLimitError, Limited};
 
+use crate::guard::{
+    client_key, encode_stored, request_key, Begin, Guard, Refusal, Refused, Release, Running,
+    StoredResponse,
+};
 use crate::http::config::Options;
-use crate::http::heartbeat;
-use crate::http::problem::{problem, Refusal};
-use crate::http::release::ReleaseGuard;
-use crate::http::stored;
+use crate::http::problem::problem;
 use crate::http::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
-use crate::{Fingerprint, Key, Lease, Reservation, Reservations, MAX_KEY_PART_LEN};
+use crate::{Fingerprint, Reservations};
 
 /// The body of every response of [`Idempotency`]: a buffered one (an answer of the layer, a
 /// replay, or a handler response that was read to be stored) or the handler's own, untouched
@@ -35,7 +36,7 @@ pub type ResponseFuture<B, E> =
 /// fingerprinted and then handed to `S`.
 pub struct Idempotency<S, R> {
     pub(crate) inner: S,
-    pub(crate) store: Arc<R>,
+    pub(crate) guard: Guard<R>,
     pub(crate) options: Arc<Options>,
 }
 
@@ -43,7 +44,7 @@ impl<S: Clone, R> Clone for Idempotency<S, R> {
     fn clone(&self) -> Self {
         Idempotency {
             inner: self.inner.clone(),
-            store: Arc::clone(&self.store),
+            guard: self.guard.clone(),
             options: Arc::clone(&self.options),
         }
     }
@@ -72,16 +73,18 @@ where
         // The service that was polled ready handles this request; a fresh clone stays.
         let fresh = self.inner.clone();
         let ready = std::mem::replace(&mut self.inner, fresh);
-        let store = Arc::clone(&self.store);
+        let guard = self.guard.clone();
         let options = Arc::clone(&self.options);
-        Box::pin(handle(ready, store, options, request))
+        Box::pin(handle(ready, guard, options, request))
     }
 }
 
-/// One request, from its key to the stored response. See the module docs.
+/// One request, from its key to the stored response: the HTTP side of the steps of the
+/// [guard](crate::guard) (reading the key, scope, body and fingerprint from the request;
+/// writing the guard's decisions as HTTP answers). See the module docs.
 async fn handle<S, R, B, RB>(
     mut inner: S,
-    store: Arc<R>,
+    guard: Guard<R>,
     o: Arc<Options>,
     request: Request<B>,
 ) -> Result<Response<IdempotencyBody<RB>>, S::Error>
@@ -95,109 +98,40 @@ where
     if !o.methods.contains(request.method()) {
         return Ok(inner.call(request).await?.map(Either::Right));
     }
-    let id = match key_of(request.headers()) {
+    let values = request.headers().get_all(IDEMPOTENCY_KEY);
+    let id = match client_key(values.iter().map(HeaderValue::as_bytes)) {
         Ok(Some(id)) => id,
         Ok(None) if !o.require_key => return Ok(inner.call(request).await?.map(Either::Right)),
-        Ok(None) => {
-            let detail = "This operation is idempotent and it requires correct usage of \
-                          Idempotency Key: send an Idempotency-Key header.";
-            return Ok(refuse(
-                &o,
-                Refusal::KeyMissing,
-                StatusCode::BAD_REQUEST,
-                detail,
-            ));
-        }
-        Err(detail) => {
-            return Ok(refuse(
-                &o,
-                Refusal::KeyInvalid,
-                StatusCode::BAD_REQUEST,
-                &detail,
-            ));
-        }
+        Ok(None) => return Ok(answer(&o, Refused::new(Refusal::KeyMissing))),
+        Err(refused) => return Ok(answer(&o, refused)),
     };
     let (parts, body) = request.into_parts();
-    let Some(scope) = (o.scope)(&parts).filter(|scope| !scope.is_empty()) else {
-        let detail = "the request carries no identity to scope its Idempotency-Key by";
-        let mut response = refuse(&o, Refusal::NoScope, StatusCode::UNAUTHORIZED, detail);
-        response
-            .headers_mut()
-            .insert(header::WWW_AUTHENTICATE, o.challenge.clone());
-        return Ok(response);
-    };
-    let key = match Key::new(bounded(scope), bounded(operation(&parts)), &id) {
+    let key = match request_key((o.scope)(&parts), &operation(&parts), &id) {
         Ok(key) => key,
-        Err(error) => {
-            let detail = error.to_string();
-            return Ok(refuse(
-                &o,
-                Refusal::KeyInvalid,
-                StatusCode::BAD_REQUEST,
-                &detail,
-            ));
-        }
+        Err(refused) => return Ok(answer(&o, refused)),
     };
     let body = match read_body(&o, &parts.headers, body).await {
         Ok(body) => body,
-        Err(refusal) => return Ok(refusal),
+        Err(refused) => return Ok(answer(&o, refused)),
     };
     let query = parts.uri.query().unwrap_or("").as_bytes();
     let fingerprint = Fingerprint::of_parts([query, &body[..]]);
-    let reservation = match store.reserve(&key, fingerprint).await {
-        Ok(reservation) => reservation,
-        Err(error) => return Ok(unavailable(&o, &error)),
-    };
-    match reservation {
-        Reservation::Acquired(lease) => {
+    match guard.begin(&key, fingerprint).await {
+        Begin::Run(running) => {
             let request = Request::from_parts(parts, B::from(body));
-            run(inner, store, &o, lease, request).await
+            run(inner, &o, running, request).await
         }
-        Reservation::Completed(done) => Ok(replay(&o, &done.result)),
-        Reservation::InProgress { retry_after, .. } => {
-            let detail = "A request with the same Idempotency-Key for the same operation is \
-                          being processed or is outstanding.";
-            let mut response = refuse(&o, Refusal::InProgress, StatusCode::CONFLICT, detail);
-            let secs = retry_after
-                .min(o.max_retry_after)
-                .as_secs_f64()
-                .ceil()
-                .max(1.0);
-            response
-                .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from(secs as u64));
-            Ok(response)
-        }
-        Reservation::Mismatch => {
-            let detail = "This operation is idempotent and it requires correct usage of \
-                          Idempotency Key. Idempotency Key MUST not be reused across different \
-                          payloads of this operation.";
-            Ok(refuse(
-                &o,
-                Refusal::KeyReused,
-                StatusCode::UNPROCESSABLE_ENTITY,
-                detail,
-            ))
-        }
-        Reservation::NeedsReview { .. } => {
-            let detail = "The outcome of the first request with this key is being checked.";
-            Ok(refuse(
-                &o,
-                Refusal::UnderReview,
-                StatusCode::CONFLICT,
-                detail,
-            ))
-        }
+        Begin::Replay(stored) => Ok(replay(&o, &stored)),
+        Begin::Refuse(refused) => Ok(answer(&o, refused)),
     }
 }
 
-/// Runs the handler under `lease`, then stores its response (or releases the key) and returns
-/// it. The guard releases the key if this future is dropped or unwinds before that.
+/// Runs the handler under the running key, then stores its response (or releases the key) and
+/// returns it. Dropping this future before that releases the key (see [`Running`]).
 async fn run<S, R, B, RB>(
     mut inner: S,
-    store: Arc<R>,
     o: &Options,
-    lease: Lease,
+    running: Running<R>,
     request: Request<B>,
 ) -> Result<Response<IdempotencyBody<RB>>, S::Error>
 where
@@ -205,12 +139,10 @@ where
     R: Reservations + 'static,
     RB: Body<Data = Bytes>,
 {
-    let guard = ReleaseGuard::new(Arc::clone(&store), lease);
-    let call = inner.call(request);
-    let response = match heartbeat::while_running(&*store, guard.lease(), call).await {
+    let response = match running.work(inner.call(request)).await {
         Ok(response) => response,
         Err(error) => {
-            guard.release().await;
+            running.release(Release::Failed).await;
             return Err(error);
         }
     };
@@ -219,54 +151,23 @@ where
     let body = match body.collect().await.ok() {
         Some(body) => body.to_bytes(),
         None => {
-            guard.release().await;
-            let detail = "the handler's response body failed while it was read";
-            let status = StatusCode::INTERNAL_SERVER_ERROR;
-            return Ok(refuse(o, Refusal::ResponseUnreadable, status, detail));
+            running.release(Release::Failed).await;
+            return Ok(answer(o, Refused::new(Refusal::ResponseUnreadable)));
         }
     };
     if (o.store_status)(parts.status) {
-        let encoded = stored::encode(parts.status, &parts.headers, &o.replay_headers, &body);
-        match store.complete(guard.lease(), encoded).await {
-            Ok(()) => guard.disarm(),
-            Err(_error) => {
-                // Too large to store, or the lease was lost: this client still gets its
-                // answer, and a retry runs the handler again.
-                #[cfg(feature = "tracing")]
-                tracing::warn!(error = %_error, "response not stored; the key is released");
-                guard.release().await;
-            }
-        }
+        let headers = o.replay_headers.iter().flat_map(|name| {
+            let values = parts.headers.get_all(name).iter();
+            values.map(move |value| (name.as_str(), value.as_bytes()))
+        });
+        let encoded = encode_stored(parts.status.as_u16(), headers, &body);
+        // Not stored (too large, lease lost): this client still gets its answer, and the key
+        // is released so a retry runs the handler again.
+        let _ = running.complete(encoded).await;
     } else {
-        guard.release().await;
+        running.release(Release::NotStored).await;
     }
     Ok(Response::from_parts(parts, Either::Left(Full::new(body))))
-}
-
-/// The client's key: a quoted structured-field string (`"abc"`, as the draft writes it) or a
-/// bare token (`abc`, as most clients send it). `Err` names what is wrong with it.
-fn key_of(headers: &HeaderMap) -> Result<Option<Vec<u8>>, String> {
-    let mut values = headers.get_all(IDEMPOTENCY_KEY).iter();
-    let Some(value) = values.next() else {
-        return Ok(None);
-    };
-    if values.next().is_some() {
-        return Err("send one Idempotency-Key header, not several".into());
-    }
-    let id = match value.as_bytes() {
-        [b'"', inner @ .., b'"'] => inner,
-        other => other,
-    };
-    if id.is_empty() {
-        return Err("the Idempotency-Key is empty".into());
-    }
-    if id.len() > MAX_KEY_PART_LEN {
-        return Err(format!(
-            "the Idempotency-Key is {} bytes long; at most {MAX_KEY_PART_LEN} bytes are accepted",
-            id.len()
-        ));
-    }
-    Ok(Some(id.to_vec()))
 }
 
 /// The operation a key is scoped to: method and path (`POST /orders/7/refunds`).
@@ -274,135 +175,95 @@ fn operation(parts: &Parts) -> Vec<u8> {
     format!("{} {}", parts.method, parts.uri.path()).into_bytes()
 }
 
-/// `part` itself when it fits in a key, else `#` and the hex of its BLAKE3 digest.
-fn bounded(part: Vec<u8>) -> Vec<u8> {
-    if part.len() <= MAX_KEY_PART_LEN {
-        return part;
-    }
-    let mut out = b"#".to_vec();
-    for byte in Fingerprint::of(&part).as_bytes() {
-        out.extend_from_slice(format!("{byte:02x}").as_bytes());
-    }
-    out
-}
-
 /// Reads the request body, up to the limit.
-async fn read_body<B, RB>(
-    o: &Options,
-    headers: &HeaderMap,
-    body: B,
-) -> Result<Bytes, Response<IdempotencyBody<RB>>>
+async fn read_body<B>(o: &Options, headers: &HeaderMap, body: B) -> Result<Bytes, Refused>
 where
     B: Body,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let too_large = |o: &Options| {
-        let detail = format!(
-            "the request body is over {} bytes, the most this operation reads",
-            o.max_body
-        );
-        let mut response = problem(
-            &o.problem_base,
-            Refusal::BodyTooLarge,
-            o.body_too_large,
-            &detail,
-            Some(o.max_body),
-        );
-        response
-            .headers_mut()
-            .insert(header::CONNECTION, HeaderValue::from_static("close"));
-        response.map(Either::Left)
-    };
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
     if declared.is_some_and(|len| len > o.max_body as u64) {
-        return Err(too_large(o));
+        return Err(Refused::body_too_large(o.max_body));
     }
     match Limited::new(body, o.max_body).collect().await {
         Ok(body) => Ok(body.to_bytes()),
-        Err(error) if error.is::<LengthLimitError>() => Err(too_large(o)),
+        Err(error) if error.is::<LengthLimitError>() => Err(Refused::body_too_large(o.max_body)),
         Err(error) => {
             let detail = format!("the request body could not be read: {error}");
-            let status = StatusCode::BAD_REQUEST;
-            Err(refuse(o, Refusal::BodyUnreadable, status, &detail))
+            Err(Refused::with_detail(Refusal::BodyUnreadable, detail))
         }
     }
 }
 
 /// The stored response, marked as a replay.
 fn replay<RB>(o: &Options, bytes: &[u8]) -> Response<IdempotencyBody<RB>> {
-    let Some(stored) = stored::decode(bytes) else {
-        let detail = "the stored response for this key does not decode";
-        let status = StatusCode::INTERNAL_SERVER_ERROR;
-        return refuse(o, Refusal::StoredResponseUnreadable, status, detail);
+    let Some((status, headers, body)) = StoredResponse::decode(bytes).and_then(to_http) else {
+        return answer(o, Refused::new(Refusal::StoredResponseUnreadable));
     };
-    let mut response = Response::new(Either::Left(Full::new(stored.body)));
-    *response.status_mut() = stored.status;
-    *response.headers_mut() = stored.headers;
+    let mut response = Response::new(Either::Left(Full::new(body)));
+    *response.status_mut() = status;
+    *response.headers_mut() = headers;
     response
         .headers_mut()
         .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
     response
 }
 
-/// 503 with `Retry-After`: the store failed. The error stays in the server's logs (feature
-/// `tracing`); it can name files, so the client is not shown it.
-fn unavailable<RB>(o: &Options, _error: &crate::Error) -> Response<IdempotencyBody<RB>> {
-    #[cfg(feature = "tracing")]
-    tracing::warn!(error = %_error, "idempotency store failed");
-    let detail = "the idempotency store failed; retry later";
-    let status = StatusCode::SERVICE_UNAVAILABLE;
-    let mut response = refuse(o, Refusal::StoreUnavailable, status, detail);
-    response
-        .headers_mut()
-        .insert(header::RETRY_AFTER, HeaderValue::from(1));
-    response
+/// A stored response in `http` types; `None` when a status or header does not convert.
+fn to_http(stored: StoredResponse) -> Option<(StatusCode, HeaderMap, Bytes)> {
+    let status = StatusCode::from_u16(stored.status).ok()?;
+    let mut headers = HeaderMap::with_capacity(stored.headers.len());
+    for (name, value) in stored.headers {
+        let name = HeaderName::from_bytes(name.as_bytes()).ok()?;
+        headers.append(name, HeaderValue::from_bytes(&value).ok()?);
+    }
+    Some((status, headers, Bytes::from(stored.body)))
 }
 
-fn refuse<RB>(
-    o: &Options,
-    refusal: Refusal,
-    status: StatusCode,
-    detail: &str,
-) -> Response<IdempotencyBody<RB>> {
-    problem(&o.problem_base, refusal, status, detail, None).map(Either::Left)
+/// The HTTP status of each refusal.
+fn status_of(o: &Options, refusal: Refusal) -> StatusCode {
+    match refusal {
+        Refusal::KeyMissing | Refusal::KeyInvalid | Refusal::BodyUnreadable => {
+            StatusCode::BAD_REQUEST
+        }
+        Refusal::NoScope => StatusCode::UNAUTHORIZED,
+        Refusal::BodyTooLarge => o.body_too_large,
+        Refusal::InProgress | Refusal::UnderReview => StatusCode::CONFLICT,
+        Refusal::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
+        Refusal::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+        Refusal::StoredResponseUnreadable | Refusal::ResponseUnreadable => {
+            StatusCode::INTERNAL_SERVER_ERROR
+        }
+    }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn keys_are_read_quoted_or_bare_and_refused_with_the_limit() {
-        let mut headers = HeaderMap::new();
-        assert_eq!(key_of(&headers), Ok(None));
-        headers.insert(IDEMPOTENCY_KEY, HeaderValue::from_static("\"k-1\""));
-        assert_eq!(key_of(&headers), Ok(Some(b"k-1".to_vec())));
-        headers.insert(IDEMPOTENCY_KEY, HeaderValue::from_static("k-1"));
-        assert_eq!(key_of(&headers), Ok(Some(b"k-1".to_vec())));
-        headers.insert(IDEMPOTENCY_KEY, HeaderValue::from_static("\"\""));
-        assert!(key_of(&headers).unwrap_err().contains("empty"));
-        let long = HeaderValue::from_str(&"k".repeat(256)).unwrap();
-        headers.insert(IDEMPOTENCY_KEY, long);
-        let error = key_of(&headers).unwrap_err();
-        assert!(
-            error.contains("256 bytes") && error.contains("255"),
-            "{error}"
-        );
-        headers.insert(IDEMPOTENCY_KEY, HeaderValue::from_static("a"));
-        headers.append(IDEMPOTENCY_KEY, HeaderValue::from_static("b"));
-        assert!(key_of(&headers).unwrap_err().contains("one"));
+/// A refusal as an RFC 9457 problem with its status and headers: `Retry-After` in whole
+/// seconds (at least 1) when the guard gave a delay, `WWW-Authenticate` with a 401,
+/// `Connection: close` with a body too large (the rest of it is not read).
+fn answer<RB>(o: &Options, refused: Refused) -> Response<IdempotencyBody<RB>> {
+    let status = status_of(o, refused.refusal);
+    let mut response = problem(
+        &o.problem_base,
+        refused.refusal,
+        status,
+        &refused.detail,
+        refused.limit,
+    );
+    let headers = response.headers_mut();
+    if let Some(delay) = refused.retry_after {
+        let secs = delay.as_secs_f64().ceil().max(1.0);
+        headers.insert(header::RETRY_AFTER, HeaderValue::from(secs as u64));
     }
-
-    #[test]
-    fn long_parts_are_replaced_by_their_digest() {
-        let short = b"POST /orders".to_vec();
-        assert_eq!(bounded(short.clone()), short);
-        let a = bounded(vec![b'a'; 300]);
-        let b = bounded([vec![b'a'; 299], vec![b'b']].concat());
-        assert_eq!((a.len(), a[0]), (65, b'#'));
-        assert_ne!(a, b, "distinct long parts stay distinct");
-        assert!(Key::new(&a, "op", "id").is_ok());
+    match refused.refusal {
+        Refusal::NoScope => {
+            headers.insert(header::WWW_AUTHENTICATE, o.challenge.clone());
+        }
+        Refusal::BodyTooLarge => {
+            headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        _ => {}
     }
+    response.map(Either::Left)
 }

@@ -30,6 +30,11 @@ impl<R: Reservations + 'static> ReleaseGuard<R> {
         }
     }
 
+    /// The store the lease is held in.
+    pub(crate) fn store(&self) -> &R {
+        &self.store
+    }
+
     /// The lease held.
     pub(crate) fn lease(&self) -> &Lease {
         self.lease

@@ -1,0 +1,88 @@
+//! [`Running`]: a request whose key this process holds while its handler runs.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use crate::guard::heartbeat;
+use crate::guard::release::ReleaseGuard;
+use crate::{Error, Lease, Reservations};
+
+/// Why a running request's key is released rather than completed; see [`Running::release`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Release {
+    /// The handler answered, but with a response the adapter does not store (a 5xx by
+    /// default): worth retrying, so a retry runs the handler again.
+    NotStored,
+    /// The handler failed (an error instead of a response, a response body that broke).
+    Failed,
+}
+
+/// The key of one request, acquired by this process: run the handler under
+/// [`work`](Running::work), then [`complete`](Running::complete) with the response to store,
+/// or [`release`](Running::release) the key so a retry runs the handler again.
+///
+/// Dropping it before either (the client went away and the server dropped the request's
+/// future, or the handler panicked) releases the key on the tokio runtime it is dropped on, so
+/// a retry runs the handler at once; with no runtime (or a process that died) the store's lease
+/// is the backstop: the key goes stale when it runs out and the next request takes it over.
+pub struct Running<R: Reservations + 'static> {
+    guard: ReleaseGuard<R>,
+}
+
+impl<R: Reservations + 'static> Running<R> {
+    pub(crate) fn new(store: Arc<R>, lease: Lease) -> Running<R> {
+        Running {
+            guard: ReleaseGuard::new(store, lease),
+        }
+    }
+
+    /// The lease this request holds (its token, attempt, and whether it is a retry of a
+    /// request whose lease ran out: [`Lease::is_retry`]).
+    pub fn lease(&self) -> &Lease {
+        self.guard.lease()
+    }
+
+    /// Runs `work` (the handler) to completion; meanwhile, every third of the lease, renews it
+    /// with [`Reservations::extend`], so a handler that runs longer than the store's lease is
+    /// not taken over by a duplicate. A failed renewal stops the renewals, not the work.
+    ///
+    /// The timer is tokio's: the runtime must have timers enabled.
+    pub async fn work<F: Future>(&self, work: F) -> F::Output {
+        heartbeat::while_running(self.guard.store(), self.guard.lease(), work).await
+    }
+
+    /// Stores `result` as the key's response: every duplicate from now on gets it.
+    ///
+    /// # Errors
+    /// The store's error when the result is not stored (over the store's
+    /// [`max_result_len`](crate::Builder::max_result_len), the lease was lost, the store
+    /// failed); the key is then released, so a retry runs the handler again, and the client of
+    /// this request should still get its answer.
+    pub async fn complete(self, result: Vec<u8>) -> Result<(), Error> {
+        match self
+            .guard
+            .store()
+            .complete(self.guard.lease(), result)
+            .await
+        {
+            Ok(()) => {
+                self.guard.disarm();
+                Ok(())
+            }
+            Err(error) => {
+                #[cfg(feature = "tracing")]
+                tracing::warn!(%error, "response not stored; the key is released");
+                self.guard.release().await;
+                Err(error)
+            }
+        }
+    }
+
+    /// Releases the key now (if this lease still holds it pending): a retry runs the handler
+    /// again.
+    pub async fn release(self, why: Release) {
+        let _ = why;
+        self.guard.release().await;
+    }
+}

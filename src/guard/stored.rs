@@ -1,0 +1,150 @@
+//! [`StoredResponse`]: the stored form of a response, what
+//! [`complete`](crate::Reservations::complete) keeps and a duplicate gets back. Framework
+//! neutral (status, header names and values as bytes), so that every adapter over the same
+//! store reads what another wrote.
+
+/// Version byte of the layout written by [`StoredResponse::encode`].
+const FORMAT: u8 = 1;
+
+/// A response as stored: its status, the headers chosen to be replayed, and its body.
+///
+/// ```
+/// use idemstore::guard::StoredResponse;
+///
+/// let response = StoredResponse {
+///     status: 201,
+///     headers: vec![("location".into(), b"/orders/7".to_vec())],
+///     body: b"created".to_vec(),
+/// };
+/// let bytes = response.encode();
+/// assert_eq!(StoredResponse::decode(&bytes), Some(response));
+/// assert_eq!(StoredResponse::decode(b"not a response"), None);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredResponse {
+    /// The status code (HTTP, or the code an adapter maps its own status to).
+    pub status: u16,
+    /// Header names (lowercase) and values, in order; a name may repeat.
+    pub headers: Vec<(String, Vec<u8>)>,
+    /// The body, as sent.
+    pub body: Vec<u8>,
+}
+
+impl StoredResponse {
+    /// Encodes the response as a key's stored result. All integers are little-endian:
+    ///
+    /// | bytes | field |
+    /// |---|---|
+    /// | 1 | format version, 1 |
+    /// | 2 | status code |
+    /// | 1 | number of headers, n |
+    /// | n × (1 + name + 2 + value) | each header: name length, name (lowercase), value length, value |
+    /// | rest | the body, as sent |
+    ///
+    /// At most 255 headers are stored; a header whose name is over 255 bytes or whose value is
+    /// over 65535 bytes is left out.
+    pub fn encode(&self) -> Vec<u8> {
+        encode(
+            self.status,
+            self.headers.iter().map(|(n, v)| (n.as_str(), &v[..])),
+            &self.body,
+        )
+    }
+
+    /// Decodes [`encode`](Self::encode)'s bytes; `None` when they are not in that layout (a
+    /// cut or damaged result is refused whole, never returned in part).
+    pub fn decode(bytes: &[u8]) -> Option<StoredResponse> {
+        fn take<'a>(rest: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
+            let (head, tail) = rest.split_at_checked(n)?;
+            *rest = tail;
+            Some(head)
+        }
+        let mut rest = bytes;
+        if take(&mut rest, 1)? != [FORMAT] {
+            return None;
+        }
+        let status = u16::from_le_bytes(take(&mut rest, 2)?.try_into().ok()?);
+        if !(100..=999).contains(&status) {
+            return None;
+        }
+        let count = take(&mut rest, 1)?[0];
+        let mut headers = Vec::with_capacity(usize::from(count));
+        for _ in 0..count {
+            let name_len = usize::from(take(&mut rest, 1)?[0]);
+            let name = std::str::from_utf8(take(&mut rest, name_len)?).ok()?;
+            if name.is_empty() {
+                return None;
+            }
+            let value_len = usize::from(u16::from_le_bytes(take(&mut rest, 2)?.try_into().ok()?));
+            let value = take(&mut rest, value_len)?;
+            headers.push((name.to_owned(), value.to_vec()));
+        }
+        Some(StoredResponse {
+            status,
+            headers,
+            body: rest.to_vec(),
+        })
+    }
+}
+
+/// [`StoredResponse::encode`] from borrowed parts, so an adapter need not copy the body first.
+pub(crate) fn encode<'a>(
+    status: u16,
+    headers: impl IntoIterator<Item = (&'a str, &'a [u8])>,
+    body: &[u8],
+) -> Vec<u8> {
+    let chosen: Vec<(&str, &[u8])> = headers
+        .into_iter()
+        .filter(|(name, value)| name.len() <= 255 && value.len() <= usize::from(u16::MAX))
+        .take(255)
+        .collect();
+    let mut out = Vec::with_capacity(4 + body.len());
+    out.push(FORMAT);
+    out.extend_from_slice(&status.to_le_bytes());
+    out.push(chosen.len() as u8);
+    for (name, value) in chosen {
+        out.push(name.len() as u8);
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(&(value.len() as u16).to_le_bytes());
+        out.extend_from_slice(value);
+    }
+    out.extend_from_slice(body);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_and_refuses_garbage() {
+        let headers = [
+            ("location", &b"/orders/7"[..]),
+            ("set-cookie", b"a=1"),
+            ("set-cookie", b"b=2"),
+        ];
+        let bytes = encode(201, headers, b"\0body\xff");
+        let stored = StoredResponse::decode(&bytes).expect("decodes");
+        assert_eq!(stored.status, 201);
+        let owned: Vec<(String, Vec<u8>)> = headers
+            .iter()
+            .map(|(n, v)| (n.to_string(), v.to_vec()))
+            .collect();
+        assert_eq!(stored.headers, owned);
+        assert_eq!(&stored.body[..], b"\0body\xff");
+        assert_eq!(stored.encode(), bytes);
+        for len in 0..bytes.len() - 6 {
+            // Cut inside the header block: refused, never a partial response.
+            assert!(StoredResponse::decode(&bytes[..len]).is_none(), "{len}");
+        }
+        assert!(
+            StoredResponse::decode(b"\x02\xc9\x00\x00").is_none(),
+            "unknown version"
+        );
+        assert!(
+            StoredResponse::decode(b"\x01\x00\x00\x00").is_none(),
+            "status 0"
+        );
+    }
+}

@@ -13,6 +13,8 @@ mod expire;
 mod features;
 #[cfg(feature = "http")]
 mod http;
+#[cfg(feature = "http")]
+mod http_knobs;
 mod kill;
 #[cfg(feature = "cli")]
 mod live;

@@ -29,6 +29,28 @@
 //! guard needs a tokio runtime with timers (the lease renewal and the release on drop run on
 //! it).
 //!
+//! # Options every adapter shares
+//! - [`Guard::wait_for_first`]: a duplicate of a request this guard is running waits for its
+//!   answer instead of being refused (off by default).
+//! - [`Guard::max_stored_response`]: a response body over it, or of unknown length (a stream),
+//!   is streamed to its client and not stored; the key is completed with a marker answered
+//!   by [`Refusal::ResponseNotStored`]. Adapters ask [`Guard::stores_body`].
+//! - [`Guard::max_retry_after`]: the longest retry delay given with
+//!   [`Refusal::InProgress`].
+//!
+//! # Metrics
+//! With the `metrics` feature, the guard counts what it decides on the `metrics` facade
+//! (the application installs the exporter):
+//!
+//! | counter | counts |
+//! |---|---|
+//! | `idemstore_guard_replays_total` | duplicates answered with the stored response (also after waiting) |
+//! | `idemstore_guard_waits_total` | duplicates that waited for the first request |
+//! | `idemstore_guard_in_progress_total` | duplicates refused because the first still runs (HTTP 409) |
+//! | `idemstore_guard_mismatches_total` | keys reused with another request (HTTP 422) |
+//! | `idemstore_guard_released_total` | keys released: label `reason="not_stored"` when the response was not worth storing (a 5xx by default), `reason="failed"` when the handler failed |
+//! | `idemstore_guard_not_stored_total` | responses streamed and not stored, their key completed with a marker |
+//!
 //! ```
 //! use std::sync::Arc;
 //!
@@ -75,16 +97,22 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod events;
 mod heartbeat;
 mod key;
 mod refusal;
 mod release;
 mod running;
 mod stored;
+mod waiting;
 
 use std::fmt;
+use std::pin::pin;
 use std::sync::Arc;
 use std::time::Duration;
+
+use events::{count, Event};
+use waiting::Runs;
 
 pub use key::{client_key, request_key};
 pub use refusal::{Refusal, Refused};
@@ -96,11 +124,16 @@ use crate::{Fingerprint, Key, Reservation, Reservations};
 
 /// Default for [`Guard::max_retry_after`]: 1 s.
 pub const DEFAULT_MAX_RETRY_AFTER: Duration = Duration::from_secs(1);
+/// Default for [`Guard::max_stored_response`]: 1 MiB, the store's default
+/// [`max_result_len`](crate::Builder::max_result_len).
+pub const DEFAULT_MAX_STORED_RESPONSE: usize = crate::DEFAULT_MAX_RESULT_LEN;
 
 /// What the guard reads on every request. Cloned only while it is configured.
 #[derive(Debug, Clone)]
 struct Options {
     max_retry_after: Duration,
+    wait_for_first: Duration,
+    max_stored_response: usize,
 }
 
 /// The framework-neutral guard over a [`Reservations`] backend: see the [module docs](self).
@@ -108,6 +141,8 @@ struct Options {
 pub struct Guard<R> {
     store: Arc<R>,
     options: Arc<Options>,
+    /// The keys this guard's requests are running, for the duplicates that wait.
+    runs: Arc<Runs>,
 }
 
 impl<R> Clone for Guard<R> {
@@ -115,14 +150,18 @@ impl<R> Clone for Guard<R> {
         Guard {
             store: Arc::clone(&self.store),
             options: Arc::clone(&self.options),
+            runs: Arc::clone(&self.runs),
         }
     }
 }
 
 impl<R> fmt::Debug for Guard<R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let o = &self.options;
         f.debug_struct("Guard")
-            .field("max_retry_after", &self.options.max_retry_after)
+            .field("max_retry_after", &o.max_retry_after)
+            .field("wait_for_first", &o.wait_for_first)
+            .field("max_stored_response", &o.max_stored_response)
             .finish_non_exhaustive()
     }
 }
@@ -156,7 +195,10 @@ impl<R: Reservations + 'static> Guard<R> {
             store,
             options: Arc::new(Options {
                 max_retry_after: DEFAULT_MAX_RETRY_AFTER,
+                wait_for_first: Duration::ZERO,
+                max_stored_response: DEFAULT_MAX_STORED_RESPONSE,
             }),
+            runs: Arc::default(),
         }
     }
 
@@ -178,6 +220,65 @@ impl<R: Reservations + 'static> Guard<R> {
         self.with(|o| o.max_retry_after = max)
     }
 
+    /// How long a duplicate of a request this guard is running waits for that request's
+    /// answer: when the first completes within `max`, the duplicate gets its stored response
+    /// ([`Begin::Replay`]); when the first's key is released (a server error, a panic), the
+    /// duplicate takes the key and runs ([`Begin::Run`]); after `max`, it is refused with
+    /// [`Refusal::InProgress`] as without waiting. `Duration::ZERO` turns waiting off.
+    ///
+    /// The wait needs no polling: the running request wakes its waiters once its key is
+    /// completed or released. Only requests of this guard (the same layer, any clone) are
+    /// waited for; a key held by another process (a cluster backend, or a process that
+    /// died) is refused at once, since nothing here would wake the waiter.
+    ///
+    /// Default: off. The IETF draft answers a concurrent duplicate with 409 and its clients
+    /// retry on it; a waiting duplicate holds its connection and a task for up to `max`, so
+    /// a burst of duplicates of slow requests could tie up a server that never opted in.
+    /// Turn it on (a few seconds, about the handler's usual time) when clients cannot retry
+    /// a 409 well, e.g. browsers and webhooks.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    /// use idemstore::guard::Guard;
+    /// use idemstore::Store;
+    ///
+    /// # let dir = tempfile::tempdir()?;
+    /// let store = Arc::new(Store::open(dir.path().join("api.idem"))?);
+    /// let guard = Guard::new(store).wait_for_first(Duration::from_secs(5));
+    /// # let _ = guard;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn wait_for_first(self, max: Duration) -> Self {
+        self.with(|o| o.wait_for_first = max)
+    }
+
+    /// The largest response body stored and replayed, in bytes. An adapter asks
+    /// [`stores_body`](Self::stores_body) when the handler's response arrives: a body over
+    /// the limit, or a body whose length is not known yet (a stream, such as server-sent
+    /// events), is passed to the client as it comes, with bounded memory, and not stored.
+    ///
+    /// The key of such a response is completed with a marker
+    /// ([`Running::complete_not_stored`]) when its status would have been stored: the
+    /// handler's work is done and must not run again, so a duplicate gets
+    /// [`Refusal::ResponseNotStored`] (HTTP 410) naming the first response's status. A
+    /// response whose status is not stored (a 5xx) is released as usual.
+    ///
+    /// Keep it at most the store's [`max_result_len`](crate::Builder::max_result_len): a
+    /// body between the two is read whole, refused by the store, and its key released.
+    ///
+    /// Default: [`DEFAULT_MAX_STORED_RESPONSE`], 1 MiB.
+    pub fn max_stored_response(self, bytes: usize) -> Self {
+        self.with(|o| o.max_stored_response = bytes)
+    }
+
+    /// Whether a response body of this length (`None`: not known when the handler answers,
+    /// a stream) is read whole and stored (`true`), or streamed and not stored (`false`);
+    /// see [`max_stored_response`](Self::max_stored_response).
+    pub fn stores_body(&self, len: Option<u64>) -> bool {
+        len.is_some_and(|len| len <= self.options.max_stored_response as u64)
+    }
+
     /// Reserves `key` for a request with this fingerprint and says what to do with the
     /// request; see [`Begin`]. The key is durable before [`Begin::Run`] is returned, and only
     /// one caller at a time gets it ([`Reservations::reserve`]).
@@ -186,31 +287,87 @@ impl<R: Reservations + 'static> Guard<R> {
     /// |---|---|
     /// | acquired (new, or taken over after its lease ran out) | `Run` |
     /// | completed | `Replay` with the stored bytes |
-    /// | in progress | `Refuse`, [`Refusal::InProgress`], `retry_after` the lease left, at most [`max_retry_after`](Self::max_retry_after) |
+    /// | completed with a marker ([`Running::complete_not_stored`]) | `Refuse`, [`Refusal::ResponseNotStored`] |
+    /// | in progress | with [`wait_for_first`](Self::wait_for_first) on and the first running here: the answer once it is done; else `Refuse`, [`Refusal::InProgress`], `retry_after` the lease left, at most [`max_retry_after`](Self::max_retry_after) |
     /// | another fingerprint | `Refuse`, [`Refusal::KeyReused`] (also while the first runs) |
     /// | parked for review | `Refuse`, [`Refusal::UnderReview`] |
     /// | an error | `Refuse`, [`Refusal::StoreUnavailable`]; the error goes to the logs (feature `tracing`), never to the client |
     pub async fn begin(&self, key: &Key, fingerprint: Fingerprint) -> Begin<R> {
-        let reservation = match self.store.reserve(key, fingerprint).await {
-            Ok(reservation) => reservation,
-            Err(_error) => {
-                #[cfg(feature = "tracing")]
-                tracing::warn!(error = %_error, "idempotency store failed");
-                return Begin::Refuse(Refused::new(Refusal::StoreUnavailable));
+        let wait = self.options.wait_for_first;
+        let deadline = tokio::time::Instant::now() + wait;
+        let mut waited = false;
+        loop {
+            let reservation = match self.store.reserve(key, fingerprint).await {
+                Ok(reservation) => reservation,
+                Err(_error) => {
+                    #[cfg(feature = "tracing")]
+                    tracing::warn!(error = %_error, "idempotency store failed");
+                    return Begin::Refuse(Refused::new(Refusal::StoreUnavailable));
+                }
+            };
+            let retry_after = match reservation {
+                Reservation::InProgress { retry_after, .. } => retry_after,
+                other => return self.decided(key, other),
+            };
+            let now = tokio::time::Instant::now();
+            let running = (!wait.is_zero() && now < deadline)
+                .then(|| self.runs.running(key))
+                .flatten();
+            let Some(notify) = running else {
+                count(Event::InProgress);
+                let mut refused = Refused::new(Refusal::InProgress);
+                refused.retry_after = Some(retry_after.min(self.options.max_retry_after));
+                return Begin::Refuse(refused);
+            };
+            // Registered before the key is read again, so a completion in between wakes it.
+            let mut notified = pin!(notify.notified());
+            notified.as_mut().enable();
+            match self.store.reserve(key, fingerprint).await {
+                Ok(Reservation::InProgress { .. }) => {}
+                // Done meanwhile (or failed): answer from the top.
+                _ => continue,
             }
-        };
+            if !waited {
+                waited = true;
+                count(Event::Wait);
+            }
+            // At the latest when the holder's lease runs out (then it can be taken over).
+            let until = deadline.min(now + retry_after + Duration::from_millis(1));
+            let _ = tokio::time::timeout_at(until, notified).await;
+        }
+    }
+
+    /// The answer to a reservation that is not in progress.
+    fn decided(&self, key: &Key, reservation: Reservation) -> Begin<R> {
         match reservation {
             Reservation::Acquired(lease) => {
-                Begin::Run(Running::new(Arc::clone(&self.store), lease))
+                let watch = (!self.options.wait_for_first.is_zero()).then(|| self.runs.start(key));
+                Begin::Run(Running::new(Arc::clone(&self.store), lease, watch))
             }
-            Reservation::Completed(done) => Begin::Replay(done.result),
+            Reservation::Completed(done) => match stored::not_stored_status(&done.result) {
+                Some(status) => {
+                    let detail = format!(
+                        "the response to the first request with this key (status {status}) was \
+                         streamed to its client and not stored; it cannot be replayed"
+                    );
+                    Begin::Refuse(Refused::with_detail(Refusal::ResponseNotStored, detail))
+                }
+                None => {
+                    count(Event::Replay);
+                    Begin::Replay(done.result)
+                }
+            },
+            Reservation::Mismatch => {
+                count(Event::Mismatch);
+                Begin::Refuse(Refused::new(Refusal::KeyReused))
+            }
+            Reservation::NeedsReview { .. } => Begin::Refuse(Refused::new(Refusal::UnderReview)),
             Reservation::InProgress { retry_after, .. } => {
+                count(Event::InProgress);
                 let mut refused = Refused::new(Refusal::InProgress);
                 refused.retry_after = Some(retry_after.min(self.options.max_retry_after));
                 Begin::Refuse(refused)
             }
-            Reservation::Mismatch => Begin::Refuse(Refused::new(Refusal::KeyReused)),
-            Reservation::NeedsReview { .. } => Begin::Refuse(Refused::new(Refusal::UnderReview)),
         }
     }
 }

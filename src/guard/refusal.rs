@@ -37,6 +37,12 @@ pub enum Refusal {
     /// The handler's response body failed while it was read for storing (500); the key is
     /// released.
     ResponseUnreadable,
+    /// The first request with this key was answered, but its response was streamed to its
+    /// client and not stored (a body of unknown length, or over
+    /// [`max_stored_response`](crate::guard::Guard::max_stored_response)), so it cannot be
+    /// replayed (410 Gone: the work is done, retrying will not bring the response back). The
+    /// detail names the first response's status.
+    ResponseNotStored,
 }
 
 impl Refusal {
@@ -54,6 +60,7 @@ impl Refusal {
             Refusal::StoreUnavailable => "store-unavailable",
             Refusal::StoredResponseUnreadable => "stored-response-unreadable",
             Refusal::ResponseUnreadable => "response-unreadable",
+            Refusal::ResponseNotStored => "response-not-stored",
         }
     }
 
@@ -71,6 +78,7 @@ impl Refusal {
             Refusal::StoreUnavailable => "Idempotency store unavailable",
             Refusal::StoredResponseUnreadable => "Stored response unreadable",
             Refusal::ResponseUnreadable => "Response unreadable",
+            Refusal::ResponseNotStored => "The response for this Idempotency-Key was not stored",
         }
     }
 
@@ -101,6 +109,10 @@ impl Refusal {
             Refusal::StoreUnavailable => "the idempotency store failed; retry later",
             Refusal::StoredResponseUnreadable => "the stored response for this key does not decode",
             Refusal::ResponseUnreadable => "the handler's response body failed while it was read",
+            Refusal::ResponseNotStored => {
+                "the response to the first request with this key was streamed and not stored; \
+                 it cannot be replayed"
+            }
         }
     }
 }

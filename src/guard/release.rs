@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use crate::guard::waiting::Watch;
 use crate::{Lease, Reservations};
 
 /// Holds the lease of a request whose handler runs. Unless [`disarm`](Self::disarm)ed after the
@@ -20,6 +21,8 @@ use crate::{Lease, Reservations};
 pub(crate) struct ReleaseGuard<R: Reservations + 'static> {
     store: Arc<R>,
     lease: Option<Lease>,
+    /// Wakes the duplicates waiting for this request once the key is completed or released.
+    watch: Option<Watch>,
 }
 
 impl<R: Reservations + 'static> ReleaseGuard<R> {
@@ -27,7 +30,14 @@ impl<R: Reservations + 'static> ReleaseGuard<R> {
         ReleaseGuard {
             store,
             lease: Some(lease),
+            watch: None,
         }
+    }
+
+    /// Wakes `watch`'s waiters when the key is completed or released.
+    pub(crate) fn watched(mut self, watch: Option<Watch>) -> ReleaseGuard<R> {
+        self.watch = watch;
+        self
     }
 
     /// The store the lease is held in.
@@ -45,6 +55,9 @@ impl<R: Reservations + 'static> ReleaseGuard<R> {
     /// The response was stored: nothing left to release.
     pub(crate) fn disarm(mut self) {
         self.lease = None;
+        if let Some(watch) = self.watch.take() {
+            watch.finish();
+        }
     }
 
     /// Releases the key now. The lease stays held while the release runs, so if this future
@@ -54,18 +67,30 @@ impl<R: Reservations + 'static> ReleaseGuard<R> {
             let result = self.store.release_if_pending(lease).await;
             self.lease = None;
             report(result);
+            if let Some(watch) = self.watch.take() {
+                watch.finish();
+            }
         }
     }
 }
 
 impl<R: Reservations + 'static> Drop for ReleaseGuard<R> {
     fn drop(&mut self) {
+        let watch = self.watch.take();
         let Some(lease) = self.lease.take() else {
             return;
         };
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             let store = Arc::clone(&self.store);
-            runtime.spawn(async move { report(store.release_if_pending(&lease).await) });
+            runtime.spawn(async move {
+                report(store.release_if_pending(&lease).await);
+                if let Some(watch) = watch {
+                    watch.finish();
+                }
+            });
+        } else if let Some(watch) = watch {
+            // No release: the waiters find the key pending and stop waiting (409).
+            watch.finish();
         }
     }
 }

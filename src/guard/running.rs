@@ -3,8 +3,11 @@
 use std::future::Future;
 use std::sync::Arc;
 
+use crate::guard::events::{count, Event};
 use crate::guard::heartbeat;
 use crate::guard::release::ReleaseGuard;
+use crate::guard::stored;
+use crate::guard::waiting::Watch;
 use crate::{Error, Lease, Reservations};
 
 /// Why a running request's key is released rather than completed; see [`Running::release`].
@@ -31,9 +34,9 @@ pub struct Running<R: Reservations + 'static> {
 }
 
 impl<R: Reservations + 'static> Running<R> {
-    pub(crate) fn new(store: Arc<R>, lease: Lease) -> Running<R> {
+    pub(crate) fn new(store: Arc<R>, lease: Lease, watch: Option<Watch>) -> Running<R> {
         Running {
-            guard: ReleaseGuard::new(store, lease),
+            guard: ReleaseGuard::new(store, lease).watched(watch),
         }
     }
 
@@ -82,7 +85,25 @@ impl<R: Reservations + 'static> Running<R> {
     /// Releases the key now (if this lease still holds it pending): a retry runs the handler
     /// again.
     pub async fn release(self, why: Release) {
-        let _ = why;
+        count(match why {
+            Release::NotStored => Event::ReleasedNotStored,
+            Release::Failed => Event::ReleasedFailed,
+        });
         self.guard.release().await;
+    }
+
+    /// Completes the key with a marker instead of the response: the response (with this
+    /// status) was sent to its client but not stored, because it streams or is over
+    /// [`Guard::max_stored_response`](crate::guard::Guard::max_stored_response). The handler's
+    /// work is done, so it must not run again for this key; every duplicate gets
+    /// [`Refusal::ResponseNotStored`](crate::guard::Refusal::ResponseNotStored) naming the
+    /// status, until the key expires (or is deleted with
+    /// [`Store::expire`](crate::Store::expire)).
+    ///
+    /// # Errors
+    /// As for [`complete`](Self::complete); the key is then released.
+    pub async fn complete_not_stored(self, status: u16) -> Result<(), Error> {
+        count(Event::NotStored);
+        self.complete(stored::not_stored(status)).await
     }
 }

@@ -5,6 +5,25 @@
 
 /// Version byte of the layout written by [`StoredResponse::encode`].
 const FORMAT: u8 = 1;
+/// First byte of the marker stored for a response that was not stored (streamed, or over
+/// [`Guard::max_stored_response`](crate::guard::Guard::max_stored_response)): `2`, then the
+/// response's status (2 bytes, little-endian). Never a valid [`StoredResponse`].
+const NOT_STORED: u8 = 2;
+
+/// The marker of a response with this status that was sent but not stored.
+pub(crate) fn not_stored(status: u16) -> Vec<u8> {
+    let mut out = vec![NOT_STORED];
+    out.extend_from_slice(&status.to_le_bytes());
+    out
+}
+
+/// The status of a [`not_stored`] marker; `None` for anything else.
+pub(crate) fn not_stored_status(bytes: &[u8]) -> Option<u16> {
+    match bytes {
+        [NOT_STORED, low, high] => Some(u16::from_le_bytes([*low, *high])),
+        _ => None,
+    }
+}
 
 /// A response as stored: its status, the headers chosen to be replayed, and its body.
 ///
@@ -146,5 +165,12 @@ mod tests {
             StoredResponse::decode(b"\x01\x00\x00\x00").is_none(),
             "status 0"
         );
+        let marker = not_stored(200);
+        assert_eq!(not_stored_status(&marker), Some(200));
+        assert!(
+            StoredResponse::decode(&marker).is_none(),
+            "a marker is no response"
+        );
+        assert_eq!(not_stored_status(&bytes), None);
     }
 }

@@ -4,13 +4,14 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use http::request::Parts;
-use http::{header, HeaderName, HeaderValue, Method, StatusCode};
+use http::{header, HeaderName, HeaderValue, Method, Response, StatusCode};
 
 use crate::guard::Guard;
 pub use crate::guard::DEFAULT_MAX_RETRY_AFTER;
 use crate::http::service::Idempotency;
-use crate::Reservations;
+use crate::{Fingerprint, Reservations};
 
 /// Default for [`IdempotencyLayer::max_body`]: 1 MiB.
 pub const DEFAULT_MAX_BODY: usize = 1 << 20;
@@ -21,6 +22,10 @@ pub const DEFAULT_PROBLEM_BASE: &str = "https://docs.rs/idemstore/latest/idemsto
 pub(crate) type ScopeFn = dyn Fn(&Parts) -> Option<Vec<u8>> + Send + Sync;
 /// Says which response statuses are stored; see [`IdempotencyLayer::store_status`].
 pub(crate) type StatusFn = dyn Fn(StatusCode) -> bool + Send + Sync;
+/// Takes a request's fingerprint; see [`IdempotencyLayer::fingerprint`].
+pub(crate) type FingerprintFn = dyn Fn(&Parts, &Bytes) -> Fingerprint + Send + Sync;
+/// Adjusts a replayed response; see [`IdempotencyLayer::on_replay`].
+pub(crate) type ReplayFn = dyn Fn(&Parts, &mut Response<Bytes>) + Send + Sync;
 
 /// What the service reads on every request. Cloned only while the layer is configured.
 #[derive(Clone)]
@@ -34,6 +39,8 @@ pub(crate) struct Options {
     pub(crate) body_too_large: StatusCode,
     pub(crate) problem_base: String,
     pub(crate) challenge: HeaderValue,
+    pub(crate) fingerprint: Arc<FingerprintFn>,
+    pub(crate) on_replay: Option<Arc<ReplayFn>>,
 }
 
 /// A tower [`Layer`](tower::Layer) that makes the requests it guards idempotent by their
@@ -104,6 +111,11 @@ impl<R: Reservations + 'static> IdempotencyLayer<R> {
                 body_too_large: StatusCode::PAYLOAD_TOO_LARGE,
                 problem_base: DEFAULT_PROBLEM_BASE.to_owned(),
                 challenge: HeaderValue::from_static("Bearer"),
+                fingerprint: Arc::new(|request: &Parts, body: &Bytes| {
+                    let query = request.uri.query().unwrap_or("").as_bytes();
+                    Fingerprint::of_parts([query, &body[..]])
+                }),
+                on_replay: None,
             }),
         }
     }
@@ -200,6 +212,117 @@ impl<R: Reservations + 'static> IdempotencyLayer<R> {
     /// Default: `Bearer`.
     pub fn challenge(self, challenge: HeaderValue) -> Self {
         self.with(|o| o.challenge = challenge)
+    }
+
+    /// How long a duplicate of a request this layer is running waits for the first one's
+    /// response, which it then replays; after `max` it gets 409 as without waiting. A
+    /// duplicate of a request whose key is released meanwhile (a 5xx, a panic) runs the
+    /// handler itself. `Duration::ZERO` turns waiting off.
+    ///
+    /// Default: off, the IETF draft's 409; see [`Guard::wait_for_first`](crate::guard::Guard::wait_for_first)
+    /// for why, and for what is (and is not) waited for.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::time::Duration;
+    /// use idemstore::http::IdempotencyLayer;
+    /// use idemstore::Store;
+    ///
+    /// # let dir = tempfile::tempdir()?;
+    /// let store = Arc::new(Store::open(dir.path().join("api.idem"))?);
+    /// let layer = IdempotencyLayer::new(store).wait_for_first(Duration::from_secs(5));
+    /// # let _ = layer;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn wait_for_first(mut self, max: Duration) -> Self {
+        self.guard = self.guard.wait_for_first(max);
+        self
+    }
+
+    /// The largest response body stored and replayed, in bytes. A response whose body is
+    /// over it, or whose length is not known when the handler returns (a stream built with
+    /// `Body::from_stream`, server-sent events), is passed to the client as it comes and not
+    /// stored: the layer never holds more of it than the server does. Its key is completed
+    /// with a marker (unless its status is not stored, a 5xx: then released), and a duplicate
+    /// gets 410 Gone ([`Refusal::ResponseNotStored`](crate::http::Refusal::ResponseNotStored))
+    /// naming the first response's status: the work is done and is not run again.
+    ///
+    /// Responses with a known length (axum's `String`, `Json`, `Vec<u8>` and `Bytes` bodies)
+    /// up to the limit are read whole, stored and replayed. A compression layer inside this
+    /// one makes lengths unknown; add it outside.
+    ///
+    /// Default: [`DEFAULT_MAX_STORED_RESPONSE`](crate::guard::DEFAULT_MAX_STORED_RESPONSE),
+    /// 1 MiB, the store's default [`max_result_len`](crate::Builder::max_result_len); keep it
+    /// at most the store's.
+    pub fn max_stored_response(mut self, bytes: usize) -> Self {
+        self.guard = self.guard.max_stored_response(bytes);
+        self
+    }
+
+    /// Chooses a request's fingerprint from its parts and body: what must be the same when a
+    /// key is sent again (another fingerprint gets 422). Leave out what a retry may change
+    /// (a timestamp, a trace header); include what makes it another request.
+    ///
+    /// Default: the query string and the body, `Fingerprint::of_parts([query, body])`.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use idemstore::http::IdempotencyLayer;
+    /// use idemstore::{Fingerprint, Store};
+    ///
+    /// # let dir = tempfile::tempdir()?;
+    /// let store = Arc::new(Store::open(dir.path().join("api.idem"))?);
+    /// // The body and the declared currency; the query string (tracking parameters) does
+    /// // not count.
+    /// let layer = IdempotencyLayer::new(store).fingerprint(|request, body| {
+    ///     let currency = request.headers.get("x-currency").map(|v| v.as_bytes());
+    ///     Fingerprint::of_parts([currency.unwrap_or(b""), &body[..]])
+    /// });
+    /// # let _ = layer;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn fingerprint(
+        self,
+        fingerprint: impl Fn(&Parts, &Bytes) -> Fingerprint + Send + Sync + 'static,
+    ) -> Self {
+        self.with(|o| o.fingerprint = Arc::new(fingerprint))
+    }
+
+    /// Adjusts every replayed response before it is sent: `hook` gets the duplicate request's
+    /// parts and the stored response (status, [replayed headers](Self::replay_headers), body,
+    /// and `Idempotent-Replayed: true`), and may change any of them: add a header, rewrite a
+    /// field of the body. The stored response itself is not changed.
+    ///
+    /// Default: none, the stored response as it was stored.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use axum::http::HeaderValue;
+    /// use idemstore::http::IdempotencyLayer;
+    /// use idemstore::Store;
+    ///
+    /// # let dir = tempfile::tempdir()?;
+    /// let store = Arc::new(Store::open(dir.path().join("api.idem"))?);
+    /// let layer = IdempotencyLayer::new(store).on_replay(|request, response| {
+    ///     // Echo this request's id, not the first one's.
+    ///     if let Some(id) = request.headers.get("x-request-id") {
+    ///         response.headers_mut().insert("x-request-id", id.clone());
+    ///     }
+    ///     response.headers_mut().insert("cache-control", HeaderValue::from_static("no-store"));
+    ///     // A field of a JSON body: mark the answer as a replay for clients that read it.
+    ///     let body = String::from_utf8_lossy(response.body()).into_owned();
+    ///     if let Some(rest) = body.strip_prefix('{') {
+    ///         *response.body_mut() = format!("{{\"replayed\":true,{rest}").into();
+    ///     }
+    /// });
+    /// # let _ = layer;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn on_replay(
+        self,
+        hook: impl Fn(&Parts, &mut Response<Bytes>) + Send + Sync + 'static,
+    ) -> Self {
+        self.with(|o| o.on_replay = Some(Arc::new(hook)))
     }
 }
 

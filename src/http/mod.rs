@@ -51,9 +51,10 @@
 //! | no scope found ([`scope`](IdempotencyLayer::scope) returned `None`) | 401 with `WWW-Authenticate` ([`challenge`](IdempotencyLayer::challenge), default `Bearer`) |
 //! | body over [`max_body`](IdempotencyLayer::max_body) | 413 (or [the status chosen](IdempotencyLayer::body_too_large_status)) naming the limit; the key is not reserved |
 //! | a new key | the handler runs; its response is stored if [`store_status`](IdempotencyLayer::store_status) says so (default: all but 5xx), else the key is released so a retry runs the handler again |
-//! | the same key, the first request still running | 409 with `Retry-After` (at most [`max_retry_after`](IdempotencyLayer::max_retry_after)) |
-//! | the same key, the first request done | its stored status, [chosen headers](IdempotencyLayer::replay_headers) and body, byte for byte, with `Idempotent-Replayed: true` |
-//! | the same key with another body or query string | 422, also while the first runs |
+//! | the same key, the first request still running | 409 with `Retry-After` (at most [`max_retry_after`](IdempotencyLayer::max_retry_after)); with [`wait_for_first`](IdempotencyLayer::wait_for_first), the first's response once it is stored (409 only after the wait) |
+//! | the same key, the first request done | its stored status, [chosen headers](IdempotencyLayer::replay_headers) and body, byte for byte, with `Idempotent-Replayed: true` (then [adjusted](IdempotencyLayer::on_replay) if a hook is set) |
+//! | the same key, the first response streamed and not stored ([`max_stored_response`](IdempotencyLayer::max_stored_response)) | 410 naming its status |
+//! | the same key with another body or query string ([the fingerprint](IdempotencyLayer::fingerprint)) | 422, also while the first runs |
 //! | a key parked for review ([`mark_needs_review`](crate::Store::mark_needs_review)) | 409 |
 //! | the store fails | 503 with `Retry-After: 1` |
 //!
@@ -91,10 +92,17 @@
 //! # What is buffered
 //! A guarded request's body is read (up to [`max_body`](IdempotencyLayer::max_body)) to be
 //! fingerprinted, then handed to the handler; the request body type must be buildable from
-//! `Bytes` (axum's `Body` is). A guarded handler's response body is read in full to be stored;
-//! a response larger than the store's
-//! [`max_result_len`](crate::Builder::max_result_len) is sent but not stored (the key is
-//! released). Requests that pass through are not buffered.
+//! `Bytes` (axum's `Body` is). A guarded handler's response body is read in full to be stored
+//! when its length is known and at most
+//! [`max_stored_response`](IdempotencyLayer::max_stored_response) (1 MiB by default); any
+//! other body (larger, or a stream such as server-sent events) is passed to the client as it
+//! comes and not stored, its key completed with a marker (410 to a duplicate). A response
+//! larger than the store's [`max_result_len`](crate::Builder::max_result_len) is sent but
+//! not stored (the key is released). Requests that pass through are not buffered.
+//!
+//! # Counters
+//! With the `metrics` feature, replays, waits, 409s, 422s and released keys are counted on
+//! the `metrics` facade; see [the guard's list](crate::guard#metrics).
 
 mod config;
 mod problem;

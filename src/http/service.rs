@@ -18,11 +18,12 @@ use crate::guard::{
 use crate::http::config::Options;
 use crate::http::problem::problem;
 use crate::http::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
-use crate::{Fingerprint, Reservations};
+use crate::Reservations;
 
 /// The body of every response of [`Idempotency`]: a buffered one (an answer of the layer, a
 /// replay, or a handler response that was read to be stored) or the handler's own, untouched
-/// (requests the layer lets through).
+/// (requests the layer lets through, and responses streamed without being stored, see
+/// [`max_stored_response`](crate::http::IdempotencyLayer::max_stored_response)).
 pub type IdempotencyBody<B> = Either<Full<Bytes>, B>;
 
 /// The future of [`Idempotency`]'s responses.
@@ -114,14 +115,13 @@ where
         Ok(body) => body,
         Err(refused) => return Ok(answer(&o, refused)),
     };
-    let query = parts.uri.query().unwrap_or("").as_bytes();
-    let fingerprint = Fingerprint::of_parts([query, &body[..]]);
+    let fingerprint = (o.fingerprint)(&parts, &body);
     match guard.begin(&key, fingerprint).await {
         Begin::Run(running) => {
             let request = Request::from_parts(parts, B::from(body));
-            run(inner, &o, running, request).await
+            run(inner, &guard, &o, running, request).await
         }
-        Begin::Replay(stored) => Ok(replay(&o, &stored)),
+        Begin::Replay(stored) => Ok(replay(&o, &parts, &stored)),
         Begin::Refuse(refused) => Ok(answer(&o, refused)),
     }
 }
@@ -130,6 +130,7 @@ where
 /// returns it. Dropping this future before that releases the key (see [`Running`]).
 async fn run<S, R, B, RB>(
     mut inner: S,
+    guard: &Guard<R>,
     o: &Options,
     running: Running<R>,
     request: Request<B>,
@@ -147,6 +148,17 @@ where
         }
     };
     let (parts, body) = response.into_parts();
+    if !guard.stores_body(body.size_hint().exact()) {
+        // A stream, or over the limit: passed through as it comes, never held whole.
+        if (o.store_status)(parts.status) {
+            // Completed with a marker: the work is done and must not run again. If even the
+            // marker is not stored, the key is released; this client gets its answer anyway.
+            let _ = running.complete_not_stored(parts.status.as_u16()).await;
+        } else {
+            running.release(Release::NotStored).await;
+        }
+        return Ok(Response::from_parts(parts, Either::Right(body)));
+    }
     // `ok()`: the body's error need not be `Send`, and is not kept across the release.
     let body = match body.collect().await.ok() {
         Some(body) => body.to_bytes(),
@@ -197,18 +209,21 @@ where
     }
 }
 
-/// The stored response, marked as a replay.
-fn replay<RB>(o: &Options, bytes: &[u8]) -> Response<IdempotencyBody<RB>> {
+/// The stored response, marked as a replay, then adjusted by the replay hook.
+fn replay<RB>(o: &Options, request: &Parts, bytes: &[u8]) -> Response<IdempotencyBody<RB>> {
     let Some((status, headers, body)) = StoredResponse::decode(bytes).and_then(to_http) else {
         return answer(o, Refused::new(Refusal::StoredResponseUnreadable));
     };
-    let mut response = Response::new(Either::Left(Full::new(body)));
+    let mut response = Response::new(body);
     *response.status_mut() = status;
     *response.headers_mut() = headers;
     response
         .headers_mut()
         .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
-    response
+    if let Some(hook) = &o.on_replay {
+        hook(request, &mut response);
+    }
+    response.map(|body| Either::Left(Full::new(body)))
 }
 
 /// A stored response in `http` types; `None` when a status or header does not convert.
@@ -236,6 +251,7 @@ fn status_of(o: &Options, refusal: Refusal) -> StatusCode {
         Refusal::StoredResponseUnreadable | Refusal::ResponseUnreadable => {
             StatusCode::INTERNAL_SERVER_ERROR
         }
+        Refusal::ResponseNotStored => StatusCode::GONE,
     }
 }
 

@@ -48,7 +48,8 @@
 //!   index ([`Builder::sweep_interval`], [`Store::sweep`]).
 //! - Per-record checksums: damage is reported with the key, never returned as data.
 //! - [`http::IdempotencyLayer`] (feature `http`, on by default): the `Idempotency-Key` header
-//!   for any tower HTTP service, in one `.layer(...)`, on any [`Reservations`] backend.
+//!   for any tower HTTP service, in one `.layer(...)`, on any [`Reservations`] backend; its
+//!   decisions are the framework-neutral [`guard`], for adapters to other servers.
 //! - [`Store::expire`] deletes a key now (a wrong stored response, a data-deletion request,
 //!   reprocessing on purpose); a live lease is refused unless [`Store::expire_forced`].
 //! - Retention per operation ([`Builder::retention_for`]) and per completion

@@ -502,7 +502,12 @@ async fn over_the_limit_a_response_is_sent_not_stored_and_a_failed_stream_is_rel
     let first = service.post("/big", "b-1", "").await;
     assert_eq!((first.status, first.body.len()), (StatusCode::OK, 4096));
     let again = service.post("/big", "b-1", "").await;
-    assert_eq!(again.status, StatusCode::GONE, "replayed: {}", again.replayed());
+    assert_eq!(
+        again.status,
+        StatusCode::GONE,
+        "replayed: {}",
+        again.replayed()
+    );
     assert!(again.text().contains("status 200"), "{}", again.text());
     assert_eq!(
         service.shop.runs("b-1"),

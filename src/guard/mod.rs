@@ -324,8 +324,9 @@ impl<R: Reservations + 'static> Guard<R> {
             notified.as_mut().enable();
             match self.store.reserve(key, fingerprint).await {
                 Ok(Reservation::InProgress { .. }) => {}
-                // Done meanwhile (or failed): answer from the top.
-                _ => continue,
+                // Done meanwhile: its answer (an acquisition included, never dropped).
+                Ok(other) => return self.decided(key, other),
+                Err(_) => continue,
             }
             if !waited {
                 waited = true;

@@ -640,3 +640,117 @@ fn the_counters_reach_the_metrics_facade() {
     );
     assert_eq!(counter("idemstore_guard_not_stored_total", None), Some(1));
 }
+
+/// A store whose `reserve` number `release_on` first releases `lease` (as if the first request
+/// failed at that very moment), then answers.
+struct ReleasesOnCall {
+    store: Store,
+    calls: AtomicUsize,
+    release_on: usize,
+    lease: Mutex<Option<idemstore::Lease>>,
+}
+
+impl idemstore::Reservations for ReleasesOnCall {
+    async fn reserve(
+        &self,
+        key: &idemstore::Key,
+        fingerprint: Fingerprint,
+    ) -> Result<idemstore::Reservation, idemstore::Error> {
+        let call = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
+        let lease = self.lease.lock().expect("not poisoned").clone();
+        if let (true, Some(lease)) = (call == self.release_on, lease) {
+            assert!(self.store.release_if_pending(&lease).expect("released"));
+        }
+        self.store.reserve_async(key, fingerprint).await
+    }
+    async fn reserve_many(
+        &self,
+        items: &[(idemstore::Key, Fingerprint)],
+    ) -> Result<Vec<Result<idemstore::Reservation, idemstore::Error>>, idemstore::Error> {
+        self.store.reserve_many_async(items).await
+    }
+    async fn complete(
+        &self,
+        lease: &idemstore::Lease,
+        result: Vec<u8>,
+    ) -> Result<(), idemstore::Error> {
+        self.store.complete_async(lease, result).await
+    }
+    async fn release_if_pending(&self, lease: &idemstore::Lease) -> Result<bool, idemstore::Error> {
+        self.store.release_if_pending_async(lease).await
+    }
+    async fn extend(&self, lease: &idemstore::Lease) -> Result<idemstore::Lease, idemstore::Error> {
+        self.store.extend_async(lease).await
+    }
+    async fn mark_needs_review(
+        &self,
+        lease: &idemstore::Lease,
+        note: &str,
+    ) -> Result<(), idemstore::Error> {
+        self.store.mark_needs_review_async(lease, note).await
+    }
+    async fn resolve(
+        &self,
+        key: &idemstore::Key,
+        resolution: idemstore::Resolution,
+    ) -> Result<(), idemstore::Error> {
+        self.store.resolve_async(key, resolution).await
+    }
+    async fn get(
+        &self,
+        key: &idemstore::Key,
+    ) -> Result<Option<idemstore::Record>, idemstore::Error> {
+        self.store.get(key)
+    }
+    async fn stale(
+        &self,
+        limit: usize,
+    ) -> Result<Vec<(idemstore::Key, idemstore::Record)>, idemstore::Error> {
+        self.store.stale(limit)
+    }
+    async fn sweep(&self, limit: usize) -> Result<usize, idemstore::Error> {
+        self.store.sweep(limit)
+    }
+    async fn expire(
+        &self,
+        key: &idemstore::Key,
+        live: idemstore::LiveLease,
+    ) -> Result<Option<idemstore::RecordClass>, idemstore::Error> {
+        self.store.expire_async(key, live).await
+    }
+}
+
+/// The first request's key is released just as a waiting duplicate reads it again (after it
+/// registered for the wake-up): the duplicate keeps the acquisition and runs, rather than
+/// dropping it and finding its own dropped lease pending.
+#[tokio::test(flavor = "current_thread")]
+async fn a_duplicate_that_finds_the_key_released_as_it_starts_waiting_runs() {
+    use idemstore::guard::{Begin, Guard, Release};
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let store = Store::builder()
+        .lease(Duration::from_secs(3600))
+        .open(dir.path().join("race.idem"))
+        .expect("open store");
+    // Call 1: the first request acquires. Call 2: the duplicate finds it running. Call 3: the
+    // duplicate's re-read, just after the first's key is released.
+    let backend = Arc::new(ReleasesOnCall {
+        store,
+        calls: AtomicUsize::new(0),
+        release_on: 3,
+        lease: Mutex::new(None),
+    });
+    let guard = Guard::new(Arc::clone(&backend)).wait_for_first(Duration::from_millis(300));
+    let key = idemstore::Key::new("u", "POST /orders", "r-1").expect("key");
+    let fingerprint = Fingerprint::of(b"book");
+    let Begin::Run(first) = guard.begin(&key, fingerprint).await else {
+        panic!("the first request acquires");
+    };
+    *backend.lease.lock().expect("not poisoned") = Some(first.lease().clone());
+    let answer = guard.begin(&key, fingerprint).await;
+    let Begin::Run(second) = answer else {
+        panic!("the duplicate should hold the released key, got {answer:?}");
+    };
+    assert_eq!(second.lease().key(), &key);
+    second.release(Release::Failed).await;
+    drop(first);
+}

@@ -23,7 +23,7 @@ use std::thread;
 use std::time::Duration;
 
 use idemstore::redb::TableDefinition;
-use idemstore::redb::{ReadOnlyDatabase, ReadableDatabase, ReadableTable, ReadableTableMetadata};
+use idemstore::redb::{ReadableDatabase, ReadableTable, ReadableTableMetadata};
 use idemstore::{Fingerprint, Key, Lease, Reservation, Store};
 
 /// The shop's own tables, in the store's file, written in the same transaction as completions.
@@ -189,7 +189,7 @@ fn main() -> Res<()> {
     // Close the store and read back what was really committed.
     let payments = shop.payments.load(SeqCst) as u64;
     drop(shop);
-    let db = ReadOnlyDatabase::open(&path)?;
+    let db = idemstore::open_redb_read_only(&path)?;
     let txn = db.begin_read()?;
     let orders = txn.open_table(ORDERS)?.len()?;
     let stock = txn.open_table(STOCK)?;

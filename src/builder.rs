@@ -63,6 +63,7 @@ pub struct Builder {
     pub(crate) sweep_interval: Option<Duration>,
     pub(crate) preallocate_log: bool,
     pub(crate) verify_on_open: bool,
+    pub(crate) accept_log_loss: bool,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) limits: Limits,
     /// The admin socket ([`Builder::admin_socket`]).
@@ -97,6 +98,7 @@ impl Default for Builder {
             sweep_interval: Some(DEFAULT_SWEEP_INTERVAL),
             preallocate_log: true,
             verify_on_open: false,
+            accept_log_loss: false,
             clock: Arc::new(SystemClock),
             limits: Limits::default(),
             admin_socket: AdminSocket::Off,
@@ -119,6 +121,7 @@ impl fmt::Debug for Builder {
             .field("sweep_interval", &self.sweep_interval)
             .field("preallocate_log", &self.preallocate_log)
             .field("verify_on_open", &self.verify_on_open)
+            .field("accept_log_loss", &self.accept_log_loss)
             .field("admin_socket", &self.admin_socket)
             .finish_non_exhaustive()
     }
@@ -286,6 +289,20 @@ impl Builder {
         self
     }
 
+    /// Open a store that was not closed cleanly even though its log is missing, empty,
+    /// truncated or another store's ([`Error::LostLog`] otherwise), accepting the loss of what
+    /// that log held: the operations acknowledged since the store's last checkpoint (at most
+    /// [`checkpoint_bytes`](Builder::checkpoint_bytes) of log, or
+    /// [`checkpoint_interval`](Builder::checkpoint_interval) of time). Keys completed in that
+    /// window read as absent, so their work can run again: set it for one open, after
+    /// deciding that the log cannot be put back (the `idemstore recover --accept-loss PATH`
+    /// command does exactly that). Another store's log is set aside, never deleted.
+    /// Default = `false`.
+    pub fn accept_log_loss(&mut self, accept: bool) -> &mut Self {
+        self.accept_log_loss = accept;
+        self
+    }
+
     /// The time source. Default = [`SystemClock`]; use [`ManualClock`](crate::ManualClock) in tests.
     pub fn clock(&mut self, clock: impl Clock) -> &mut Self {
         self.clock = Arc::new(clock);
@@ -325,6 +342,8 @@ impl Builder {
     /// - [`Error::NotAStore`] when `path` is a directory or another program's file (which is
     ///   left untouched);
     /// - [`Error::AlreadyOpen`] when another process or `Store` has it open;
+    /// - [`Error::LostLog`] when the store was not closed cleanly and its log is missing,
+    ///   empty, truncated or another store's (see [`Builder::accept_log_loss`]);
     /// - [`Error::Io`], [`Error::Storage`] or [`Error::Corruption`] when the file cannot be read.
     pub fn open(&self, path: impl AsRef<Path>) -> Result<Store, Error> {
         self.validate()?;

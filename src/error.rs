@@ -208,13 +208,34 @@ pub enum Error {
         /// What is wrong with the log.
         reason: String,
     },
+    /// The store was not closed cleanly and its log is missing, empty, truncated or another
+    /// store's: what the log held since the last checkpoint (acknowledged operations) would be
+    /// lost, so the store refuses to open. Put the store's own log back; or, accepting the
+    /// loss, open with [`Builder::accept_log_loss`](crate::Builder::accept_log_loss) or run
+    /// `idemstore recover --accept-loss PATH`.
+    LostLog {
+        /// The store file.
+        store: PathBuf,
+        /// The log file.
+        log: PathBuf,
+        /// What is wrong with the log.
+        reason: String,
+    },
 }
 
 impl Error {
+    /// A storage error from redb while doing `context`; a block that failed its checksum in
+    /// the page layer (`pages.rs`) is [`Error::Corruption`] naming the file and the offset.
     pub(crate) fn storage(context: &'static str, source: impl Into<redb::Error>) -> Error {
+        let source = source.into();
+        if let redb::Error::Io(e) = &source {
+            if let Some(damage) = Damage::of(e) {
+                return damage.to_error(context);
+            }
+        }
         Error::Storage {
             context,
-            source: Box::new(source.into()),
+            source: Box::new(source),
         }
     }
 
@@ -336,6 +357,17 @@ impl fmt::Display for Error {
                 log.display(),
                 store.display()
             ),
+            Error::LostLog { store, log, reason } => write!(
+                f,
+                "store {} was not closed cleanly and its log {} {reason}: the operations \
+                 acknowledged since its last checkpoint are only in its own log, so it refuses to \
+                 open. Put the store's own log back at {}; or, to accept losing them, open with \
+                 Builder::accept_log_loss(true) or run `idemstore recover --accept-loss {}`",
+                store.display(),
+                log.display(),
+                log.display(),
+                store.display()
+            ),
         }
     }
 }
@@ -354,3 +386,42 @@ impl std::error::Error for Error {
 
 /// A `Result` with idemstore's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// A damaged block of a store file, found by its checksum in the page layer
+/// (`format/pages.rs`); carried inside the `io::Error` redb returns.
+#[derive(Debug)]
+pub(crate) struct Damage {
+    /// The file, as named to the user.
+    pub(crate) file: String,
+    /// The block's offset in the file on disk.
+    pub(crate) offset: u64,
+    /// What is wrong.
+    pub(crate) reason: String,
+}
+
+impl fmt::Display for Damage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "store {} at offset {}: {}",
+            self.file, self.offset, self.reason
+        )
+    }
+}
+
+impl std::error::Error for Damage {}
+
+impl Damage {
+    /// The damage behind `error`, if it is one.
+    pub(crate) fn of(error: &std::io::Error) -> Option<&Damage> {
+        error.get_ref().and_then(|e| e.downcast_ref::<Damage>())
+    }
+
+    /// The error a caller gets, met while `doing`.
+    pub(crate) fn to_error(&self, doing: &str) -> Error {
+        Error::Corruption {
+            location: format!("store {} at offset {}", self.file, self.offset),
+            reason: format!("{} (met while {doing})", self.reason),
+        }
+    }
+}

@@ -466,7 +466,7 @@ fn a_corrupt_record_is_reported_with_its_key_and_other_keys_still_work() {
         acquire(&store, &pending, fp("b"));
     }
     {
-        let db = redb::Database::open(&env.path).unwrap();
+        let db = idemstore::open_redb(&env.path).unwrap();
         let txn = db.begin_write().unwrap();
         {
             let mut records = txn.open_table(RECORDS).unwrap();

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, SystemTime};
 
-use idemstore::redb::{self, ReadableDatabase, ReadableTable};
+use idemstore::redb::{ReadableDatabase, ReadableTable};
 use idemstore::{ManualClock, Reservation, Store};
 use serde_json::Value;
 
@@ -465,7 +465,7 @@ fn sweep_deletes_expired_records_in_slices_durably() {
         (Some(0), Some(4))
     );
     drop(fx.open());
-    let db = redb::Database::open(&fx.path).unwrap();
+    let db = idemstore::open_redb(&fx.path).unwrap();
     let txn = db.begin_read().unwrap();
     let records = txn.open_table(RECORDS).unwrap();
     assert!(records
@@ -480,7 +480,7 @@ fn sweep_deletes_expired_records_in_slices_durably() {
 
 /// Flips one byte of a stored record with redb directly (the store must be closed).
 fn damage(path: &Path, id: &str) {
-    let db = redb::Database::open(path).unwrap();
+    let db = idemstore::open_redb(path).unwrap();
     let txn = db.begin_write().unwrap();
     {
         let mut table = txn.open_table(RECORDS).unwrap();

@@ -13,7 +13,7 @@ const ORDERS: TableDefinition<&str, u64> = TableDefinition::new("orders");
 
 /// The rows of the caller's table, read with redb directly (the store must be closed).
 fn orders(env: &Env) -> Vec<(String, u64)> {
-    let db = redb::Database::open(&env.path).expect("open the file with redb");
+    let db = idemstore::open_redb(&env.path).expect("open the file with redb");
     let txn = db.begin_read().unwrap();
     let table = match txn.open_table(ORDERS) {
         Ok(table) => table,

@@ -7,6 +7,7 @@ mod bad_input;
 mod cli;
 mod complete_with;
 mod concurrency;
+mod damage;
 #[cfg(feature = "etcd")]
 mod etcd;
 mod expire;
@@ -19,6 +20,7 @@ mod kill;
 #[cfg(feature = "cli")]
 mod live;
 mod log_identity;
+mod lost_log;
 mod model;
 mod scenarios;
 mod seeds;

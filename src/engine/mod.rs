@@ -10,6 +10,7 @@
 pub(crate) mod cache;
 pub(crate) mod clean_close;
 pub(crate) mod commit;
+pub(crate) mod lost_log;
 pub(crate) mod poison;
 pub(crate) mod recovery;
 pub(crate) mod settings;

@@ -7,9 +7,28 @@ use crate::error::Error;
 
 /// The first write failure, latched: once set, every call fails.
 #[derive(Debug, Default)]
-pub(crate) struct Poison(OnceLock<(String, Option<std::io::ErrorKind>)>);
+pub(crate) struct Poison(
+    OnceLock<(String, Option<std::io::ErrorKind>)>,
+    /// The log a reopen may replay (checkpoint bytes), for the full-disk message.
+    u64,
+);
+
+/// The free space a reopen needs on the store file's disk after a failure, when it replays
+/// `replay` bytes of log: the B-tree pages it rewrites (copy on write: up to about 4 bytes of
+/// pages per byte of log, with the crash model's 1 KiB results) and 2 MiB for redb's growth
+/// steps and a log that is preallocated at open. The full-disk test reopens with exactly
+/// this much room.
+pub(crate) fn reopen_room(replay: u64) -> u64 {
+    4 * replay + (2 << 20)
+}
 
 impl Poison {
+    /// A latch whose full-disk message says how much room a reopen needs to replay up to
+    /// `replay` bytes of log.
+    pub(crate) fn new(replay: u64) -> Poison {
+        Poison(OnceLock::new(), replay)
+    }
+
     pub(crate) fn check(&self) -> Result<(), Error> {
         match self.0.get() {
             None => Ok(()),
@@ -21,7 +40,15 @@ impl Poison {
     }
 
     pub(crate) fn set(&self, error: &Error) {
-        if self.0.set((error.to_string(), error.io_kind())).is_ok() {
+        let mut cause = error.to_string();
+        if error.io_kind() == Some(std::io::ErrorKind::StorageFull) && self.1 > 0 {
+            cause.push_str(&format!(
+                "; the disk is full: free at least {} bytes on the store file's disk before reopening (a reopen replays up to {} bytes of log into the store file)",
+                reopen_room(self.1),
+                self.1
+            ));
+        }
+        if self.0.set((cause, error.io_kind())).is_ok() {
             #[cfg(feature = "tracing")]
             tracing::error!(%error, "idemstore poisoned: refusing all further work until reopened");
         }

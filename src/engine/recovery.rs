@@ -33,6 +33,15 @@ pub(crate) fn recover(
         let tables = Tables::open(&txn)?;
         (tables.wal_seq()?, tables.next_token()?, tables.log_salt()?)
     };
+    // The log never shrinks; its length now lets a later open tell a truncated log
+    // (`lost_log.rs`).
+    let log_len = log.len().map_err(|e| {
+        Error::io(
+            format!("reading the length of log {}", log_path.display()),
+            e,
+        )
+    })?;
+    let len_changed = crate::engine::lost_log::record_len(&txn, log_len)?;
     if crate::engine::clean_close::take(&txn)? {
         // Closed cleanly: the checkpoint holds every frame, so the log is not read. The mark
         // is removed durably before any new frame can be written.
@@ -54,8 +63,13 @@ pub(crate) fn recover(
     if frames.is_empty() && !dropped_tail {
         // Nothing to replay or drop: the log is rewound under the same salt. Frames left from
         // before have sequence numbers at or below the checkpoint, so they never extend the new
-        // run, and nothing can forge a frame without knowing the salt.
-        txn.abort().map_err(|e| Error::storage(ctx, e))?;
+        // run, and nothing can forge a frame without knowing the salt. (Only a changed log
+        // length is committed.)
+        if len_changed {
+            txn.commit().map_err(|e| Error::storage(ctx, e))?;
+        } else {
+            txn.abort().map_err(|e| Error::storage(ctx, e))?;
+        }
         wal.rewind(salt);
         return Ok((wal, next_token));
     }

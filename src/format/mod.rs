@@ -6,5 +6,6 @@
 pub(crate) mod frame;
 pub(crate) mod identity;
 pub(crate) mod log_file;
+pub(crate) mod pages;
 pub(crate) mod record;
 pub(crate) mod tables;

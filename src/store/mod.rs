@@ -35,6 +35,8 @@ use crate::engine::stats::{Counters, Stats};
 use crate::error::Error;
 use crate::record::Millis;
 
+pub use open::file::{open_redb, open_redb_read_only, upgrade};
+
 /// An open idempotency store: one file, owned by one process.
 ///
 /// `Store` is `Send + Sync`; share it between threads with `&Store` or `Arc<Store>`.

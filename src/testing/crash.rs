@@ -636,3 +636,48 @@ fn full_disk_under_the_btree_fails_clearly_poisons_and_loses_nothing_acknowledge
     assert!(db.bytes().len() as u64 <= room);
     poisoned_then_recovers(&clock, store, &db, &log, &acked);
 }
+
+/// A full disk under the B-tree says how much room reopening needs, and a reopen with exactly
+/// that much free space on the store file's disk succeeds with everything acknowledged.
+#[test]
+fn a_full_disk_says_how_much_room_reopening_needs_and_that_is_enough() {
+    let clock = ManualClock::new();
+    let (db, log) = (SimDisk::new(), SimDisk::new());
+    let store = Store::open_sim(&builder(&clock), &db, &log).unwrap();
+    let room = db.bytes().len() as u64 + 256 * 1024;
+    db.set_size_limit(Some(room));
+    let (acked, error) = fill_until_error(&store, 10_000);
+    assert!(is_disk_full(&error), "not named as a full disk: {error}");
+    let later = store
+        .reserve(
+            &Key::new("fill", "op", "later").unwrap(),
+            Fingerprint::of(b"x"),
+        )
+        .unwrap_err();
+    let message = later.to_string();
+    let needed: u64 = message
+        .split("free at least ")
+        .nth(1)
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("the message does not say how much room: {message}"));
+    assert_eq!(
+        needed,
+        crate::engine::poison::reopen_room(64 * 1024),
+        "{message}"
+    );
+    db.freeze();
+    log.freeze();
+    let (db, log) = (db.after_process_crash(), log.after_process_crash());
+    drop(store);
+    db.set_size_limit(Some(db.bytes().len() as u64 + needed));
+    log.set_size_limit(Some(log.bytes().len() as u64));
+    let store = Store::open_sim(&builder(&clock), &db, &log)
+        .unwrap_or_else(|e| panic!("reopening with the room the message named failed: {e}"));
+    for (key, result) in &acked {
+        match store.get(key).unwrap().expect("kept").status() {
+            Status::Completed { result: got, .. } => assert_eq!(got, result.as_slice()),
+            other => panic!("{key}: {other:?}"),
+        }
+    }
+}

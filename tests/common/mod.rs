@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use idemstore::redb::{self, ReadableDatabase, ReadableTableMetadata, TableDefinition};
+use idemstore::redb::{ReadableDatabase, ReadableTableMetadata, TableDefinition};
 use idemstore::{Builder, Completed, Fingerprint, Key, Lease, ManualClock, Reservation, Store};
 use tempfile::TempDir;
 
@@ -65,7 +65,7 @@ impl Env {
 
     /// How many records the file holds, expired or not (the store must be closed).
     pub fn raw_record_count(&self) -> u64 {
-        let db = redb::Database::open(&self.path).expect("open the store file with redb");
+        let db = idemstore::open_redb(&self.path).expect("open the store file with redb");
         let txn = db.begin_read().expect("read transaction");
         let table = txn.open_table(RECORDS).expect("records table");
         table.len().expect("count records")

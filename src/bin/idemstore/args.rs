@@ -100,6 +100,22 @@ pub(crate) enum Command {
         /// The store file
         file: PathBuf,
     },
+    /// Open the store (replaying its log) and close it cleanly; with --accept-loss, even when
+    /// it was not closed cleanly and its log is missing, empty, truncated or another store's
+    Recover {
+        /// The store file
+        file: PathBuf,
+        /// Accept losing what the missing log held: the operations acknowledged since the
+        /// store's last checkpoint (their keys read as absent, so their work can run again)
+        #[arg(long)]
+        accept_loss: bool,
+    },
+    /// Convert a store written before page checksums to the current file format, in place
+    /// (needs free space for one copy of the file)
+    Upgrade {
+        /// The store file
+        file: PathBuf,
+    },
 }
 
 #[derive(Args)]

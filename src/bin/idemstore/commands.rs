@@ -65,9 +65,38 @@ pub(crate) fn run(cli: Cli) -> Result<Option<ProblemsFound>> {
                 return Ok(Some(ProblemsFound));
             }
         }
+        Command::Recover { file, accept_loss } => {
+            let mut builder = Store::builder();
+            builder
+                .sweep_interval(None)
+                .preallocate_log(false)
+                .accept_log_loss(accept_loss);
+            exists(&file)?;
+            drop(builder.open(&file)?);
+            writeln!(out, "{}: opened and closed cleanly", file.display())?;
+        }
+        Command::Upgrade { file } => {
+            exists(&file)?;
+            if idemstore::upgrade(&file)? {
+                writeln!(out, "{}: converted to the current format", file.display())?;
+            } else {
+                writeln!(out, "{}: already in the current format", file.display())?;
+            }
+        }
     }
     out.flush()?;
     Ok(None)
+}
+
+/// Refuses a path that does not exist (this tool never creates a store).
+fn exists(path: &Path) -> Result<()> {
+    if !path.exists() {
+        bail!(
+            "{} does not exist (this tool never creates a store)",
+            path.display()
+        )
+    }
+    Ok(())
 }
 
 /// The store at `path` as the commands see it: the live store of the service that serves its

@@ -12,13 +12,15 @@ use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use redb::backends::FileBackend;
 use redb::{Database, DatabaseError, ReadableDatabase, StorageError, TableError};
 
 use crate::engine::wal::OsFile;
 use crate::error::Error;
+use crate::format::pages::PageFile;
 use crate::format::tables::{Tables, FORMAT_VERSION, META, META_FORMAT};
 
-/// The first bytes of every redb file.
+/// The first bytes of every plain redb file (a store before page checksums).
 const REDB_SIGNATURE: [u8; 9] = [b'r', b'e', b'd', b'b', 0x1A, 0x0A, 0xA9, 0x0D, 0x0A];
 
 /// Opens the store at `path`, creating it if it does not exist. `builder(verify)` gives redb's
@@ -49,39 +51,69 @@ fn not_a_store(path: &Path, reason: impl Into<String>) -> Error {
     }
 }
 
-/// Opens an existing file after checking, without writing, that it is a redb file; then checks
-/// that it is an idemstore store of a format this build reads.
+/// The backend of a store file: redb's file backend (its locks: one process owns a store)
+/// under the checksummed page layer (`pages.rs`).
+pub(crate) fn page_file(file: File, path: &Path) -> Result<PageFile<FileBackend>, Error> {
+    let backend = FileBackend::new(file).map_err(|e| open_error(path, "opening", e))?;
+    PageFile::new(backend, &path.display().to_string()).map_err(|e| damaged_or_io(path, e))
+}
+
+/// An I/O error of the page layer, or the damage it found, naming `path`.
+fn damaged_or_io(path: &Path, e: io::Error) -> Error {
+    match crate::format::pages::Damage::of(&e) {
+        Some(damage) => damage.to_error("opening the store"),
+        None => Error::io(format!("opening store {}", path.display()), e),
+    }
+}
+
+/// Opens an existing file after checking, without writing, that it is a store file (the page
+/// layer's header); then checks that it is an idemstore store of a format this build reads.
 fn open_existing(path: &Path, builder: impl Fn(bool) -> redb::Builder) -> Result<Database, Error> {
-    let mut signature = [0u8; REDB_SIGNATURE.len()];
-    let read = File::open(path)
-        .and_then(|mut file| file.read_exact(&mut signature))
-        .map(|()| signature == REDB_SIGNATURE);
+    let mut start = [0u8; 32];
+    let read = File::open(path).and_then(|mut file| file.read_exact(&mut start));
     match read {
-        Ok(true) => {}
-        Ok(false) => {
-            return Err(not_a_store(
-                path,
-                "it does not start with the redb signature",
-            ))
-        }
+        Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
-            return Err(not_a_store(path, "it is shorter than a redb header"))
+            return Err(not_a_store(path, "it is shorter than a store header"))
         }
         Err(e) => return Err(Error::io(format!("reading {}", path.display()), e)),
     }
-    // Check the format through a read-only handle first, so a foreign redb database is refused
+    if start[..REDB_SIGNATURE.len()] == REDB_SIGNATURE {
+        return Err(not_a_store(
+            path,
+            "it is a plain redb file: a store of the format before page checksums, or another program's redb database. convert a store written by an earlier idemstore version with `idemstore upgrade PATH` (or `idemstore::upgrade`), which keeps its log as it is",
+        ));
+    }
+    if let Err(reason) = crate::format::pages::check_header(&start) {
+        return Err(not_a_store(path, reason));
+    }
+    // Check the format through a read-only handle first, so a foreign database is refused
     // without redb rewriting its header, and read the clean-close mark. A store that needs
     // crash recovery cannot be opened read-only; it is checked after the read-write open below,
     // which verifies it first when asked to.
-    let (checked, closed_clean) = match builder(false).open_read_only(path) {
+    let read_only = File::open(path)
+        .map_err(|e| Error::io(format!("opening {}", path.display()), e))
+        .and_then(|file| page_file(file, path))
+        .and_then(|pages| {
+            builder(false)
+                .open_read_only_with_backend(pages)
+                .map_err(|e| open_error(path, "opening", e))
+        });
+    let (checked, closed_clean) = match read_only {
         Ok(read_only) => {
             check_format(&read_only, path)?;
             (true, crate::engine::clean_close::recorded(&read_only)?)
         }
+        Err(e @ (Error::Corruption { .. } | Error::AlreadyOpen { .. })) => return Err(e),
         Err(_) => (false, false),
     };
-    let db = builder(!closed_clean)
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
         .open(path)
+        .map_err(|e| Error::io(format!("opening store {}", path.display()), e))?;
+    let db = builder(!closed_clean)
+        .create_with_backend(page_file(file, path)?)
         .map_err(|e| open_error(path, "opening", e))?;
     if !checked {
         check_format(&db, path)?;
@@ -95,9 +127,10 @@ pub(crate) fn open_error(path: &Path, doing: &str, error: DatabaseError) -> Erro
         DatabaseError::DatabaseAlreadyOpen => Error::AlreadyOpen {
             path: path.to_path_buf(),
         },
-        DatabaseError::Storage(StorageError::Io(e)) => {
-            Error::io(format!("{doing} store {}", path.display()), e)
-        }
+        DatabaseError::Storage(StorageError::Io(e)) => match crate::format::pages::Damage::of(&e) {
+            Some(damage) => damage.to_error(doing),
+            None => Error::io(format!("{doing} store {}", path.display()), e),
+        },
         DatabaseError::Storage(StorageError::Corrupted(reason)) => {
             not_a_store(path, format!("its redb structure is damaged: {reason}"))
         }
@@ -165,8 +198,14 @@ fn create(path: &Path, builder: &redb::Builder) -> Result<(), Error> {
 }
 
 fn build_empty_store(temp: &Path, builder: &redb::Builder) -> Result<(), Error> {
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(temp)
+        .map_err(|e| Error::io(format!("creating store file {}", temp.display()), e))?;
     let db = builder
-        .create(temp)
+        .create_with_backend(page_file(file, temp)?)
         .map_err(|e| open_error(temp, "creating", e))?;
     initialize(&db)?;
     drop(db);
@@ -180,6 +219,8 @@ fn initialize(db: &Database) -> Result<(), Error> {
     let ctx = "initializing a new store";
     let txn = db.begin_write().map_err(|e| Error::storage(ctx, e))?;
     Tables::open(&txn)?.initialize()?;
+    // Nothing was logged yet: a new store is closed cleanly (`lost_log.rs`).
+    crate::engine::clean_close::mark(&txn)?;
     txn.commit().map_err(|e| Error::storage(ctx, e))
 }
 
@@ -294,4 +335,162 @@ fn sync_dir(dir: &Path) -> Result<(), Error> {
     File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(|e| Error::io(format!("syncing directory {}", dir.display()), e))
+}
+
+/// Opens the file of a closed store as a plain redb [`Database`], through the checksummed
+/// page layer every store file has (docs/format.md): for reading the tables a caller writes
+/// with [`Store::complete_with`](crate::Store::complete_with), or for tools. A block that
+/// fails its checksum is an error from redb, and redb's own `Database::open` cannot read the
+/// file (it does not start with redb's header).
+///
+/// The store must not be open (one process owns a file: [`Error::AlreadyOpen`] otherwise).
+/// Nothing is replayed from the store's log: open the store once first if it was not closed
+/// cleanly. A write transaction committed through this handle should use redb's
+/// `set_two_phase_commit(true)`, as the store's own durable commits do, so that a power loss
+/// during it cannot leave a block whose checksum does not match.
+///
+/// ```
+/// use idemstore::redb::ReadableDatabase;
+/// # let dir = tempfile::tempdir()?;
+/// # let path = dir.path().join("keys.idem");
+/// drop(idemstore::Store::open(&path)?);
+/// let db = idemstore::open_redb(&path)?;
+/// let txn = db.begin_read()?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// # Errors
+/// [`Error::NotAStore`] for a file that is not a store file, [`Error::AlreadyOpen`],
+/// [`Error::Corruption`] naming the offset of a damaged block, [`Error::Io`].
+pub fn open_redb(path: impl AsRef<Path>) -> Result<Database, Error> {
+    let path = path.as_ref();
+    check_page_file(path)?;
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .map_err(|e| Error::io(format!("opening store {}", path.display()), e))?;
+    redb::Builder::new()
+        .create_with_backend(page_file(file, path)?)
+        .map_err(|e| open_error(path, "opening", e))
+}
+
+/// [`open_redb`] without writing: a [`redb::ReadOnlyDatabase`] (which refuses a file that
+/// needs crash recovery; open the store once first).
+///
+/// # Errors
+/// As [`open_redb`].
+pub fn open_redb_read_only(path: impl AsRef<Path>) -> Result<redb::ReadOnlyDatabase, Error> {
+    let path = path.as_ref();
+    check_page_file(path)?;
+    let file = File::open(path).map_err(|e| Error::io(format!("opening {}", path.display()), e))?;
+    redb::Builder::new()
+        .open_read_only_with_backend(page_file(file, path)?)
+        .map_err(|e| open_error(path, "opening", e))
+}
+
+/// Refuses a path that is not a page file, without writing to it.
+fn check_page_file(path: &Path) -> Result<(), Error> {
+    let mut start = [0u8; 32];
+    File::open(path)
+        .and_then(|mut file| file.read_exact(&mut start))
+        .map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
+    crate::format::pages::check_header(&start).map_err(|reason| not_a_store(path, reason))
+}
+
+/// Converts the file of a closed store written before page checksums (a plain redb file) to
+/// the current format, in place: every block of the old file is copied, with its checksum,
+/// into a new file beside it, which is synced and then renamed over the old one (a crash
+/// leaves the old file untouched, and possibly a `.NAME.upgrading.*` file that can be
+/// deleted). The log is not touched: a store that was not closed cleanly replays it at its
+/// next open as before. Returns `false` when the file already has the current format.
+///
+/// The store must not be open; the conversion needs free space for one copy of the file.
+///
+/// # Errors
+/// [`Error::NotAStore`] for a file that is not an idemstore store (a foreign redb database is
+/// left untouched), [`Error::Io`] (a full disk among them: the old file is kept).
+pub fn upgrade(path: impl AsRef<Path>) -> Result<bool, Error> {
+    use std::os::unix::fs::FileExt;
+    let path = path.as_ref();
+    let mut start = [0u8; 32];
+    File::open(path)
+        .and_then(|mut file| file.read_exact(&mut start))
+        .map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
+    if crate::format::pages::check_header(&start).is_ok() {
+        return Ok(false);
+    }
+    if start[..REDB_SIGNATURE.len()] != REDB_SIGNATURE {
+        return Err(not_a_store(
+            path,
+            "it is neither a store file nor a redb file",
+        ));
+    }
+    // Refuse a foreign redb database without writing to it; a store that needs crash recovery
+    // cannot be opened read-only, and redb's repair on a read-write open is what its own
+    // version would do at its next open.
+    match redb::Builder::new().open_read_only(path) {
+        Ok(db) => check_format(&db, path)?,
+        Err(_) => {
+            let db = redb::Builder::new()
+                .open(path)
+                .map_err(|e| open_error(path, "opening", e))?;
+            check_format(&db, path)?;
+        }
+    }
+    let name = path
+        .file_name()
+        .ok_or_else(|| not_a_store(path, "the path has no file name"))?;
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let temp = dir.join(format!(
+        ".{}.upgrading.{}",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    let copy = || -> Result<(), Error> {
+        let old =
+            File::open(path).map_err(|e| Error::io(format!("opening {}", path.display()), e))?;
+        let len = old
+            .metadata()
+            .map_err(|e| Error::io(format!("reading metadata of {}", path.display()), e))?
+            .len();
+        let new = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&temp)
+            .map_err(|e| Error::io(format!("creating {}", temp.display()), e))?;
+        let pages = page_file(new, &temp)?;
+        let io = |e| Error::io(format!("writing {}", temp.display()), e);
+        redb::StorageBackend::set_len(&pages, len).map_err(io)?;
+        let mut buf = vec![0u8; 1 << 20];
+        let mut at = 0;
+        while at < len {
+            let n = buf.len().min((len - at) as usize);
+            old.read_exact_at(&mut buf[..n], at)
+                .map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
+            redb::StorageBackend::write(&pages, at, &buf[..n]).map_err(io)?;
+            at += n as u64;
+        }
+        redb::StorageBackend::sync_data(&pages).map_err(io)?;
+        File::open(&temp)
+            .and_then(|f| f.sync_all())
+            .map_err(|e| Error::io(format!("syncing {}", temp.display()), e))?;
+        fs::rename(&temp, path).map_err(|e| {
+            Error::io(
+                format!("renaming {} to {}", temp.display(), path.display()),
+                e,
+            )
+        })
+    };
+    let result = copy();
+    if result.is_err() {
+        let _ = fs::remove_file(&temp);
+    }
+    result?;
+    sync_dir(&dir)?;
+    Ok(true)
 }

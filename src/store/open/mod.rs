@@ -99,14 +99,43 @@ impl Store {
     }
 
     pub(super) fn open_unguarded(builder: &Builder, path: &Path) -> Result<Store, Error> {
+        let log_path = log_path(path);
         let db = file::open_or_create(path, |verify| redb_builder(builder, verify))?;
         let store_id = store_id(&db)?;
-        let log_path = log_path(path);
+        let closed_clean = crate::engine::clean_close::recorded(&db)?;
+        let refuse = !closed_clean && !builder.accept_log_loss;
+        if refuse && !log_path.exists() {
+            return Err(crate::engine::lost_log::refuse(
+                path,
+                &log_path,
+                "is missing",
+            ));
+        }
+        // Checked before the log is preallocated, which would grow a truncated log back.
+        let recorded = crate::engine::lost_log::recorded_len(&db)?;
+        match std::fs::metadata(&log_path) {
+            Ok(meta) if refuse && meta.len() < recorded => {
+                return Err(crate::engine::lost_log::truncated(
+                    path,
+                    &log_path,
+                    meta.len(),
+                    recorded,
+                ))
+            }
+            _ => {}
+        }
         let preallocate = builder
             .preallocate_log
             .then_some(builder.checkpoint_bytes + (1 << 20));
         let mut log = file::open_log(&log_path, preallocate)?;
         if let Identity::Other(other) = log_identity(&log, store_id, path, &log_path)? {
+            if !closed_clean && !builder.accept_log_loss {
+                return Err(crate::engine::lost_log::refuse(
+                    path,
+                    &log_path,
+                    format!("is another store's log (store {other:#018x}; this store is {store_id:#018x})"),
+                ));
+            }
             // Another store's log (a deleted store's at the same path, or one copied here):
             // never replayed, never deleted, set aside under a name that says whose it is.
             drop(log);
@@ -134,13 +163,17 @@ impl Store {
         let path = PathBuf::from("sim.idem");
         guard_open(&path.clone(), || {
             // The clean-close mark, read as `file::open_or_create` reads it.
+            let pages = |disk: &crate::testing::sim::SimDisk| {
+                crate::format::pages::PageFile::new(disk.clone(), "sim.idem")
+                    .map_err(|e| file::open_error(&path, "opening", e.into()))
+            };
             let closed_clean =
-                match redb_builder(builder, false).open_read_only_with_backend(db_disk.clone()) {
+                match redb_builder(builder, false).open_read_only_with_backend(pages(db_disk)?) {
                     Ok(read_only) => crate::engine::clean_close::recorded(&read_only)?,
                     Err(_) => false,
                 };
             let db = redb_builder(builder, !closed_clean)
-                .create_with_backend(db_disk.clone())
+                .create_with_backend(pages(db_disk)?)
                 .map_err(|e| file::open_error(&path, "opening", e))?;
             file::initialize_if_new(&db)?;
             file::check_format(&db, &path)?;
@@ -162,8 +195,17 @@ impl Store {
         path: PathBuf,
     ) -> Result<Store, Error> {
         let store_id = store_id(&db)?;
+        let closed_clean = crate::engine::clean_close::recorded(&db)?;
+        let refuse = !closed_clean && !builder.accept_log_loss;
         match log_identity(&*log, store_id, &path, &log_path)? {
             Identity::Ours => {}
+            Identity::Fresh if refuse => {
+                return Err(crate::engine::lost_log::refuse(
+                    &path,
+                    &log_path,
+                    "is empty (a new log in place of the store's own)",
+                ))
+            }
             Identity::Fresh => identity::claim(&*log, store_id, &log_path)?,
             // Set aside by the caller when it can rename files; refused otherwise.
             Identity::Other(_) | Identity::Damaged => {
@@ -176,6 +218,18 @@ impl Store {
                 })
             }
         }
+        let log_len = log.len().map_err(|e| {
+            Error::io(
+                format!("reading the length of log {}", log_path.display()),
+                e,
+            )
+        })?;
+        let recorded = crate::engine::lost_log::recorded_len(&db)?;
+        if refuse && log_len < recorded {
+            return Err(crate::engine::lost_log::truncated(
+                &path, &log_path, log_len, recorded,
+            ));
+        }
         let strict = builder.durability == Durability::Immediate;
         let (mut wal, next_token) = recovery::recover(&db, log, log_path, strict)?;
         wal.set_max_payload(builder.limits.frame_bytes);
@@ -185,7 +239,7 @@ impl Store {
             builder.retention,
             &builder.retention_by_operation,
         );
-        let poison = Arc::new(Poison::default());
+        let poison = Arc::new(Poison::new(builder.checkpoint_bytes));
         let cache = Arc::new(RecordCache::new(builder.cache_records));
         let overlay = Arc::new(Overlay::default());
         let counters = Arc::new(Counters::default());

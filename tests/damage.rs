@@ -1,0 +1,447 @@
+//! The damaged-file sweep (issue 18): a store with thousands of completed and pending keys,
+//! copied with one byte flipped (at every 4 KiB page of the store file and at random offsets
+//! of its log), each copy opened, every key read back and reserved again, in a CHILD process
+//! (this test binary, re-run with an environment variable), so that an abort is counted rather
+//! than fatal. Each copy ends as one of:
+//!
+//! - `ok`: every key answered as stored (a pending key: still in progress, or taken over
+//!   with attempt 2);
+//! - `error`: an error naming the damaged file (the open, or the read that met the damage);
+//! - `wrong`: an answer without an error that differs from what was stored (a completed key
+//!   read as absent, or acquired afresh: the work would run twice);
+//! - `panic`: a panic, even one the store caught and turned into an error;
+//! - `abort`: the child died (a signal, an abort in a destructor);
+//! - `hang`: no answer within 60 s.
+//!
+//! Wrong answers, panics, aborts, hangs, and errors that name neither file, must be zero.
+//! Twice: after a clean close, and after an unclean shutdown (the files as a killed process
+//! leaves them, with frames in the log past the last checkpoint).
+//!
+//! Short mode (the default, `cargo test`): every page of the store file once and 64 offsets of
+//! the log. `IDEMSTORE_LONG=1`: every page at 8 offsets and 1,000 offsets of the log.
+//! `IDEMSTORE_DAMAGE_SEED=<n>` repeats a run's choice of offsets (the seed is printed).
+
+use std::fmt::Write as _;
+use std::fs;
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use idemstore::{Builder, Fingerprint, Key, Reservation, Status, Store};
+
+/// Set in the child: `<pristine dir> <spec file>`.
+const CHILD_ENV: &str = "IDEMSTORE_DAMAGE_CHILD";
+const COMPLETED: usize = 1500;
+const PENDING: usize = 500;
+/// Keys completed after the last checkpoint in the unclean case (only in the log).
+const LOGGED: usize = 100;
+const PAGE: u64 = 4096;
+
+fn long_mode() -> bool {
+    std::env::var_os("IDEMSTORE_LONG").is_some_and(|v| v != "0")
+}
+
+fn log_of(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_os_string();
+    name.push(".wal");
+    PathBuf::from(name)
+}
+
+fn builder() -> Builder {
+    let mut builder = Store::builder();
+    builder
+        .lease(Duration::from_secs(3600))
+        .sweep_interval(None)
+        .checkpoint_bytes(64 * 1024)
+        .checkpoint_interval(Duration::from_secs(3600))
+        .preallocate_log(true)
+        .cache_size(1 << 20);
+    builder
+}
+
+fn completed_key(i: usize) -> Key {
+    Key::new("tenant", "charge", format!("done-{i:05}")).unwrap()
+}
+
+fn pending_key(i: usize) -> Key {
+    Key::new("tenant", "charge", format!("open-{i:05}")).unwrap()
+}
+
+fn result_of(i: usize) -> Vec<u8> {
+    format!("receipt {i}").into_bytes()
+}
+
+fn request() -> Fingerprint {
+    Fingerprint::of(b"amount=100")
+}
+
+/// Every completed key the store holds: those before the checkpoint, and in the unclean case
+/// those only in the log.
+fn completed_count(unclean: bool) -> usize {
+    COMPLETED + if unclean { LOGGED } else { 0 }
+}
+
+/// Builds the store in `dir` and leaves it closed cleanly, or as a killed process leaves it.
+fn build(dir: &Path, unclean: bool) {
+    let scratch = tempfile::tempdir().unwrap();
+    let path = scratch.path().join("store.idem");
+    let store = builder().open(&path).unwrap();
+    let complete = |keys: Vec<(usize, Key)>| {
+        let items: Vec<_> = keys.iter().map(|(_, k)| (k.clone(), request())).collect();
+        let answers = store.reserve_many(&items).unwrap();
+        let leases: Vec<_> = answers
+            .into_iter()
+            .zip(&keys)
+            .map(|(answer, (i, _))| match answer.unwrap() {
+                Reservation::Acquired(lease) => (lease, result_of(*i)),
+                other => panic!("a fresh key answered {other:?}"),
+            })
+            .collect();
+        for (lease, result) in leases {
+            store.complete(&lease, result).unwrap();
+        }
+    };
+    for chunk in (0..COMPLETED).collect::<Vec<_>>().chunks(250) {
+        complete(chunk.iter().map(|&i| (i, completed_key(i))).collect());
+    }
+    let pending: Vec<_> = (0..PENDING).map(|i| (pending_key(i), request())).collect();
+    for answer in store.reserve_many(&pending).unwrap() {
+        assert!(matches!(answer.unwrap(), Reservation::Acquired(_)));
+    }
+    let target = dir.join("store.idem");
+    if unclean {
+        store.checkpoint().unwrap();
+        for i in COMPLETED..COMPLETED + LOGGED {
+            complete(vec![(i, completed_key(i))]);
+        }
+        // What a kill leaves: every write the process made.
+        fs::copy(&path, &target).unwrap();
+        fs::copy(log_of(&path), log_of(&target)).unwrap();
+        drop(store);
+    } else {
+        drop(store);
+        fs::copy(&path, &target).unwrap();
+        fs::copy(log_of(&path), log_of(&target)).unwrap();
+    }
+}
+
+/// How one damaged copy ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum Outcome {
+    Ok,
+    Error,
+    Wrong,
+    Panic,
+    Abort,
+    Hang,
+    /// An error that names neither file.
+    Vague,
+}
+
+impl Outcome {
+    fn parse(word: &str) -> Outcome {
+        match word {
+            "ok" => Outcome::Ok,
+            "error" => Outcome::Error,
+            "wrong" => Outcome::Wrong,
+            "panic" => Outcome::Panic,
+            "vague" => Outcome::Vague,
+            other => panic!("unknown outcome {other}"),
+        }
+    }
+}
+
+/// One copy, in the child: opens it, reads every key back and reserves it again.
+fn check_copy(path: &Path, unclean: bool) -> (Outcome, String) {
+    let named = |e: &idemstore::Error| {
+        let text = e.to_string();
+        let outcome = if text.contains("store.idem") {
+            Outcome::Error
+        } else {
+            Outcome::Vague
+        };
+        (outcome, text)
+    };
+    let store = match builder().open(path) {
+        Ok(store) => store,
+        Err(e) => return named(&e),
+    };
+    let mut first_error = None;
+    let mut note = |e: idemstore::Error| {
+        if first_error.is_none() {
+            first_error = Some(named(&e));
+        }
+    };
+    for i in 0..completed_count(unclean) {
+        match store.get(&completed_key(i)) {
+            Ok(Some(record)) => match record.status() {
+                Status::Completed { result, .. } if result == result_of(i).as_slice() => {}
+                other => return (Outcome::Wrong, format!("done-{i} reads as {other:?}")),
+            },
+            Ok(None) => return (Outcome::Wrong, format!("done-{i} reads as absent")),
+            Err(e) => note(e),
+        }
+    }
+    for i in 0..PENDING {
+        match store.get(&pending_key(i)) {
+            Ok(Some(record)) if matches!(record.status(), Status::Pending { .. }) => {}
+            Ok(other) => return (Outcome::Wrong, format!("open-{i} reads as {other:?}")),
+            Err(e) => note(e),
+        }
+    }
+    let items: Vec<_> = (0..completed_count(unclean))
+        .map(|i| (completed_key(i), request()))
+        .chain((0..PENDING).map(|i| (pending_key(i), request())))
+        .collect();
+    match store.reserve_many(&items) {
+        Ok(answers) => {
+            for ((key, _), answer) in items.iter().zip(answers) {
+                let done = key.id().starts_with(b"done-");
+                match answer {
+                    Ok(Reservation::Completed(c)) if done => {
+                        let i: usize = String::from_utf8_lossy(&key.id()[5..]).parse().unwrap();
+                        if c.result != result_of(i) {
+                            return (Outcome::Wrong, format!("{key} replays another result"));
+                        }
+                    }
+                    // A pending key is still in progress (its owner closed the store) or taken
+                    // over (its owner died): attempt 2, never a fresh attempt 1.
+                    Ok(Reservation::Acquired(lease)) if !done && lease.attempt() > 1 => {}
+                    Ok(Reservation::InProgress { .. }) if !done => {}
+                    Ok(other) => return (Outcome::Wrong, format!("{key} answered {other:?}")),
+                    Err(e) => note(e),
+                }
+            }
+        }
+        Err(e) => note(e),
+    }
+    drop(store);
+    first_error.unwrap_or((Outcome::Ok, String::new()))
+}
+
+/// The child's side: does nothing unless started by [`sweep`].
+#[test]
+fn child() {
+    let Ok(spec) = std::env::var(CHILD_ENV) else {
+        return;
+    };
+    let mut parts = spec.split(' ');
+    let pristine = PathBuf::from(parts.next().expect("pristine dir"));
+    let flips = PathBuf::from(parts.next().expect("spec file"));
+    let unclean = parts.next() == Some("unclean");
+    std::panic::set_hook(Box::new(|info| {
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "panic {}", info.to_string().replace('\n', " "));
+        let _ = out.flush();
+    }));
+    let work = tempfile::tempdir().unwrap();
+    let path = work.path().join("store.idem");
+    let store_image = fs::read(pristine.join("store.idem")).unwrap();
+    let log_image = fs::read(log_of(&pristine.join("store.idem"))).unwrap();
+    for line in fs::read_to_string(&flips).unwrap().lines() {
+        let mut fields = line.split(' ');
+        let (n, file, offset, xor) = (
+            fields.next().unwrap(),
+            fields.next().unwrap(),
+            fields.next().unwrap().parse::<usize>().unwrap(),
+            fields.next().unwrap().parse::<u8>().unwrap(),
+        );
+        let (mut store_copy, mut log_copy) = (store_image.clone(), log_image.clone());
+        match file {
+            "store" => store_copy[offset] ^= xor,
+            _ => log_copy[offset] ^= xor,
+        }
+        fs::write(&path, &store_copy).unwrap();
+        fs::write(log_of(&path), &log_copy).unwrap();
+        println!("start {n}");
+        let (outcome, detail) = check_copy(&path, unclean);
+        let word = format!("{outcome:?}").to_lowercase();
+        println!("done {n} {word} {}", detail.replace('\n', " "));
+        std::io::stdout().flush().unwrap();
+    }
+}
+
+/// A deterministic generator for the offsets.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
+    }
+}
+
+/// The length of the log's frames (past it the preallocated log holds zeros).
+fn used_len(log: &[u8]) -> u64 {
+    log.iter()
+        .rposition(|&b| b != 0)
+        .map_or(0, |p| p as u64 + 1)
+}
+
+/// Runs the sweep over the store built by `build(.., unclean)`; returns the counts.
+fn sweep(unclean: bool) -> std::collections::BTreeMap<Outcome, usize> {
+    let seed = std::env::var("IDEMSTORE_DAMAGE_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+                | 1
+        });
+    println!("damage sweep (unclean: {unclean}): IDEMSTORE_DAMAGE_SEED={seed}");
+    let mut rng = Rng(seed);
+    let pristine = tempfile::tempdir().unwrap();
+    build(pristine.path(), unclean);
+    let store_len = fs::metadata(pristine.path().join("store.idem"))
+        .unwrap()
+        .len();
+    let log = fs::read(log_of(&pristine.path().join("store.idem"))).unwrap();
+    let log_used = used_len(&log).max(64);
+    let (per_page, log_flips) = if long_mode() { (8, 1000) } else { (1, 64) };
+    let mut flips = Vec::new();
+    for page in 0..store_len / PAGE {
+        for _ in 0..per_page {
+            flips.push(("store", page * PAGE + rng.below(PAGE)));
+        }
+    }
+    for _ in 0..log_flips {
+        flips.push(("log", rng.below(log_used)));
+    }
+    let mut spec = String::new();
+    for (n, (file, offset)) in flips.iter().enumerate() {
+        let xor = 1 + rng.below(255) as u8;
+        writeln!(spec, "{n} {file} {offset} {xor}").unwrap();
+    }
+    let mut counts = std::collections::BTreeMap::new();
+    let mut bad = Vec::new();
+    let mut next = 0;
+    while next < flips.len() {
+        let spec_path = pristine.path().join("spec");
+        let rest: String = spec.lines().skip(next).map(|l| format!("{l}\n")).collect();
+        fs::write(&spec_path, rest).unwrap();
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "damage::child",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env(
+                CHILD_ENV,
+                format!(
+                    "{} {} {}",
+                    pristine.path().display(),
+                    spec_path.display(),
+                    if unclean { "unclean" } else { "clean" }
+                ),
+            )
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let (tx, rx) = mpsc::channel();
+        let stdout = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                if tx.send(line.unwrap_or_default()).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut current: Option<usize> = None;
+        let mut panicked = false;
+        let ended = loop {
+            match rx.recv_timeout(Duration::from_secs(60)) {
+                Ok(line) if line.starts_with("start ") => {
+                    current = Some(line[6..].parse().unwrap());
+                    panicked = false;
+                }
+                Ok(line) if line.starts_with("panic ") => {
+                    panicked = true;
+                    bad.push(format!("{:?}: {line}", current.map(|n| flips[n])));
+                }
+                Ok(line) if line.starts_with("done ") => {
+                    let mut fields = line.splitn(4, ' ');
+                    let n: usize = fields.nth(1).unwrap().parse().unwrap();
+                    let mut outcome = Outcome::parse(fields.next().unwrap());
+                    if panicked {
+                        outcome = Outcome::Panic;
+                    }
+                    if !matches!(outcome, Outcome::Ok | Outcome::Error) {
+                        bad.push(format!("{:?}: {line}", flips[n]));
+                    }
+                    *counts.entry(outcome).or_insert(0) += 1;
+                    next = n + 1;
+                    current = None;
+                }
+                Ok(_) => {}
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    let _ = child.kill();
+                    break Outcome::Hang;
+                }
+                Err(mpsc::RecvTimeoutError::Disconnected) => break Outcome::Abort,
+            }
+        };
+        let status = child.wait().unwrap();
+        if let Some(n) = current {
+            // The child died (or hung) on copy n.
+            let outcome = if ended == Outcome::Hang {
+                Outcome::Hang
+            } else if panicked {
+                Outcome::Panic
+            } else {
+                Outcome::Abort
+            };
+            bad.push(format!("{:?}: {outcome:?} ({status})", flips[n]));
+            *counts.entry(outcome).or_insert(0) += 1;
+            next = n + 1;
+        } else if !status.success() {
+            panic!("the child failed outside any copy: {status}");
+        }
+    }
+    println!(
+        "damage sweep (unclean: {unclean}): {} copies: {counts:?}",
+        flips.len()
+    );
+    for line in bad.iter().take(20) {
+        println!("  {line}");
+    }
+    assert!(
+        bad.is_empty(),
+        "{} damaged copies gave a wrong answer, a panic, an abort, a hang or an error naming neither file: {counts:?}\n{}",
+        bad.len(),
+        bad.iter().take(20).cloned().collect::<Vec<_>>().join("\n")
+    );
+    assert_eq!(counts.values().sum::<usize>(), flips.len());
+    counts
+}
+
+#[test]
+fn damaged_copies_of_a_cleanly_closed_store_never_answer_wrongly() {
+    if std::env::var_os(CHILD_ENV).is_some() {
+        return;
+    }
+    let counts = sweep(false);
+    assert!(
+        counts.get(&Outcome::Error).copied().unwrap_or(0) > 0,
+        "no damage was noticed at all: {counts:?}"
+    );
+}
+
+#[test]
+fn damaged_copies_after_an_unclean_shutdown_never_answer_wrongly() {
+    if std::env::var_os(CHILD_ENV).is_some() {
+        return;
+    }
+    let counts = sweep(true);
+    assert!(
+        counts.get(&Outcome::Error).copied().unwrap_or(0) > 0,
+        "no damage was noticed at all: {counts:?}"
+    );
+}

@@ -225,7 +225,7 @@ pub enum Error {
 
 impl Error {
     /// A storage error from redb while doing `context`; a block that failed its checksum in
-    /// the page layer (`pages.rs`) is [`Error::Corruption`] naming the file and the offset.
+    /// the page layer (`format/pages.rs`) is [`Error::Corruption`] naming the file and the offset.
     pub(crate) fn storage(context: &'static str, source: impl Into<redb::Error>) -> Error {
         let source = source.into();
         if let redb::Error::Io(e) = &source {

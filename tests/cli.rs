@@ -694,3 +694,36 @@ fn check_and_sweep_show_progress_on_a_terminal_only() {
     let output = idemstore(&["check", file]);
     assert_eq!(stderr(&output), "");
 }
+
+/// `idemstore recover` refuses a store that died without its log, naming `--accept-loss`, and
+/// with it opens the store and closes it cleanly; `idemstore upgrade` leaves a current store
+/// as it is.
+#[test]
+fn recover_accepts_a_lost_log_only_when_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let scratch = dir.path().join("scratch.idem");
+    let path = dir.path().join("store.idem");
+    let store = Store::builder()
+        .preallocate_log(false)
+        .open(&scratch)
+        .unwrap();
+    let lease = acquire(&store, &key("u", "charge", "a"), fp("b"));
+    store.complete(&lease, b"one".to_vec()).unwrap();
+    // The store file as a kill leaves it, without its log.
+    std::fs::copy(&scratch, &path).unwrap();
+    drop(store);
+    let p = path.to_str().unwrap();
+    let output = idemstore(&["recover", p]);
+    assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("--accept-loss"),
+        "{}",
+        stderr(&output)
+    );
+    assert!(
+        run(&["recover", "--accept-loss", p], 0).contains("closed cleanly"),
+        "recover --accept-loss"
+    );
+    assert!(run(&["upgrade", p], 0).contains("already in the current format"));
+    run(&["stats", p], 0);
+}

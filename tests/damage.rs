@@ -6,16 +6,20 @@
 //!
 //! - `ok`: every key answered as stored (a pending key: still in progress, or taken over
 //!   with attempt 2);
-//! - `error`: an error naming the damaged file (the open, or the read that met the damage);
+//! - `error`: an error naming the damaged file (the open, or the read that met the damage)
+//!   or the key of a damaged record;
 //! - `wrong`: an answer without an error that differs from what was stored (a completed key
 //!   read as absent, or acquired afresh: the work would run twice);
 //! - `panic`: a panic, even one the store caught and turned into an error;
 //! - `abort`: the child died (a signal, an abort in a destructor);
 //! - `hang`: no answer within 60 s.
 //!
-//! Wrong answers, panics, aborts, hangs, and errors that name neither file, must be zero.
+//! Wrong answers, panics, aborts, hangs, and errors that name neither file nor a key, must
+//! be zero.
 //! Twice: after a clean close, and after an unclean shutdown (the files as a killed process
-//! leaves them, with frames in the log past the last checkpoint).
+//! leaves them, with frames in the log past the last checkpoint). In the unclean case the log's
+//! last frame holds a key that is not checked: a damaged last frame is dropped as a torn write
+//! would be (the known limit, RELIABILITY.md), and the sweep checks everything else.
 //!
 //! Short mode (the default, `cargo test`): every page of the store file once and 64 offsets of
 //! the log. `IDEMSTORE_LONG=1`: every page at 8 offsets and 1,000 offsets of the log.
@@ -116,6 +120,14 @@ fn build(dir: &Path, unclean: bool) {
         for i in COMPLETED..COMPLETED + LOGGED {
             complete(vec![(i, completed_key(i))]);
         }
+        // The last frame holds a key the check does not read: a damaged last frame cannot be
+        // told from a torn, never-acknowledged write and is dropped like one (RELIABILITY.md,
+        // the one known limit), which the sweep must not count against the other frames.
+        let sentinel = Key::new("tenant", "charge", "last-frame").unwrap();
+        assert!(matches!(
+            store.reserve(&sentinel, request()).unwrap(),
+            Reservation::Acquired(_)
+        ));
         // What a kill leaves: every write the process made.
         fs::copy(&path, &target).unwrap();
         fs::copy(log_of(&path), log_of(&target)).unwrap();
@@ -136,7 +148,7 @@ enum Outcome {
     Panic,
     Abort,
     Hang,
-    /// An error that names neither file.
+    /// An error that names neither file nor a key.
     Vague,
 }
 
@@ -157,7 +169,8 @@ impl Outcome {
 fn check_copy(path: &Path, unclean: bool) -> (Outcome, String) {
     let named = |e: &idemstore::Error| {
         let text = e.to_string();
-        let outcome = if text.contains("store.idem") {
+        // The file, or the key of a damaged record.
+        let outcome = if text.contains("store.idem") || text.contains("in record ") {
             Outcome::Error
         } else {
             Outcome::Vague

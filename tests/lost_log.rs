@@ -169,3 +169,26 @@ fn a_cleanly_closed_store_opens_without_its_log() {
         b"one"
     );
 }
+
+/// `Store::file_info` (and `idemstore stats`) says how much log the next checkpoint writes
+/// into the file and how much free space that needs; a checkpoint brings it back to zero log.
+#[test]
+fn the_room_the_next_checkpoint_needs_is_reported() {
+    let env = Env::new();
+    let store = builder(&env).open(&env.path).unwrap();
+    let empty = store.file_info().unwrap();
+    assert_eq!(empty.log_since_checkpoint, 0);
+    for i in 0..20 {
+        let lease = acquire(&store, &key("u", "charge", &format!("k{i}")), fp("b"));
+        store.complete(&lease, vec![7; 512]).unwrap();
+    }
+    let info = store.file_info().unwrap();
+    assert!(
+        info.log_since_checkpoint > 20 * 512,
+        "{}",
+        info.log_since_checkpoint
+    );
+    assert!(info.checkpoint_room > info.log_since_checkpoint);
+    store.checkpoint().unwrap();
+    assert_eq!(store.file_info().unwrap().log_since_checkpoint, 0);
+}

@@ -221,6 +221,8 @@ impl Answer {
                     info.log_bytes,
                     info.wal_seq,
                     info.next_token,
+                    info.log_since_checkpoint,
+                    info.checkpoint_room,
                 ] {
                     out.extend_from_slice(&n.to_le_bytes());
                 }
@@ -283,6 +285,8 @@ impl Answer {
                 log_bytes: r.u64()?,
                 wal_seq: r.u64()?,
                 next_token: r.u64()?,
+                log_since_checkpoint: r.u64()?,
+                checkpoint_room: r.u64()?,
             }),
             Request::Counts => Answer::Counts(StateCounts {
                 pending: r.u64()?,

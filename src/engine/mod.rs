@@ -1,6 +1,7 @@
 //! Floor 4, the engine: how operations reach the disk and come back. The commit path
 //! ([`commit`]: queue, writer, syncer, applier, checkpoint), the log ([`wal`]), recovery on
-//! open ([`recovery`]), the clean-close marker ([`clean_close`]), the record cache and the
+//! open ([`recovery`]), refusing an open that lost its log ([`lost_log`]), the clean-close
+//! marker ([`clean_close`]), the record cache and the
 //! overlay of acknowledged changes ([`cache`]), waiters for a key ([`wait`]), the poison flag
 //! after a failed sync ([`poison`]), sweeping expired records ([`sweep`]) and the counters
 //! ([`stats`]), and the

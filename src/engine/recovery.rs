@@ -34,7 +34,7 @@ pub(crate) fn recover(
         (tables.wal_seq()?, tables.next_token()?, tables.log_salt()?)
     };
     // The log never shrinks; its length now lets a later open tell a truncated log
-    // (`lost_log.rs`).
+    // (`engine/lost_log.rs`).
     let log_len = log.len().map_err(|e| {
         Error::io(
             format!("reading the length of log {}", log_path.display()),

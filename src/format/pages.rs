@@ -494,6 +494,45 @@ impl<B: StorageBackend> StorageBackend for PageFile<B> {
 mod tests {
     use super::*;
 
+    /// A store file from before the layer (the same redb bytes, written plainly) is refused
+    /// naming `idemstore upgrade`, and after `upgrade` opens with its keys.
+    #[test]
+    fn a_store_from_before_the_layer_is_refused_then_upgraded() {
+        use crate::{Fingerprint, Key, Reservation, Store};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.idem");
+        let key = Key::new("u", "op", "k").unwrap();
+        {
+            let store = Store::builder().preallocate_log(false).open(&path).unwrap();
+            let Reservation::Acquired(lease) = store.reserve(&key, Fingerprint::of(b"r")).unwrap()
+            else {
+                panic!("fresh key");
+            };
+            store.complete(&lease, b"done".to_vec()).unwrap();
+        }
+        // The redb bytes alone: what a store file was before the layer.
+        let file = std::fs::File::open(&path).unwrap();
+        let pages = PageFile::new(redb::backends::FileBackend::new(file).unwrap(), "s").unwrap();
+        let mut plain = vec![0u8; pages.len().unwrap() as usize];
+        pages.read(0, &mut plain).unwrap();
+        drop(pages);
+        assert_eq!(&plain[..4], b"redb");
+        std::fs::write(&path, &plain).unwrap();
+
+        let refused = Store::builder().open(&path).unwrap_err().to_string();
+        assert!(refused.contains("idemstore upgrade"), "{refused}");
+        assert!(crate::upgrade(&path).unwrap());
+        assert!(
+            !crate::upgrade(&path).unwrap(),
+            "a second upgrade changes nothing"
+        );
+        let store = Store::builder().preallocate_log(false).open(&path).unwrap();
+        match store.reserve(&key, Fingerprint::of(b"r")).unwrap() {
+            Reservation::Completed(done) => assert_eq!(done.result, b"done"),
+            other => panic!("{other:?}"),
+        }
+    }
+
     #[test]
     fn lengths_round_trip() {
         for len in [

@@ -153,6 +153,12 @@ pub struct FileInfo {
     pub wal_seq: u64,
     /// The fencing token the next acquisition will get (meta `next_token`).
     pub next_token: u64,
+    /// Bytes of log written since the last checkpoint.
+    pub log_since_checkpoint: u64,
+    /// Free space the store file's disk needs for the next checkpoint, or for a reopen after
+    /// a crash now, which write the log since the last checkpoint into the file: an upper
+    /// estimate, the figure a full disk's error names.
+    pub checkpoint_room: u64,
 }
 
 /// What [`Problem`] was found by [`Store::verify`].

@@ -217,7 +217,10 @@ impl Store {
                 .map_err(|e| Error::io(format!("reading the size of {}", path.display()), e))
         };
         let log_path = log_path(self.path());
+        let since = self.log_since_checkpoint()?;
         Ok(FileInfo {
+            log_since_checkpoint: since,
+            checkpoint_room: crate::engine::poison::reopen_room(since),
             file_bytes: size(self.path())?,
             log_bytes: size(&log_path)?,
             path: self.path().to_path_buf(),

@@ -137,6 +137,12 @@ impl Store {
         self.committer.with_writer(Writer::checkpoint)
     }
 
+    /// Bytes of log written since the last checkpoint.
+    pub(crate) fn log_since_checkpoint(&self) -> Result<u64, Error> {
+        self.committer
+            .with_writer(|writer| Ok(writer.log_since_checkpoint()))
+    }
+
     /// A second handle on this store's parts, for the admin socket's thread: no socket of
     /// its own, and it must be dropped before the owner's (the owner's `Drop` sees to that).
     pub(crate) fn handle(&self) -> Store {

@@ -160,6 +160,8 @@ pub(crate) fn stats(store: &dyn View, out: &mut impl Write, json: bool) -> Resul
             "log_bytes": info.log_bytes,
             "wal_seq": info.wal_seq,
             "next_token": info.next_token,
+            "log_since_checkpoint": info.log_since_checkpoint,
+            "checkpoint_room": info.checkpoint_room,
             "counts": {
                 "pending": counts.pending,
                 "stale": counts.stale,
@@ -192,6 +194,11 @@ pub(crate) fn stats(store: &dyn View, out: &mut impl Write, json: bool) -> Resul
             "meta wal_seq",
         ]),
         row(["next token", &info.next_token.to_string(), ""]),
+        row([
+            "next checkpoint",
+            &format!("{} of log to write", bytes(info.log_since_checkpoint)),
+            &format!("needs up to {} free", bytes(info.checkpoint_room)),
+        ]),
         match store.socket() {
             Some(socket) => row([
                 "read from",

@@ -30,6 +30,12 @@ pub(crate) enum CommitKind {
 }
 
 impl Writer {
+    /// Bytes of log written since the last checkpoint: what the next checkpoint, or a reopen
+    /// after a crash now, writes into the B-tree file.
+    pub(crate) fn log_since_checkpoint(&self) -> u64 {
+        self.wal.len_since_rewind()
+    }
+
     /// Runs `f` in its own write transaction (after [`flush`](Writer::flush)), committed as
     /// `kind` says. `Ok(Ok(r))` commits; `Ok(Err(e))` rolls back and returns `e` (a refusal,
     /// such as a lost lease); an outer `Err` is a storage failure and poisons the store.

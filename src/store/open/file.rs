@@ -52,7 +52,7 @@ fn not_a_store(path: &Path, reason: impl Into<String>) -> Error {
 }
 
 /// The backend of a store file: redb's file backend (its locks: one process owns a store)
-/// under the checksummed page layer (`pages.rs`).
+/// under the checksummed page layer (`format/pages.rs`).
 pub(crate) fn page_file(file: File, path: &Path) -> Result<PageFile<FileBackend>, Error> {
     let backend = FileBackend::new(file).map_err(|e| open_error(path, "opening", e))?;
     PageFile::new(backend, &path.display().to_string()).map_err(|e| damaged_or_io(path, e))
@@ -219,7 +219,7 @@ fn initialize(db: &Database) -> Result<(), Error> {
     let ctx = "initializing a new store";
     let txn = db.begin_write().map_err(|e| Error::storage(ctx, e))?;
     Tables::open(&txn)?.initialize()?;
-    // Nothing was logged yet: a new store is closed cleanly (`lost_log.rs`).
+    // Nothing was logged yet: a new store is closed cleanly (`engine/lost_log.rs`).
     crate::engine::clean_close::mark(&txn)?;
     txn.commit().map_err(|e| Error::storage(ctx, e))
 }

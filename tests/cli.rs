@@ -725,5 +725,9 @@ fn recover_accepts_a_lost_log_only_when_asked() {
         "recover --accept-loss"
     );
     assert!(run(&["upgrade", p], 0).contains("already in the current format"));
+    assert_eq!(
+        run_json(&["--json", "upgrade", p], 0)["converted"].as_bool(),
+        Some(false)
+    );
     run(&["stats", p], 0);
 }

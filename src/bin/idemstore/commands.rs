@@ -73,11 +73,18 @@ pub(crate) fn run(cli: Cli) -> Result<Option<ProblemsFound>> {
                 .accept_log_loss(accept_loss);
             exists(&file)?;
             drop(builder.open(&file)?);
-            writeln!(out, "{}: opened and closed cleanly", file.display())?;
+            if json {
+                writeln!(out, "{:#}", json!({ "path": file, "closed_cleanly": true }))?;
+            } else {
+                writeln!(out, "{}: opened and closed cleanly", file.display())?;
+            }
         }
         Command::Upgrade { file } => {
             exists(&file)?;
-            if idemstore::upgrade(&file)? {
+            let converted = idemstore::upgrade(&file)?;
+            if json {
+                writeln!(out, "{:#}", json!({ "path": file, "converted": converted }))?;
+            } else if converted {
                 writeln!(out, "{}: converted to the current format", file.display())?;
             } else {
                 writeln!(out, "{}: already in the current format", file.display())?;

@@ -11,6 +11,8 @@ mod concurrency;
 mod etcd;
 mod expire;
 mod features;
+#[cfg(feature = "grpc")]
+mod grpc;
 #[cfg(feature = "http")]
 mod http;
 #[cfg(feature = "http")]

@@ -2,6 +2,8 @@
 
 mod common;
 
+#[cfg(feature = "actix")]
+mod actix;
 mod bad_input;
 #[cfg(feature = "cli")]
 mod cli;

@@ -1,14 +1,22 @@
 //! The guard for gRPC services: a tower layer for tonic servers, answering in gRPC statuses.
 //! Feature `grpc`, off by default.
 //!
-//! A tonic server adds it in one line:
+//! A tonic server adds it in one line, before its services:
 //!
-//! ```ignore
-//! Server::builder()
-//!     .layer(GrpcIdempotencyLayer::new(store).method("/shop.v1.Orders/CreateOrder"))
-//!     .add_service(OrdersServer::new(orders))
-//!     .serve(addr)
-//!     .await?;
+//! ```
+//! use std::sync::Arc;
+//!
+//! use idemstore::grpc::GrpcIdempotencyLayer;
+//! use idemstore::Store;
+//! use tonic::transport::Server;
+//!
+//! # let dir = tempfile::tempdir()?;
+//! let store = Arc::new(Store::open(dir.path().join("rpc.idem"))?);
+//! let server = Server::builder()
+//!     .layer(GrpcIdempotencyLayer::new(store).method("/shop.v1.Orders/CreateOrder"));
+//! // server.add_service(OrdersServer::new(orders)).serve(addr).await?;
+//! # let _ = server;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
 //! (`examples/grpc_service.rs` runs a whole service; `cargo run --example grpc_service

@@ -48,7 +48,8 @@
 //! request runs; 422 for the same key with another body or query string; the stored status,
 //! [chosen headers](Idempotency::replay_headers) and body with `Idempotent-Replayed: true` for
 //! a retry; 5xx responses (by default) are not stored and release the key; 503 with
-//! `Retry-After: 1` when the store fails. The key is (scope, `"{method} {path}"`, client key),
+//! `Retry-After: 1` when the store fails; 410 for a key whose first response was streamed or
+//! over [`max_stored_response`](Idempotency::max_stored_response), so not stored. The key is (scope, `"{method} {path}"`, client key),
 //! as the tower layer builds it, so one store can serve both.
 //!
 //! The decisions are the framework-neutral [`guard`](crate::guard). A handler that panics, or
@@ -67,7 +68,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
-use actix_web::body::{to_bytes, BoxBody, EitherBody, MessageBody};
+use actix_web::body::{to_bytes, BodySize, BoxBody, EitherBody, MessageBody};
 use actix_web::dev::{Payload, Service, ServiceRequest, ServiceResponse, Transform};
 use actix_web::http::header::{self, HeaderName, HeaderValue};
 use actix_web::http::{Method, StatusCode};
@@ -212,6 +213,25 @@ impl<R: Reservations + 'static> Idempotency<R> {
         self
     }
 
+    /// How long a duplicate of a request still running waits for its answer instead of being
+    /// refused; see [`Guard::wait_for_first`](crate::guard::Guard::wait_for_first).
+    ///
+    /// Default: off.
+    pub fn wait_for_first(mut self, max: Duration) -> Self {
+        self.guard = self.guard.wait_for_first(max);
+        self
+    }
+
+    /// The largest response stored and replayed, in bytes; a larger one is answered but not
+    /// stored, and its key completed with a marker so the work does not run again; see
+    /// [`Guard::max_stored_response`](crate::guard::Guard::max_stored_response).
+    ///
+    /// Default: [`DEFAULT_MAX_STORED_RESPONSE`](crate::guard::DEFAULT_MAX_STORED_RESPONSE), 1 MiB.
+    pub fn max_stored_response(mut self, bytes: usize) -> Self {
+        self.guard = self.guard.max_stored_response(bytes);
+        self
+    }
+
     /// The start of every problem `type` URI. Default: [`DEFAULT_PROBLEM_BASE`].
     pub fn problem_base(self, base: impl Into<String>) -> Self {
         let base = base.into();
@@ -316,7 +336,7 @@ where
     match guard.begin(&key, fingerprint).await {
         Begin::Run(running) => {
             request.set_payload(Payload::from(body));
-            run(inner, &o, running, request).await
+            run(inner, &guard, &o, running, request).await
         }
         Begin::Replay(stored) => Ok(replay(&o, request, &stored)),
         Begin::Refuse(refused) => Ok(answer(&o, request, refused)),
@@ -327,6 +347,7 @@ where
 /// returns it. Dropping this future before that releases the key (see [`Running`]).
 async fn run<S, B, R>(
     inner: Rc<S>,
+    guard: &Guard<R>,
     o: &Options,
     running: Running<R>,
     request: ServiceRequest,
@@ -345,6 +366,23 @@ where
     };
     let (request, response) = response.into_parts();
     let (head, body) = response.into_parts();
+    let len = match body.size() {
+        BodySize::None => Some(0),
+        BodySize::Sized(len) => Some(len),
+        BodySize::Stream => None,
+    };
+    if !guard.stores_body(len) {
+        // A stream, or over the limit: passed through as it comes, never held whole.
+        if (o.store_status)(head.status()) {
+            // Completed with a marker: the work is done and must not run again. If even the
+            // marker is not stored, the key is released; this client gets its answer anyway.
+            let _ = running.complete_not_stored(head.status().as_u16()).await;
+        } else {
+            running.release(Release::NotStored).await;
+        }
+        let response = head.set_body(body);
+        return Ok(ServiceResponse::new(request, response).map_into_left_body());
+    }
     // `ok()`: the body's error is not kept across the release.
     let Some(body) = running.work(to_bytes(body)).await.ok() else {
         running.release(Release::Failed).await;

@@ -217,6 +217,25 @@ impl<R: Reservations + 'static> GrpcIdempotencyLayer<R> {
         self.guard = self.guard.max_retry_after(max);
         self
     }
+
+    /// How long a duplicate of a request still running waits for its answer instead of being
+    /// refused; see [`Guard::wait_for_first`](crate::guard::Guard::wait_for_first).
+    ///
+    /// Default: off.
+    pub fn wait_for_first(mut self, max: Duration) -> Self {
+        self.guard = self.guard.wait_for_first(max);
+        self
+    }
+
+    /// The largest response stored and replayed, in bytes; a larger one is answered but not
+    /// stored, and its key completed with a marker so the work does not run again; see
+    /// [`Guard::max_stored_response`](crate::guard::Guard::max_stored_response).
+    ///
+    /// Default: [`DEFAULT_MAX_STORED_RESPONSE`](crate::guard::DEFAULT_MAX_STORED_RESPONSE), 1 MiB.
+    pub fn max_stored_response(mut self, bytes: usize) -> Self {
+        self.guard = self.guard.max_stored_response(bytes);
+        self
+    }
 }
 
 /// The default of [`GrpcIdempotencyLayer::store_code`].

@@ -48,6 +48,7 @@
 //! | the same key, the first request still running | `ABORTED` with a `RetryInfo` (the delay: the lease left, at most [`max_retry_after`](GrpcIdempotencyLayer::max_retry_after)) |
 //! | the same key, the first request done | its stored answer: the headers (initial metadata), the messages byte for byte and the trailers (`grpc-status`, `grpc-message`, details, trailing metadata), with `idempotent-replayed: true` added to the initial metadata |
 //! | the same key with another request | `FAILED_PRECONDITION` with a `PreconditionFailure`, also while the first runs |
+//! | the same key, the first answer done but over [`max_stored_response`](GrpcIdempotencyLayer::max_stored_response) (so not stored) | `FAILED_PRECONDITION`, reason `RESPONSE_NOT_STORED`: the work is done and is not run again |
 //! | a key parked for review ([`mark_needs_review`](crate::Store::mark_needs_review)) | `FAILED_PRECONDITION` |
 //! | the store fails | `UNAVAILABLE` with a `RetryInfo` of 1 s |
 //!

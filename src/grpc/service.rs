@@ -132,7 +132,7 @@ where
     match guard.begin(&key, Fingerprint::of(&body)).await {
         Begin::Run(running) => {
             let request = Request::from_parts(parts, Body::new(Full::new(body)));
-            run(inner, &o, &source, running, request).await
+            run(inner, &guard, &o, &source, running, request).await
         }
         Begin::Replay(stored) => Ok(replay(&stored, &source)),
         Begin::Refuse(refused) => Ok(refusal_response(&refused, &source)),
@@ -144,6 +144,7 @@ where
 /// releases the key (see [`Running`]).
 async fn run<S, R, RB>(
     mut inner: S,
+    guard: &Guard<R>,
     o: &Options,
     source: &KeySource,
     running: Running<R>,
@@ -176,6 +177,10 @@ where
         .get(tonic::Status::GRPC_STATUS)
         .map(|value| Code::from_bytes(value.as_bytes()));
     match code.filter(|code| (o.store_code)(*code)) {
+        // Over the limit: answered, and the key completed with a marker (the work is done).
+        Some(_) if !guard.stores_body(Some(data.len() as u64)) => {
+            drop(running.complete_not_stored(parts.status.as_u16()).await);
+        }
         Some(_) => match encode(parts.status, &parts.headers, trailers.as_ref(), &data) {
             // Not stored (too large, lease lost): this client still gets its answer, and
             // the key is released so a retry runs the handler again.

@@ -127,6 +127,14 @@ impl Service {
     /// The server over a store whose lease is one hour: a key released within a test was
     /// released by the middleware, not by its lease.
     fn start(work: Duration) -> Service {
+        Service::start_with(work, |middleware| middleware)
+    }
+
+    /// The server with the middleware configured further by `configure`.
+    fn start_with(
+        work: Duration,
+        configure: impl Fn(Idempotency<Store>) -> Idempotency<Store> + Send + Clone + 'static,
+    ) -> Service {
         let dir = tempfile::tempdir().expect("temporary directory");
         let store = Arc::new(
             Store::builder()
@@ -144,11 +152,11 @@ impl Service {
             actix_web::rt::System::new().block_on(async move {
                 let server = HttpServer::new(move || {
                     App::new()
-                        .wrap(
+                        .wrap(configure(
                             Idempotency::new(Arc::clone(&store))
                                 .scope(bearer)
                                 .max_body(64),
-                        )
+                        ))
                         .app_data(app_shop.clone())
                         .route("/orders", web::post().to(create))
                         .route("/payments", web::post().to(pay))
@@ -382,4 +390,31 @@ async fn refusals_are_problems_with_the_tower_layers_statuses() {
         .await
         .expect("answered");
     assert_eq!(health.status(), StatusCode::OK);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_over_the_stored_limit_is_sent_and_then_410() {
+    let service = Service::start_with(Duration::ZERO, |m| m.max_stored_response(8));
+    let first = service.post("gus", "/orders", Some("big-1"), "book").await;
+    assert_eq!(
+        (first.status, first.replayed()),
+        (StatusCode::CREATED, false)
+    );
+    assert!(
+        first.body.ends_with(b"\0\xff\xfe"),
+        "sent whole: {}",
+        first.text()
+    );
+    let retry = service.post("gus", "/orders", Some("big-1"), "book").await;
+    assert_eq!(retry.status, StatusCode::GONE, "{}", retry.text());
+    assert!(
+        retry.text().contains("#response-not-stored"),
+        "{}",
+        retry.text()
+    );
+    assert_eq!(
+        service.shop.runs("gus", "big-1"),
+        1,
+        "the work is not run again"
+    );
 }

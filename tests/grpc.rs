@@ -154,6 +154,14 @@ impl Service {
     /// over a store whose lease is one hour: a key released within a test was released by the
     /// layer, not by its lease.
     async fn start(work: Duration) -> Service {
+        Service::start_with(work, |layer| layer).await
+    }
+
+    /// The server with the layer configured further by `configure`.
+    async fn start_with(
+        work: Duration,
+        configure: impl FnOnce(GrpcIdempotencyLayer<Store>) -> GrpcIdempotencyLayer<Store>,
+    ) -> Service {
         let dir = tempfile::tempdir().expect("temporary directory");
         let store = Store::builder()
             .lease(Duration::from_secs(3600))
@@ -162,6 +170,7 @@ impl Service {
         let layer = GrpcIdempotencyLayer::new(Arc::new(store))
             .method_with_request_id(CREATE, |m: &CreateOrderRequest| &m.request_id)
             .method(PAY);
+        let layer = configure(layer);
         let shop = Arc::new(Shop {
             work,
             ..Shop::default()
@@ -520,4 +529,22 @@ async fn keys_are_required_and_unguarded_rpcs_pass() {
         assert_eq!(n, 3);
     }
     assert_eq!(service.shop.runs("watch"), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_over_the_stored_limit_is_sent_and_never_run_again() {
+    let service = Service::start_with(Duration::ZERO, |layer| layer.max_stored_response(8)).await;
+    let first = service
+        .order("big-1", "a long item name")
+        .await
+        .expect("created");
+    assert!(!replayed(first.metadata()));
+    assert_eq!(first.get_ref().item, "a long item name");
+    let status = service
+        .order("big-1", "a long item name")
+        .await
+        .expect_err("not stored");
+    assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+    assert_eq!(reason(&status), "RESPONSE_NOT_STORED");
+    assert_eq!(service.shop.runs("big-1"), 1, "the work is not run again");
 }

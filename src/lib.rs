@@ -78,13 +78,16 @@
 //!    and the mapping from decisions to public answers), `inspect/`, and [`Reservations`], the
 //!    trait every backend implements.
 //! 6. **Adapters**: [`guard`] (the framework-neutral decisions of the `Idempotency-Key`
-//!    layer) and [`http`] over it, `etcd`, [`admin`] and the `idemstore` command-line tool
+//!    layer) and [`http`] over it, `grpc` (a tonic layer) and `actix` (an actix-web
+//!    middleware) over it too, `etcd`, [`admin`] and the `idemstore` command-line tool
 //!    (`src/bin/idemstore/`).
 
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 #![warn(clippy::host_endian_bytes)]
 
+#[cfg(feature = "actix")]
+pub mod actix;
 pub mod admin;
 mod answers;
 mod builder;
@@ -96,6 +99,8 @@ mod error;
 mod etcd;
 mod fingerprint;
 mod format;
+#[cfg(feature = "grpc")]
+pub mod grpc;
 #[cfg(feature = "http")]
 pub mod guard;
 #[cfg(feature = "http")]

@@ -2,6 +2,8 @@
 
 mod common;
 
+#[cfg(feature = "actix")]
+mod actix;
 mod bad_input;
 #[cfg(feature = "cli")]
 mod cli;
@@ -12,6 +14,8 @@ mod damage;
 mod etcd;
 mod expire;
 mod features;
+#[cfg(feature = "grpc")]
+mod grpc;
 #[cfg(feature = "http")]
 mod http;
 #[cfg(feature = "http")]

@@ -113,6 +113,8 @@ pub use config::{
 };
 pub use problem::{Refusal, PROBLEM_JSON};
 pub use service::{Idempotency, IdempotencyBody, ResponseFuture};
+#[cfg(feature = "actix")]
+pub(crate) use {problem::problem_json, service::refusal_status};
 
 use ::http::HeaderName;
 

@@ -17,24 +17,37 @@ pub(crate) fn problem(
     detail: &str,
     limit: Option<usize>,
 ) -> Response<Full<Bytes>> {
-    let mut json = format!(
-        r#"{{"type":"{}{}","title":"{}","status":{},"detail":"{}""#,
-        escape(base),
-        refusal.slug(),
-        refusal.title(),
-        status.as_u16(),
-        escape(detail)
-    );
-    if let Some(limit) = limit {
-        json += &format!(r#","limit":{limit}"#);
-    }
-    json.push('}');
+    let json = problem_json(base, refusal, status.as_u16(), detail, limit);
     let mut response = Response::new(Full::new(Bytes::from(json)));
     *response.status_mut() = status;
     response
         .headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
     response
+}
+
+/// The problem's JSON text; shared by every HTTP adapter (the actix-web middleware answers the
+/// same).
+pub(crate) fn problem_json(
+    base: &str,
+    refusal: Refusal,
+    status: u16,
+    detail: &str,
+    limit: Option<usize>,
+) -> String {
+    let mut json = format!(
+        r#"{{"type":"{}{}","title":"{}","status":{},"detail":"{}""#,
+        escape(base),
+        refusal.slug(),
+        refusal.title(),
+        status,
+        escape(detail)
+    );
+    if let Some(limit) = limit {
+        json += &format!(r#","limit":{limit}"#);
+    }
+    json.push('}');
+    json
 }
 
 /// `text` as the inside of a JSON string.

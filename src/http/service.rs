@@ -239,12 +239,18 @@ fn to_http(stored: StoredResponse) -> Option<(StatusCode, HeaderMap, Bytes)> {
 
 /// The HTTP status of each refusal.
 fn status_of(o: &Options, refusal: Refusal) -> StatusCode {
+    refusal_status(refusal, o.body_too_large)
+}
+
+/// The HTTP status of each refusal, `body_too_large` for [`Refusal::BodyTooLarge`]; shared by
+/// every HTTP adapter (the actix-web middleware answers the same).
+pub(crate) fn refusal_status(refusal: Refusal, body_too_large: StatusCode) -> StatusCode {
     match refusal {
         Refusal::KeyMissing | Refusal::KeyInvalid | Refusal::BodyUnreadable => {
             StatusCode::BAD_REQUEST
         }
         Refusal::NoScope => StatusCode::UNAUTHORIZED,
-        Refusal::BodyTooLarge => o.body_too_large,
+        Refusal::BodyTooLarge => body_too_large,
         Refusal::InProgress | Refusal::UnderReview => StatusCode::CONFLICT,
         Refusal::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
         Refusal::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,

@@ -1,0 +1,333 @@
+//! [`GrpcIdempotency`]: the service the layer wraps a tonic server in, and what it does per RPC.
+
+use std::convert::Infallible;
+use std::future::{ready, Future};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use tonic::body::Body;
+use tonic::Code;
+
+use crate::grpc::config::{KeySource, Options};
+use crate::grpc::status::refusal_response;
+use crate::grpc::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
+use crate::guard::{
+    client_key, encode_stored, request_key, Begin, Guard, Refusal, Refused, Release, Running,
+    StoredResponse,
+};
+use crate::{Fingerprint, Reservations};
+
+/// The future of [`GrpcIdempotency`]'s responses.
+pub type ResponseFuture<E> = Pin<Box<dyn Future<Output = Result<Response<Body>, E>> + Send>>;
+
+/// The boxed error every tonic body carries.
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The stored entry that separates the response's headers from its trailers: a pseudo-header
+/// name, which no real header or metadata entry can have.
+const TRAILERS: &str = ":trailers";
+
+/// The service made by [`GrpcIdempotencyLayer`](crate::grpc::GrpcIdempotencyLayer) around a
+/// tonic server's routes (or any service of `http` requests with tonic bodies).
+pub struct GrpcIdempotency<S, R> {
+    pub(crate) inner: S,
+    pub(crate) guard: Guard<R>,
+    pub(crate) options: Arc<Options>,
+}
+
+impl<S: Clone, R> Clone for GrpcIdempotency<S, R> {
+    fn clone(&self) -> Self {
+        GrpcIdempotency {
+            inner: self.inner.clone(),
+            guard: self.guard.clone(),
+            options: Arc::clone(&self.options),
+        }
+    }
+}
+
+impl<S, R, RB> tower::Service<Request<Body>> for GrpcIdempotency<S, R>
+where
+    S: tower::Service<Request<Body>, Response = Response<RB>> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Error: Send,
+    R: Reservations + 'static,
+    RB: http_body::Body<Data = Bytes> + Send + 'static,
+    RB::Error: Into<BoxError>,
+{
+    type Response = Response<Body>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<Body>) -> Self::Future {
+        // The service that was polled ready handles this request; a fresh clone stays.
+        let fresh = self.inner.clone();
+        let ready = std::mem::replace(&mut self.inner, fresh);
+        let guard = self.guard.clone();
+        let options = Arc::clone(&self.options);
+        Box::pin(handle(ready, guard, options, request))
+    }
+}
+
+/// One RPC: the gRPC side of the steps of the [guard](crate::guard).
+async fn handle<S, R, RB>(
+    mut inner: S,
+    guard: Guard<R>,
+    o: Arc<Options>,
+    request: Request<Body>,
+) -> Result<Response<Body>, S::Error>
+where
+    S: tower::Service<Request<Body>, Response = Response<RB>>,
+    R: Reservations + 'static,
+    RB: http_body::Body<Data = Bytes> + Send + 'static,
+    RB::Error: Into<BoxError>,
+{
+    let path = request.uri().path();
+    let Some(source) = o.methods.get(path).cloned() else {
+        return Ok(inner.call(request).await?.map(Body::new));
+    };
+    let (parts, body) = request.into_parts();
+    let body = match read_request(&o, body).await {
+        Ok(body) => body,
+        Err(refused) => return Ok(refusal_response(&refused, &source)),
+    };
+    let id = match &source {
+        KeySource::Metadata => {
+            let values = parts.headers.get_all(IDEMPOTENCY_KEY);
+            client_key(values.iter().map(HeaderValue::as_bytes))
+        }
+        KeySource::RequestId(read) => match single_message(&body).and_then(|m| read(m)) {
+            Ok(Some(id)) => client_key([&id[..]]),
+            Ok(None) => Ok(None),
+            Err(detail) => Err(Refused::with_detail(Refusal::BodyUnreadable, detail)),
+        },
+    };
+    let id = match id {
+        Ok(Some(id)) => id,
+        Ok(None) if !o.require_key => {
+            let request = Request::from_parts(parts, Body::new(Full::new(body)));
+            return Ok(inner.call(request).await?.map(Body::new));
+        }
+        Ok(None) => {
+            let detail = match source {
+                KeySource::Metadata => "send an idempotency-key metadata entry",
+                KeySource::RequestId(_) => "set the request id of the request message",
+            };
+            let refused = Refused::with_detail(Refusal::KeyMissing, detail);
+            return Ok(refusal_response(&refused, &source));
+        }
+        Err(refused) => return Ok(refusal_response(&refused, &source)),
+    };
+    let key = match request_key((o.scope)(&parts), parts.uri.path().as_bytes(), &id) {
+        Ok(key) => key,
+        Err(refused) => return Ok(refusal_response(&refused, &source)),
+    };
+    match guard.begin(&key, Fingerprint::of(&body)).await {
+        Begin::Run(running) => {
+            let request = Request::from_parts(parts, Body::new(Full::new(body)));
+            run(inner, &guard, &o, &source, running, request).await
+        }
+        Begin::Replay(stored) => Ok(replay(&stored, &source)),
+        Begin::Refuse(refused) => Ok(refusal_response(&refused, &source)),
+    }
+}
+
+/// Runs the handler under the running key, then stores its answer (or releases the key) and
+/// returns it. Dropping this future before that (the client cancelled, the handler panicked)
+/// releases the key (see [`Running`]).
+async fn run<S, R, RB>(
+    mut inner: S,
+    guard: &Guard<R>,
+    o: &Options,
+    source: &KeySource,
+    running: Running<R>,
+    request: Request<Body>,
+) -> Result<Response<Body>, S::Error>
+where
+    S: tower::Service<Request<Body>, Response = Response<RB>>,
+    R: Reservations + 'static,
+    RB: http_body::Body<Data = Bytes>,
+    RB::Error: Into<BoxError>,
+{
+    let response = match running.work(inner.call(request)).await {
+        Ok(response) => response,
+        Err(error) => {
+            running.release(Release::Failed).await;
+            return Err(error);
+        }
+    };
+    let (parts, body) = response.into_parts();
+    let Ok(collected) = running.work(body.collect()).await else {
+        running.release(Release::Failed).await;
+        let refused = Refused::new(Refusal::ResponseUnreadable);
+        return Ok(refusal_response(&refused, source));
+    };
+    let trailers = collected.trailers().cloned();
+    let data = collected.to_bytes();
+    // A trailers-only answer (an error status) carries `grpc-status` in its headers.
+    let status = trailers.as_ref().unwrap_or(&parts.headers);
+    let code = status
+        .get(tonic::Status::GRPC_STATUS)
+        .map(|value| Code::from_bytes(value.as_bytes()));
+    match code.filter(|code| (o.store_code)(*code)) {
+        // Over the limit: answered, and the key completed with a marker (the work is done).
+        Some(_) if !guard.stores_body(Some(data.len() as u64)) => {
+            drop(running.complete_not_stored(parts.status.as_u16()).await);
+        }
+        Some(_) => match encode(parts.status, &parts.headers, trailers.as_ref(), &data) {
+            // Not stored (too large, lease lost): this client still gets its answer, and
+            // the key is released so a retry runs the handler again.
+            Some(encoded) => drop(running.complete(encoded).await),
+            None => running.release(Release::NotStored).await,
+        },
+        None => running.release(Release::NotStored).await,
+    }
+    Ok(Response::from_parts(parts, grpc_body(data, trailers)))
+}
+
+/// Reads the request stream, up to the limit.
+async fn read_request(o: &Options, body: Body) -> Result<Bytes, Refused> {
+    match Limited::new(body, o.max_message).collect().await {
+        Ok(body) => Ok(body.to_bytes()),
+        Err(error) if error.is::<LengthLimitError>() => Err(Refused::body_too_large(o.max_message)),
+        Err(error) => {
+            let detail = format!("the request stream could not be read: {error}");
+            Err(Refused::with_detail(Refusal::BodyUnreadable, detail))
+        }
+    }
+}
+
+/// The one message of a unary request's stream: a 5-byte prefix (compressed flag, length,
+/// big-endian) and the message.
+fn single_message(stream: &[u8]) -> Result<&[u8], String> {
+    let Some((&[compressed, a, b, c, d], message)) = stream.split_first_chunk::<5>() else {
+        return Err("the request holds no message, so its request id cannot be read".into());
+    };
+    if compressed != 0 {
+        return Err(
+            "the request message is compressed; send it uncompressed so its request id can be read"
+                .into(),
+        );
+    }
+    let len = u32::from_be_bytes([a, b, c, d]) as usize;
+    if message.len() != len {
+        return Err(format!(
+            "the request must be one message of {len} bytes; {} bytes follow its prefix",
+            message.len()
+        ));
+    }
+    Ok(message)
+}
+
+/// The answer as stored: the HTTP status, the headers, [`TRAILERS`] and the trailers, and
+/// the data frames as sent. `None` when some header would not be stored whole (over 255
+/// entries, or a value over 64 KiB): such an answer is not stored rather than replayed cut.
+fn encode(
+    status: StatusCode,
+    headers: &HeaderMap,
+    trailers: Option<&HeaderMap>,
+    data: &[u8],
+) -> Option<Vec<u8>> {
+    fn pairs(map: &HeaderMap) -> Vec<(&str, &[u8])> {
+        map.iter()
+            .map(|(name, value)| (name.as_str(), value.as_bytes()))
+            .collect()
+    }
+    let mut entries = pairs(headers);
+    if let Some(trailers) = trailers {
+        entries.push((TRAILERS, b""));
+        entries.extend(pairs(trailers));
+    }
+    let fits = entries.len() <= 255
+        && entries
+            .iter()
+            .all(|(name, value)| name.len() <= 255 && value.len() <= usize::from(u16::MAX));
+    fits.then(|| encode_stored(status.as_u16(), entries, data))
+}
+
+/// The stored answer, marked as a replay in its headers (initial metadata).
+fn replay(bytes: &[u8], source: &KeySource) -> Response<Body> {
+    let Some((status, mut headers, trailers, data)) = decode(bytes) else {
+        let refused = Refused::new(Refusal::StoredResponseUnreadable);
+        return refusal_response(&refused, source);
+    };
+    headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    let mut response = Response::new(grpc_body(data, trailers));
+    *response.status_mut() = status;
+    *response.headers_mut() = headers;
+    response
+}
+
+/// [`encode`]'s parts in `http` types; `None` when something does not convert.
+fn decode(bytes: &[u8]) -> Option<(StatusCode, HeaderMap, Option<HeaderMap>, Bytes)> {
+    let stored = StoredResponse::decode(bytes)?;
+    let status = StatusCode::from_u16(stored.status).ok()?;
+    let mut headers = HeaderMap::new();
+    let mut trailers: Option<HeaderMap> = None;
+    for (name, value) in stored.headers {
+        if name == TRAILERS {
+            trailers = Some(HeaderMap::new());
+            continue;
+        }
+        let name = HeaderName::from_bytes(name.as_bytes()).ok()?;
+        let value = HeaderValue::from_bytes(&value).ok()?;
+        trailers
+            .as_mut()
+            .unwrap_or(&mut headers)
+            .append(name, value);
+    }
+    Some((status, headers, trailers, Bytes::from(stored.body)))
+}
+
+/// A body of the data frames as one frame, then the trailers (if any).
+fn grpc_body(data: Bytes, trailers: Option<HeaderMap>) -> Body {
+    let trailers = ready(trailers.map(Ok::<_, Infallible>));
+    Body::new(Full::new(data).with_trailers(trailers))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_round_trip_with_their_trailers() {
+        let mut headers = HeaderMap::new();
+        headers.insert("content-type", HeaderValue::from_static("application/grpc"));
+        headers.append("x-a", HeaderValue::from_static("1"));
+        headers.append("x-a", HeaderValue::from_static("2"));
+        let mut trailers = HeaderMap::new();
+        trailers.insert("grpc-status", HeaderValue::from_static("0"));
+        let data = b"\0\0\0\0\x02hi";
+        let bytes = encode(StatusCode::OK, &headers, Some(&trailers), data).expect("fits");
+        let (status, h, t, d) = decode(&bytes).expect("decodes");
+        assert_eq!(
+            (status, &h, t.as_ref(), &d[..]),
+            (StatusCode::OK, &headers, Some(&trailers), &data[..])
+        );
+        // Trailers-only: no marker, no trailers.
+        let bytes = encode(StatusCode::OK, &headers, None, b"").expect("fits");
+        assert_eq!(decode(&bytes).expect("decodes").2, None);
+        // A value too long to store whole: not stored at all.
+        let long = HeaderValue::from_bytes(&vec![b'a'; 70_000]).expect("value");
+        headers.insert("x-long", long);
+        assert!(encode(StatusCode::OK, &headers, None, b"").is_none());
+    }
+
+    #[test]
+    fn one_uncompressed_message_is_read() {
+        assert_eq!(single_message(b"\0\0\0\0\x02hi"), Ok(&b"hi"[..]));
+        assert!(single_message(b"").unwrap_err().contains("no message"));
+        assert!(single_message(b"\x01\0\0\0\x02hi")
+            .unwrap_err()
+            .contains("compressed"));
+        let two = single_message(b"\0\0\0\0\x02hi\0\0\0\0\0").unwrap_err();
+        assert!(two.contains("one message of 2 bytes; 7 bytes"), "{two}");
+    }
+}

@@ -54,6 +54,7 @@ pub struct Builder {
     /// Per-operation retentions ([`Builder::retention_for`]).
     pub(crate) retention_by_operation: Vec<(Vec<u8>, Duration)>,
     pub(crate) lease: Duration,
+    pub(crate) leases_survive_restart: bool,
     pub(crate) durability: Durability,
     pub(crate) max_result_len: usize,
     pub(crate) cache_size: usize,
@@ -89,6 +90,7 @@ impl Default for Builder {
             retention: DEFAULT_RETENTION,
             retention_by_operation: Vec::new(),
             lease: DEFAULT_LEASE,
+            leases_survive_restart: false,
             durability: Durability::default(),
             max_result_len: DEFAULT_MAX_RESULT_LEN,
             cache_size: DEFAULT_CACHE_SIZE,
@@ -112,6 +114,7 @@ impl fmt::Debug for Builder {
             .field("retention", &self.retention)
             .field("retention_by_operation", &self.retention_by_operation)
             .field("lease", &self.lease)
+            .field("leases_survive_restart", &self.leases_survive_restart)
             .field("durability", &self.durability)
             .field("max_result_len", &self.max_result_len)
             .field("cache_size", &self.cache_size)
@@ -185,6 +188,58 @@ impl Builder {
     /// Default = [`DEFAULT_LEASE`] (60 s).
     pub fn lease(&mut self, lease: Duration) -> &mut Self {
         self.lease = lease;
+        self
+    }
+
+    /// Whether a lease granted before the store was last opened lasts its full time.
+    /// Default = `false`: leases end with their process.
+    ///
+    /// One process owns a store file, so when a store is opened, every reservation still
+    /// pending from before was acquired by an earlier owner (a process that died, or a
+    /// [`Store`] value that was dropped). By default these reservations are stale at once:
+    /// the next [`reserve`](Store::reserve) of such a key takes it over (a new token,
+    /// `attempt + 1`, [`Lease::is_retry`](crate::Lease::is_retry)), [`Store::stale`] lists
+    /// them, and no [`InProgress`](crate::Reservation::InProgress) answer points past the
+    /// restart. A request cut by a crash then succeeds on its first retry instead of being
+    /// refused for a whole lease. (The rule: fencing tokens rise across restarts, so every
+    /// token below the first one this owner hands out belongs to an earlier owner.)
+    ///
+    /// Set `true` when work may still be running outside the process after it died: an
+    /// external side effect in flight (a payment submitted to another service, a job handed
+    /// to a worker elsewhere) that must not be retried before its lease ends. Leases then
+    /// last their time across a restart, as they do within one process.
+    ///
+    /// Either way, fencing holds: a token is never handed out twice, an old holder's
+    /// `complete` after a takeover answers [`Error::LeaseLost`](crate::Error::LeaseLost), and
+    /// `attempt` counts every acquisition.
+    ///
+    /// ```
+    /// use idemstore::{Fingerprint, Key, Reservation, Store};
+    ///
+    /// # let dir = tempfile::tempdir()?;
+    /// let path = dir.path().join("keys.idem");
+    /// let key = Key::new("user-1", "charge", "k1")?;
+    /// let store = Store::open(&path)?;
+    /// let Reservation::Acquired(_lease) = store.reserve(&key, Fingerprint::of(b"x"))? else {
+    ///     unreachable!("a fresh key is acquired")
+    /// };
+    /// drop(store); // the owner goes away with the work unfinished (as a crash would)
+    ///
+    /// let store = Store::open(&path)?;
+    /// let Reservation::Acquired(lease) = store.reserve(&key, Fingerprint::of(b"x"))? else {
+    ///     unreachable!("the earlier owner's lease ended with it")
+    /// };
+    /// assert_eq!(lease.attempt(), 2);
+    /// drop(store);
+    ///
+    /// // With the setting, a lease outlasts the restart.
+    /// let store = Store::builder().leases_survive_restart(true).open(&path)?;
+    /// let answer = store.reserve(&key, Fingerprint::of(b"x"))?;
+    /// assert!(matches!(answer, Reservation::InProgress { .. }));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn leases_survive_restart(&mut self, survive: bool) -> &mut Self {
+        self.leases_survive_restart = survive;
         self
     }
 

@@ -53,6 +53,25 @@ pub(crate) enum State {
     },
 }
 
+/// The first fencing token the store's current owner hands out, fixed when the store is
+/// opened. Tokens rise across restarts, so a pending record under a lower token was acquired
+/// by an earlier owner of the file: a process that no longer runs (one process owns a store
+/// file), whose lease therefore ended with it. [`TokenFloor::NONE`] keeps every lease until
+/// its time runs out (the store setting `leases_survive_restart`, and backends shared by
+/// several processes).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct TokenFloor(pub(crate) u64);
+
+impl TokenFloor {
+    /// No floor: a lease lasts its time, whoever acquired it.
+    pub(crate) const NONE: TokenFloor = TokenFloor(0);
+
+    /// Whether a pending record under `token` was acquired by an earlier owner.
+    pub(crate) fn orphans(self, token: u64) -> bool {
+        token < self.0
+    }
+}
+
 /// The state a stored record is in at a given moment: the one lease-phase
 /// classification that deciding, sweeping, listing stale keys, expiring and the inspection APIs
 /// share. Unlike [`Status`], it tells a live reservation from a stale one and counts records
@@ -62,8 +81,10 @@ pub(crate) enum State {
 pub enum RecordClass {
     /// Reserved, and the lease is live: a worker is doing the work.
     Pending,
-    /// Reserved, but the lease ran out without a completion: the worker probably died, maybe
-    /// after side effects. See [`Store::stale`](crate::Store::stale).
+    /// Reserved, but the lease ran out without a completion, or the reservation was made by
+    /// an earlier owner of the file (leases end with their process, see
+    /// [`Builder::leases_survive_restart`](crate::Builder::leases_survive_restart)): the
+    /// worker probably died, maybe after side effects. See [`Store::stale`](crate::Store::stale).
     Stale,
     /// Parked for a person by [`Store::mark_needs_review`](crate::Store::mark_needs_review).
     NeedsReview,
@@ -181,15 +202,20 @@ impl Record {
         now >= self.expires_at
     }
 
-    /// The class of the record at `now`, with the same rules as
-    /// [`reserve`](crate::Store::reserve): a lease is live while `now < lease_until`; a record
-    /// reads as absent from `expires_at` on.
-    pub(crate) fn class(&self, now: Millis) -> RecordClass {
+    /// The class of the record at `now` under the owner's `floor`, with the same rules as
+    /// [`reserve`](crate::Store::reserve): a lease is live while `now < lease_until` and its
+    /// token is not below the floor (an earlier owner's lease ended with it); a record reads
+    /// as absent from `expires_at` on.
+    pub(crate) fn class(&self, now: Millis, floor: TokenFloor) -> RecordClass {
         if self.is_expired(now) {
             return RecordClass::Expired;
         }
         match self.state {
-            State::Pending { lease_until, .. } if now < lease_until => RecordClass::Pending,
+            State::Pending { lease_until, .. }
+                if now < lease_until && !floor.orphans(self.token) =>
+            {
+                RecordClass::Pending
+            }
             State::Pending { .. } => RecordClass::Stale,
             State::Completed { .. } => RecordClass::Completed,
             State::NeedsReview { .. } => RecordClass::NeedsReview,

@@ -56,11 +56,13 @@ impl Fixture {
         fixture
     }
 
-    /// The fixture's store, with its clock: lease 1 h, retention 24 h.
+    /// The fixture's store, with its clock: lease 1 h, retention 24 h, and leases that
+    /// outlast a restart (so the `live` key stays live each time a test opens the file).
     fn open(&self) -> Store {
         // The tests count expired keys: no background sweeper deleting them meanwhile.
         Store::builder()
             .lease(HOUR)
+            .leases_survive_restart(true)
             .retention(24 * HOUR)
             .clock(self.clock.clone())
             .sweep_interval(None)
@@ -73,9 +75,13 @@ impl Fixture {
     }
 }
 
+/// Runs the tool as the fixture's service would see its store: with leases that outlast a
+/// restart, so the fixture's `live` key stays live (by default a key left pending in a file no
+/// process holds is stale: see [`a_key_left_pending_by_a_gone_process_is_stale`]).
 fn idemstore(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_idemstore"))
         .args(args)
+        .arg("--leases-survive-restart")
         .output()
         .expect("run idemstore")
 }
@@ -118,12 +124,43 @@ fn ids(records: &Value) -> Vec<&str> {
 }
 
 #[test]
+fn a_key_left_pending_by_a_gone_process_is_stale() {
+    let fx = Fixture::new();
+    let tool = |args: &[&str]| {
+        let output = Command::new(env!("CARGO_BIN_EXE_idemstore"))
+            .args(args)
+            .output()
+            .expect("run idemstore");
+        assert!(output.status.success(), "{}", stderr(&output));
+        stdout(&output)
+    };
+    let text = tool(&["stats", fx.file()]);
+    for line in ["pending (live lease)    0", "stale (lease ended)     2"] {
+        assert!(text.contains(line), "missing {line:?} in:\n{text}");
+    }
+    let text = tool(&["get", fx.file(), "u1", "charge", "live"]);
+    assert!(text.contains("stale: its process is gone"), "{text}");
+    let listed = tool(&["list", fx.file(), "--state", "stale", "--json"]);
+    let listed: Value = serde_json::from_str(&listed).unwrap();
+    assert_eq!(ids(&listed["records"]), ["stale", "live"]);
+    // The tool's view is the next owner's: the key is taken over by its first reserve.
+    let store = Store::open(&fx.path).unwrap();
+    match store
+        .reserve(&key("u1", "charge", "live"), fp("l"))
+        .unwrap()
+    {
+        Reservation::Acquired(lease) => assert_eq!(lease.attempt(), 2),
+        other => panic!("expected a takeover, got {other:?}"),
+    }
+}
+
+#[test]
 fn stats_counts_every_state_and_reports_the_files() {
     let fx = Fixture::new();
     let text = run(&["stats", fx.file()], 0);
     for line in [
         "pending (live lease)    1",
-        "stale (lease ran out)   1",
+        "stale (lease ended)     1",
         "needs-review            1",
         "completed               1",
         "expired, not yet swept  1",

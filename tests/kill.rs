@@ -7,7 +7,10 @@
 //!   token's result (the completion may have landed unacknowledged);
 //! - an acknowledged completion holds exactly its result; an acknowledged release is gone;
 //! - every token acquired in a round is above every token acknowledged in earlier rounds, and
-//!   so is the token of a fresh key reserved after recovery.
+//!   so is the token of a fresh key reserved after recovery;
+//! - leases end with their process: every key left pending by the killed child (acknowledged
+//!   or not) is listed by `stale()` at once, and its first reserve takes it over with attempt
+//!   2 (`is_retry()`), although its one-hour lease has not run out.
 //!
 //! A second test kills a child that creates new stores in a loop: every store file that exists
 //! afterwards opens (creation is crash-safe), and the ones acknowledged hold their key.
@@ -237,6 +240,7 @@ fn acknowledged_operations_survive_sigkill() {
     let mut expected: HashMap<(String, String), Acked> = HashMap::new();
     let mut max_token = 0u64;
     let mut acks = 0usize;
+    let mut takeovers = 0usize;
     for round in 0..rounds() {
         let (child, reader, started) = spawn(format!("work {} {round}", path.display()));
         let lines = kill_at_random(&mut rng, child, reader, &started);
@@ -272,6 +276,7 @@ fn acknowledged_operations_survive_sigkill() {
             panic!("round {round}: the store does not open after SIGKILL: {e}")
         });
         verify(&store, &expected, round);
+        takeovers += take_over_pending(&store, &mut expected, &mut max_token, round);
         // The recovered token counter is above everything acknowledged.
         let probe = Key::new("probe", "kill", format!("{round}")).expect("valid key");
         match store
@@ -281,16 +286,69 @@ fn acknowledged_operations_survive_sigkill() {
             Reservation::Acquired(lease) => {
                 assert!(lease.token() > max_token, "round {round}: token reused");
                 max_token = lease.token();
+                assert!(store.release_if_pending(&lease).expect("release the probe"));
             }
             other => panic!("a fresh probe key is acquired, got {other:?}"),
         }
     }
     eprintln!(
-        "{} kills, {acks} acknowledgments checked, {} keys",
+        "{} kills, {acks} acknowledgments checked, {} keys, {takeovers} keys left pending by a kill taken over at once",
         rounds(),
         expected.len()
     );
     assert!(acks > rounds(), "the children acknowledged almost nothing");
+    assert!(
+        takeovers > 0,
+        "no key was pending at any kill: the takeover after a restart went unchecked"
+    );
+}
+
+/// Right after the open that follows a kill: every key the child left pending (with or
+/// without an acknowledgment) is stale, and its first reserve takes it over with attempt 2.
+/// Each is then completed, so that later rounds check it as completed. Returns how many.
+fn take_over_pending(
+    store: &Store,
+    expected: &mut HashMap<(String, String), Acked>,
+    max_token: &mut u64,
+    round: usize,
+) -> usize {
+    let stale = store.stale(usize::MAX).expect("list stale reservations");
+    for ((scope, id), acked) in expected.iter() {
+        let key = Key::new(scope, "kill", id).expect("valid key");
+        let pending = store
+            .get(&key)
+            .expect("read")
+            .is_some_and(|r| matches!(r.status(), Status::Pending { .. }));
+        assert!(
+            !pending || stale.iter().any(|(k, _)| *k == key),
+            "round {round}: {key} ({acked:?}) is pending after the kill but not listed as stale"
+        );
+    }
+    for (key, record) in &stale {
+        let lease = match store.reserve(key, fingerprint()).expect("reserve") {
+            Reservation::Acquired(lease) => lease,
+            other => panic!(
+                "round {round}: {key} was pending when its process was killed; the first reserve got {other:?}"
+            ),
+        };
+        assert_eq!(
+            lease.attempt(),
+            record.attempt() + 1,
+            "round {round}: {key}"
+        );
+        assert!(lease.is_retry());
+        assert!(lease.token() > *max_token, "round {round}: token reused");
+        *max_token = lease.token();
+        let (scope, id) = (
+            String::from_utf8_lossy(key.scope()).into_owned(),
+            String::from_utf8_lossy(key.id()).into_owned(),
+        );
+        store
+            .complete(&lease, result_for(&scope, &id, lease.token()))
+            .expect("complete the taken-over key");
+        expected.insert((scope, id), Acked::Completed(lease.token()));
+    }
+    stale.len()
 }
 
 /// Whether the child releases this key (ids are `t<thread>-<i>`; every fifth `i`).

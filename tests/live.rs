@@ -215,10 +215,12 @@ fn the_tool_reads_and_expires_in_a_store_a_running_process_holds() {
         !idemstore::admin::socket_path(&path).exists(),
         "the socket is removed"
     );
-    // Without a holder the tool opens the file itself, and finds what the holder left.
+    // Without a holder the tool opens the file itself, and finds what the holder left: a
+    // reservation whose lease ended with the holder's process.
     let stats = run_json(&["stats", file, "--json"]);
     assert_eq!(stats["live_socket"], Value::Null);
-    assert_eq!(stats["counts"]["pending"], 1, "{stats}");
+    assert_eq!(stats["counts"]["pending"], 0, "{stats}");
+    assert_eq!(stats["counts"]["stale"], 1, "{stats}");
 }
 
 /// A read-only socket serves reads and refuses changes with a message naming the setting.
@@ -333,5 +335,7 @@ fn the_socket_sees_each_reservation_as_soon_as_it_is_acknowledged() {
         started.elapsed()
     );
     assert!(AdminClient::connect(&path).is_err());
-    assert_eq!(Store::open(&path).unwrap().counts().unwrap().pending, 20);
+    // Reopened, the 20 reservations of the dropped store are stale: their owner is gone.
+    let counts = Store::open(&path).unwrap().counts().unwrap();
+    assert_eq!((counts.pending, counts.stale), (0, 20));
 }

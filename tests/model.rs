@@ -183,9 +183,17 @@ struct Model {
     now: u64,
     records: HashMap<usize, MRecord>,
     max_token: u64,
+    /// Tokens below this one were handed out before the last reopen: leases end with the
+    /// store that granted them, so those reservations are stale whatever their lease time.
+    floor: u64,
 }
 
 impl Model {
+    /// Whether the pending `record` with `lease_until` holds a live lease now.
+    fn lease_live(&self, record: &MRecord, lease_until: u64) -> bool {
+        self.now < lease_until && record.token >= self.floor
+    }
+
     /// The record of `key` unless it has expired: an expired record reads as absent.
     fn live(&self, key: usize) -> Option<&MRecord> {
         self.records.get(&key).filter(|r| self.now < r.expires_at)
@@ -256,7 +264,7 @@ impl Model {
             RecordClass::Expired
         } else {
             match record.state {
-                MState::Pending { lease_until } if self.now < lease_until => {
+                MState::Pending { lease_until } if self.lease_live(record, lease_until) => {
                     if !force {
                         return Err(lease_until);
                     }
@@ -338,10 +346,12 @@ fn expect_reserve(model: &Model, key: usize, body: usize) -> Expected {
             expires_at: r.expires_at,
             attempt: r.attempt,
         },
-        MState::Pending { lease_until } if model.now < *lease_until => Expected::InProgress {
-            retry_after_ms: lease_until - model.now,
-            attempt: r.attempt,
-        },
+        MState::Pending { lease_until } if model.lease_live(r, *lease_until) => {
+            Expected::InProgress {
+                retry_after_ms: lease_until - model.now,
+                attempt: r.attempt,
+            }
+        }
         MState::Pending { .. } => Expected::Acquired {
             attempt: r.attempt + 1,
         },
@@ -481,6 +491,7 @@ fn run(ops: &[Op]) {
         now: START_MS,
         records: HashMap::new(),
         max_token: 0,
+        floor: 0,
     };
     // Every lease handed out, with its key's index; never forgotten.
     let mut leases: Vec<(usize, Lease)> = Vec::new();
@@ -657,10 +668,12 @@ fn run(ops: &[Op]) {
                     Resolution::Release
                 };
                 let actual = store.resolve(&key_of(*key), resolution);
-                let resolvable = match model.live(*key).map(|r| &r.state) {
-                    Some(MState::NeedsReview { .. }) => true,
-                    Some(MState::Pending { lease_until }) => *lease_until <= model.now,
-                    Some(MState::Completed { .. }) | None => false,
+                let resolvable = match model.live(*key).map(|r| (r, &r.state)) {
+                    Some((_, MState::NeedsReview { .. })) => true,
+                    Some((r, MState::Pending { lease_until })) => {
+                        !model.lease_live(r, *lease_until)
+                    }
+                    Some((_, MState::Completed { .. })) | None => false,
                 };
                 if !resolvable {
                     match actual {
@@ -722,11 +735,11 @@ fn run(ops: &[Op]) {
                 }
             }
             Op::Stale { limit } => {
-                let now = model.now;
+                let (now, floor) = (model.now, model.floor);
                 let expected: Vec<(u64, usize)> = model
                     .by_deadline(|r| match r.state {
                         MState::Pending { lease_until }
-                            if lease_until <= now && now < r.expires_at =>
+                            if (lease_until <= now || r.token < floor) && now < r.expires_at =>
                         {
                             Some(lease_until)
                         }
@@ -746,6 +759,7 @@ fn run(ops: &[Op]) {
             Op::Reopen => {
                 drop(store);
                 store = open();
+                model.floor = model.max_token + 1;
             }
         }
 

@@ -14,8 +14,8 @@ use crate::decide::Resolution;
 use crate::error::Error;
 use crate::inspect::{FileInfo, ScanFilter, StateCounts};
 use crate::key::Key;
-use crate::record::Record;
 use crate::record::RecordClass;
+use crate::record::{Record, TokenFloor};
 
 /// How long a client waits for an answer. A sweep slice or a checkpoint of a large store
 /// can take a while.
@@ -32,6 +32,8 @@ const ANSWER_TIMEOUT: Duration = Duration::from_secs(120);
 #[derive(Debug, Clone)]
 pub struct AdminClient {
     socket: PathBuf,
+    /// The serving owner's token floor, read when connecting.
+    floor: TokenFloor,
 }
 
 impl AdminClient {
@@ -40,10 +42,11 @@ impl AdminClient {
     /// # Errors
     /// [`Error::Io`] naming the socket when nothing listens on it.
     pub fn connect(store_path: impl AsRef<Path>) -> Result<AdminClient, Error> {
-        let client = AdminClient {
+        let mut client = AdminClient {
             socket: socket_path(store_path.as_ref()),
+            floor: TokenFloor::NONE,
         };
-        client.stream()?;
+        client.floor = TokenFloor(client.file_info()?.token_floor);
         Ok(client)
     }
 
@@ -97,9 +100,12 @@ impl AdminClient {
     }
 
     /// The [`RecordClass`] of `record` now, by this machine's system clock (a service's
-    /// store runs on the system clock).
+    /// store runs on the system clock), with the serving store's rules: a reservation made
+    /// before the service last opened the store is stale (unless it runs with
+    /// [`Builder::leases_survive_restart`](crate::Builder::leases_survive_restart)). The
+    /// owner's [`token_floor`](FileInfo::token_floor) is read when connecting.
     pub fn class_of(&self, record: &Record) -> RecordClass {
-        record.class(to_millis(SystemTime::now()))
+        record.class(to_millis(SystemTime::now()), self.floor)
     }
 
     /// [`Store::expire`](crate::Store::expire) or [`Store::expire_forced`](crate::Store::expire_forced)

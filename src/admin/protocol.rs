@@ -27,7 +27,7 @@ use crate::record::Record;
 use crate::record::RecordClass;
 
 /// The protocol version every request starts with.
-pub(crate) const VERSION: u8 = 1;
+pub(crate) const VERSION: u8 = 2;
 
 /// The largest message either side accepts: a resolve carries one result (at most
 /// [`MAX_RESULT_LEN_LIMIT`](crate::MAX_RESULT_LEN_LIMIT)); a scan answer is bounded by its
@@ -223,6 +223,7 @@ impl Answer {
                     info.next_token,
                     info.log_since_checkpoint,
                     info.checkpoint_room,
+                    info.token_floor,
                 ] {
                     out.extend_from_slice(&n.to_le_bytes());
                 }
@@ -287,6 +288,7 @@ impl Answer {
                 next_token: r.u64()?,
                 log_since_checkpoint: r.u64()?,
                 checkpoint_room: r.u64()?,
+                token_floor: r.u64()?,
             }),
             Request::Counts => Answer::Counts(StateCounts {
                 pending: r.u64()?,
@@ -538,7 +540,9 @@ mod tests {
         let mut longer = request.clone();
         longer.push(0);
         assert!(Request::decode(&longer).is_err());
-        assert!(Request::decode(&[2, 1]).unwrap_err().contains("version"));
+        assert!(Request::decode(&[VERSION + 1, 1])
+            .unwrap_err()
+            .contains("version"));
         let answer = Answer::encode(Ok(Answer::Scan(vec![(
             Key::new("s", "o", "i").unwrap(),
             record(),

@@ -29,13 +29,13 @@ impl Operation for Expire {
         self,
         current: Option<Record>,
         now: Millis,
-        _policy: Policy,
+        policy: Policy,
         _next_token: u64,
     ) -> Decision<Expired> {
         let Some(record) = current else {
             return Decision::answer(Ok(None));
         };
-        let phase = record.class(now);
+        let phase = record.class(now, policy.floor);
         match (phase, record.lease_until()) {
             (RecordClass::Pending, Some(lease_until)) if !self.force => {
                 Decision::answer(Err(lease_until))

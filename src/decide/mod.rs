@@ -13,7 +13,7 @@ pub(crate) mod expire;
 pub(crate) mod op;
 pub(crate) mod policy;
 
-use crate::record::{Millis, Record};
+use crate::record::{Millis, Record, TokenFloor};
 
 pub use op::Resolution;
 
@@ -24,6 +24,9 @@ pub(crate) struct Policy {
     pub(crate) lease: Millis,
     /// How long a completed key (or an abandoned reservation past its lease) is kept.
     pub(crate) retention: Millis,
+    /// Pending records under a lower token belong to an earlier owner of the file and are
+    /// stale whatever their lease time says.
+    pub(crate) floor: TokenFloor,
 }
 
 /// What to do to the stored record.

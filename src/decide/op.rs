@@ -87,7 +87,7 @@ impl Operation for Reserve {
         if record.fingerprint != fingerprint {
             return Decision::answer(Reserved::Mismatch);
         }
-        let live = record.class(now) == RecordClass::Pending;
+        let live = record.class(now, policy.floor) == RecordClass::Pending;
         match record.state {
             State::Completed {
                 completed_at,
@@ -322,7 +322,7 @@ impl Operation for Resolve {
             None => return Decision::answer(Err("the key is not stored")),
             Some(record) => record,
         };
-        match record.class(now) {
+        match record.class(now, policy.floor) {
             RecordClass::NeedsReview | RecordClass::Stale => {}
             RecordClass::Pending => {
                 return Decision::answer(Err("its lease is live, the holder is still working"))

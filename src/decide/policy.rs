@@ -16,7 +16,7 @@ use std::time::Duration;
 use crate::clock::duration_millis;
 use crate::decide::Policy;
 use crate::key::Key;
-use crate::record::Millis;
+use crate::record::{Millis, TokenFloor};
 
 /// The decision policy of every key: the store's, with a retention per operation.
 #[derive(Debug, Clone)]
@@ -27,16 +27,19 @@ pub(crate) struct Policies {
 
 impl Policies {
     /// The policies of a store with these settings (validated by the builder): `lease` and
-    /// `retention` for every key, `retention` replaced per operation by `by_operation`.
+    /// `retention` for every key, `retention` replaced per operation by `by_operation`, and
+    /// the owner's token `floor`.
     pub(crate) fn new(
         lease: Duration,
         retention: Duration,
         by_operation: &[(Vec<u8>, Duration)],
+        floor: TokenFloor,
     ) -> Policies {
         Policies {
             default: Policy {
                 lease: duration_millis(lease),
                 retention: duration_millis(retention),
+                floor,
             },
             by_operation: Arc::new(
                 by_operation
@@ -45,6 +48,11 @@ impl Policies {
                     .collect(),
             ),
         }
+    }
+
+    /// The owner's token floor: pending records below it are stale.
+    pub(crate) fn floor(&self) -> TokenFloor {
+        self.default.floor
     }
 
     /// The policy that decides `key`.

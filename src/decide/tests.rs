@@ -7,11 +7,12 @@ use super::*;
 use crate::error::LeaseLostReason;
 use crate::fingerprint::Fingerprint;
 use crate::record::Progress;
-use crate::record::State;
+use crate::record::{RecordClass, State};
 
 const POLICY: Policy = Policy {
     lease: 1_000,
     retention: 10_000,
+    floor: TokenFloor::NONE,
 };
 const NOW: Millis = 50_000;
 
@@ -428,7 +429,6 @@ fn resolve_applies_only_to_review_or_stale() {
 #[test]
 fn expire_deletes_every_settled_state_and_refuses_a_live_lease() {
     use super::expire::Expire;
-    use crate::record::RecordClass;
     let plain = Expire { force: false };
     let cases = [
         (completed(7, NOW + 5), RecordClass::Completed),
@@ -488,4 +488,99 @@ fn a_retention_override_sets_the_completed_deadline() {
         panic!("a completion is stored, got {:?}", d.change)
     };
     assert_eq!(record.expires_at, NOW + 123);
+}
+
+/// A store reopened after token 41 was handed out: tokens below 42 belong to a dead owner.
+const REOPENED: Policy = Policy {
+    floor: TokenFloor(42),
+    ..POLICY
+};
+
+#[test]
+fn a_lease_of_an_earlier_owner_is_stale_whatever_its_time() {
+    let earlier = pending(41, 1, NOW + 300);
+    let d = decide(
+        Some(earlier.clone()),
+        Reserve { fingerprint: fp() },
+        NOW,
+        REOPENED,
+        42,
+    );
+    assert!(d.used_token);
+    assert_eq!(
+        d.outcome,
+        Reserved::Acquired {
+            token: 42,
+            attempt: 2,
+            lease_until: NOW + 1_000,
+            progress: None,
+        }
+    );
+    assert_eq!(earlier.class(NOW, REOPENED.floor), RecordClass::Stale);
+    let released = decide(
+        Some(earlier.clone()),
+        Resolve(Resolution::Release),
+        NOW,
+        REOPENED,
+        43,
+    );
+    assert_eq!(released.change, Change::Delete);
+    let expired = decide(
+        Some(earlier),
+        expire::Expire { force: false },
+        NOW,
+        REOPENED,
+        43,
+    );
+    assert_eq!(expired.outcome, Ok(Some(RecordClass::Stale)));
+}
+
+#[test]
+fn a_lease_of_the_current_owner_stays_live_above_the_floor() {
+    let own = pending(42, 1, NOW + 300);
+    assert_eq!(own.class(NOW, REOPENED.floor), RecordClass::Pending);
+    let d = decide(Some(own), Reserve { fingerprint: fp() }, NOW, REOPENED, 43);
+    assert_eq!(
+        d,
+        Decision::answer(Reserved::InProgress {
+            retry_after: Duration::from_millis(300),
+            attempt: 1
+        })
+    );
+}
+
+#[test]
+fn the_floor_leaves_settled_records_alone() {
+    let reserve_at = |record| {
+        decide(
+            Some(record),
+            Reserve { fingerprint: fp() },
+            NOW,
+            REOPENED,
+            42,
+        )
+    };
+    assert!(matches!(
+        reserve_at(completed(3, NOW + 5)).outcome,
+        Reserved::Completed { .. }
+    ));
+    assert!(matches!(
+        reserve_at(review(3)).outcome,
+        Reserved::NeedsReview { .. }
+    ));
+    // An earlier owner's token still fences: it cannot complete a key taken over since.
+    let lost = decide(
+        Some(pending(42, 2, NOW + 300)),
+        Complete {
+            token: 41,
+            result: vec![],
+        },
+        NOW,
+        REOPENED,
+        43,
+    );
+    assert_eq!(
+        lost.outcome,
+        Err(LeaseLostReason::TakenOver { by_token: 42 })
+    );
 }

@@ -14,7 +14,7 @@ use crate::engine::stats::Counter;
 use crate::error::Error;
 use crate::format::tables::{decode_record, IndexEntries, Tables};
 use crate::key::Key;
-use crate::record::{Millis, Record, RecordClass};
+use crate::record::{Millis, Record, RecordClass, TokenFloor};
 
 /// The most expired records one background sweep slice deletes, in one short transaction that
 /// holds the writer, so reserves queued behind it wait only briefly (the figures behind the
@@ -69,20 +69,27 @@ pub(crate) fn sweep_expired(
     Ok(deleted)
 }
 
-/// Up to `limit` pending reservations whose lease ran out by `now` and that have not expired,
-/// oldest lease first.
+/// Up to `limit` pending reservations that are stale at `now` under `floor` (their lease ran
+/// out, or an earlier owner acquired them) and that have not expired, oldest lease first.
+///
+/// Without a floor only the leases that ran out are read. With one, the leases still running
+/// are read too, for those of an earlier owner: the cost grows with the pending records, not
+/// with the store.
 pub(crate) fn stale(
     records: &ReadOnlyTable<&'static [u8], &'static [u8]>,
     leases: &ReadOnlyTable<(u64, &'static [u8]), ()>,
     now: Millis,
+    floor: TokenFloor,
     limit: usize,
 ) -> Result<Vec<(Key, Record)>, Error> {
     let ctx = "listing stale reservations";
     let mut found = Vec::new();
-    for entry in leases
-        .range(..(now.saturating_add(1), &[][..]))
-        .map_err(|e| Error::storage(ctx, e))?
-    {
+    let entries = if floor == TokenFloor::NONE {
+        leases.range(..(now.saturating_add(1), &[][..]))
+    } else {
+        leases.range::<(u64, &[u8])>(..)
+    };
+    for entry in entries.map_err(|e| Error::storage(ctx, e))? {
         if found.len() >= limit {
             break;
         }
@@ -94,7 +101,7 @@ pub(crate) fn stale(
         let record = decode_record(key_bytes, bytes.value())?;
         let key = Key::decode(key_bytes)
             .ok_or_else(|| Error::corrupt_record(key_bytes, "key does not decode"))?;
-        if record.class(now) == RecordClass::Stale {
+        if record.class(now, floor) == RecordClass::Stale {
             found.push((key, record));
         }
     }

@@ -12,6 +12,7 @@ use crate::builder::{DEFAULT_LEASE, DEFAULT_MAX_RESULT_LEN, DEFAULT_RETENTION};
 use crate::clock::{duration_millis, Clock, SystemClock};
 use crate::decide::Policy;
 use crate::error::Error;
+use crate::record::TokenFloor;
 
 /// Default etcd key prefix of an [`EtcdStore`].
 pub const DEFAULT_ETCD_PREFIX: &str = "idemstore/";
@@ -173,6 +174,9 @@ impl EtcdBuilder {
             policy: Policy {
                 lease: duration_millis(self.lease),
                 retention: duration_millis(self.retention),
+                // Several processes share one cluster: a lease outlives a process that
+                // stopped, since another may still hold keys, so leases keep their times.
+                floor: TokenFloor::NONE,
             },
             clock: self.clock.clone(),
             max_result_len: self.max_result_len,

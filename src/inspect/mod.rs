@@ -21,7 +21,7 @@ use crate::format::tables::{
     IndexEntries, EXPIRY, LEASES, META, META_NEXT_TOKEN, META_WAL_SEQ, RECORDS,
 };
 use crate::key::Key;
-use crate::record::{Millis, Record, RecordClass, State};
+use crate::record::{Millis, Record, RecordClass, State, TokenFloor};
 use crate::store::Store;
 
 /// The time a record's age is measured from, for [`ScanFilter::older_than`].
@@ -159,6 +159,10 @@ pub struct FileInfo {
     /// a crash now, which write the log since the last checkpoint into the file: an upper
     /// estimate, the figure a full disk's error names.
     pub checkpoint_room: u64,
+    /// The first fencing token this owner of the file handed out: a pending record under a
+    /// lower token was acquired by an earlier owner and is stale. 0 when leases outlast a
+    /// restart ([`Builder::leases_survive_restart`](crate::Builder::leases_survive_restart)).
+    pub token_floor: u64,
 }
 
 /// What [`Problem`] was found by [`Store::verify`].

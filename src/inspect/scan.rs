@@ -17,7 +17,7 @@ impl Store {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn class_of(&self, record: &Record) -> RecordClass {
-        record.class(self.now())
+        record.class(self.now(), self.token_floor())
     }
 
     /// Counts the stored records in each [`RecordClass`], and finds the oldest reservation.
@@ -54,6 +54,7 @@ impl Store {
         let txn = self.snapshot()?;
         let records = txn.open_table(RECORDS).map_err(storage)?;
         let now = self.now();
+        let floor = self.token_floor();
         let mut counts = StateCounts::default();
         let mut oldest: Option<(Millis, Key, Record)> = None;
         for entry in records.iter().map_err(storage)? {
@@ -63,7 +64,7 @@ impl Store {
                 counts.damaged += 1;
                 continue;
             };
-            let class = record.class(now);
+            let class = record.class(now, floor);
             counts.add(class);
             if let (RecordClass::Pending | RecordClass::Stale, Some(lease_until)) =
                 (class, record.lease_until())
@@ -123,12 +124,13 @@ impl Store {
         let txn = self.snapshot()?;
         let records = txn.open_table(RECORDS).map_err(storage)?;
         let now = self.now();
+        let floor = self.token_floor();
         let mut found = Vec::new();
         if limit == 0 {
             return Ok(found);
         }
         let keep = |found: &mut Vec<(Key, Record)>, key: &[u8], record: Record| {
-            let class = record.class(now);
+            let class = record.class(now, floor);
             if filter.matches(&record, class, now) {
                 if let Some(key) = Key::decode(key) {
                     found.push((key, record));
@@ -140,8 +142,11 @@ impl Store {
             Some(class @ (RecordClass::Pending | RecordClass::Stale)) => {
                 let leases = txn.open_table(LEASES).map_err(storage)?;
                 let boundary = (now.saturating_add(1), &[][..]);
+                // Reservations of an earlier owner are stale whatever their lease time says,
+                // so with a floor the stale ones are looked for among every lease.
                 let entries = match class {
-                    RecordClass::Stale => leases.range(..boundary),
+                    RecordClass::Stale if floor == TokenFloor::NONE => leases.range(..boundary),
+                    RecordClass::Stale => leases.range::<(u64, &[u8])>(..),
                     _ => leases.range(boundary..),
                 };
                 for entry in entries.map_err(storage)? {
@@ -227,6 +232,7 @@ impl Store {
             log_path,
             wal_seq,
             next_token,
+            token_floor: self.token_floor().0,
         })
     }
 }

@@ -33,7 +33,7 @@ use crate::engine::commit::{Committer, Writer};
 use crate::engine::poison::Poison;
 use crate::engine::stats::{Counters, Stats};
 use crate::error::Error;
-use crate::record::Millis;
+use crate::record::{Millis, TokenFloor};
 
 pub use open::file::{open_redb, open_redb_read_only, upgrade};
 
@@ -113,6 +113,11 @@ impl Store {
 
     pub(crate) fn now(&self) -> Millis {
         to_millis(self.clock.now())
+    }
+
+    /// This owner's token floor: pending records below it were acquired by an earlier owner.
+    pub(crate) fn token_floor(&self) -> TokenFloor {
+        self.policy.floor()
     }
 
     /// Deletes up to `limit` expired records and returns how many were deleted. Expired

@@ -138,7 +138,7 @@ impl Store {
                 .open_table(RECORDS)
                 .map_err(|e| Error::storage(ctx, e))?;
             let leases = txn.open_table(LEASES).map_err(|e| Error::storage(ctx, e))?;
-            sweep::stale(&records, &leases, self.now(), limit)
+            sweep::stale(&records, &leases, self.now(), self.token_floor(), limit)
         })
     }
 

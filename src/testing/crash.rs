@@ -119,6 +119,9 @@ struct Harness {
     expected: Vec<Model>,
     leases: HashMap<usize, Lease>,
     max_token: u64,
+    /// Keys pending since before the last restart or crash: their lease ended with the
+    /// owner that granted it, so the next reserve takes them over.
+    orphaned: Vec<bool>,
 }
 
 impl Harness {
@@ -135,6 +138,7 @@ impl Harness {
             expected: vec![Model::Absent; KEYS],
             leases: HashMap::new(),
             max_token: 0,
+            orphaned: vec![false; KEYS],
         }
     }
 
@@ -146,6 +150,9 @@ impl Harness {
         self.db = db;
         self.log = log;
         self.store = Some(Store::open_sim(&builder(&self.clock), &self.db, &self.log).unwrap());
+        for (orphaned, expected) in self.orphaned.iter_mut().zip(&self.expected) {
+            *orphaned = matches!(expected, Model::Pending { .. });
+        }
         self.verify();
     }
 
@@ -173,6 +180,7 @@ impl Harness {
                     (Model::Absent, Reservation::Acquired(lease)) => {
                         assert!(lease.token() > self.max_token, "token reused");
                         self.max_token = lease.token();
+                        self.orphaned[i] = false;
                         self.expected[i] = Model::Pending {
                             token: lease.token(),
                             attempt: lease.attempt(),
@@ -181,8 +189,29 @@ impl Harness {
                         };
                         self.leases.insert(i, lease);
                     }
-                    (Model::Pending { token, .. }, Reservation::InProgress { .. }) => {
+                    (Model::Pending { token, .. }, Reservation::InProgress { .. })
+                        if !self.orphaned[i] =>
+                    {
                         assert_eq!(self.leases[&i].token(), *token);
+                    }
+                    // Pending since before a restart: the lease ended with its owner.
+                    (Model::Pending { attempt, .. }, Reservation::Acquired(lease))
+                        if self.orphaned[i] =>
+                    {
+                        assert!(lease.token() > self.max_token, "token reused");
+                        assert_eq!(lease.attempt(), attempt + 1, "key {i}: attempt");
+                        assert!(lease.is_retry());
+                        let old = self.leases.insert(i, lease.clone()).expect("a lease");
+                        let late = self.store().complete(&old, b"late".to_vec());
+                        assert!(matches!(late, Err(Error::LeaseLost { .. })), "{late:?}");
+                        self.max_token = lease.token();
+                        self.orphaned[i] = false;
+                        self.expected[i] = Model::Pending {
+                            token: lease.token(),
+                            attempt: lease.attempt(),
+                            body: 0,
+                            lease_until: to_millis(lease.lease_until()),
+                        };
                     }
                     (Model::Completed { result, .. }, Reservation::Completed(done)) => {
                         assert_eq!(&done.result, result);
@@ -216,8 +245,13 @@ impl Harness {
             Step::Expire(i) => {
                 let answer = self.store().expire(&key(i));
                 match (&self.expected[i], answer) {
-                    (Model::Pending { .. }, Err(Error::LeaseLive { key: got, .. })) => {
+                    (Model::Pending { .. }, Err(Error::LeaseLive { key: got, .. }))
+                        if !self.orphaned[i] =>
+                    {
                         assert_eq!(got, key(i));
+                    }
+                    (Model::Pending { .. }, Ok(Some(RecordClass::Stale))) if self.orphaned[i] => {
+                        self.expected[i] = Model::Absent;
                     }
                     (Model::Absent, Ok(None)) => {}
                     (Model::Completed { .. }, Ok(Some(RecordClass::Completed))) => {
@@ -230,6 +264,7 @@ impl Harness {
                 let answer = self.store().expire_forced(&key(i)).unwrap();
                 let class = match self.expected[i] {
                     Model::Absent => None,
+                    Model::Pending { .. } if self.orphaned[i] => Some(RecordClass::Stale),
                     Model::Pending { .. } => Some(RecordClass::Pending),
                     Model::Completed { .. } => Some(RecordClass::Completed),
                     Model::Review { .. } => Some(RecordClass::NeedsReview),
@@ -269,9 +304,27 @@ impl Harness {
         to_millis(self.clock.time())
     }
 
-    /// Every key holds exactly what was acknowledged (token, attempt, body, deadlines, result).
+    /// Every key holds exactly what was acknowledged (token, attempt, body, deadlines, result),
+    /// and exactly the keys pending from before the restart are stale (the clock stands still,
+    /// so no lease ran out by its time).
     fn verify(&self) {
         let now = self.now();
+        let floor = self.store().token_floor().0;
+        assert!(
+            floor > self.max_token,
+            "floor {floor} at or below an old token"
+        );
+        let mut stale: Vec<Key> = self
+            .store()
+            .stale(KEYS + 1)
+            .unwrap()
+            .into_iter()
+            .map(|(key, _)| key)
+            .collect();
+        stale.sort_by_key(|k| k.encoded().to_vec());
+        let mut orphans: Vec<Key> = (0..KEYS).filter(|&i| self.orphaned[i]).map(key).collect();
+        orphans.sort_by_key(|k| k.encoded().to_vec());
+        assert_eq!(stale, orphans, "stale() after recovery");
         for (i, expected) in self.expected.iter().enumerate() {
             let record = self.store().get(&key(i)).unwrap();
             assert!(
@@ -304,7 +357,10 @@ proptest! {
             harness.run(step);
         }
         harness.run(Step::PowerLoss(7));
-        harness.run(Step::Reserve(0));
+        // The first reserve of every key pending before the cut takes it over (attempt + 1).
+        for i in 0..KEYS {
+            harness.run(Step::Reserve(i));
+        }
         if CASES_RUN.fetch_add(1, Ordering::Relaxed) + 1 == u64::from(cases()) {
             let n = |i: usize| COVERED[i].load(Ordering::Relaxed);
             eprintln!(

@@ -11,7 +11,10 @@
 //!   above every token acknowledged before the cut;
 //! - no key ever had two live owners: an acquisition never falls inside another lease's
 //!   acknowledged live interval (from its acquisition or an acknowledged extend to its lease
-//!   deadline, cut short when its holder asks to complete or release).
+//!   deadline, cut short when its holder asks to complete or release, and at the latest when
+//!   the next store opens: leases end with their process);
+//! - every key found pending after the cut is stale at once: [`Store::stale`] lists exactly
+//!   those keys, and the first reserve of each is `Acquired` with attempt + 1.
 //!
 //! `cargo test` runs [`CUTS`] cuts (two lineages of stores in parallel); `IDEMSTORE_LONG=1`
 //! runs [`LONG_CUTS`], and `IDEMSTORE_POWER_CUTS=<n>` any number. `IDEMSTORE_POWER_SEED=<n>`
@@ -302,6 +305,16 @@ impl History {
         }
     }
 
+    /// The store was opened again at `now`: every lease granted before ended with the owner
+    /// that granted it (the default, `leases_survive_restart(false)`).
+    fn owner_gone(&mut self, now: Millis) {
+        for log in self.leases.values_mut() {
+            for (_, until) in &mut log.live {
+                *until = (*until).min(now);
+            }
+        }
+    }
+
     /// After reopening at `now`: every key holds what was acknowledged.
     fn verify(&self, store: &Store, now: Millis) {
         for i in 0..KEYS {
@@ -472,8 +485,53 @@ fn work(
     }
 }
 
+/// Right after an open: every key found pending was acquired by the owner before the cut, so
+/// it is stale at once ([`Store::stale`] lists exactly those), and its first reserve takes it
+/// over with attempt + 1. Each takeover is recorded (so no later acquisition may fall inside
+/// it) and then released.
+fn take_over_pending(store: &Store, history: &Mutex<History>, covered: &[AtomicU64; 9]) {
+    let pending: Vec<(usize, u32)> = (0..KEYS)
+        .filter_map(|i| {
+            let record = store.get(&key(i)).unwrap()?;
+            matches!(record.status(), Status::Pending { .. }).then(|| (i, record.attempt()))
+        })
+        .collect();
+    let mut stale: Vec<Key> = store
+        .stale(KEYS + 1)
+        .unwrap()
+        .into_iter()
+        .map(|(k, _)| k)
+        .collect();
+    let mut expected: Vec<Key> = pending.iter().map(|&(i, _)| key(i)).collect();
+    stale.sort_by(|a, b| a.id().cmp(b.id()));
+    expected.sort_by(|a, b| a.id().cmp(b.id()));
+    assert_eq!(stale, expected, "stale() right after the open");
+    for (i, attempt) in pending {
+        let lease = match store.reserve(&key(i), fingerprint(i)).unwrap() {
+            Reservation::Acquired(lease) => lease,
+            other => panic!("key {i} was pending before the cut; its first reserve got {other:?}"),
+        };
+        assert_eq!(
+            lease.attempt(),
+            attempt + 1,
+            "key {i}: attempt after the cut"
+        );
+        covered[8].fetch_add(1, Ordering::Relaxed);
+        let mut h = history.lock();
+        h.acquired(i, &lease);
+        h.ending(
+            lease.token(),
+            to_millis(lease.lease_until()) - LEASE_MS,
+            None,
+        );
+        drop(h);
+        assert!(store.release_if_pending(&lease).unwrap());
+        history.lock().ended(lease.token(), Acked::Released);
+    }
+}
+
 /// One lineage of stores: `cuts` rounds of concurrent work, each ended by a power cut.
-fn lineage(cuts: usize, seed: u64, covered: &[AtomicU64; 8]) {
+fn lineage(cuts: usize, seed: u64, covered: &[AtomicU64; 9]) {
     let clock = ManualClock::starting_at(UNIX_EPOCH + Duration::from_secs(1_700_000_000));
     let mut rng = Rng(seed | 1);
     let (mut db, mut log) = (SimDisk::new(), SimDisk::new());
@@ -490,7 +548,9 @@ fn lineage(cuts: usize, seed: u64, covered: &[AtomicU64; 8]) {
             history.prune(to_millis(clock.time()));
             history.cut = false;
             history.acked = 0;
+            history.owner_gone(to_millis(clock.time()));
         }
+        take_over_pending(&store, &history, covered);
         let cut_after = 1 + rng.next() % 10;
         let stop = AtomicBool::new(false);
         let hold = rng.next().is_multiple_of(2);
@@ -552,7 +612,7 @@ fn concurrent_work_survives_power_cuts_with_frames_in_flight() {
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| to_millis(std::time::SystemTime::now()));
     let lineages = 2;
-    let covered: Arc<[AtomicU64; 8]> = Arc::new([const { AtomicU64::new(0) }; 8]);
+    let covered: Arc<[AtomicU64; 9]> = Arc::new([const { AtomicU64::new(0) }; 9]);
     let start = Instant::now();
     thread::scope(|s| {
         for l in 0..lineages {
@@ -563,7 +623,7 @@ fn concurrent_work_survives_power_cuts_with_frames_in_flight() {
     });
     let n = |i: usize| covered[i].load(Ordering::Relaxed);
     eprintln!(
-        "power-loss model: {cuts} cuts in {:.1} s (seed {seed}): {} unsynced log writes at the cuts, {} cuts with 2 or more; acknowledged: {} acquisitions ({} of them takeovers of a stale lease), {} completions, {} releases, {} extends, {} expires",
+        "power-loss model: {cuts} cuts in {:.1} s (seed {seed}): {} unsynced log writes at the cuts, {} cuts with 2 or more; acknowledged: {} acquisitions ({} of them takeovers of a stale lease), {} completions, {} releases, {} extends, {} expires; {} keys pending at a cut taken over by the first reserve after it",
         start.elapsed().as_secs_f64(),
         n(0),
         n(1),
@@ -573,5 +633,10 @@ fn concurrent_work_survives_power_cuts_with_frames_in_flight() {
         n(5),
         n(6),
         n(7),
+        n(8),
+    );
+    assert!(
+        cuts < 100 || n(8) > 0,
+        "no key was pending at any of {cuts} cuts: the takeover after a restart went unchecked"
     );
 }

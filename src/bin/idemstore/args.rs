@@ -14,7 +14,12 @@ A command opens the store as a service does: one process owns a store file, and 
 replays its log (FILE.wal) into the file. When a running service holds the file
 and serves its admin socket (FILE.admin, Builder::admin_socket), stats, get and list ask the
 service and see its live state; so do expire, resolve and sweep with a read-write socket.
-Otherwise stop the service first. check always needs the store to itself.";
+Otherwise stop the service first. check always needs the store to itself.
+
+A reservation still pending in a store that no process holds was made by a process that is
+gone: its lease ended with it, so it shows as stale and the next reserve takes it over.
+A service built with Builder::leases_survive_restart(true) keeps such leases for their
+time; give --leases-survive-restart to see its store the same way.";
 
 #[derive(Parser)]
 #[command(
@@ -27,6 +32,12 @@ pub(crate) struct Cli {
     /// Print JSON instead of tables (errors too, on stderr)
     #[arg(long, global = true)]
     pub(crate) json: bool,
+
+    /// When the tool opens the file itself: reservations made before it was opened keep
+    /// their lease time, as in a service built with Builder::leases_survive_restart(true)
+    /// (default: they are stale, their process is gone)
+    #[arg(long, global = true)]
+    pub(crate) leases_survive_restart: bool,
 
     #[command(subcommand)]
     pub(crate) command: Command,

@@ -6,11 +6,16 @@ use super::*;
 pub(crate) fn run(cli: Cli) -> Result<Option<ProblemsFound>> {
     let mut out = io::stdout().lock();
     let json = cli.json;
+    let keep = cli.leases_survive_restart;
     match cli.command {
-        Command::Stats { file } => stats(&*open_view(&file)?, &mut out, json)?,
-        Command::Get { key, raw } => {
-            get(&*open_view(&key.file)?, &key.key()?, &mut out, json, raw)?
-        }
+        Command::Stats { file } => stats(&*open_view(&file, keep)?, &mut out, json)?,
+        Command::Get { key, raw } => get(
+            &*open_view(&key.file, keep)?,
+            &key.key()?,
+            &mut out,
+            json,
+            raw,
+        )?,
         Command::List {
             file,
             state,
@@ -21,7 +26,7 @@ pub(crate) fn run(cli: Cli) -> Result<Option<ProblemsFound>> {
             if let Some(age) = older_than {
                 filter = filter.older_than(age);
             }
-            list(&*open_view(&file)?, &filter, limit, &mut out, json)?
+            list(&*open_view(&file, keep)?, &filter, limit, &mut out, json)?
         }
         Command::Resolve {
             key,
@@ -32,7 +37,7 @@ pub(crate) fn run(cli: Cli) -> Result<Option<ProblemsFound>> {
                 Some(path) => Resolution::Complete(read_result(&path)?),
                 None => Resolution::Release,
             };
-            let store = open_view(&key.file)?;
+            let store = open_view(&key.file, keep)?;
             resolve(&*store, &key.key()?, resolution, retention, &mut out, json)?
         }
         Command::Expire { key, force } => {
@@ -41,16 +46,22 @@ pub(crate) fn run(cli: Cli) -> Result<Option<ProblemsFound>> {
             } else {
                 LiveLease::Refuse
             };
-            expire(&*open_view(&key.file)?, &key.key()?, live, &mut out, json)?
+            expire(
+                &*open_view(&key.file, keep)?,
+                &key.key()?,
+                live,
+                &mut out,
+                json,
+            )?
         }
         Command::Sweep { file, limit, slice } => {
             if slice == 0 {
                 bail!("--slice must be at least 1");
             }
-            sweep(&*open_view(&file)?, limit, slice, &mut out, json)?
+            sweep(&*open_view(&file, keep)?, limit, slice, &mut out, json)?
         }
         Command::Check { file } => {
-            let store = open(&file)?;
+            let store = open(&file, keep)?;
             let bar = progress_bar(
                 "checking {bar:40} {pos}/{len} entries ({percent}%), eta {eta}",
                 json,
@@ -107,19 +118,21 @@ fn exists(path: &Path) -> Result<()> {
 }
 
 /// The store at `path` as the commands see it: the live store of the service that serves its
-/// admin socket, else the store opened by this tool.
-pub(crate) fn open_view(path: &Path) -> Result<Box<dyn View>> {
+/// admin socket, else the store opened by this tool (with `keep`, leases granted before the
+/// open last their time, as in a service with `Builder::leases_survive_restart`).
+pub(crate) fn open_view(path: &Path, keep: bool) -> Result<Box<dyn View>> {
     if std::fs::symlink_metadata(idemstore::admin::socket_path(path)).is_ok() {
         // A socket left by a service that died refuses the connection: open the file then.
         if let Ok(client) = AdminClient::connect(path) {
             return Ok(Box::new(client));
         }
     }
-    Ok(Box::new(open(path)?))
+    Ok(Box::new(open(path, keep)?))
 }
 
 /// Opens an existing store; never creates one (a typo must not leave a new empty store).
-pub(crate) fn open(path: &Path) -> Result<Store> {
+/// `keep`: leases granted before this open last their time.
+pub(crate) fn open(path: &Path, keep: bool) -> Result<Store> {
     match std::fs::metadata(path) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
             bail!(
@@ -134,7 +147,10 @@ pub(crate) fn open(path: &Path) -> Result<Store> {
     // sweeper changing counts under it, and no growing an existing store's log to its
     // preallocated size just to inspect it.
     let mut builder = Store::builder();
-    builder.sweep_interval(None).preallocate_log(false);
+    builder
+        .sweep_interval(None)
+        .preallocate_log(false)
+        .leases_survive_restart(keep);
     Ok(builder.open(path)?)
 }
 
@@ -219,7 +235,7 @@ pub(crate) fn stats(store: &dyn View, out: &mut impl Write, json: bool) -> Resul
     writeln!(out)?;
     let mut rows = vec![
         row(["pending (live lease)", &counts.pending.to_string()]),
-        row(["stale (lease ran out)", &counts.stale.to_string()]),
+        row(["stale (lease ended)", &counts.stale.to_string()]),
         row(["needs-review", &counts.needs_review.to_string()]),
         row(["completed", &counts.completed.to_string()]),
         row(["expired, not yet swept", &counts.expired.to_string()]),

@@ -70,6 +70,13 @@ pub(crate) fn when(store: &dyn View, record: &Record, now: SystemTime) -> String
             Some(t) => format!("expired {} ago", short(since(now, t))),
             None => "expired".into(),
         },
+        // Reserved by an earlier owner of the file: its lease ended with that process.
+        (RecordClass::Stale, Status::Pending { lease_until, .. }) if lease_until > now => {
+            format!(
+                "stale: its process is gone (lease time left {})",
+                short(since(lease_until, now))
+            )
+        }
         (RecordClass::Stale, Status::Pending { lease_until, .. }) => {
             format!("stale for {}", short(since(now, lease_until)))
         }

@@ -19,6 +19,7 @@ use crate::engine::wal::{log_path, LogFile};
 use crate::error::Error;
 use crate::format::identity::{self, Identity};
 use crate::format::tables::Tables;
+use crate::record::TokenFloor;
 
 use super::Store;
 
@@ -234,10 +235,18 @@ impl Store {
         let (mut wal, next_token) = recovery::recover(&db, log, log_path, strict)?;
         wal.set_max_payload(builder.limits.frame_bytes);
         let db = Arc::new(db);
+        // Leases end with their process: every token below the first one this owner hands
+        // out was handed out by an earlier owner of the file (`Builder::leases_survive_restart`).
+        let floor = if builder.leases_survive_restart {
+            TokenFloor::NONE
+        } else {
+            TokenFloor(next_token)
+        };
         let policy = Policies::new(
             builder.lease,
             builder.retention,
             &builder.retention_by_operation,
+            floor,
         );
         let poison = Arc::new(Poison::new(builder.checkpoint_bytes));
         let cache = Arc::new(RecordCache::new(builder.cache_records));

@@ -147,6 +147,9 @@ struct Harness {
     faulty: bool,
     /// A call failed: every later one must fail too, until a reopen.
     poisoned: bool,
+    /// The highest token acknowledged before the store was last opened: a reservation under
+    /// it was made by an earlier owner, so its lease ended with that owner.
+    earlier_owners: u64,
 }
 
 /// Runs the steps encoded in `data` (two bytes each, some with a little more), then a power
@@ -175,7 +178,15 @@ impl Harness {
             max_token: 0,
             faulty: false,
             poisoned: false,
+            earlier_owners: 0,
         }
+    }
+
+    /// Whether a pending key under `token` with `lease_until` is stale at `now`: its lease
+    /// ran out, or an earlier owner of the file granted it (a token of 0, acquired by a call
+    /// that failed, is from this owner).
+    fn ended(&self, token: u64, lease_until: Millis, now: Millis) -> bool {
+        now >= lease_until || (token != 0 && token <= self.earlier_owners)
     }
 
     fn store(&self) -> &Store {
@@ -406,11 +417,11 @@ impl Harness {
         let change = match &model {
             Model::Absent => Some(acquire(1)),
             Model::Pending {
+                token,
                 attempt,
                 body,
                 lease_until,
-                ..
-            } if *body == b && now >= *lease_until => Some(acquire(attempt + 1)),
+            } if *body == b && self.ended(*token, *lease_until, now) => Some(acquire(attempt + 1)),
             _ => None,
         };
         let Some(outcome) = self.healthy(got) else {
@@ -463,16 +474,16 @@ impl Harness {
             }
             (
                 Model::Pending {
+                    token,
                     attempt,
                     body,
                     lease_until,
-                    ..
                 },
                 Reservation::InProgress {
                     retry_after,
                     attempt: got,
                 },
-            ) if *body == b && now < *lease_until => {
+            ) if *body == b && !self.ended(*token, *lease_until, now) => {
                 assert_eq!(retry_after, Duration::from_millis(lease_until - now));
                 assert_eq!(got, *attempt);
             }
@@ -598,7 +609,7 @@ impl Harness {
                 attempt,
                 body,
                 lease_until,
-            } if *lease_until <= now => Some((*token, *attempt, *body)),
+            } if self.ended(*token, *lease_until, now) => Some((*token, *attempt, *body)),
             _ => None,
         }
         .map(|(_, attempt, body)| {
@@ -681,6 +692,7 @@ impl Harness {
         self.store = Some(store);
         self.faulty = false;
         self.poisoned = false;
+        self.earlier_owners = self.max_token;
     }
 }
 

@@ -76,9 +76,9 @@ pub struct Builder {
 #[non_exhaustive]
 pub enum AdminSocket {
     /// No socket: only the owning process can look at the store.
-    #[default]
     Off,
-    /// Serve stats, get and list.
+    /// Serve stats, get and list (the default).
+    #[default]
     ReadOnly,
     /// Also serve expire, resolve, sweep and checkpoint.
     ReadWrite,
@@ -103,7 +103,7 @@ impl Default for Builder {
             accept_log_loss: false,
             clock: Arc::new(SystemClock),
             limits: Limits::default(),
-            admin_socket: AdminSocket::Off,
+            admin_socket: AdminSocket::ReadOnly,
         }
     }
 }
@@ -370,7 +370,20 @@ impl Builder {
     /// by a process that died is replaced; any other file at that path is refused. The
     /// socket is removed when the store is dropped (which waits for a request being answered,
     /// at most the 5 s a client is given). See the [`admin`](crate::admin) module for what it
-    /// costs the service. Default = [`AdminSocket::Off`].
+    /// costs the service. Default = [`AdminSocket::ReadOnly`].
+    ///
+    /// On by default, read-only, so that an operator who finds a service misbehaving can look
+    /// at its store (`idemstore stats FILE`) without restarting it with another setting, and
+    /// cannot change it through the socket. The socket file has mode 0600: only the
+    /// service's user (and root) can connect. Its cost is one mostly idle thread, a file
+    /// descriptor and the socket file (README, "What the defaults cost").
+    /// [`AdminSocket::Off`] serves nothing (a test suite opening many stores, a file system
+    /// without Unix sockets).
+    ///
+    /// # Errors
+    /// [`Builder::open`] fails with [`Error::Io`](crate::Error::Io) naming the socket when it
+    /// cannot be served: a path longer than a Unix socket address allows (107 bytes on
+    /// Linux), or a file that is not a socket in its place. Choose [`AdminSocket::Off`] there.
     ///
     /// ```
     /// use idemstore::{AdminClient, AdminSocket, Fingerprint, Key, Store};

@@ -40,7 +40,9 @@
 //! - Atomic reservation with fencing tokens that strictly increase, also across restarts.
 //! - Outcomes ([`Reservation`]) kept apart from errors ([`Error`]).
 //! - Leases that go stale when a worker dies: the next request takes over with
-//!   [`Lease::is_retry`] set, or a recovery job lists them with [`Store::stale`].
+//!   [`Lease::is_retry`] set, or a recovery job lists them with [`Store::stale`]. A lease
+//!   ends with its process: after a restart the first retry takes the key over at once
+//!   ([`Builder::leases_survive_restart`]).
 //! - [`Store::complete_with`] commits the caller's own redb tables with the completion.
 //! - Durable before acknowledging by default; concurrent callers share one commit.
 //! - Duplicates are answered from read transactions that never wait for writers.
@@ -54,8 +56,9 @@
 //!   reprocessing on purpose); a live lease is refused unless [`Store::expire_forced`].
 //! - Retention per operation ([`Builder::retention_for`]) and per completion
 //!   ([`Store::complete_with_retention`]).
-//! - A live view for operators: with [`Builder::admin_socket`] the store serves a Unix socket
-//!   that the `idemstore` tool ([`AdminClient`]) reads while the service runs ([`admin`]).
+//! - A live view for operators: by default the store serves a read-only Unix socket
+//!   ([`Builder::admin_socket`]) that the `idemstore` tool ([`AdminClient`]) reads while the
+//!   service runs ([`admin`]).
 //!
 //! The on-disk format is described in `docs/format.md`.
 //!

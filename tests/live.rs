@@ -339,3 +339,81 @@ fn the_socket_sees_each_reservation_as_soon_as_it_is_acknowledged() {
     let counts = Store::open(&path).unwrap().counts().unwrap();
     assert_eq!((counts.pending, counts.stale), (0, 20));
 }
+
+/// A store opened with every default serves a read-only admin socket next to its file, with
+/// mode 0600 (only the service's user can connect): it answers reads and refuses every
+/// change. `AdminSocket::Off` serves none.
+#[test]
+fn a_default_store_serves_a_read_only_socket_only_its_user_can_reach() {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+
+    let (_dir, path) = fresh_store();
+    let store = Store::open(&path).unwrap();
+    let k = key("a");
+    let Reservation::Acquired(lease) = store.reserve(&k, fp("body")).unwrap() else {
+        panic!("a fresh key is acquired")
+    };
+    let socket = idemstore::admin::socket_path(&path);
+    assert_eq!(socket.parent(), path.parent(), "next to the store file");
+    let meta = std::fs::metadata(&socket).expect("the default store serves a socket");
+    assert!(meta.file_type().is_socket());
+    let mode = meta.permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "socket mode {mode:o}");
+
+    let client = AdminClient::connect(&path).unwrap();
+    assert_eq!(client.counts().unwrap().pending, 1);
+    assert_eq!(
+        client.get(&k).unwrap().map(|r| r.token()),
+        Some(lease.token())
+    );
+    for (what, err) in [
+        (
+            "expire",
+            client.expire(&k, idemstore::LiveLease::Take).unwrap_err(),
+        ),
+        (
+            "resolve",
+            client
+                .resolve(&k, idemstore::Resolution::Release, None)
+                .unwrap_err(),
+        ),
+        ("sweep", client.sweep(10).unwrap_err()),
+        ("checkpoint", client.checkpoint().unwrap_err()),
+    ] {
+        assert!(
+            matches!(err, Error::Admin { .. }) && err.to_string().contains("read-only"),
+            "{what}: {err}"
+        );
+    }
+    // Nothing was changed through the socket: the holder still owns its key.
+    store.complete(&lease, b"done".to_vec()).unwrap();
+    drop(store);
+    assert!(!socket.exists(), "the socket is removed with the store");
+
+    let store = Store::builder()
+        .admin_socket(AdminSocket::Off)
+        .open(&path)
+        .unwrap();
+    assert!(!socket.exists());
+    assert!(AdminClient::connect(&path).is_err());
+    drop(store);
+}
+
+/// A store whose socket path would not fit a Unix socket address fails to open with the
+/// default, naming the socket and the limit; with `AdminSocket::Off` it opens.
+#[test]
+fn a_socket_path_too_long_is_refused_naming_the_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let deep = dir.path().join("d".repeat(60)).join("e".repeat(60));
+    std::fs::create_dir_all(&deep).unwrap();
+    let path = deep.join("keys.idem");
+    let err = Store::open(&path).unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("keys.idem.admin"), "{text}");
+    assert!(text.contains("at most 107"), "{text}");
+    assert!(text.contains("AdminSocket::Off"), "{text}");
+    Store::builder()
+        .admin_socket(AdminSocket::Off)
+        .open(&path)
+        .unwrap();
+}

@@ -19,6 +19,8 @@ mod grpc;
 #[cfg(feature = "http")]
 mod http;
 #[cfg(feature = "http")]
+mod http_kill;
+#[cfg(feature = "http")]
 mod http_knobs;
 mod kill;
 #[cfg(feature = "cli")]

@@ -4,8 +4,8 @@
 //! records may still be only in the write-ahead log), so a second process can neither open
 //! it nor read it whole from the files: redb refuses a read-only open of a file another
 //! process holds, and reading the log without its owner races the owner's rewinds. So the
-//! owner answers instead. With [`Builder::admin_socket`](crate::Builder::admin_socket) set,
-//! the store serves a Unix socket next to its file ([`socket_path`]: the file's name with
+//! owner answers instead. Unless [`Builder::admin_socket`](crate::Builder::admin_socket) is
+//! [`AdminSocket::Off`], the store serves a Unix socket next to its file ([`socket_path`]: the file's name with
 //! `.admin` appended), and [`AdminClient`] (which the `idemstore` command-line tool uses when
 //! the file is held) asks it for what [`Store::file_info`](crate::Store::file_info),
 //! [`counts`](crate::Store::counts), [`get`](crate::Store::get) and
@@ -37,8 +37,9 @@
 //!
 //! # Access
 //! The socket file is created with mode 0600: only the service's user (and root) can
-//! connect. [`AdminSocket::ReadOnly`] serves reads only; [`AdminSocket::ReadWrite`] also
-//! expire, resolve, sweep and checkpoint.
+//! connect. [`AdminSocket::ReadOnly`], the default, serves reads only;
+//! [`AdminSocket::ReadWrite`] also expire, resolve, sweep and checkpoint;
+//! [`AdminSocket::Off`] serves nothing.
 
 mod client;
 mod protocol;

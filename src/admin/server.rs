@@ -16,6 +16,9 @@ use crate::answers::LiveLease;
 use crate::error::Error;
 use crate::store::Store;
 
+/// The longest socket path a Unix socket address holds (`sun_path` is 108 bytes on Linux,
+/// with its terminating zero).
+const MAX_SOCKET_PATH: usize = 107;
 /// How often the idle server checks for a connection and for its store being dropped.
 const POLL: Duration = Duration::from_millis(25);
 /// After answering, the server rests this many times as long as the answer took, so that
@@ -69,6 +72,20 @@ impl Drop for Server {
 /// the store, so no live process serves it), never any other kind of file.
 fn bind(path: &Path) -> Result<UnixListener, Error> {
     let context = |what: &str| format!("{what} the admin socket {}", path.display());
+    let len = path.as_os_str().len();
+    if len > MAX_SOCKET_PATH {
+        return Err(Error::io(
+            context("creating"),
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "its path is {len} bytes and a Unix socket address holds at most \
+                     {MAX_SOCKET_PATH}: move the store to a shorter path, or open it with \
+                     Builder::admin_socket(AdminSocket::Off)"
+                ),
+            ),
+        ));
+    }
     match std::fs::symlink_metadata(path) {
         Ok(meta) if meta.file_type().is_socket() => {
             std::fs::remove_file(path).map_err(|e| Error::io(context("removing the stale"), e))?

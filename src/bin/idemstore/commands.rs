@@ -150,7 +150,9 @@ pub(crate) fn open(path: &Path, keep: bool) -> Result<Store> {
     builder
         .sweep_interval(None)
         .preallocate_log(false)
-        .leases_survive_restart(keep);
+        .leases_survive_restart(keep)
+        // The tool holds the file only while it runs: nobody to serve.
+        .admin_socket(idemstore::AdminSocket::Off);
     Ok(builder.open(path)?)
 }
 

@@ -162,6 +162,10 @@ impl Store {
         log_disk: &crate::testing::sim::SimDisk,
     ) -> Result<Store, Error> {
         let path = PathBuf::from("sim.idem");
+        // Simulated disks have no directory to serve an admin socket in.
+        let mut builder = builder.clone();
+        builder.admin_socket(crate::AdminSocket::Off);
+        let builder = &builder;
         guard_open(&path.clone(), || {
             // The clean-close mark, read as `file::open_or_create` reads it.
             let pages = |disk: &crate::testing::sim::SimDisk| {

@@ -211,7 +211,10 @@ impl Builder {
     ///
     /// Either way, fencing holds: a token is never handed out twice, an old holder's
     /// `complete` after a takeover answers [`Error::LeaseLost`](crate::Error::LeaseLost), and
-    /// `attempt` counts every acquisition.
+    /// `attempt` counts every acquisition. A [`Lease`](crate::Lease) kept from before the
+    /// open (a dropped `Store` of this process) can still complete or release its key until
+    /// someone takes it over, as a holder whose lease time ran out can; extending it moves its
+    /// time but does not make it live again.
     ///
     /// ```
     /// use idemstore::{Fingerprint, Key, Reservation, Store};

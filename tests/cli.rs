@@ -57,12 +57,14 @@ impl Fixture {
     }
 
     /// The fixture's store, with its clock: lease 1 h, retention 24 h, and leases that
-    /// outlast a restart (so the `live` key stays live each time a test opens the file).
+    /// outlast a restart (so the `live` key stays live each time a test opens the file). No
+    /// admin socket: here the tool opens the file itself (`tests/live.rs` tests the socket).
     fn open(&self) -> Store {
         // The tests count expired keys: no background sweeper deleting them meanwhile.
         Store::builder()
             .lease(HOUR)
             .leases_survive_restart(true)
+            .admin_socket(idemstore::AdminSocket::Off)
             .retention(24 * HOUR)
             .clock(self.clock.clone())
             .sweep_interval(None)

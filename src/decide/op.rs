@@ -48,6 +48,24 @@ pub(crate) enum Reserved {
     },
 }
 
+impl Reserve {
+    /// Whether deciding this reserve against `current` at `now` changes the record: an
+    /// acquisition (absent, expired, or a stale lease with the same fingerprint). A caller
+    /// hands such a reserve to the writer, which decides it (once, with the real token);
+    /// any other reserve is answered by deciding it right away. Agrees with
+    /// [`decide`](super::decide) (`decide/tests.rs` checks it on every kind of record).
+    pub(crate) fn writes(&self, current: Option<&Record>, now: Millis) -> bool {
+        match current.filter(|record| !record.is_expired(now)) {
+            None => true,
+            Some(record) => {
+                record.fingerprint == self.fingerprint
+                    && matches!(record.state, State::Pending { .. })
+                    && record.class(now) != RecordClass::Pending
+            }
+        }
+    }
+}
+
 impl Operation for Reserve {
     type Outcome = Reserved;
 

@@ -79,6 +79,10 @@ pub struct Store {
     /// Runs once at the start of the next read (tests of races with poisoning).
     #[cfg(test)]
     read_hook: parking_lot::Mutex<Option<Box<dyn FnOnce() + Send>>>,
+    /// Runs once between a reserve's read and its submission to the writer (tests of a
+    /// state read going stale).
+    #[cfg(test)]
+    submit_hook: parking_lot::Mutex<Option<Box<dyn FnOnce() + Send>>>,
     /// The admin socket, when [`Builder::admin_socket`](crate::Builder::admin_socket) asks.
     admin: Option<crate::admin::Server>,
 }
@@ -159,6 +163,8 @@ impl Store {
             path: self.path.clone(),
             #[cfg(test)]
             read_hook: parking_lot::Mutex::new(None),
+            #[cfg(test)]
+            submit_hook: parking_lot::Mutex::new(None),
             admin: None,
         }
     }
@@ -176,6 +182,12 @@ impl Store {
     #[cfg(test)]
     pub(crate) fn before_next_read(&self, hook: impl FnOnce() + Send + 'static) {
         *self.read_hook.lock() = Some(Box::new(hook));
+    }
+
+    /// Runs `hook` once between the next reserve's read and its submission to the writer.
+    #[cfg(test)]
+    pub(crate) fn before_next_submit(&self, hook: impl FnOnce() + Send + 'static) {
+        *self.submit_hook.lock() = Some(Box::new(hook));
     }
 
     /// How many async requests wait in the commit queue.

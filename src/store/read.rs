@@ -59,11 +59,15 @@ impl Store {
     /// Runs the test hook set to race a read against other work.
     fn read_hook(&self) {
         #[cfg(test)]
-        {
-            let hook = self.read_hook.lock().take();
-            if let Some(hook) = hook {
-                hook();
-            }
+        self.run_hook(&self.read_hook);
+    }
+
+    /// Runs (once) the test hook in `slot`.
+    #[cfg(test)]
+    pub(super) fn run_hook(&self, slot: &parking_lot::Mutex<Option<Box<dyn FnOnce() + Send>>>) {
+        let hook = slot.lock().take();
+        if let Some(hook) = hook {
+            hook();
         }
     }
 

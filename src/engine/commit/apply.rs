@@ -31,6 +31,16 @@ use super::Written;
 pub(crate) trait Target {
     /// The record stored under `key`, expired or not; `Ok(Err(_))` is a corrupt record.
     fn load(&mut self, key: &Key) -> Result<Result<Option<Record>, Error>, Error>;
+    /// [`load`](Target::load), given `seen`: the state the caller read in the current epoch,
+    /// if any. Only a target that knows which keys changed within the epoch may use it.
+    fn load_seen(
+        &mut self,
+        key: &Key,
+        seen: Option<Option<Record>>,
+    ) -> Result<Result<Option<Record>, Error>, Error> {
+        let _ = seen;
+        self.load(key)
+    }
     /// Stores `record` (encoded as `encoded`) where `old` was indexed.
     fn put(
         &mut self,
@@ -128,6 +138,22 @@ impl<'w> Deferring<'w> {
 }
 
 impl Target for Deferring<'_> {
+    /// Every change since the epoch began is in `latest`; any other key is as its caller saw
+    /// it. So a new key is known absent without a second B-tree miss.
+    fn load_seen(
+        &mut self,
+        key: &Key,
+        seen: Option<Option<Record>>,
+    ) -> Result<Result<Option<Record>, Error>, Error> {
+        if let Some(state) = self.latest.get(key) {
+            return Ok(Ok(state.clone()));
+        }
+        match seen {
+            Some(state) => Ok(Ok(state)),
+            None => self.load(key),
+        }
+    }
+
     fn load(&mut self, key: &Key) -> Result<Result<Option<Record>, Error>, Error> {
         if let Some(state) = self.latest.get(key) {
             return Ok(Ok(state.clone()));
@@ -167,6 +193,31 @@ impl Target for Deferring<'_> {
         self.latest.insert(key.clone(), None);
         Ok(())
     }
+}
+
+/// The changes of `batches` (in the order they were logged), one per key, in key order: a
+/// key changed several times (a reserve and its completion, say) is written once, with its
+/// last state, where its first change found it indexed. So each key is written at most once
+/// per call, and the B-tree inserts walk the leaves in order.
+fn merged(batches: Vec<DeferredBatch>) -> Vec<Change> {
+    let mut changes: Vec<Change> = if batches.len() == 1 {
+        batches.into_iter().next().expect("one batch").changes
+    } else {
+        batches.into_iter().flat_map(|b| b.changes).collect()
+    };
+    if changes.len() <= 1 {
+        return changes;
+    }
+    // Stable: the changes of one key keep the order they were logged in.
+    changes.sort_by(|a, b| a.key.cmp(&b.key));
+    let mut out: Vec<Change> = Vec::with_capacity(changes.len());
+    for change in changes {
+        match out.last_mut() {
+            Some(previous) if previous.key == change.key => previous.new = change.new,
+            _ => out.push(change),
+        }
+    }
+    out
 }
 
 /// The open write transaction, and when it was opened.
@@ -291,18 +342,13 @@ impl Applier {
         }
         let (open, _) = txn.as_ref().expect("opened above");
         let mut tables = Tables::open(open)?;
-        let mut last = None;
-        for batch in batches {
-            for change in batch.changes {
-                let key = change.key.encoded();
-                match change.new {
-                    Some((index, encoded)) => {
-                        tables.put_indexed(key, change.old, index, &encoded)?
-                    }
-                    None => tables.delete(key, change.old)?,
-                }
+        let last = batches.last().map(|b| (b.seq, b.next_token));
+        for change in merged(batches) {
+            let key = change.key.encoded();
+            match change.new {
+                Some((index, encoded)) => tables.put_indexed(key, change.old, index, &encoded)?,
+                None => tables.delete(key, change.old)?,
             }
-            last = Some((batch.seq, batch.next_token));
         }
         if let Some((seq, next_token)) = last {
             tables.set_wal_seq(seq)?;

@@ -106,6 +106,10 @@ impl Writer {
         for w in written {
             self.cache.set(&w.key, w.record);
         }
+        // This transaction changed redb outside `latest`: states read before now are stale.
+        // (After the cache holds the new records: a read that starts in the next epoch must
+        // not find an older one there.)
+        self.overlay.next_epoch();
         Ok(value)
     }
 

@@ -36,6 +36,6 @@ mod writer;
 pub(crate) use background::Schedule;
 pub(crate) use checkpoint::CommitKind;
 pub(crate) use queue::{first, Committer};
-pub(crate) use request::Queued;
+pub(crate) use request::{Known, Queued};
 pub(crate) use syncer::Syncer;
 pub(crate) use writer::{Writer, Written};

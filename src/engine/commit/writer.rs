@@ -124,6 +124,7 @@ impl Writer {
     pub(crate) fn fail(&mut self, error: Error) -> Error {
         self.applier.fail(&mut self.applier.txn.lock(), &error);
         self.latest.clear();
+        self.overlay.next_epoch();
         self.unflushed_since = None;
         self.overlay.clear();
         self.cache.clear();
@@ -230,12 +231,27 @@ impl Writer {
         now: Millis,
         written: &mut Vec<Written>,
     ) -> Result<Result<O::Outcome, Error>, Error> {
-        let old = match tables.load(key)? {
+        self.apply_seen(tables, key.clone(), op, None, now, written)
+    }
+
+    /// [`apply`](Writer::apply) of a queued operation: `seen` is the state its caller read in
+    /// the current epoch (see [`Known`](super::request::Known)), used instead of reading the key
+    /// again when the key has not changed since.
+    pub(super) fn apply_seen<O: Operation>(
+        &mut self,
+        tables: &mut dyn Target,
+        key: Key,
+        op: O,
+        seen: Option<Option<Record>>,
+        now: Millis,
+        written: &mut Vec<Written>,
+    ) -> Result<Result<O::Outcome, Error>, Error> {
+        let old = match tables.load_seen(&key, seen)? {
             Ok(old) => old,
             Err(corrupt) => return Ok(Err(corrupt)),
         };
         let old_index = old.as_ref().map(IndexEntries::of);
-        let decision = decide(old, op, now, self.policy.for_key(key), self.next_token);
+        let decision = decide(old, op, now, self.policy.for_key(&key), self.next_token);
         if decision.used_token {
             self.next_token += 1;
         }
@@ -243,18 +259,18 @@ impl Writer {
             Change::Keep => {}
             Change::Put(record) => {
                 let encoded = record.encode();
-                tables.put(key, old_index, &record, &encoded)?;
+                tables.put(&key, old_index, &record, &encoded)?;
                 written.push(Written {
-                    key: key.clone(),
+                    key,
                     record: Some(record),
                     encoded: Some(encoded),
                     old: old_index,
                 });
             }
             Change::Delete => {
-                tables.delete(key, old_index)?;
+                tables.delete(&key, old_index)?;
                 written.push(Written {
-                    key: key.clone(),
+                    key,
                     record: None,
                     encoded: None,
                     old: old_index,
@@ -298,6 +314,8 @@ impl Writer {
                     self.counters.add(Counter::Commits, 1);
                 }
                 self.latest.clear();
+                // States read before this commit may predate changes `latest` no longer holds.
+                self.overlay.next_epoch();
                 self.unflushed_since = None;
                 self.overlay.drain_into(&self.cache);
                 Ok(())

@@ -273,6 +273,8 @@ impl Store {
             path,
             #[cfg(test)]
             read_hook: parking_lot::Mutex::new(None),
+            #[cfg(test)]
+            submit_hook: parking_lot::Mutex::new(None),
             admin: None,
         };
         store.admin = crate::admin::Server::start(store.handle(), builder.admin_socket)?;

@@ -24,14 +24,8 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use redb::Database;
-
-use crate::clock::{to_millis, Clock};
-use crate::decide::policy::Policies;
-use crate::engine::cache::{Overlay, RecordCache};
-use crate::engine::commit::{Committer, Writer};
-use crate::engine::poison::Poison;
-use crate::engine::stats::{Counters, Stats};
+use crate::engine::commit::{Committer, Engine, Writer};
+use crate::engine::stats::Stats;
 use crate::error::Error;
 use crate::record::Millis;
 
@@ -65,16 +59,11 @@ pub use open::file::{open_redb, open_redb_read_only, upgrade};
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct Store {
-    db: Arc<Database>,
-    cache: Arc<RecordCache>,
-    overlay: Arc<Overlay>,
-    counters: Arc<Counters>,
+    /// The parts shared with the engine's threads (and the admin socket's handle).
+    engine: Arc<Engine>,
     /// Shared with the admin socket's handle, which is stopped first (see `Drop`).
     committer: Arc<Committer>,
-    clock: Arc<dyn Clock>,
-    policy: Policies,
     max_result_len: usize,
-    poison: Arc<Poison>,
     path: PathBuf,
     /// Runs once at the start of the next read (tests of races with poisoning).
     #[cfg(test)]
@@ -99,7 +88,7 @@ impl fmt::Debug for Store {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Store")
             .field("path", &self.path)
-            .field("policy", &self.policy)
+            .field("policy", &self.engine.policy)
             .finish_non_exhaustive()
     }
 }
@@ -112,11 +101,11 @@ impl Store {
 
     /// Counters of what the store has done since it was opened.
     pub fn stats(&self) -> Stats {
-        self.counters.snapshot()
+        self.engine.counters.snapshot()
     }
 
     pub(crate) fn now(&self) -> Millis {
-        to_millis(self.clock.now())
+        self.engine.now()
     }
 
     /// Deletes up to `limit` expired records and returns how many were deleted. Expired
@@ -151,15 +140,9 @@ impl Store {
     /// its own, and it must be dropped before the owner's (the owner's `Drop` sees to that).
     pub(crate) fn handle(&self) -> Store {
         Store {
-            db: Arc::clone(&self.db),
-            cache: Arc::clone(&self.cache),
-            overlay: Arc::clone(&self.overlay),
-            counters: Arc::clone(&self.counters),
+            engine: Arc::clone(&self.engine),
             committer: Arc::clone(&self.committer),
-            clock: Arc::clone(&self.clock),
-            policy: self.policy.clone(),
             max_result_len: self.max_result_len,
-            poison: Arc::clone(&self.poison),
             path: self.path.clone(),
             #[cfg(test)]
             read_hook: parking_lot::Mutex::new(None),
@@ -199,6 +182,6 @@ impl Store {
     /// Forgets every cached record, so the next reads go to redb.
     #[cfg(test)]
     pub(crate) fn clear_cache(&self) {
-        self.cache.clear();
+        self.engine.cache.clear();
     }
 }

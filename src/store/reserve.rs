@@ -70,9 +70,9 @@ impl Store {
     /// and the writer epoch it was read in, for the writer to decide against without reading
     /// the key again.
     fn read_for_reserve(&self, key: &Key, fingerprint: Fingerprint) -> Result<Read, Error> {
-        self.poison.check()?;
+        self.engine.poison.check()?;
         // Before the read: the state is current for the writer while this epoch lasts.
-        let epoch = self.overlay.epoch();
+        let epoch = self.engine.overlay.epoch();
         let record = self.read(key)?;
         Ok(
             match self.answer_read(key, fingerprint, record, self.now()) {
@@ -98,7 +98,7 @@ impl Store {
             return Err(record);
         }
         // No token is handed out: `writes` said this decision changes nothing.
-        let decision = decide(record, op, now, self.policy.for_key(key), 0);
+        let decision = decide(record, op, now, self.engine.policy.for_key(key), 0);
         debug_assert!(decision.change == Change::Keep && !decision.used_token);
         Ok(self.reservation(key, decision.outcome))
     }
@@ -182,8 +182,8 @@ impl Store {
         ),
         Error,
     > {
-        self.poison.check()?;
-        let epoch = self.overlay.epoch();
+        self.engine.poison.check()?;
+        let epoch = self.engine.overlay.epoch();
         let records = self.read_many(items.iter().map(|(key, _)| key));
         let now = self.now();
         let mut answers = Vec::with_capacity(items.len());
@@ -262,7 +262,7 @@ impl Store {
         let counter = match &reserved {
             Reserved::Acquired { attempt, .. } => {
                 if *attempt > 1 {
-                    self.counters.add(Counter::Takeovers, 1);
+                    self.engine.counters.add(Counter::Takeovers, 1);
                 }
                 Counter::Acquired
             }
@@ -271,7 +271,7 @@ impl Store {
             Reserved::Mismatch => Counter::Mismatches,
             Reserved::NeedsReview { .. } => Counter::NeedsReview,
         };
-        self.counters.add(counter, 1);
+        self.engine.counters.add(counter, 1);
         answer::reservation(key, reserved)
     }
 
@@ -297,16 +297,16 @@ impl Store {
             if now >= deadline {
                 return Ok(answer);
             }
-            self.overlay.waiters.register(key);
+            self.engine.overlay.waiters.register(key);
             // The key may have changed between the answer and the registration.
             let again = self.answer_without_writing(key, fingerprint);
             if !matches!(again, Ok(Some(Reservation::InProgress { .. }))) {
-                self.overlay.waiters.unregister(key);
+                self.engine.overlay.waiters.unregister(key);
                 continue;
             }
             // Wake at the latest when the holder's lease runs out (then it can be taken over).
             std::thread::park_timeout((deadline - now).min(retry_after + Duration::from_millis(1)));
-            self.overlay.waiters.unregister(key);
+            self.engine.overlay.waiters.unregister(key);
         }
     }
 
@@ -346,7 +346,7 @@ impl Store {
         let window = duration_millis(window);
         // Keys already stored are duplicates, answered from what is acknowledged without the
         // writer; only new keys wait for a commit.
-        self.poison.check()?;
+        self.engine.poison.check()?;
         let now = self.now();
         let mut answers: Vec<Option<Result<Seen, Error>>> = self
             .read_many(keys)

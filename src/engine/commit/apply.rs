@@ -17,14 +17,13 @@ use std::time::Instant;
 use parking_lot::{Condvar, Mutex};
 use redb::{Database, ReadOnlyTable, ReadableDatabase, WriteTransaction};
 
-use crate::engine::cache::{Overlay, RecordCache};
-use crate::engine::poison::Poison;
+use crate::engine::cache::RecordCache;
 use crate::error::Error;
 use crate::format::tables::{decode_record, IndexEntries, Tables, RECORDS};
 use crate::key::Key;
 use crate::record::Record;
 
-use super::Written;
+use super::{Engine, Written};
 
 /// Where an operation reads the state it is decided against and writes the new one: a write
 /// transaction's tables directly ([`Tables`]), or the batch path's [`Deferring`].
@@ -238,10 +237,7 @@ const MAX_QUEUED: usize = 4096;
 
 /// Applies queued batches to the open write transaction, on its own thread.
 pub(crate) struct Applier {
-    db: Arc<Database>,
-    poison: Arc<Poison>,
-    overlay: Arc<Overlay>,
-    cache: Arc<RecordCache>,
+    engine: Arc<Engine>,
     /// Held while applying, committing, or reading when the transaction was opened. A batch is
     /// taken from `queue` only while holding it, so that a flush never misses one.
     pub(super) txn: Mutex<OpenTxn>,
@@ -251,17 +247,9 @@ pub(crate) struct Applier {
 }
 
 impl Applier {
-    pub(super) fn new(
-        db: Arc<Database>,
-        poison: Arc<Poison>,
-        overlay: Arc<Overlay>,
-        cache: Arc<RecordCache>,
-    ) -> Applier {
+    pub(super) fn new(engine: Arc<Engine>) -> Applier {
         Applier {
-            db,
-            poison,
-            overlay,
-            cache,
+            engine,
             txn: Mutex::new(None),
             queue: Mutex::new(Queue::default()),
             more: Condvar::new(),
@@ -331,10 +319,14 @@ impl Applier {
         if batches.is_empty() {
             return Ok(());
         }
-        self.poison.check()?;
+        self.engine.poison.check()?;
         if txn.is_none() {
             let ctx = "starting a write transaction";
-            let mut opened = self.db.begin_write().map_err(|e| Error::storage(ctx, e))?;
+            let mut opened = self
+                .engine
+                .db
+                .begin_write()
+                .map_err(|e| Error::storage(ctx, e))?;
             opened
                 .set_durability(redb::Durability::None)
                 .map_err(|e| Error::storage(ctx, e))?;
@@ -361,12 +353,12 @@ impl Applier {
     /// redb are dropped, and every later call is refused until the store is reopened (which
     /// replays the log).
     pub(super) fn fail(&self, txn: &mut OpenTxn, error: &Error) {
-        self.poison.set(error);
+        self.engine.poison.set(error);
         *txn = None;
         let mut queue = self.queue.lock();
         queue.batches.clear();
         queue.changes = 0;
-        self.overlay.clear();
-        self.cache.clear();
+        self.engine.overlay.clear();
+        self.engine.cache.clear();
     }
 }

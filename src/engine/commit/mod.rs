@@ -28,6 +28,7 @@
 mod apply;
 mod background;
 mod checkpoint;
+mod engine;
 mod queue;
 mod request;
 mod syncer;
@@ -35,6 +36,7 @@ mod writer;
 
 pub(crate) use background::Schedule;
 pub(crate) use checkpoint::CommitKind;
+pub(crate) use engine::Engine;
 pub(crate) use queue::{first, Committer};
 pub(crate) use request::{Known, Queued};
 pub(crate) use syncer::Syncer;

@@ -16,7 +16,7 @@ use crate::error::Error;
 use crate::key::Key;
 use crate::record::Record;
 
-use super::request::{Answer, Known, Queued, Request, Waiter};
+use super::request::{Answer, Known, Ops, Queued, Request, Waiter};
 use super::{Syncer, Writer};
 use crate::engine::poison::error_copy;
 use crate::engine::settings::{Durability, Limits};
@@ -108,6 +108,10 @@ impl Committer {
         let last = requests.last().expect("at least one request");
         let mut queued = false;
         loop {
+            // Woken with the answer: return without touching the queue or the syncer.
+            if queued && requests.iter().all(|r| r.is_answered()) {
+                return collect(&requests);
+            }
             let sync_busy = shared.syncer.is_busy();
             // One hold of the queue lock per round: queue (the first time), see whether the
             // caller is alone, and either take the batch to lead it or wake the committer.
@@ -117,9 +121,6 @@ impl Committer {
                 for request in &requests {
                     queue.requests.push(Arc::clone(request) as Arc<dyn Queued>);
                 }
-            } else if requests.iter().all(|r| r.is_answered()) {
-                drop(queue);
-                return collect(&requests);
             }
             // Alone (the committer idle, nothing else queued, no sync running): lead. Otherwise
             // the committer runs the batch and its sync.
@@ -187,7 +188,7 @@ impl Committer {
     ) -> CommitFuture<O> {
         CommitFuture {
             shared: Arc::clone(&self.shared),
-            state: FutureState::Waiting(Some((ops, seen))),
+            state: FutureState::Waiting(Some(Ops { ops, seen })),
         }
     }
 
@@ -436,7 +437,7 @@ pub(crate) struct CommitFuture<O: Operation> {
 
 enum FutureState<O: Operation> {
     /// Waiting for room in the queue.
-    Waiting(Option<(Vec<(Key, O)>, Option<Known>)>),
+    Waiting(Option<Ops<O>>),
     /// Queued: the request's parts.
     Queued(Vec<Arc<Request<O>>>),
 }
@@ -452,7 +453,10 @@ impl<O: Operation + Unpin> Future for CommitFuture<O> {
                 queue.room.push(cx.waker().clone());
                 return Poll::Pending;
             }
-            let (ops, seen) = ops.take().unwrap_or_default();
+            let Ops { ops, seen } = ops.take().unwrap_or(Ops {
+                ops: Vec::new(),
+                seen: None,
+            });
             let requests = parts(ops, seen, this.shared.limits.batch_bytes, || {
                 Waiter::Task(Mutex::new(Some(cx.waker().clone())))
             });

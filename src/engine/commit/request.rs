@@ -156,7 +156,9 @@ impl<O: Operation> Queued for Request<O> {
         // committed to redb and forgot its own changes); a key changed within the epoch is in
         // the writer's `latest`, which `Target::load_seen` looks at first.
         let mut seen: Vec<Option<Option<Record>>> = match seen {
-            Some(seen) if seen.epoch == writer.overlay.epoch() && seen.states.len() == count => {
+            Some(seen)
+                if seen.epoch == writer.engine.overlay.epoch() && seen.states.len() == count =>
+            {
                 seen.states.into_iter().map(Some).collect()
             }
             _ => Vec::new(),

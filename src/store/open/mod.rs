@@ -10,7 +10,7 @@ use redb::Database;
 use crate::builder::Builder;
 use crate::decide::policy::Policies;
 use crate::engine::cache::{Overlay, RecordCache};
-use crate::engine::commit::{Committer, Schedule, Writer};
+use crate::engine::commit::{Committer, Engine, Schedule, Writer};
 use crate::engine::poison::Poison;
 use crate::engine::recovery;
 use crate::engine::settings::Durability;
@@ -233,26 +233,23 @@ impl Store {
         let strict = builder.durability == Durability::Immediate;
         let (mut wal, next_token) = recovery::recover(&db, log, log_path, strict)?;
         wal.set_max_payload(builder.limits.frame_bytes);
-        let db = Arc::new(db);
-        let policy = Policies::new(
-            builder.lease,
-            builder.retention,
-            &builder.retention_by_operation,
-        );
-        let poison = Arc::new(Poison::new(builder.checkpoint_bytes));
-        let cache = Arc::new(RecordCache::new(builder.cache_records));
-        let overlay = Arc::new(Overlay::default());
-        let counters = Arc::new(Counters::default());
+        let engine = Arc::new(Engine {
+            db,
+            cache: RecordCache::new(builder.cache_records),
+            overlay: Overlay::default(),
+            counters: Counters::default(),
+            poison: Poison::new(builder.checkpoint_bytes),
+            clock: Arc::clone(&builder.clock),
+            policy: Policies::new(
+                builder.lease,
+                builder.retention,
+                &builder.retention_by_operation,
+            ),
+        });
         let writer = Writer::new(
-            Arc::clone(&db),
+            Arc::clone(&engine),
             wal,
-            Arc::clone(&builder.clock),
-            policy.clone(),
             next_token,
-            Arc::clone(&poison),
-            Arc::clone(&cache),
-            Arc::clone(&overlay),
-            Arc::clone(&counters),
             Schedule {
                 durability: builder.durability,
                 checkpoint_bytes: builder.checkpoint_bytes,
@@ -261,15 +258,9 @@ impl Store {
             },
         );
         let mut store = Store {
-            db,
-            cache,
-            overlay,
-            counters,
+            engine,
             committer: Arc::new(Committer::start(writer, builder.limits)?),
-            clock: Arc::clone(&builder.clock),
-            policy,
             max_result_len: builder.max_result_len,
-            poison,
             path,
             #[cfg(test)]
             read_hook: parking_lot::Mutex::new(None),

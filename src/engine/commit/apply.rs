@@ -362,3 +362,59 @@ impl Applier {
         self.engine.cache.clear();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(id: &str) -> Key {
+        Key::new("t", "op", id).unwrap()
+    }
+
+    fn index(at: u64) -> IndexEntries {
+        IndexEntries {
+            expiry: Some(at),
+            lease: None,
+        }
+    }
+
+    fn change(id: &str, old: Option<u64>, new: Option<u64>) -> Change {
+        Change {
+            key: key(id),
+            old: old.map(index),
+            new: new.map(|at| (index(at), at.to_le_bytes().to_vec())),
+        }
+    }
+
+    fn batch(seq: u64, changes: Vec<Change>) -> DeferredBatch {
+        DeferredBatch {
+            changes,
+            seq,
+            next_token: seq,
+        }
+    }
+
+    /// A key changed in several queued batches (a reserve, then its completion, then another
+    /// change) is written once: its last state, unindexed where its first change found it.
+    /// Keys come out in key order, each once.
+    #[test]
+    fn each_key_is_written_once_with_its_last_state_where_it_was_first_indexed() {
+        let merged = merged(vec![
+            batch(1, vec![change("b", None, Some(10)), change("a", Some(5), Some(11))]),
+            batch(2, vec![change("b", Some(10), Some(20))]),
+            batch(3, vec![change("c", None, Some(30)), change("b", Some(20), None)]),
+        ]);
+        let got: Vec<(Key, Option<IndexEntries>, Option<IndexEntries>)> = merged
+            .into_iter()
+            .map(|c| (c.key, c.old, c.new.map(|(index, _)| index)))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (key("a"), Some(index(5)), Some(index(11))),
+                (key("b"), None, None),
+                (key("c"), None, Some(index(30))),
+            ]
+        );
+    }
+}

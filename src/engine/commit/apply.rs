@@ -400,9 +400,15 @@ mod tests {
     #[test]
     fn each_key_is_written_once_with_its_last_state_where_it_was_first_indexed() {
         let merged = merged(vec![
-            batch(1, vec![change("b", None, Some(10)), change("a", Some(5), Some(11))]),
+            batch(
+                1,
+                vec![change("b", None, Some(10)), change("a", Some(5), Some(11))],
+            ),
             batch(2, vec![change("b", Some(10), Some(20))]),
-            batch(3, vec![change("c", None, Some(30)), change("b", Some(20), None)]),
+            batch(
+                3,
+                vec![change("c", None, Some(30)), change("b", Some(20), None)],
+            ),
         ]);
         let got: Vec<(Key, Option<IndexEntries>, Option<IndexEntries>)> = merged
             .into_iter()

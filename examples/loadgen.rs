@@ -36,6 +36,12 @@
 //! `fdatasync`, `grouplog` (the ceiling for callers that block until durable: a bare
 //! group-commit log with nothing else); `benches/peers/mod.rs` says what each does.
 //!
+//! `CPU/op` is the CPU time (user + system, `getrusage(RUSAGE_SELF)` before and after the
+//! clients run) of the whole process divided by the operations (keys, for batches): the
+//! engine's threads and the clients' loop, for every in-process engine; `-` for Redis, whose
+//! work is done in its own server process. Work an engine leaves to its background threads
+//! after the last client returns (and its close) is not counted.
+//!
 //! Within a pass each scenario runs every engine back to back, on a fresh store in a new
 //! directory under `--dir` (default: the temp dir, which must be on the disk to be measured);
 //! the engine order rotates from pass to pass, so drift of the shared disk hits all alike. The
@@ -223,6 +229,25 @@ struct Measured {
     latency: Histogram<u64>,
     ops: u64,
     seconds: f64,
+    /// CPU time (user + system) of this whole process while the clients ran: every thread of
+    /// an in-process engine (its background threads too) and the clients' own loop.
+    cpu: Duration,
+}
+
+/// CPU time (user + system) used by this process so far, from `getrusage(RUSAGE_SELF)`.
+fn cpu_time() -> Duration {
+    let tv = |t: libc::timeval| {
+        Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
+    };
+    // SAFETY: getrusage only writes the struct it is given, which is plain old data.
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        if libc::getrusage(libc::RUSAGE_SELF, &mut usage) != 0 {
+            return Duration::ZERO;
+        }
+        usage
+    };
+    tv(usage.ru_utime) + tv(usage.ru_stime)
 }
 
 /// Shared settings of every cell.
@@ -343,12 +368,15 @@ impl Visit for &Cell<'_> {
                 })
                 .collect();
             ready.wait();
+            let cpu_before = cpu_time();
             self.watch(&done, || workers.iter().all(|w| w.is_finished()));
-            workers
+            let measured = workers
                 .into_iter()
                 .map(|w| w.join().expect("a client thread panicked"))
-                .collect::<BenchResult<Vec<_>>>()
+                .collect::<BenchResult<Vec<_>>>();
+            measured.map(|m| (m, cpu_time().saturating_sub(cpu_before)))
         })?;
+        let (measured, cpu) = measured;
         drop(engine);
 
         let mut latency = histogram()?;
@@ -363,6 +391,7 @@ impl Visit for &Cell<'_> {
             ops: latency.len() * keys_per_step,
             latency,
             seconds: (end - start).as_secs_f64(),
+            cpu,
         })
     }
 }
@@ -388,6 +417,7 @@ fn run_async(cell: &Cell<'_>, preallocate: bool, engine: &'static str) -> BenchR
         .enable_all()
         .build()?;
     let start = Instant::now();
+    let cpu_before = cpu_time();
     let deadline = cell.deadline(start);
     let tasks: Vec<_> = (0..cell.scenario.clients)
         .map(|_| {
@@ -427,6 +457,7 @@ fn run_async(cell: &Cell<'_>, preallocate: bool, engine: &'static str) -> BenchR
         .collect();
     cell.watch(&done, || tasks.iter().all(|t| t.is_finished()));
     let seconds = start.elapsed().as_secs_f64();
+    let cpu = cpu_time().saturating_sub(cpu_before);
     let mut latency = histogram()?;
     for task in tasks {
         let histogram = runtime
@@ -441,10 +472,12 @@ fn run_async(cell: &Cell<'_>, preallocate: bool, engine: &'static str) -> BenchR
         ops: latency.len(),
         latency,
         seconds,
+        cpu,
     })
 }
 
-fn row(scenario: &Scenario, pass: u32, engine: &'static str, m: &Measured) -> Row {
+fn row(scenario: &Scenario, pass: u32, kind: Kind, m: &Measured) -> Row {
+    let engine = kind.name();
     let micros = |ns: u64| ns as f64 / 1000.0;
     Row {
         scenario: scenario.name.clone(),
@@ -457,6 +490,9 @@ fn row(scenario: &Scenario, pass: u32, engine: &'static str, m: &Measured) -> Ro
         p50_us: micros(m.latency.value_at_quantile(0.50)),
         p99_us: micros(m.latency.value_at_quantile(0.99)),
         max_us: micros(m.latency.max()),
+        // Out of process (a server), the engine's CPU is not this process's.
+        cpu_us_per_op: (kind.in_process() && m.ops > 0)
+            .then(|| m.cpu.as_secs_f64() * 1e6 / m.ops as f64),
         vs: Vec::new(),
         p50_vs_fdatasync: None,
     }
@@ -570,14 +606,15 @@ fn run(args: &Args) -> BenchResult<(Report, Vec<Scenario>)> {
                     Mode::Async => run_async(&cell, kind == Kind::IdemstorePrealloc, kind.name()),
                 }
                 .map_err(|e| format!("{} on {kind}, pass {pass}: {e}", scenario.name))?;
-                let row = row(scenario, pass, kind.name(), &measured);
+                let row = row(scenario, pass, kind, &measured);
                 let line = format!(
-                    "pass {pass} {:<16} {:>19} {:>11} ops/s  p50 {:>9}  p99 {:>9}",
+                    "pass {pass} {:<16} {:>19} {:>11} ops/s  p50 {:>9}  p99 {:>9}  CPU/op {:>9}",
                     scenario.name,
                     row.engine,
                     thousands(row.ops_per_sec),
                     latency_text(row.p50_us),
-                    latency_text(row.p99_us)
+                    latency_text(row.p99_us),
+                    row.cpu_us_per_op.map_or("-".to_string(), latency_text)
                 );
                 // Progress on stderr also when it is not a terminal (the bar is then hidden).
                 if bar.is_hidden() {

@@ -1,6 +1,7 @@
 //! Idempotency keys: (scope, operation, id), their limits and their B-tree encoding.
 
 use std::fmt;
+use std::sync::Arc;
 
 use crate::error::{Error, KeyPart};
 
@@ -29,10 +30,13 @@ pub const MAX_NOTE_LEN: usize = 4096;
 /// assert!(Key::new("tenant-42", "charge", "").is_err());
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
+///
+/// A `Key` is cheap to clone: its bytes are shared (reference-counted), so the engine hands
+/// one key from the caller to the log, the overlay and the cache without copying it.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Key {
     /// The encoded form: `[len][scope][len][operation][len][id]`.
-    encoded: Box<[u8]>,
+    encoded: Arc<[u8]>,
 }
 
 impl Key {
@@ -51,7 +55,9 @@ impl Key {
             (KeyPart::Operation, operation.as_ref()),
             (KeyPart::Id, id.as_ref()),
         ];
-        let mut encoded = Vec::with_capacity(3 + parts.iter().map(|(_, p)| p.len()).sum::<usize>());
+        // Built on the stack, then copied once into the shared allocation.
+        let mut encoded = [0u8; 3 * (1 + MAX_KEY_PART_LEN)];
+        let mut end = 0;
         for (part, bytes) in parts {
             let len = u8::try_from(bytes.len())
                 .ok()
@@ -60,11 +66,12 @@ impl Key {
                     part,
                     len: bytes.len(),
                 })?;
-            encoded.push(len);
-            encoded.extend_from_slice(bytes);
+            encoded[end] = len;
+            encoded[end + 1..end + 1 + bytes.len()].copy_from_slice(bytes);
+            end += 1 + bytes.len();
         }
         Ok(Key {
-            encoded: encoded.into_boxed_slice(),
+            encoded: Arc::from(&encoded[..end]),
         })
     }
 

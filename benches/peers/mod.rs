@@ -15,6 +15,7 @@
 //! | `redb` | read transaction; if absent, one write transaction (`Durability::Immediate`) | one write transaction | one read transaction for all keys; one write transaction for the absent ones |
 //! | `sqlite` | `INSERT … ON CONFLICT DO NOTHING` in its own transaction, WAL, `synchronous=FULL` | `UPDATE` in its own transaction | one `BEGIN IMMEDIATE` transaction |
 //! | `fdatasync` | in-memory set; a new key overwrites a preallocated 4 KiB block + `fdatasync` | same | one write + one `fdatasync` |
+//! | `fjall` | point read; if absent (under a mutex, as a plain keyspace has no insert-if-absent) `insert`, then `persist(PersistMode::SyncData)` | `insert` + `persist(SyncData)` | reads and inserts, one `persist(SyncData)` per batch |
 //! | `grouplog` | in-memory set; a new key's frame joins the next group commit: one committer thread overwrites a preallocated file in place, one `fdatasync` per group | same | one frame in one group |
 //!
 //! `fdatasync` is the physical limit of one durable write per operation on this disk, not a
@@ -39,6 +40,7 @@
 #[cfg(feature = "etcd")]
 mod etcd;
 mod fdatasync;
+mod fjall;
 mod grouplog;
 mod redb_txn;
 mod redis;
@@ -52,6 +54,7 @@ use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 pub use fdatasync::Fdatasync;
+pub use fjall::Fjall;
 pub use grouplog::GroupLog;
 pub use redb_txn::RedbTxn;
 pub use redis::Redis;
@@ -224,6 +227,8 @@ pub enum Kind {
     Fdatasync,
     /// [`GroupLog`].
     GroupLog,
+    /// [`Fjall`].
+    Fjall,
     /// [`etcd::Etcd`] (feature `etcd`; not in [`Kind::ALL`]: it starts a cluster).
     #[cfg(feature = "etcd")]
     Etcd,
@@ -231,7 +236,7 @@ pub enum Kind {
 
 impl Kind {
     /// Every engine, in the order tables list them.
-    pub const ALL: [Kind; 7] = [
+    pub const ALL: [Kind; 8] = [
         Kind::Idemstore,
         Kind::IdemstorePrealloc,
         Kind::Redis,
@@ -239,6 +244,7 @@ impl Kind {
         Kind::Sqlite,
         Kind::Fdatasync,
         Kind::GroupLog,
+        Kind::Fjall,
     ];
 
     /// The engines the criterion benchmarks compare (idemstore with its defaults only).
@@ -260,6 +266,7 @@ impl Kind {
             Kind::Sqlite => visitor.visit::<Sqlite>(),
             Kind::Fdatasync => visitor.visit::<Fdatasync>(),
             Kind::GroupLog => visitor.visit::<GroupLog>(),
+            Kind::Fjall => visitor.visit::<Fjall>(),
             #[cfg(feature = "etcd")]
             Kind::Etcd => visitor.visit::<etcd::Etcd>(),
         }
@@ -275,6 +282,17 @@ impl Kind {
             }
         }
         self.visit(Available)
+    }
+
+    /// Whether the engine runs inside this process (its CPU time is this process's); Redis
+    /// and etcd are servers of their own.
+    pub fn in_process(self) -> bool {
+        match self {
+            Kind::Redis => false,
+            #[cfg(feature = "etcd")]
+            Kind::Etcd => false,
+            _ => true,
+        }
     }
 
     /// The engine's [`Engine::NAME`].

@@ -23,6 +23,8 @@ pub(crate) struct Row {
     pub(crate) p50_us: f64,
     pub(crate) p99_us: f64,
     pub(crate) max_us: f64,
+    /// CPU time (user + system) of the process per operation, in µs, for in-process engines.
+    pub(crate) cpu_us_per_op: Option<f64>,
     /// ops/s divided by the named engine's in the same scenario and pass (`32 threads`: the
     /// same engine's `cycle-32`), for each that ran.
     pub(crate) vs: Vec<(String, f64)>,
@@ -32,12 +34,13 @@ pub(crate) struct Row {
 }
 
 /// The peers each row is divided by, in column order.
-pub(crate) const RATIO_PEERS: [Kind; 5] = [
+pub(crate) const RATIO_PEERS: [Kind; 6] = [
     Kind::Redis,
     Kind::Redb,
     Kind::Fdatasync,
     Kind::Sqlite,
     Kind::GroupLog,
+    Kind::Fjall,
 ];
 pub(crate) const VS_THREADS: &str = "32 threads";
 
@@ -117,6 +120,7 @@ pub(crate) fn medians(runs: &[Row]) -> Vec<Row> {
             .collect();
         let of = |f: fn(&Row) -> f64| median(same.iter().map(|r| f(r)).collect());
         let p50_ratios: Vec<f64> = same.iter().filter_map(|r| r.p50_vs_fdatasync).collect();
+        let cpu: Vec<f64> = same.iter().filter_map(|r| r.cpu_us_per_op).collect();
         let vs =
             r.vs.iter()
                 .map(|(peer, _)| {
@@ -134,6 +138,7 @@ pub(crate) fn medians(runs: &[Row]) -> Vec<Row> {
             p50_us: of(|r| r.p50_us),
             p99_us: of(|r| r.p99_us),
             max_us: of(|r| r.max_us),
+            cpu_us_per_op: (!cpu.is_empty()).then(|| median(cpu)),
             vs,
             p50_vs_fdatasync: (!p50_ratios.is_empty()).then(|| median(p50_ratios)),
             ..r.clone()
@@ -196,14 +201,15 @@ pub(crate) fn table(report: &Report, scenarios: &[Scenario]) -> String {
             continue;
         }
         out.push_str(&format!(
-            "\n{} ({} clients): {}\n{:<19} {:>11} {:>9} {:>9}",
+            "\n{} ({} clients): {}\n{:<19} {:>11} {:>9} {:>9} {:>9}",
             scenario.name,
             scenario.clients,
             scenario.describe(),
             "engine",
             "ops/s",
             "p50",
-            "p99"
+            "p99",
+            "CPU/op"
         ));
         let shown: Vec<&String> = columns
             .iter()
@@ -223,11 +229,12 @@ pub(crate) fn table(report: &Report, scenarios: &[Scenario]) -> String {
         out.push('\n');
         for r in rows {
             out.push_str(&format!(
-                "{:<19} {:>11} {:>9} {:>9}",
+                "{:<19} {:>11} {:>9} {:>9} {:>9}",
                 r.engine,
                 thousands(r.ops_per_sec),
                 latency_text(r.p50_us),
-                latency_text(r.p99_us)
+                latency_text(r.p99_us),
+                r.cpu_us_per_op.map_or("-".to_string(), latency_text)
             ));
             for c in &shown {
                 let v = r.vs.iter().find(|(p, _)| p == *c);

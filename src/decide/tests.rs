@@ -584,3 +584,33 @@ fn the_floor_leaves_settled_records_alone() {
         Err(LeaseLostReason::TakenOver { by_token: 42 })
     );
 }
+
+/// `Reserve::writes`, which the reserve path uses to hand acquisitions to the writer without
+/// deciding them itself, agrees with `decide` on every kind of record, at every moment around
+/// its lease and expiry, with the same and another fingerprint.
+#[test]
+fn reserve_writes_exactly_when_decide_changes_the_record() {
+    let mut records = vec![None];
+    for at in [NOW - 2_000, NOW - 1, NOW, NOW + 1, NOW + 2_000] {
+        records.push(Some(pending(7, 1, at)));
+        records.push(Some(completed(7, at)));
+        let mut abandoned = pending(7, 2, at - POLICY.retention);
+        abandoned.expires_at = at;
+        records.push(Some(abandoned));
+    }
+    records.push(Some(review(7)));
+    for record in records {
+        for fingerprint in [fp(), Fingerprint::of(b"another request")] {
+            let op = Reserve { fingerprint };
+            let writes = op.writes(record.as_ref(), NOW, POLICY.floor);
+            let decision = decide(record.clone(), op, NOW, POLICY, 42);
+            assert_eq!(
+                writes,
+                decision.change != Change::Keep,
+                "writes() = {writes} but decide gave {:?} for {record:?}",
+                decision.change
+            );
+            assert_eq!(writes, decision.used_token, "{record:?}");
+        }
+    }
+}

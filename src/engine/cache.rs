@@ -7,6 +7,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use foldhash::fast::FixedState;
 
@@ -142,14 +143,34 @@ mod tests {
 /// transaction open across several batches, so readers must see these first. Every entry is
 /// the latest acknowledged state of its key; `None` is a deletion. Not bounded by a capacity:
 /// it is emptied each time the open transaction commits (every 100 ms at most, `TXN_SPAN`).
+///
+/// It also counts the writer's *epochs* ([`epoch`](Overlay::epoch)): an epoch ends each time
+/// the writer commits to redb (and forgets the changes it kept since the last commit), and
+/// when the store is poisoned. A state a caller read at the start of an epoch, of a key the
+/// writer has not changed since, is still the key's state while the epoch lasts: that is how a
+/// reserve hands the state it read to the writer instead of the writer reading it again.
 #[derive(Debug, Default)]
 pub(crate) struct Overlay {
     map: RwLock<HashMap<Key, Option<Record>, Hasher>>,
     /// Threads waiting for keys to change; woken on every publication.
     pub(crate) waiters: Waiters,
+    epoch: AtomicU64,
 }
 
 impl Overlay {
+    /// The current epoch. Read it *before* reading a state (overlay, cache, redb) that is to
+    /// be handed to the writer: the acquire pairs with [`next_epoch`](Overlay::next_epoch)'s
+    /// release, so a read that starts after it sees the redb commit that ended the epoch.
+    pub(crate) fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Acquire)
+    }
+
+    /// Ends the current epoch (the writer, holding the writer lock, after a redb commit or a
+    /// reset): every state read before this call is stale for the writer.
+    pub(crate) fn next_epoch(&self) {
+        self.epoch.fetch_add(1, Ordering::Release);
+    }
+
     /// `Some(state)` when `key` changed since the last redb commit.
     pub(crate) fn get(&self, key: &Key) -> Option<Option<Record>> {
         let map = self.map.read();

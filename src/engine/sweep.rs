@@ -24,12 +24,12 @@ pub const SWEEP_SLICE_RECORDS: usize = 200;
 impl Writer {
     /// Deletes up to `limit` expired records in one unlogged transaction; returns how many.
     pub(crate) fn sweep(&mut self, limit: usize) -> Result<usize, Error> {
-        let counters = Arc::clone(&self.counters);
+        let engine = Arc::clone(&self.engine);
         self.transact(CommitKind::Unlogged, |_, txn, now, written| {
             let mut tables = Tables::open(txn)?;
             let deleted = sweep_expired(&mut tables, now, limit)?;
             let count = deleted.len();
-            counters.add(Counter::Swept, count as u64);
+            engine.counters.add(Counter::Swept, count as u64);
             for key in deleted {
                 Writer::deleted(written, key);
             }

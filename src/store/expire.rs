@@ -92,7 +92,7 @@ impl Store {
     fn expired(&self, key: &Key, outcome: Expired) -> Result<Option<RecordClass>, Error> {
         let answer = answer::expired(key, outcome);
         if let Ok(Some(_)) = answer {
-            self.counters.add(Counter::Expired, 1);
+            self.engine.counters.add(Counter::Expired, 1);
         }
         answer
     }

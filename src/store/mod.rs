@@ -24,14 +24,8 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use redb::Database;
-
-use crate::clock::{to_millis, Clock};
-use crate::decide::policy::Policies;
-use crate::engine::cache::{Overlay, RecordCache};
-use crate::engine::commit::{Committer, Writer};
-use crate::engine::poison::Poison;
-use crate::engine::stats::{Counters, Stats};
+use crate::engine::commit::{Committer, Engine, Writer};
+use crate::engine::stats::Stats;
 use crate::error::Error;
 use crate::record::{Millis, TokenFloor};
 
@@ -65,20 +59,19 @@ pub use open::file::{open_redb, open_redb_read_only, upgrade};
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 pub struct Store {
-    db: Arc<Database>,
-    cache: Arc<RecordCache>,
-    overlay: Arc<Overlay>,
-    counters: Arc<Counters>,
+    /// The parts shared with the engine's threads (and the admin socket's handle).
+    engine: Arc<Engine>,
     /// Shared with the admin socket's handle, which is stopped first (see `Drop`).
     committer: Arc<Committer>,
-    clock: Arc<dyn Clock>,
-    policy: Policies,
     max_result_len: usize,
-    poison: Arc<Poison>,
     path: PathBuf,
     /// Runs once at the start of the next read (tests of races with poisoning).
     #[cfg(test)]
     read_hook: parking_lot::Mutex<Option<Box<dyn FnOnce() + Send>>>,
+    /// Runs once between a reserve's read and its submission to the writer (tests of a
+    /// state read going stale).
+    #[cfg(test)]
+    submit_hook: parking_lot::Mutex<Option<Box<dyn FnOnce() + Send>>>,
     /// The admin socket, when [`Builder::admin_socket`](crate::Builder::admin_socket) asks.
     admin: Option<crate::admin::Server>,
 }
@@ -95,7 +88,7 @@ impl fmt::Debug for Store {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Store")
             .field("path", &self.path)
-            .field("policy", &self.policy)
+            .field("policy", &self.engine.policy)
             .finish_non_exhaustive()
     }
 }
@@ -108,16 +101,16 @@ impl Store {
 
     /// Counters of what the store has done since it was opened.
     pub fn stats(&self) -> Stats {
-        self.counters.snapshot()
+        self.engine.counters.snapshot()
     }
 
     pub(crate) fn now(&self) -> Millis {
-        to_millis(self.clock.now())
+        self.engine.now()
     }
 
     /// This owner's token floor: pending records below it were acquired by an earlier owner.
     pub(crate) fn token_floor(&self) -> TokenFloor {
-        self.policy.floor()
+        self.engine.policy.floor()
     }
 
     /// Deletes up to `limit` expired records and returns how many were deleted. Expired
@@ -152,18 +145,14 @@ impl Store {
     /// its own, and it must be dropped before the owner's (the owner's `Drop` sees to that).
     pub(crate) fn handle(&self) -> Store {
         Store {
-            db: Arc::clone(&self.db),
-            cache: Arc::clone(&self.cache),
-            overlay: Arc::clone(&self.overlay),
-            counters: Arc::clone(&self.counters),
+            engine: Arc::clone(&self.engine),
             committer: Arc::clone(&self.committer),
-            clock: Arc::clone(&self.clock),
-            policy: self.policy.clone(),
             max_result_len: self.max_result_len,
-            poison: Arc::clone(&self.poison),
             path: self.path.clone(),
             #[cfg(test)]
             read_hook: parking_lot::Mutex::new(None),
+            #[cfg(test)]
+            submit_hook: parking_lot::Mutex::new(None),
             admin: None,
         }
     }
@@ -183,6 +172,12 @@ impl Store {
         *self.read_hook.lock() = Some(Box::new(hook));
     }
 
+    /// Runs `hook` once between the next reserve's read and its submission to the writer.
+    #[cfg(test)]
+    pub(crate) fn before_next_submit(&self, hook: impl FnOnce() + Send + 'static) {
+        *self.submit_hook.lock() = Some(Box::new(hook));
+    }
+
     /// How many async requests wait in the commit queue.
     #[cfg(test)]
     pub(crate) fn queued_async(&self) -> usize {
@@ -192,6 +187,6 @@ impl Store {
     /// Forgets every cached record, so the next reads go to redb.
     #[cfg(test)]
     pub(crate) fn clear_cache(&self) {
-        self.cache.clear();
+        self.engine.cache.clear();
     }
 }

@@ -18,8 +18,9 @@ impl Store {
     /// # Errors
     /// Storage errors.
     pub fn begin_read(&self) -> Result<redb::ReadTransaction, Error> {
-        self.poison.check()?;
-        self.db
+        self.engine.poison.check()?;
+        self.engine
+            .db
             .begin_read()
             .map_err(|e| Error::storage("starting a read transaction", e))
     }
@@ -29,7 +30,7 @@ impl Store {
     /// # Errors
     /// [`Error::Corruption`] naming the key when its record is damaged.
     pub fn get(&self, key: &Key) -> Result<Option<Record>, Error> {
-        self.poison.check()?;
+        self.engine.poison.check()?;
         let now = self.now();
         Ok(self.read(key)?.filter(|record| !record.is_expired(now)))
     }
@@ -59,11 +60,15 @@ impl Store {
     /// Runs the test hook set to race a read against other work.
     fn read_hook(&self) {
         #[cfg(test)]
-        {
-            let hook = self.read_hook.lock().take();
-            if let Some(hook) = hook {
-                hook();
-            }
+        self.run_hook(&self.read_hook);
+    }
+
+    /// Runs (once) the test hook in `slot`.
+    #[cfg(test)]
+    pub(super) fn run_hook(&self, slot: &parking_lot::Mutex<Option<Box<dyn FnOnce() + Send>>>) {
+        let hook = slot.lock().take();
+        if let Some(hook) = hook {
+            hook();
         }
     }
 
@@ -75,15 +80,19 @@ impl Store {
         table: &mut Option<redb::ReadOnlyTable<&'static [u8], &'static [u8]>>,
     ) -> Result<Option<Record>, Error> {
         let ctx = "reading a record";
-        if let Some(state) = self.overlay.get(key) {
+        if let Some(state) = self.engine.overlay.get(key) {
             return Ok(state);
         }
-        if let Some(record) = self.cache.get(key) {
+        if let Some(record) = self.engine.cache.get(key) {
             return Ok(Some(record));
         }
         self.guard_read(ctx, || {
             if table.is_none() {
-                let txn = self.db.begin_read().map_err(|e| Error::storage(ctx, e))?;
+                let txn = self
+                    .engine
+                    .db
+                    .begin_read()
+                    .map_err(|e| Error::storage(ctx, e))?;
                 let opened = txn
                     .open_table(RECORDS)
                     .map_err(|e| Error::storage(ctx, e))?;
@@ -96,7 +105,7 @@ impl Store {
             // A failed write clears the overlay and the cache after latching the poison: if
             // that happened since the caller checked, the overlay or the cache may have held
             // a newer acknowledged state than redb, so refuse rather than return an older one.
-            self.poison.check()?;
+            self.engine.poison.check()?;
             value
                 .map(|bytes| decode_record(key.encoded(), bytes.value()))
                 .transpose()
@@ -133,7 +142,11 @@ impl Store {
         self.committer.with_writer(|_| Ok(()))?;
         let ctx = "listing stale reservations";
         self.guard_read(ctx, || {
-            let txn = self.db.begin_read().map_err(|e| Error::storage(ctx, e))?;
+            let txn = self
+                .engine
+                .db
+                .begin_read()
+                .map_err(|e| Error::storage(ctx, e))?;
             let records = txn
                 .open_table(RECORDS)
                 .map_err(|e| Error::storage(ctx, e))?;
@@ -145,9 +158,10 @@ impl Store {
     /// Commits the writer's open transaction and begins a snapshot that sees every
     /// acknowledged operation (for inspection).
     pub(crate) fn snapshot(&self) -> Result<redb::ReadTransaction, Error> {
-        self.poison.check()?;
+        self.engine.poison.check()?;
         self.committer.with_writer(|_| Ok(()))?;
-        self.db
+        self.engine
+            .db
             .begin_read()
             .map_err(|e| Error::storage("inspecting the store", e))
     }

@@ -7,7 +7,7 @@ use crate::answers::{Reservation, Seen};
 use crate::clock::duration_millis;
 use crate::decide::op::{Observe, Reserve, Reserved};
 use crate::decide::{decide, Change};
-use crate::engine::commit::first;
+use crate::engine::commit::{first, Known};
 use crate::engine::stats::Counter;
 use crate::error::Error;
 use crate::fingerprint::Fingerprint;
@@ -39,13 +39,18 @@ impl Store {
     /// [`Error::Corruption`] when the key's stored record is damaged; [`Error::Poisoned`] after
     /// a failed write; [`Error::Storage`] for I/O failures.
     pub fn reserve(&self, key: &Key, fingerprint: Fingerprint) -> Result<Reservation, Error> {
-        if let Some(answer) = self.answer_without_writing(key, fingerprint)? {
-            return Ok(answer);
+        match self.read_for_reserve(key, fingerprint)? {
+            Read::Answer(answer) => Ok(answer),
+            Read::Write { epoch, state } => {
+                #[cfg(test)]
+                self.run_hook(&self.submit_hook);
+                let op = Reserve { fingerprint };
+                let reserved = self
+                    .committer
+                    .submit_one_seen(key.clone(), op, epoch, state)?;
+                Ok(self.reservation(key, reserved))
+            }
         }
-        let reserved = self
-            .committer
-            .submit_one(key.clone(), Reserve { fingerprint })?;
-        Ok(self.reservation(key, reserved))
     }
 
     /// The duplicate path: answers a reserve from the cache or a read transaction when the
@@ -55,31 +60,47 @@ impl Store {
         key: &Key,
         fingerprint: Fingerprint,
     ) -> Result<Option<Reservation>, Error> {
-        self.poison.check()?;
+        Ok(match self.read_for_reserve(key, fingerprint)? {
+            Read::Answer(answer) => Some(answer),
+            Read::Write { .. } => None,
+        })
+    }
+
+    /// Reads `key` once: the answer when the reserve needs no write, or else the state read
+    /// and the writer epoch it was read in, for the writer to decide against without reading
+    /// the key again.
+    fn read_for_reserve(&self, key: &Key, fingerprint: Fingerprint) -> Result<Read, Error> {
+        self.engine.poison.check()?;
+        // Before the read: the state is current for the writer while this epoch lasts.
+        let epoch = self.engine.overlay.epoch();
         let record = self.read(key)?;
-        Ok(self.decide_without_writing(key, fingerprint, record, self.now()))
+        Ok(
+            match self.answer_read(key, fingerprint, record, self.now()) {
+                Ok(answer) => Read::Answer(answer),
+                Err(state) => Read::Write { epoch, state },
+            },
+        )
     }
 
     /// The answer to a reserve of `key` given its stored `record` at time `now`, when it
-    /// needs no write. (A batch reads the clock once: at a million keys per second the clock
-    /// read per key was a tenth of the batch's time.)
-    fn decide_without_writing(
+    /// needs no write; else `Err` with the record, for the writer (which alone decides an
+    /// acquisition, with the token it hands out). (A batch reads the clock once: at a million
+    /// keys per second the clock read per key was a tenth of the batch's time.)
+    fn answer_read(
         &self,
         key: &Key,
         fingerprint: Fingerprint,
         record: Option<Record>,
         now: Millis,
-    ) -> Option<Reservation> {
-        // The token is a placeholder: a decision that would use it is discarded and taken
-        // again by the writer against the latest state.
-        let decision = decide(
-            Some(record?),
-            Reserve { fingerprint },
-            now,
-            self.policy.for_key(key),
-            0,
-        );
-        (decision.change == Change::Keep).then(|| self.reservation(key, decision.outcome))
+    ) -> Result<Reservation, Option<Record>> {
+        let op = Reserve { fingerprint };
+        if op.writes(record.as_ref(), now, self.engine.policy.floor()) {
+            return Err(record);
+        }
+        // No token is handed out: `writes` said this decision changes nothing.
+        let decision = decide(record, op, now, self.engine.policy.for_key(key), 0);
+        debug_assert!(decision.change == Change::Keep && !decision.used_token);
+        Ok(self.reservation(key, decision.outcome))
     }
 
     /// Reserves many keys with one shared commit (one log sync for the whole batch). Returns
@@ -110,9 +131,9 @@ impl Store {
         &self,
         items: &[(Key, Fingerprint)],
     ) -> Result<Vec<Result<Reservation, Error>>, Error> {
-        let (mut answers, ops) = self.reserve_without_writing(items)?;
+        let (mut answers, ops, seen) = self.reserve_without_writing(items)?;
         if !ops.is_empty() {
-            let decided = self.committer.submit(ops);
+            let decided = self.committer.submit_seen(ops, Some(seen));
             self.answer_decided(items, &mut answers, decided)?;
         }
         Ok(answered(answers))
@@ -135,49 +156,56 @@ impl Store {
         &self,
         items: &[(Key, Fingerprint)],
     ) -> Result<Vec<Result<Reservation, Error>>, Error> {
-        let (mut answers, ops) = self.reserve_without_writing(items)?;
+        let (mut answers, ops, seen) = self.reserve_without_writing(items)?;
         if !ops.is_empty() {
-            let decided = self.committer.submit_async(ops).await;
+            let decided = self.committer.submit_async_seen(ops, Some(seen)).await;
             self.answer_decided(items, &mut answers, decided)?;
         }
         Ok(answered(answers))
     }
 
     /// Duplicates (and mismatches, keys in progress) answered from what is acknowledged,
-    /// without the writer; and the operations for the rest, which wait for a commit.
+    /// without the writer; and the operations for the rest, which wait for a commit, with the
+    /// states read for them (so the writer does not read those keys again).
     #[expect(
         clippy::type_complexity,
-        reason = "one answer slot per item, and the ops"
+        reason = "one answer slot per item, the ops, and what was read of them"
     )]
     fn reserve_without_writing(
         &self,
         items: &[(Key, Fingerprint)],
-    ) -> Result<(Vec<Option<Result<Reservation, Error>>>, Vec<(Key, Reserve)>), Error> {
-        self.poison.check()?;
+    ) -> Result<
+        (
+            Vec<Option<Result<Reservation, Error>>>,
+            Vec<(Key, Reserve)>,
+            Known,
+        ),
+        Error,
+    > {
+        self.engine.poison.check()?;
+        let epoch = self.engine.overlay.epoch();
+        let records = self.read_many(items.iter().map(|(key, _)| key));
         let now = self.now();
-        let answers: Vec<Option<Result<Reservation, Error>>> = self
-            .read_many(items.iter().map(|(key, _)| key))
-            .into_iter()
-            .zip(items)
-            .map(|(record, (key, fingerprint))| match record {
-                Ok(record) => self
-                    .decide_without_writing(key, *fingerprint, record, now)
-                    .map(Ok),
+        let mut answers = Vec::with_capacity(items.len());
+        let mut ops = Vec::new();
+        let mut states = Vec::new();
+        for (record, (key, fingerprint)) in records.into_iter().zip(items) {
+            answers.push(match record {
                 Err(error) => Some(Err(error)),
-            })
-            .collect();
-        let ops = items
-            .iter()
-            .zip(&answers)
-            .filter(|(_, answer)| answer.is_none())
-            .map(|((key, fingerprint), _)| {
-                let op = Reserve {
-                    fingerprint: *fingerprint,
-                };
-                (key.clone(), op)
-            })
-            .collect();
-        Ok((answers, ops))
+                Ok(record) => match self.answer_read(key, *fingerprint, record, now) {
+                    Ok(answer) => Some(Ok(answer)),
+                    Err(state) => {
+                        let op = Reserve {
+                            fingerprint: *fingerprint,
+                        };
+                        ops.push((key.clone(), op));
+                        states.push(state);
+                        None
+                    }
+                },
+            });
+        }
+        Ok((answers, ops, Known { epoch, states }))
     }
 
     /// Fills the items the writer decided, in order.
@@ -215,12 +243,17 @@ impl Store {
         key: &Key,
         fingerprint: Fingerprint,
     ) -> Result<Reservation, Error> {
-        if let Some(answer) = self.answer_without_writing(key, fingerprint)? {
-            return Ok(answer);
-        }
+        let (epoch, state) = match self.read_for_reserve(key, fingerprint)? {
+            Read::Answer(answer) => return Ok(answer),
+            Read::Write { epoch, state } => (epoch, state),
+        };
+        let seen = Known {
+            epoch,
+            states: vec![state],
+        };
         let answer = self
             .committer
-            .submit_async(vec![(key.clone(), Reserve { fingerprint })])
+            .submit_async_seen(vec![(key.clone(), Reserve { fingerprint })], Some(seen))
             .await;
         Ok(self.reservation(key, first(answer)?))
     }
@@ -229,7 +262,7 @@ impl Store {
         let counter = match &reserved {
             Reserved::Acquired { attempt, .. } => {
                 if *attempt > 1 {
-                    self.counters.add(Counter::Takeovers, 1);
+                    self.engine.counters.add(Counter::Takeovers, 1);
                 }
                 Counter::Acquired
             }
@@ -238,7 +271,7 @@ impl Store {
             Reserved::Mismatch => Counter::Mismatches,
             Reserved::NeedsReview { .. } => Counter::NeedsReview,
         };
-        self.counters.add(counter, 1);
+        self.engine.counters.add(counter, 1);
         answer::reservation(key, reserved)
     }
 
@@ -264,16 +297,16 @@ impl Store {
             if now >= deadline {
                 return Ok(answer);
             }
-            self.overlay.waiters.register(key);
+            self.engine.overlay.waiters.register(key);
             // The key may have changed between the answer and the registration.
             let again = self.answer_without_writing(key, fingerprint);
             if !matches!(again, Ok(Some(Reservation::InProgress { .. }))) {
-                self.overlay.waiters.unregister(key);
+                self.engine.overlay.waiters.unregister(key);
                 continue;
             }
             // Wake at the latest when the holder's lease runs out (then it can be taken over).
             std::thread::park_timeout((deadline - now).min(retry_after + Duration::from_millis(1)));
-            self.overlay.waiters.unregister(key);
+            self.engine.overlay.waiters.unregister(key);
         }
     }
 
@@ -313,7 +346,7 @@ impl Store {
         let window = duration_millis(window);
         // Keys already stored are duplicates, answered from what is acknowledged without the
         // writer; only new keys wait for a commit.
-        self.poison.check()?;
+        self.engine.poison.check()?;
         let now = self.now();
         let mut answers: Vec<Option<Result<Seen, Error>>> = self
             .read_many(keys)
@@ -344,6 +377,14 @@ impl Store {
             .map(|answer| answer.expect("every key answered"))
             .collect())
     }
+}
+
+/// What a reserve's read found.
+enum Read {
+    /// The answer, which needs no write.
+    Answer(Reservation),
+    /// The writer must decide: the state read (`None`: absent) and the epoch it was read in.
+    Write { epoch: u64, state: Option<Record> },
 }
 
 /// Every item's answer, once each is filled.

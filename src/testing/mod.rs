@@ -9,7 +9,8 @@
 //! - `model`: the one reference model of a key's state, shared by the crash model and the
 //!   `ops` fuzz target.
 //! - `power` (tests only): the concurrent power-loss model; `findings` (tests only):
-//!   reproductions of fixed findings.
+//!   reproductions of fixed findings; `seen` (tests only): a state read by a reserve going
+//!   stale before the writer decides it.
 
 #[cfg(test)]
 mod crash;
@@ -19,4 +20,6 @@ pub mod fuzz;
 mod model;
 #[cfg(test)]
 mod power;
+#[cfg(test)]
+mod seen;
 pub(crate) mod sim;

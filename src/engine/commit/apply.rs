@@ -17,20 +17,29 @@ use std::time::Instant;
 use parking_lot::{Condvar, Mutex};
 use redb::{Database, ReadOnlyTable, ReadableDatabase, WriteTransaction};
 
-use crate::engine::cache::{Overlay, RecordCache};
-use crate::engine::poison::Poison;
+use crate::engine::cache::RecordCache;
 use crate::error::Error;
 use crate::format::tables::{decode_record, IndexEntries, Tables, RECORDS};
 use crate::key::Key;
 use crate::record::Record;
 
-use super::Written;
+use super::{Engine, Written};
 
 /// Where an operation reads the state it is decided against and writes the new one: a write
 /// transaction's tables directly ([`Tables`]), or the batch path's [`Deferring`].
 pub(crate) trait Target {
     /// The record stored under `key`, expired or not; `Ok(Err(_))` is a corrupt record.
     fn load(&mut self, key: &Key) -> Result<Result<Option<Record>, Error>, Error>;
+    /// [`load`](Target::load), given `seen`: the state the caller read in the current epoch,
+    /// if any. Only a target that knows which keys changed within the epoch may use it.
+    fn load_seen(
+        &mut self,
+        key: &Key,
+        seen: Option<Option<Record>>,
+    ) -> Result<Result<Option<Record>, Error>, Error> {
+        let _ = seen;
+        self.load(key)
+    }
     /// Stores `record` (encoded as `encoded`) where `old` was indexed.
     fn put(
         &mut self,
@@ -128,6 +137,22 @@ impl<'w> Deferring<'w> {
 }
 
 impl Target for Deferring<'_> {
+    /// Every change since the epoch began is in `latest`; any other key is as its caller saw
+    /// it. So a new key is known absent without a second B-tree miss.
+    fn load_seen(
+        &mut self,
+        key: &Key,
+        seen: Option<Option<Record>>,
+    ) -> Result<Result<Option<Record>, Error>, Error> {
+        if let Some(state) = self.latest.get(key) {
+            return Ok(Ok(state.clone()));
+        }
+        match seen {
+            Some(state) => Ok(Ok(state)),
+            None => self.load(key),
+        }
+    }
+
     fn load(&mut self, key: &Key) -> Result<Result<Option<Record>, Error>, Error> {
         if let Some(state) = self.latest.get(key) {
             return Ok(Ok(state.clone()));
@@ -169,6 +194,31 @@ impl Target for Deferring<'_> {
     }
 }
 
+/// The changes of `batches` (in the order they were logged), one per key, in key order: a
+/// key changed several times (a reserve and its completion, say) is written once, with its
+/// last state, where its first change found it indexed. So each key is written at most once
+/// per call, and the B-tree inserts walk the leaves in order.
+fn merged(batches: Vec<DeferredBatch>) -> Vec<Change> {
+    let mut changes: Vec<Change> = if batches.len() == 1 {
+        batches.into_iter().next().expect("one batch").changes
+    } else {
+        batches.into_iter().flat_map(|b| b.changes).collect()
+    };
+    if changes.len() <= 1 {
+        return changes;
+    }
+    // Stable: the changes of one key keep the order they were logged in.
+    changes.sort_by(|a, b| a.key.cmp(&b.key));
+    let mut out: Vec<Change> = Vec::with_capacity(changes.len());
+    for change in changes {
+        match out.last_mut() {
+            Some(previous) if previous.key == change.key => previous.new = change.new,
+            _ => out.push(change),
+        }
+    }
+    out
+}
+
 /// The open write transaction, and when it was opened.
 pub(super) type OpenTxn = Option<(WriteTransaction, Instant)>;
 
@@ -187,10 +237,7 @@ const MAX_QUEUED: usize = 4096;
 
 /// Applies queued batches to the open write transaction, on its own thread.
 pub(crate) struct Applier {
-    db: Arc<Database>,
-    poison: Arc<Poison>,
-    overlay: Arc<Overlay>,
-    cache: Arc<RecordCache>,
+    engine: Arc<Engine>,
     /// Held while applying, committing, or reading when the transaction was opened. A batch is
     /// taken from `queue` only while holding it, so that a flush never misses one.
     pub(super) txn: Mutex<OpenTxn>,
@@ -200,17 +247,9 @@ pub(crate) struct Applier {
 }
 
 impl Applier {
-    pub(super) fn new(
-        db: Arc<Database>,
-        poison: Arc<Poison>,
-        overlay: Arc<Overlay>,
-        cache: Arc<RecordCache>,
-    ) -> Applier {
+    pub(super) fn new(engine: Arc<Engine>) -> Applier {
         Applier {
-            db,
-            poison,
-            overlay,
-            cache,
+            engine,
             txn: Mutex::new(None),
             queue: Mutex::new(Queue::default()),
             more: Condvar::new(),
@@ -280,10 +319,14 @@ impl Applier {
         if batches.is_empty() {
             return Ok(());
         }
-        self.poison.check()?;
+        self.engine.poison.check()?;
         if txn.is_none() {
             let ctx = "starting a write transaction";
-            let mut opened = self.db.begin_write().map_err(|e| Error::storage(ctx, e))?;
+            let mut opened = self
+                .engine
+                .db
+                .begin_write()
+                .map_err(|e| Error::storage(ctx, e))?;
             opened
                 .set_durability(redb::Durability::None)
                 .map_err(|e| Error::storage(ctx, e))?;
@@ -291,18 +334,13 @@ impl Applier {
         }
         let (open, _) = txn.as_ref().expect("opened above");
         let mut tables = Tables::open(open)?;
-        let mut last = None;
-        for batch in batches {
-            for change in batch.changes {
-                let key = change.key.encoded();
-                match change.new {
-                    Some((index, encoded)) => {
-                        tables.put_indexed(key, change.old, index, &encoded)?
-                    }
-                    None => tables.delete(key, change.old)?,
-                }
+        let last = batches.last().map(|b| (b.seq, b.next_token));
+        for change in merged(batches) {
+            let key = change.key.encoded();
+            match change.new {
+                Some((index, encoded)) => tables.put_indexed(key, change.old, index, &encoded)?,
+                None => tables.delete(key, change.old)?,
             }
-            last = Some((batch.seq, batch.next_token));
         }
         if let Some((seq, next_token)) = last {
             tables.set_wal_seq(seq)?;
@@ -315,12 +353,74 @@ impl Applier {
     /// redb are dropped, and every later call is refused until the store is reopened (which
     /// replays the log).
     pub(super) fn fail(&self, txn: &mut OpenTxn, error: &Error) {
-        self.poison.set(error);
+        self.engine.poison.set(error);
         *txn = None;
         let mut queue = self.queue.lock();
         queue.batches.clear();
         queue.changes = 0;
-        self.overlay.clear();
-        self.cache.clear();
+        self.engine.overlay.clear();
+        self.engine.cache.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(id: &str) -> Key {
+        Key::new("t", "op", id).unwrap()
+    }
+
+    fn index(at: u64) -> IndexEntries {
+        IndexEntries {
+            expiry: Some(at),
+            lease: None,
+        }
+    }
+
+    fn change(id: &str, old: Option<u64>, new: Option<u64>) -> Change {
+        Change {
+            key: key(id),
+            old: old.map(index),
+            new: new.map(|at| (index(at), at.to_le_bytes().to_vec())),
+        }
+    }
+
+    fn batch(seq: u64, changes: Vec<Change>) -> DeferredBatch {
+        DeferredBatch {
+            changes,
+            seq,
+            next_token: seq,
+        }
+    }
+
+    /// A key changed in several queued batches (a reserve, then its completion, then another
+    /// change) is written once: its last state, unindexed where its first change found it.
+    /// Keys come out in key order, each once.
+    #[test]
+    fn each_key_is_written_once_with_its_last_state_where_it_was_first_indexed() {
+        let merged = merged(vec![
+            batch(
+                1,
+                vec![change("b", None, Some(10)), change("a", Some(5), Some(11))],
+            ),
+            batch(2, vec![change("b", Some(10), Some(20))]),
+            batch(
+                3,
+                vec![change("c", None, Some(30)), change("b", Some(20), None)],
+            ),
+        ]);
+        let got: Vec<(Key, Option<IndexEntries>, Option<IndexEntries>)> = merged
+            .into_iter()
+            .map(|c| (c.key, c.old, c.new.map(|(index, _)| index)))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (key("a"), Some(index(5)), Some(index(11))),
+                (key("b"), None, None),
+                (key("c"), None, Some(index(30))),
+            ]
+        );
     }
 }

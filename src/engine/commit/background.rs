@@ -23,7 +23,7 @@ impl Writer {
     /// Commits the open transaction when it is old, syncs a buffered log when its interval
     /// passed, and checkpoints when the log is large or old.
     pub(super) fn background_work(&mut self) {
-        if self.poison.check().is_err() {
+        if self.engine.poison.check().is_err() {
             return;
         }
         let txn_due = self
@@ -53,7 +53,7 @@ impl Writer {
 
     /// How long the committer may sleep before background work is due; `None` when none is.
     pub(super) fn next_tick(&self) -> Option<Duration> {
-        if self.poison.check().is_err() {
+        if self.engine.poison.check().is_err() {
             return None;
         }
         let mut due: Option<Duration> = None;
@@ -83,7 +83,7 @@ impl Writer {
     /// On shutdown: make everything durable in redb, marked as closed cleanly, so the next
     /// open neither replays nor reads the log (see `clean_close.rs`).
     pub(super) fn close(&mut self) {
-        if self.poison.check().is_ok() {
+        if self.engine.poison.check().is_ok() {
             let _ = self.flush();
             let _ = self.checkpoint_and_mark_clean();
         }

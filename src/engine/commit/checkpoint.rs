@@ -13,7 +13,6 @@ use std::time::Instant;
 use redb::WriteTransaction;
 
 use super::{Writer, Written};
-use crate::clock::to_millis;
 use crate::engine::stats::Counter;
 use crate::error::Error;
 use crate::format::tables::Tables;
@@ -59,7 +58,7 @@ impl Writer {
             Ok(txn) => txn,
             Err(error) => return Err(self.fail(error)),
         };
-        let now = to_millis(self.clock.now());
+        let now = self.engine.now();
         let mut written = Vec::new();
         let value = match f(self, &txn, now, &mut written) {
             Ok(Ok(value)) => value,
@@ -90,9 +89,9 @@ impl Writer {
         if let Err(e) = txn.commit() {
             return Err(self.fail(Error::storage("committing a write transaction", e)));
         }
-        self.counters.add(Counter::Commits, 1);
+        self.engine.counters.add(Counter::Commits, 1);
         if kind == CommitKind::Durable {
-            self.counters.add(Counter::Checkpoints, 1);
+            self.engine.counters.add(Counter::Checkpoints, 1);
             #[cfg(feature = "tracing")]
             tracing::debug!(
                 log_bytes = self.wal.len_since_rewind(),
@@ -102,10 +101,17 @@ impl Writer {
             self.wal.rewind(new_salt);
             self.last_checkpoint = Instant::now();
         }
-        self.overlay.waiters.notify(written.iter().map(|w| &w.key));
+        self.engine
+            .overlay
+            .waiters
+            .notify(written.iter().map(|w| &w.key));
         for w in written {
-            self.cache.set(&w.key, w.record);
+            self.engine.cache.set(&w.key, w.record);
         }
+        // This transaction changed redb outside `latest`: states read before now are stale.
+        // (After the cache holds the new records: a read that starts in the next epoch must
+        // not find an older one there.)
+        self.engine.overlay.next_epoch();
         Ok(value)
     }
 

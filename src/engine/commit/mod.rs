@@ -3,8 +3,9 @@
 //! Callers queue a request (one or many key operations) and wait. The batch's leader (a caller
 //! that is alone, or else the committer thread) takes everything queued, decides each
 //! operation against the latest state with [`decide`] (the changes since the last redb
-//! commit, then the record cache, then committed redb), and appends the resulting changes to
-//! the log as one frame. The changes are queued for the applier thread (`apply.rs`), which
+//! commit, then what the caller read of the key in the current epoch ([`Known`]), or else
+//! the record cache and committed redb), and appends the resulting changes to the log as one
+//! frame. The changes are queued for the applier thread (`apply.rs`), which
 //! writes them into a redb write transaction kept open across batches, off the batch path.
 //! The batch is then handed to the [`Syncer`]: one fdatasync makes every frame written so far
 //! durable, after which the batch's changes are published to the [`Overlay`] (what readers see before redb commits) and its
@@ -18,8 +19,8 @@
 //!
 //! Every 100 ms at most, once every written frame is synced, whatever the applier has not
 //! applied yet is applied, the open redb transaction is committed (non-durably; the log is
-//! what makes it durable), the in-memory changes are forgotten and the overlay is emptied into
-//! the record cache. Checkpoints, [`Store::complete_with`](crate::Store::complete_with) and
+//! what makes it durable), the in-memory changes are forgotten (which ends the epoch) and the
+//! overlay is emptied into the record cache. Checkpoints, [`Store::complete_with`](crate::Store::complete_with) and
 //! sweeps take the writer between batches.
 //!
 //! Any failure of a write poisons the store: the failing batches are answered with the error
@@ -28,6 +29,7 @@
 mod apply;
 mod background;
 mod checkpoint;
+mod engine;
 mod queue;
 mod request;
 mod syncer;
@@ -35,7 +37,8 @@ mod writer;
 
 pub(crate) use background::Schedule;
 pub(crate) use checkpoint::CommitKind;
+pub(crate) use engine::Engine;
 pub(crate) use queue::{first, Committer};
-pub(crate) use request::Queued;
+pub(crate) use request::{Known, Queued};
 pub(crate) use syncer::Syncer;
 pub(crate) use writer::{Writer, Written};

@@ -14,8 +14,9 @@ use parking_lot::{Condvar, Mutex};
 use crate::decide::Operation;
 use crate::error::Error;
 use crate::key::Key;
+use crate::record::Record;
 
-use super::request::{Answer, Queued, Request, Waiter};
+use super::request::{Answer, Known, Ops, Queued, Request, Waiter};
 use super::{Syncer, Writer};
 use crate::engine::poison::error_copy;
 use crate::engine::settings::{Durability, Limits};
@@ -79,19 +80,6 @@ impl Committer {
         })
     }
 
-    /// Queues `ops` for a blocked caller (see [`parts`]).
-    fn enqueue<O: Operation>(&self, ops: Vec<(Key, O)>) -> Vec<Arc<Request<O>>> {
-        let requests = parts(ops, self.shared.limits.batch_bytes, || {
-            Waiter::Thread(thread::current())
-        });
-        let mut queue = self.shared.queue.lock();
-        for request in &requests {
-            queue.requests.push(Arc::clone(request) as Arc<dyn Queued>);
-        }
-        // A blocked caller leads its own batch or wakes the committer (see `submit`).
-        requests
-    }
-
     /// Runs `ops` in the next batch and blocks until it is durable.
     ///
     /// A caller that is alone (the committer thread idle, nothing else queued, no sync
@@ -103,29 +91,57 @@ impl Committer {
     /// one ran. (Callers leading every batch was measured slower under load: BENCHMARKS.md,
     /// "Who leads a batch".)
     pub(crate) fn submit<O: Operation>(&self, ops: Vec<(Key, O)>) -> Answer<O::Outcome> {
+        self.submit_seen(ops, None)
+    }
+
+    /// [`submit`](Committer::submit) with what the caller read of the keys (see [`Known`]).
+    pub(crate) fn submit_seen<O: Operation>(
+        &self,
+        ops: Vec<(Key, O)>,
+        seen: Option<Known>,
+    ) -> Answer<O::Outcome> {
         not_in_callback()?;
-        let requests = self.enqueue(ops);
+        let shared = &*self.shared;
+        let requests = parts(ops, seen, shared.limits.batch_bytes, || {
+            Waiter::Thread(thread::current())
+        });
         let last = requests.last().expect("at least one request");
+        let mut queued = false;
         loop {
-            if requests.iter().all(|r| r.is_answered()) {
+            // Woken with the answer: return without touching the queue or the syncer.
+            if queued && requests.iter().all(|r| r.is_answered()) {
                 return collect(&requests);
+            }
+            let sync_busy = shared.syncer.is_busy();
+            // One hold of the queue lock per round: queue (the first time), see whether the
+            // caller is alone, and either take the batch to lead it or wake the committer.
+            let mut queue = shared.queue.lock();
+            if !queued {
+                queued = true;
+                for request in &requests {
+                    queue.requests.push(Arc::clone(request) as Arc<dyn Queued>);
+                }
             }
             // Alone (the committer idle, nothing else queued, no sync running): lead. Otherwise
             // the committer runs the batch and its sync.
-            let alone = self.alone(requests.len()) && !self.shared.syncer.is_busy();
-            match alone.then(|| self.shared.writer.try_lock()).flatten() {
+            let alone = queue.idle && queue.requests.len() <= requests.len() && !sync_busy;
+            match alone.then(|| shared.writer.try_lock()).flatten() {
                 Some(mut writer) => {
-                    let batch = take_batch(
-                        &mut self.shared.queue.lock(),
-                        self.shared.limits.batch_bytes,
-                    );
+                    let batch = take_batch(&mut queue, shared.limits.batch_bytes);
+                    drop(queue);
                     if !batch.is_empty() {
-                        run_guarded(&self.shared, &mut writer, batch);
+                        run_guarded(shared, &mut writer, batch);
                     }
                     drop(writer);
-                    self.shared.syncer.drive(Some(&**last));
+                    shared.syncer.drive(Some(&**last));
                 }
-                None => wake_committer(&self.shared),
+                None => {
+                    if queue.idle {
+                        queue.idle = false;
+                        shared.work.notify_one();
+                    }
+                    drop(queue);
+                }
             }
             if requests.iter().all(|r| r.is_answered()) {
                 return collect(&requests);
@@ -134,15 +150,25 @@ impl Committer {
         }
     }
 
-    /// Whether the committer is idle and nothing is queued beyond the caller's `parts`.
-    fn alone(&self, parts: usize) -> bool {
-        let queue = self.shared.queue.lock();
-        queue.idle && queue.requests.len() <= parts
-    }
-
     /// Runs one operation in the next batch and blocks until it is durable.
     pub(crate) fn submit_one<O: Operation>(&self, key: Key, op: O) -> Result<O::Outcome, Error> {
         first(self.submit(vec![(key, op)]))
+    }
+
+    /// [`submit_one`](Committer::submit_one) of a key its caller read as `state` at the start
+    /// of `epoch` (see [`Known`]).
+    pub(crate) fn submit_one_seen<O: Operation>(
+        &self,
+        key: Key,
+        op: O,
+        epoch: u64,
+        state: Option<Record>,
+    ) -> Result<O::Outcome, Error> {
+        let seen = Known {
+            epoch,
+            states: vec![state],
+        };
+        first(self.submit_seen(vec![(key, op)], Some(seen)))
     }
 
     /// Queues `ops` for the next batch; the future resolves once it is durable. No thread
@@ -150,9 +176,19 @@ impl Committer {
     /// the future first waits for room (backpressure), so memory does not grow with the number
     /// of waiting tasks.
     pub(crate) fn submit_async<O: Operation>(&self, ops: Vec<(Key, O)>) -> CommitFuture<O> {
+        self.submit_async_seen(ops, None)
+    }
+
+    /// [`submit_async`](Committer::submit_async) with what the caller read of the keys (see
+    /// [`Known`]).
+    pub(crate) fn submit_async_seen<O: Operation>(
+        &self,
+        ops: Vec<(Key, O)>,
+        seen: Option<Known>,
+    ) -> CommitFuture<O> {
         CommitFuture {
             shared: Arc::clone(&self.shared),
-            state: FutureState::Waiting(Some(ops)),
+            state: FutureState::Waiting(Some(Ops { ops, seen })),
         }
     }
 
@@ -314,15 +350,6 @@ fn run_guarded(shared: &Shared, writer: &mut Writer, batch: Vec<Arc<dyn Queued>>
     }
 }
 
-/// Wakes the committer thread (when idle) to run what is queued.
-fn wake_committer(shared: &Shared) {
-    let mut queue = shared.queue.lock();
-    if queue.idle {
-        queue.idle = false;
-        shared.work.notify_one();
-    }
-}
-
 /// Takes the oldest queued requests, up to `limit` bytes of payload (at least one), and lets
 /// waiting async callers in when that made room.
 fn take_batch(queue: &mut Queue, limit: usize) -> Vec<Arc<dyn Queued>> {
@@ -355,28 +382,48 @@ fn take_batch(queue: &mut Queue, limit: usize) -> Vec<Arc<dyn Queued>> {
 /// Splits `ops` into requests, in order: each holds at most `limit` bytes of log entries (or
 /// one operation), so that no request, however large, makes a frame over the format's limit.
 /// Always at least one request, so an empty one is answered too.
+/// What the caller saw of the keys is split alongside.
 fn parts<O: Operation>(
     ops: Vec<(Key, O)>,
+    seen: Option<Known>,
     limit: usize,
     waiter: impl Fn() -> Waiter,
 ) -> Vec<Arc<Request<O>>> {
-    let mut chunks = Vec::new();
+    let total: usize = ops.iter().map(|(key, op)| entry_bytes(key, op)).sum();
+    if total <= limit {
+        // The common case: one request, no copies.
+        return vec![Request::new(ops, seen, total, waiter())];
+    }
+    let (epoch, mut states) = match seen {
+        Some(seen) if seen.states.len() == ops.len() => (seen.epoch, Some(seen.states.into_iter())),
+        _ => (0, None),
+    };
+    let mut requests = Vec::new();
     let mut chunk = Vec::new();
+    let mut chunk_states = Vec::new();
     let mut bytes = 0;
+    let has_seen = states.is_some();
+    let mut close = |chunk: &mut Vec<(Key, O)>, chunk_states: &mut Vec<Option<Record>>, bytes| {
+        let seen = has_seen.then(|| Known {
+            epoch,
+            states: std::mem::take(chunk_states),
+        });
+        requests.push(Request::new(std::mem::take(chunk), seen, bytes, waiter()));
+    };
     for (key, op) in ops {
         let size = entry_bytes(&key, &op);
         if !chunk.is_empty() && bytes + size > limit {
-            chunks.push((std::mem::take(&mut chunk), bytes));
+            close(&mut chunk, &mut chunk_states, bytes);
             bytes = 0;
         }
         bytes += size;
         chunk.push((key, op));
+        if let Some(state) = states.as_mut().and_then(Iterator::next) {
+            chunk_states.push(state);
+        }
     }
-    chunks.push((chunk, bytes));
-    chunks
-        .into_iter()
-        .map(|(ops, bytes)| Request::new(ops, bytes, waiter()))
-        .collect()
+    close(&mut chunk, &mut chunk_states, bytes);
+    requests
 }
 
 /// A future that resolves when its request has been answered.
@@ -390,7 +437,7 @@ pub(crate) struct CommitFuture<O: Operation> {
 
 enum FutureState<O: Operation> {
     /// Waiting for room in the queue.
-    Waiting(Option<Vec<(Key, O)>>),
+    Waiting(Option<Ops<O>>),
     /// Queued: the request's parts.
     Queued(Vec<Arc<Request<O>>>),
 }
@@ -406,8 +453,11 @@ impl<O: Operation + Unpin> Future for CommitFuture<O> {
                 queue.room.push(cx.waker().clone());
                 return Poll::Pending;
             }
-            let ops = ops.take().unwrap_or_default();
-            let requests = parts(ops, this.shared.limits.batch_bytes, || {
+            let Ops { ops, seen } = ops.take().unwrap_or(Ops {
+                ops: Vec::new(),
+                seen: None,
+            });
+            let requests = parts(ops, seen, this.shared.limits.batch_bytes, || {
                 Waiter::Task(Mutex::new(Some(cx.waker().clone())))
             });
             queue.tasks += requests.len();

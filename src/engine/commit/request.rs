@@ -12,7 +12,7 @@ use super::{Writer, Written};
 use crate::decide::Operation;
 use crate::error::Error;
 use crate::key::Key;
-use crate::record::Millis;
+use crate::record::{Millis, Record};
 
 /// One result per operation of a request.
 pub(crate) type Outcomes<T> = Vec<Result<T, Error>>;
@@ -20,10 +20,26 @@ pub(crate) type Outcomes<T> = Vec<Result<T, Error>>;
 /// The answer to a request: one result per operation, or an error for the whole batch.
 pub(crate) type Answer<T> = Result<Outcomes<T>, Error>;
 
+/// The states a caller read for its operations (one per operation, in order: `None` for an
+/// absent key) at the start of a writer epoch ([`Overlay::epoch`](crate::engine::cache::Overlay::epoch)).
+/// The writer decides against them instead of reading the keys again, unless the epoch has
+/// ended since or the key changed in it.
+#[derive(Debug)]
+pub(crate) struct Known {
+    pub(crate) epoch: u64,
+    pub(crate) states: Vec<Option<Record>>,
+}
+
+/// A request's operations and what its caller saw of their keys.
+pub(super) struct Ops<O> {
+    pub(super) ops: Vec<(Key, O)>,
+    pub(super) seen: Option<Known>,
+}
+
 /// One caller's queued operations (all of one kind) and the slot their answer is delivered
 /// to.
 pub(crate) struct Request<O: Operation> {
-    pub(super) ops: Mutex<Vec<(Key, O)>>,
+    pub(super) ops: Mutex<Ops<O>>,
     /// Payload bytes of the operations, for the batch limit.
     pub(super) bytes: usize,
     /// The decided outcomes, held until the batch's frame is durable.
@@ -76,9 +92,14 @@ impl Waiter {
 }
 
 impl<O: Operation> Request<O> {
-    pub(super) fn new(ops: Vec<(Key, O)>, bytes: usize, waiter: Waiter) -> Arc<Request<O>> {
+    pub(super) fn new(
+        ops: Vec<(Key, O)>,
+        seen: Option<Known>,
+        bytes: usize,
+        waiter: Waiter,
+    ) -> Arc<Request<O>> {
         Arc::new(Request {
-            ops: Mutex::new(ops),
+            ops: Mutex::new(Ops { ops, seen }),
             bytes,
             staged: Mutex::new(None),
             answer: Mutex::new(None),
@@ -123,12 +144,31 @@ impl<O: Operation> Queued for Request<O> {
         now: Millis,
         written: &mut Vec<Written>,
     ) -> Result<usize, Error> {
-        let ops = std::mem::take(&mut *self.ops.lock());
+        let Ops { ops, seen } = std::mem::replace(
+            &mut *self.ops.lock(),
+            Ops {
+                ops: Vec::new(),
+                seen: None,
+            },
+        );
         let count = ops.len();
+        // What the caller read is the state still, unless the epoch ended since (the writer
+        // committed to redb and forgot its own changes); a key changed within the epoch is in
+        // the writer's `latest`, which `Target::load_seen` looks at first.
+        let mut seen: Vec<Option<Option<Record>>> = match seen {
+            Some(seen)
+                if seen.epoch == writer.engine.overlay.epoch() && seen.states.len() == count =>
+            {
+                seen.states.into_iter().map(Some).collect()
+            }
+            _ => Vec::new(),
+        };
+        let mut seen_at = |index: usize| seen.get_mut(index).and_then(Option::take);
         if count <= 1 {
             let mut outcomes = Vec::with_capacity(count);
-            for (key, op) in ops {
-                outcomes.push(writer.apply(tables, &key, op, now, written)?);
+            for (index, (key, op)) in ops.into_iter().enumerate() {
+                let seen = seen_at(index);
+                outcomes.push(writer.apply_seen(tables, key, op, seen, now, written)?);
             }
             *self.staged.lock() = Some(outcomes);
             return Ok(count);
@@ -144,7 +184,8 @@ impl<O: Operation> Queued for Request<O> {
             (0..count).map(|_| None).collect();
         for index in order {
             let (key, op) = slots[index].take().expect("each index once");
-            outcomes[index] = Some(writer.apply(tables, &key, op, now, written)?);
+            let seen = seen_at(index);
+            outcomes[index] = Some(writer.apply_seen(tables, key, op, seen, now, written)?);
         }
         let outcomes = outcomes
             .into_iter()

@@ -8,15 +8,14 @@ use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::engine::cache::Overlay;
-use crate::engine::stats::{Counter, Counters};
+use crate::engine::stats::Counter;
 use crate::engine::wal::{LogFile, Wal};
 use crate::error::Error;
 use crate::key::Key;
 use crate::record::Record;
 
-use super::Queued;
-use crate::engine::poison::{error_copy, Poison};
+use super::{Engine, Queued};
+use crate::engine::poison::error_copy;
 
 /// A batch written to the log, waiting for a sync before its callers are answered.
 pub(super) struct PendingBatch {
@@ -43,18 +42,11 @@ pub(crate) struct Syncer {
     pub(super) state: Mutex<SyncState>,
     /// Signalled whenever a sync ends (and `syncing` is cleared).
     pub(super) idle: Condvar,
-    pub(super) poison: Arc<Poison>,
-    pub(super) overlay: Arc<Overlay>,
-    pub(super) counters: Arc<Counters>,
+    pub(super) engine: Arc<Engine>,
 }
 
 impl Syncer {
-    pub(super) fn new(
-        wal: &Wal,
-        poison: Arc<Poison>,
-        overlay: Arc<Overlay>,
-        counters: Arc<Counters>,
-    ) -> Syncer {
+    pub(super) fn new(wal: &Wal, engine: Arc<Engine>) -> Syncer {
         let last = wal.last_seq();
         Syncer {
             file: wal.file(),
@@ -65,9 +57,7 @@ impl Syncer {
                 ..SyncState::default()
             }),
             idle: Condvar::new(),
-            poison,
-            overlay,
-            counters,
+            engine,
         }
     }
 
@@ -92,7 +82,7 @@ impl Syncer {
     }
 
     fn answer(&self, batch: PendingBatch) {
-        self.overlay.publish(batch.changes);
+        self.engine.overlay.publish(batch.changes);
         for request in &batch.requests {
             request.publish();
         }
@@ -115,7 +105,7 @@ impl Syncer {
     fn run_syncs(&self, own: Option<&dyn Queued>) {
         let mut state = self.state.lock();
         loop {
-            if let Err(error) = self.poison.check() {
+            if let Err(error) = self.engine.poison.check() {
                 // Whatever failed, nothing still waiting will be synced: answer it now.
                 for batch in state.pending.drain(..) {
                     for request in batch.requests {
@@ -132,7 +122,7 @@ impl Syncer {
             }
             drop(state);
             let result = self.file.sync_data();
-            self.counters.add(Counter::Syncs, 1);
+            self.engine.counters.add(Counter::Syncs, 1);
             state = self.state.lock();
             match result {
                 Ok(()) => {
@@ -144,8 +134,8 @@ impl Syncer {
                 }
                 Err(e) => {
                     let error = Error::io(format!("syncing log {}", self.path.display()), e);
-                    self.poison.set(&error);
-                    self.overlay.clear();
+                    self.engine.poison.set(&error);
+                    self.engine.overlay.clear();
                     for batch in state.pending.drain(..) {
                         for request in batch.requests {
                             request.fail(error_copy(&error));
@@ -200,7 +190,7 @@ impl Syncer {
         loop {
             self.drive(None);
             let mut state = self.state.lock();
-            self.poison.check()?;
+            self.engine.poison.check()?;
             let done = match until {
                 None => state.synced_seq >= state.written_seq && state.pending.is_empty(),
                 Some(seq) => {

@@ -5,14 +5,11 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redb::{Database, WriteTransaction};
+use redb::WriteTransaction;
 
-use crate::clock::{to_millis, Clock};
-use crate::decide::policy::Policies;
 use crate::decide::{decide, Change, Operation};
-use crate::engine::cache::{Overlay, RecordCache};
 use crate::engine::settings::Durability;
-use crate::engine::stats::{Counter, Counters};
+use crate::engine::stats::Counter;
 use crate::engine::wal::Wal;
 use crate::error::Error;
 use crate::format::tables::IndexEntries;
@@ -21,8 +18,8 @@ use crate::record::{Millis, Record};
 
 use super::apply::{Applier, DeferredBatch, Deferring, Target};
 use super::syncer::PendingBatch;
-use super::{Queued, Schedule, Syncer};
-use crate::engine::poison::{error_copy, Poison};
+use super::{Engine, Queued, Schedule, Syncer};
+use crate::engine::poison::error_copy;
 
 /// How long one redb write transaction (the applier's) stays open across batches.
 ///
@@ -44,7 +41,8 @@ pub(crate) struct Written {
 
 /// The single writer: owns the database's write side, the log and the fencing-token counter.
 pub(crate) struct Writer {
-    pub(super) db: Arc<Database>,
+    /// The parts shared with the callers and the other threads.
+    pub(crate) engine: Arc<Engine>,
     pub(super) wal: Wal,
     pub(super) syncer: Arc<Syncer>,
     /// Applies logged batches to the write transaction it keeps open across batches.
@@ -54,13 +52,7 @@ pub(crate) struct Writer {
     pub(super) latest: HashMap<Key, Option<Record>>,
     /// When the first change since the last redb commit was logged (the transaction's age).
     pub(super) unflushed_since: Option<Instant>,
-    pub(super) clock: Arc<dyn Clock>,
-    pub(super) policy: Policies,
     pub(super) next_token: u64,
-    pub(super) poison: Arc<Poison>,
-    pub(super) cache: Arc<RecordCache>,
-    pub(super) overlay: Arc<Overlay>,
-    pub(crate) counters: Arc<Counters>,
     pub(super) schedule: Schedule,
     pub(super) last_checkpoint: Instant,
     pub(super) last_sync: Instant,
@@ -70,48 +62,22 @@ pub(crate) struct Writer {
 }
 
 impl Writer {
-    #[expect(
-        clippy::too_many_arguments,
-        reason = "the writer is assembled once, in Store::from_parts, from the store's parts"
-    )]
     pub(crate) fn new(
-        db: Arc<Database>,
+        engine: Arc<Engine>,
         wal: Wal,
-        clock: Arc<dyn Clock>,
-        policy: Policies,
         next_token: u64,
-        poison: Arc<Poison>,
-        cache: Arc<RecordCache>,
-        overlay: Arc<Overlay>,
-        counters: Arc<Counters>,
         schedule: Schedule,
     ) -> Writer {
-        let syncer = Arc::new(Syncer::new(
-            &wal,
-            Arc::clone(&poison),
-            Arc::clone(&overlay),
-            Arc::clone(&counters),
-        ));
-        let applier = Arc::new(Applier::new(
-            Arc::clone(&db),
-            Arc::clone(&poison),
-            Arc::clone(&overlay),
-            Arc::clone(&cache),
-        ));
+        let syncer = Arc::new(Syncer::new(&wal, Arc::clone(&engine)));
+        let applier = Arc::new(Applier::new(Arc::clone(&engine)));
         Writer {
-            db,
+            engine,
             wal,
             syncer,
             applier,
             latest: HashMap::new(),
             unflushed_since: None,
-            clock,
-            policy,
             next_token,
-            poison,
-            cache,
-            overlay,
-            counters,
             schedule,
             last_checkpoint: Instant::now(),
             last_sync: Instant::now(),
@@ -124,15 +90,20 @@ impl Writer {
     pub(crate) fn fail(&mut self, error: Error) -> Error {
         self.applier.fail(&mut self.applier.txn.lock(), &error);
         self.latest.clear();
+        self.engine.overlay.next_epoch();
         self.unflushed_since = None;
-        self.overlay.clear();
-        self.cache.clear();
+        self.engine.overlay.clear();
+        self.engine.cache.clear();
         error
     }
 
     pub(super) fn begin(&self, durability: redb::Durability) -> Result<WriteTransaction, Error> {
         let ctx = "starting a write transaction";
-        let mut txn = self.db.begin_write().map_err(|e| Error::storage(ctx, e))?;
+        let mut txn = self
+            .engine
+            .db
+            .begin_write()
+            .map_err(|e| Error::storage(ctx, e))?;
         txn.set_durability(durability)
             .map_err(|e| Error::storage(ctx, e))?;
         // A durable commit (a checkpoint) also records redb's allocator state, so that opening
@@ -145,7 +116,7 @@ impl Writer {
     /// Decides and logs one batch; hands it to the syncer. Whoever ran it (a lone caller, or
     /// the committer thread) then drives its sync ([`Syncer::drive`]).
     pub(super) fn run_batch(&mut self, batch: Vec<Arc<dyn Queued>>) {
-        if let Err(error) = self.poison.check() {
+        if let Err(error) = self.engine.poison.check() {
             for request in &batch {
                 request.fail(error_copy(&error));
             }
@@ -153,7 +124,7 @@ impl Writer {
         }
         match self.apply_batch(&batch) {
             Ok((ops, written, seq)) => {
-                self.counters.batch(ops as u64);
+                self.engine.counters.batch(ops as u64);
                 let changes = written.into_iter().map(|w| (w.key, w.record)).collect();
                 let pending = PendingBatch {
                     seq,
@@ -182,11 +153,10 @@ impl Writer {
         &mut self,
         batch: &[Arc<dyn Queued>],
     ) -> Result<(usize, Vec<Written>, u64), Error> {
-        let now = to_millis(self.clock.now());
+        let now = self.engine.now();
         let mut latest = std::mem::take(&mut self.latest);
-        let cache = Arc::clone(&self.cache);
-        let db = Arc::clone(&self.db);
-        let mut target = Deferring::new(&mut latest, &cache, &db);
+        let engine = Arc::clone(&self.engine);
+        let mut target = Deferring::new(&mut latest, &engine.cache, &engine.db);
         let result = (|| {
             let mut ops = 0;
             let mut written = Vec::new();
@@ -230,12 +200,33 @@ impl Writer {
         now: Millis,
         written: &mut Vec<Written>,
     ) -> Result<Result<O::Outcome, Error>, Error> {
-        let old = match tables.load(key)? {
+        self.apply_seen(tables, key.clone(), op, None, now, written)
+    }
+
+    /// [`apply`](Writer::apply) of a queued operation: `seen` is the state its caller read in
+    /// the current epoch (see [`Known`](super::request::Known)), used instead of reading the key
+    /// again when the key has not changed since.
+    pub(super) fn apply_seen<O: Operation>(
+        &mut self,
+        tables: &mut dyn Target,
+        key: Key,
+        op: O,
+        seen: Option<Option<Record>>,
+        now: Millis,
+        written: &mut Vec<Written>,
+    ) -> Result<Result<O::Outcome, Error>, Error> {
+        let old = match tables.load_seen(&key, seen)? {
             Ok(old) => old,
             Err(corrupt) => return Ok(Err(corrupt)),
         };
         let old_index = old.as_ref().map(IndexEntries::of);
-        let decision = decide(old, op, now, self.policy.for_key(key), self.next_token);
+        let decision = decide(
+            old,
+            op,
+            now,
+            self.engine.policy.for_key(&key),
+            self.next_token,
+        );
         if decision.used_token {
             self.next_token += 1;
         }
@@ -243,18 +234,18 @@ impl Writer {
             Change::Keep => {}
             Change::Put(record) => {
                 let encoded = record.encode();
-                tables.put(key, old_index, &record, &encoded)?;
+                tables.put(&key, old_index, &record, &encoded)?;
                 written.push(Written {
-                    key: key.clone(),
+                    key,
                     record: Some(record),
                     encoded: Some(encoded),
                     old: old_index,
                 });
             }
             Change::Delete => {
-                tables.delete(key, old_index)?;
+                tables.delete(&key, old_index)?;
                 written.push(Written {
-                    key: key.clone(),
+                    key,
                     record: None,
                     encoded: None,
                     old: old_index,
@@ -277,7 +268,7 @@ impl Writer {
     /// Makes every written frame durable and answered, applies what the applier has not,
     /// commits the open transaction (non-durably), and moves the overlay into the cache.
     pub(crate) fn flush(&mut self) -> Result<(), Error> {
-        self.poison.check()?;
+        self.engine.poison.check()?;
         if let Err(error) = self.syncer.drive_all() {
             return Err(self.fail(error));
         }
@@ -295,11 +286,13 @@ impl Writer {
         match committed {
             Ok(committed) => {
                 if committed {
-                    self.counters.add(Counter::Commits, 1);
+                    self.engine.counters.add(Counter::Commits, 1);
                 }
                 self.latest.clear();
+                // States read before this commit may predate changes `latest` no longer holds.
+                self.engine.overlay.next_epoch();
                 self.unflushed_since = None;
-                self.overlay.drain_into(&self.cache);
+                self.engine.overlay.drain_into(&self.engine.cache);
                 Ok(())
             }
             Err(error) => Err(self.fail(error)),

@@ -10,7 +10,7 @@ use redb::Database;
 use crate::builder::Builder;
 use crate::decide::policy::Policies;
 use crate::engine::cache::{Overlay, RecordCache};
-use crate::engine::commit::{Committer, Schedule, Writer};
+use crate::engine::commit::{Committer, Engine, Schedule, Writer};
 use crate::engine::poison::Poison;
 use crate::engine::recovery;
 use crate::engine::settings::Durability;
@@ -238,7 +238,6 @@ impl Store {
         let strict = builder.durability == Durability::Immediate;
         let (mut wal, next_token) = recovery::recover(&db, log, log_path, strict)?;
         wal.set_max_payload(builder.limits.frame_bytes);
-        let db = Arc::new(db);
         // Leases end with their process: every token below the first one this owner hands
         // out was handed out by an earlier owner of the file (`Builder::leases_survive_restart`).
         let floor = if builder.leases_survive_restart {
@@ -246,26 +245,24 @@ impl Store {
         } else {
             TokenFloor(next_token)
         };
-        let policy = Policies::new(
-            builder.lease,
-            builder.retention,
-            &builder.retention_by_operation,
-            floor,
-        );
-        let poison = Arc::new(Poison::new(builder.checkpoint_bytes));
-        let cache = Arc::new(RecordCache::new(builder.cache_records));
-        let overlay = Arc::new(Overlay::default());
-        let counters = Arc::new(Counters::default());
+        let engine = Arc::new(Engine {
+            db,
+            cache: RecordCache::new(builder.cache_records),
+            overlay: Overlay::default(),
+            counters: Counters::default(),
+            poison: Poison::new(builder.checkpoint_bytes),
+            clock: Arc::clone(&builder.clock),
+            policy: Policies::new(
+                builder.lease,
+                builder.retention,
+                &builder.retention_by_operation,
+                floor,
+            ),
+        });
         let writer = Writer::new(
-            Arc::clone(&db),
+            Arc::clone(&engine),
             wal,
-            Arc::clone(&builder.clock),
-            policy.clone(),
             next_token,
-            Arc::clone(&poison),
-            Arc::clone(&cache),
-            Arc::clone(&overlay),
-            Arc::clone(&counters),
             Schedule {
                 durability: builder.durability,
                 checkpoint_bytes: builder.checkpoint_bytes,
@@ -274,18 +271,14 @@ impl Store {
             },
         );
         let mut store = Store {
-            db,
-            cache,
-            overlay,
-            counters,
+            engine,
             committer: Arc::new(Committer::start(writer, builder.limits)?),
-            clock: Arc::clone(&builder.clock),
-            policy,
             max_result_len: builder.max_result_len,
-            poison,
             path,
             #[cfg(test)]
             read_hook: parking_lot::Mutex::new(None),
+            #[cfg(test)]
+            submit_hook: parking_lot::Mutex::new(None),
             admin: None,
         };
         store.admin = crate::admin::Server::start(store.handle(), builder.admin_socket)?;

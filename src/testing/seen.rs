@@ -1,0 +1,124 @@
+//! The state a reserve reads is handed to the writer, which decides against it instead of
+//! reading the key again (`engine/commit/request.rs`, `Known`). These tests make that state
+//! go stale between the read and the writer's decision, each way the engine can change a key
+//! behind a reader's back, and check that the writer does not trust it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::{Builder, Fingerprint, Key, ManualClock, Reservation, Store};
+
+fn builder(clock: &ManualClock) -> Builder {
+    let mut builder = Store::builder();
+    builder
+        .clock(clock.clone())
+        .lease(Duration::from_secs(3600))
+        .checkpoint_interval(Duration::from_secs(3600))
+        .sweep_interval(None);
+    builder
+}
+
+fn key() -> Key {
+    Key::new("tenant", "op", "k").unwrap()
+}
+
+fn fp() -> Fingerprint {
+    Fingerprint::of(b"request")
+}
+
+/// Reserves the key while `between` runs after this reserve read it (absent) and before the
+/// writer decides it; returns what this reserve answered.
+fn reserve_racing(
+    store: &Arc<Store>,
+    between: impl FnOnce(&Store) + Send + 'static,
+) -> Reservation {
+    let other = Arc::clone(store);
+    store.before_next_submit(move || between(&other));
+    store.reserve(&key(), fp()).unwrap()
+}
+
+fn acquired(answer: Reservation) -> crate::Lease {
+    match answer {
+        Reservation::Acquired(lease) => lease,
+        other => panic!("a new key answered {other:?}"),
+    }
+}
+
+/// Another caller acquires the key and the writer commits it to redb (forgetting its own
+/// record of the change) before the first caller's reserve, which read the key as absent, is
+/// decided: the first must not acquire it too.
+#[test]
+fn a_key_acquired_and_committed_after_the_read_is_not_acquired_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(
+        builder(&ManualClock::new())
+            .open(dir.path().join("seen.idem"))
+            .unwrap(),
+    );
+    let answer = reserve_racing(&store, |other| {
+        acquired(other.reserve(&key(), fp()).unwrap());
+        // A checkpoint commits the writer's open transaction and forgets `latest`.
+        other.checkpoint().unwrap();
+    });
+    assert!(
+        matches!(answer, Reservation::InProgress { .. }),
+        "a key acquired by another caller after this one read it was acquired again: {answer:?}"
+    );
+}
+
+/// Same, without a commit in between: the writer still holds the other caller's change.
+#[test]
+fn a_key_acquired_after_the_read_is_not_acquired_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(
+        builder(&ManualClock::new())
+            .open(dir.path().join("seen.idem"))
+            .unwrap(),
+    );
+    let answer = reserve_racing(&store, |other| {
+        acquired(other.reserve(&key(), fp()).unwrap());
+    });
+    assert!(
+        matches!(answer, Reservation::InProgress { .. }),
+        "a key acquired by another caller after this one read it was acquired again: {answer:?}"
+    );
+}
+
+/// A key completed with `complete_with` (its own durable redb transaction, outside the batch
+/// path) after the read: the reserve replays the result rather than acquiring.
+#[test]
+fn a_key_completed_outside_the_batch_path_after_the_read_is_replayed() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(
+        builder(&ManualClock::new())
+            .open(dir.path().join("seen.idem"))
+            .unwrap(),
+    );
+    let answer = reserve_racing(&store, |other| {
+        let lease = acquired(other.reserve(&key(), fp()).unwrap());
+        other.checkpoint().unwrap();
+        other
+            .complete_with(&lease, b"done".to_vec(), |_| Ok::<(), std::io::Error>(()))
+            .unwrap();
+    });
+    match answer {
+        Reservation::Completed(done) => assert_eq!(done.result, b"done"),
+        other => panic!("a key completed after the read answered {other:?}"),
+    }
+}
+
+/// A new key with nothing racing it is acquired, by one write (the writer trusts the read).
+#[test]
+fn a_new_key_is_acquired() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(
+        builder(&ManualClock::new())
+            .open(dir.path().join("seen.idem"))
+            .unwrap(),
+    );
+    acquired(reserve_racing(&store, |_| {}));
+    assert!(matches!(
+        store.reserve(&key(), fp()).unwrap(),
+        Reservation::InProgress { .. }
+    ));
+}

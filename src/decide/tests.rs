@@ -599,18 +599,22 @@ fn reserve_writes_exactly_when_decide_changes_the_record() {
         records.push(Some(abandoned));
     }
     records.push(Some(review(7)));
-    for record in records {
-        for fingerprint in [fp(), Fingerprint::of(b"another request")] {
-            let op = Reserve { fingerprint };
-            let writes = op.writes(record.as_ref(), NOW, POLICY.floor);
-            let decision = decide(record.clone(), op, NOW, POLICY, 42);
-            assert_eq!(
-                writes,
-                decision.change != Change::Keep,
-                "writes() = {writes} but decide gave {:?} for {record:?}",
-                decision.change
-            );
-            assert_eq!(writes, decision.used_token, "{record:?}");
+    // Token 7 is below the floor of a store reopened since (REOPENED): its lease is stale.
+    for policy in [POLICY, REOPENED] {
+        for record in &records {
+            for fingerprint in [fp(), Fingerprint::of(b"another request")] {
+                let op = Reserve { fingerprint };
+                let writes = op.writes(record.as_ref(), NOW, policy.floor);
+                let decision = decide(record.clone(), op, NOW, policy, 42);
+                assert_eq!(
+                    writes,
+                    decision.change != Change::Keep,
+                    "writes() = {writes} but decide gave {:?} for {record:?} under {:?}",
+                    decision.change,
+                    policy.floor
+                );
+                assert_eq!(writes, decision.used_token, "{record:?}");
+            }
         }
     }
 }

@@ -191,7 +191,7 @@ impl Inner {
                 current.as_ref().map(|s| s.record.clone()),
                 op.clone(),
                 self.now(),
-                self.policy,
+                self.policies.for_key(key),
                 placeholder(0),
             );
             if decision.change == Change::Keep {
@@ -311,7 +311,12 @@ fn sent(response: TxnResponse) -> Sent {
 
 /// Whether an ambiguous earlier copy of a write was applied: a put left its nonce in the key;
 /// a delete left the key absent or re-created after the revision it compared on.
-fn landed(before: Option<&Stored>, found: Option<&Stored>, nonce: Nonce, change: &Change) -> bool {
+pub(crate) fn landed(
+    before: Option<&Stored>,
+    found: Option<&Stored>,
+    nonce: Nonce,
+    change: &Change,
+) -> bool {
     match change {
         Change::Keep => false,
         Change::Put(_) => found.is_some_and(|s| s.nonce == nonce),
@@ -352,6 +357,13 @@ impl AtRevision for Reserved {
 
 /// The lease operations, resolve and expire answer no token.
 impl<T, E> AtRevision for Result<T, E> {
+    fn at_revision(self, _revision: i64) -> Self {
+        self
+    }
+}
+
+/// `observe` answers whether the key was new, no token.
+impl AtRevision for bool {
     fn at_revision(self, _revision: i64) -> Self {
         self
     }

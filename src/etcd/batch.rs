@@ -4,12 +4,15 @@
 //! [`decide`] as a single call.
 
 use std::collections::HashSet;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::Poll;
 
-use etcd_client::{Txn, TxnOp};
+use etcd_client::{Txn, TxnOp, TxnOpResponse};
 
 use super::layout::{placeholder, Stored, MAX_SLOTS};
 use super::store::Inner;
-use super::write::{landed, unchanged, AtRevision, Sent};
+use super::write::{landed, unchanged, written, AtRevision, Sent, Start};
 use crate::decide::{decide, Change, Decision, Operation};
 use crate::error::Error;
 use crate::key::Key;
@@ -18,6 +21,9 @@ use crate::record::Millis;
 /// Bytes of record values one batch transaction may carry, well under etcd's default
 /// `--max-request-bytes` of 1.5 MiB.
 const MAX_TXN_BYTES: usize = 1 << 20;
+/// Most transactions of one batch in flight at once: the leader groups concurrent proposals
+/// into one log append and fsync.
+const MAX_IN_FLIGHT: usize = 16;
 
 /// One write waiting to be sent with others.
 struct Write {
@@ -30,13 +36,22 @@ struct Write {
 /// One answer slot per item of a batch.
 type Answers<T> = Vec<Option<Result<T, Error>>>;
 
+/// What became of one group's transaction, per item: answered, or to decide again on the
+/// record its failure branch read.
+enum Settled<T> {
+    Answered(Result<T, Error>),
+    Again(Option<Stored>),
+}
+
 impl Inner {
-    /// Applies one operation per key with few round trips: the records are read in one
-    /// transaction per `max_txn_ops` keys, operations that change nothing are answered from
-    /// that read, and the writes are sent together, as many per transaction as etcd's limits
-    /// allow. Each written key keeps its own compare: if any changed meanwhile, that
-    /// transaction's keys are applied one by one. A key that appears twice is applied in a
-    /// later round, so the second sees the first. Returns one outcome per item, in order.
+    /// Applies one operation per key with few round trips. Each key starts from what this
+    /// process last wrote of it, else absent when `absent_first` (reserves and observes of
+    /// mostly new keys), else from a read (one read transaction per `max_txn_ops` keys). The
+    /// writes are packed into as few transactions as etcd's limits allow, sent up to
+    /// [`MAX_IN_FLIGHT`] at once; each key keeps its own compare, and the keys of a
+    /// transaction refused because one changed are decided again on what its failure branch
+    /// read. A key that appears twice is applied in a later round, so the second sees the
+    /// first. Returns one outcome per item, in order.
     ///
     /// # Errors
     /// The outer error is a failure of the cluster ([`Error::Cluster`]); an item's damaged
@@ -44,20 +59,29 @@ impl Inner {
     pub(crate) async fn apply_many<O>(
         &self,
         items: &[(Key, O)],
+        absent_first: bool,
     ) -> Result<Vec<Result<O::Outcome, Error>>, Error>
     where
         O: Operation + Clone,
         O::Outcome: AtRevision,
     {
         let mut answers: Answers<O::Outcome> = items.iter().map(|_| None).collect();
+        let mut starts: Vec<Option<Start>> = items.iter().map(|_| None).collect();
         let mut todo: Vec<usize> = (0..items.len()).collect();
         while !todo.is_empty() {
             let mut seen = HashSet::new();
-            let (round, later): (Vec<usize>, Vec<usize>) =
+            let (round, mut later): (Vec<usize>, Vec<usize>) =
                 todo.into_iter().partition(|&i| seen.insert(&items[i].0));
-            for chunk in round.chunks(self.max_txn_ops) {
-                self.apply_chunk(items, chunk, &mut answers).await?;
+            for &i in &round {
+                if starts[i].is_none() {
+                    starts[i] = Some(self.start(&items[i].0, absent_first));
+                }
             }
+            let again = self
+                .apply_round(items, &round, &mut starts, &mut answers)
+                .await?;
+            later.extend(again);
+            later.sort_unstable();
             todo = later;
         }
         Ok(answers
@@ -66,32 +90,60 @@ impl Inner {
             .collect())
     }
 
-    /// Applies the distinct keys of `chunk` (at most `max_txn_ops`).
-    async fn apply_chunk<O>(
+    /// One round over distinct keys: reads what must be read, decides, writes. Returns the
+    /// items to decide again (their start set).
+    async fn apply_round<O>(
         &self,
         items: &[(Key, O)],
-        chunk: &[usize],
+        round: &[usize],
+        starts: &mut [Option<Start>],
         answers: &mut Answers<O::Outcome>,
-    ) -> Result<(), Error>
+    ) -> Result<Vec<usize>, Error>
     where
         O: Operation + Clone,
         O::Outcome: AtRevision,
     {
-        let keys: Vec<Key> = chunk.iter().map(|&i| items[i].0.clone()).collect();
-        let found = self.read_many(&keys).await?;
-        let now = self.now();
-        let mut writes = Vec::new();
-        for (&item, stored) in chunk.iter().zip(found) {
-            let current = match stored {
-                Ok(current) => current,
+        // Reads, one transaction per `max_txn_ops` keys, all at once.
+        let to_read: Vec<usize> = round
+            .iter()
+            .copied()
+            .filter(|&i| matches!(starts[i], Some(Start::Read)))
+            .collect();
+        let reads = to_read.chunks(self.max_txn_ops).map(|chunk| {
+            let keys: Vec<Key> = chunk.iter().map(|&i| items[i].0.clone()).collect();
+            async move { self.read_many(&keys).await }
+        });
+        let mut read = Vec::new();
+        for chunk in join_all(reads.collect()).await {
+            read.extend(chunk?);
+        }
+        for (&i, found) in to_read.iter().zip(read) {
+            match found {
+                Ok(found) => starts[i] = Some(Start::Known(found)),
                 Err(error) => {
-                    answers[item] = Some(Err(error));
-                    continue;
+                    starts[i] = None;
+                    answers[i] = Some(Err(error));
                 }
+            }
+        }
+        let now = self.now();
+        let mut again = Vec::new();
+        let mut writes = Vec::new();
+        for &item in round {
+            let (current, guessed) = match starts[item].take() {
+                Some(Start::Guess(stored)) => (stored, true),
+                Some(Start::Known(stored)) => (stored, false),
+                Some(Start::Read) | None => continue,
             };
             let decision = self.decide_item(items, item, current.as_ref(), now, 0);
             if decision.change == Change::Keep {
-                answers[item] = Some(Ok(decision.outcome));
+                if guessed {
+                    // Answer only from what the cluster holds.
+                    starts[item] = Some(Start::Read);
+                    again.push(item);
+                } else {
+                    answers[item] = Some(Ok(decision.outcome));
+                }
                 continue;
             }
             let (ops, bytes) = self.cost(&items[item].0, current.as_ref(), &decision.change);
@@ -103,6 +155,7 @@ impl Inner {
             });
         }
         // Pack the writes into transactions within the limits.
+        let mut groups: Vec<Vec<Write>> = Vec::new();
         let mut group: Vec<Write> = Vec::new();
         let (mut ops, mut bytes) = (0, 0);
         for write in writes {
@@ -110,8 +163,7 @@ impl Inner {
                 || bytes + write.bytes > MAX_TXN_BYTES
                 || group.len() == MAX_SLOTS;
             if full && !group.is_empty() {
-                self.write_group(items, std::mem::take(&mut group), now, answers)
-                    .await?;
+                groups.push(std::mem::take(&mut group));
                 (ops, bytes) = (0, 0);
             }
             ops += write.ops;
@@ -119,9 +171,26 @@ impl Inner {
             group.push(write);
         }
         if !group.is_empty() {
-            self.write_group(items, group, now, answers).await?;
+            groups.push(group);
         }
-        Ok(())
+        for wave in groups.chunks(MAX_IN_FLIGHT) {
+            let sent = wave
+                .iter()
+                .map(|group| self.write_group(items, group, now))
+                .collect();
+            for (group, settled) in wave.iter().zip(join_all(sent).await) {
+                for (write, settled) in group.iter().zip(settled?) {
+                    match settled {
+                        Settled::Answered(answer) => answers[write.item] = Some(answer),
+                        Settled::Again(found) => {
+                            starts[write.item] = Some(Start::Known(found));
+                            again.push(write.item);
+                        }
+                    }
+                }
+            }
+        }
+        Ok(again)
     }
 
     /// The operations and value bytes a change of `key` adds to a transaction.
@@ -155,14 +224,14 @@ impl Inner {
     }
 
     /// Writes one group in one transaction, the `slot`-th item under the token of slot
-    /// `slot` of the transaction's revision; on a conflict, each key on its own.
+    /// `slot` of the transaction's revision. Refused: each item is decided again on what the
+    /// failure branch read.
     async fn write_group<O>(
         &self,
         items: &[(Key, O)],
-        group: Vec<Write>,
+        group: &[Write],
         now: Millis,
-        answers: &mut Answers<O::Outcome>,
-    ) -> Result<(), Error>
+    ) -> Result<Vec<Settled<O::Outcome>>, Error>
     where
         O: Operation + Clone,
         O::Outcome: AtRevision,
@@ -190,47 +259,95 @@ impl Inner {
         let txn = Txn::new().when(compares).and_then(ops).or_else(gets);
         let what = || format!("writing {} keys in one transaction", group.len());
         let answer = self.send(txn, what).await?;
-        let revision = match answer.sent {
-            Sent::Applied { revision } => Some(revision),
+        let (revision, responses) = match answer.sent {
+            Sent::Applied { revision } => (Some(revision), Vec::new()),
             Sent::Refused { responses } if answer.ambiguous => {
-                // An earlier copy of this transaction was applied if every key shows it (a put
-                // its nonce, a delete its absence): the copy applied all or nothing.
-                let mut all = true;
-                let mut revision = 0;
-                for (i, (write, decision)) in group.iter().zip(&decisions).enumerate() {
-                    let key = &items[write.item].0;
-                    let found = self.stored_in(key, responses.get(i))?;
-                    all &= landed(
-                        write.current.as_ref(),
-                        found.as_ref(),
-                        nonce,
-                        &decision.change,
-                    );
-                    if let Some(found) = found.filter(|s| s.nonce == nonce) {
-                        revision = found.mod_revision;
-                    }
-                }
-                all.then_some(revision)
+                let revision = self.landed_at(items, group, &decisions, &responses, nonce);
+                (revision, responses)
             }
-            Sent::Refused { .. } => None,
+            Sent::Refused { responses } => (None, responses),
         };
-        match revision {
-            Some(revision) => {
-                for (write, decision) in group.iter().zip(decisions) {
-                    answers[write.item] = Some(Ok(decision.outcome.at_revision(revision)));
+        if let Some(revision) = revision {
+            return Ok(group
+                .iter()
+                .zip(decisions)
+                .map(|(write, decision)| {
+                    let key = &items[write.item].0;
+                    let now = written(write.current.as_ref(), &decision.change, nonce, revision);
+                    self.hints.note(key, now.as_ref());
+                    Settled::Answered(Ok(decision.outcome.at_revision(revision)))
+                })
+                .collect());
+        }
+        Ok(group
+            .iter()
+            .enumerate()
+            .map(|(i, write)| {
+                let key = &items[write.item].0;
+                match self.stored_in(key, responses.get(i)) {
+                    Ok(found) => {
+                        self.hints.note(key, found.as_ref());
+                        Settled::Again(found)
+                    }
+                    Err(error) => Settled::Answered(Err(error)),
                 }
+            })
+            .collect())
+    }
+
+    /// After an ambiguous answer, the revision at which an earlier copy of a group's
+    /// transaction was applied, if it was: a put of it holds its nonce (nonces are unique);
+    /// a group of deletes only, if every key shows its delete.
+    fn landed_at<O: Operation>(
+        &self,
+        items: &[(Key, O)],
+        group: &[Write],
+        decisions: &[Decision<O::Outcome>],
+        responses: &[TxnOpResponse],
+        nonce: super::layout::Nonce,
+    ) -> Option<i64> {
+        let mut all = true;
+        for (i, (write, decision)) in group.iter().zip(decisions).enumerate() {
+            let found = self
+                .stored_in(&items[write.item].0, responses.get(i))
+                .ok()?;
+            if let Some(found) = found.as_ref().filter(|s| s.nonce == nonce) {
+                return Some(found.mod_revision);
             }
-            None => {
-                for write in &group {
-                    let (key, op) = &items[write.item];
-                    answers[write.item] = Some(match self.apply(key, op.clone(), &[]).await {
-                        Ok(outcome) => Ok(outcome),
-                        Err(error @ Error::Corruption { .. }) => Err(error),
-                        Err(error) => return Err(error),
-                    });
+            all &= landed(
+                write.current.as_ref(),
+                found.as_ref(),
+                nonce,
+                &decision.change,
+            );
+        }
+        all.then_some(0)
+    }
+}
+
+/// Runs `futures` concurrently on the calling task and returns their outputs in order.
+async fn join_all<F: Future>(futures: Vec<F>) -> Vec<F::Output> {
+    let mut futures: Vec<Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
+    let mut outputs: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (future, output) in futures.iter_mut().zip(outputs.iter_mut()) {
+            if output.is_none() {
+                match future.as_mut().poll(cx) {
+                    Poll::Ready(done) => *output = Some(done),
+                    Poll::Pending => pending = true,
                 }
             }
         }
-        Ok(())
-    }
+        if pending {
+            Poll::Pending
+        } else {
+            Poll::Ready(())
+        }
+    })
+    .await;
+    outputs
+        .into_iter()
+        .map(|output| output.expect("every future finished"))
+        .collect()
 }

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use etcd_client::{Client, ConnectOptions};
 
+use super::hints::Hints;
 use super::layout::{Layout, MAX_SLOTS};
 use super::store::{EtcdStore, Inner};
 use crate::builder::{DEFAULT_LEASE, DEFAULT_MAX_RESULT_LEN, DEFAULT_RETENTION};
@@ -217,6 +218,7 @@ impl EtcdBuilder {
             store_id: random_id(),
             writes: AtomicU64::new(0),
             resends: AtomicU64::new(0),
+            hints: Hints::default(),
         });
         // One read, so that a wrong address fails here rather than at the first reserve.
         store

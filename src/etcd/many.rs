@@ -49,7 +49,7 @@ impl EtcdStore {
                 (key.clone(), op)
             })
             .collect();
-        let outcomes = self.inner().apply_many(&ops).await?;
+        let outcomes = self.inner().apply_many(&ops, true).await?;
         Ok(outcomes
             .into_iter()
             .zip(items)
@@ -83,7 +83,10 @@ impl EtcdStore {
         let op = Observe {
             window: duration_millis(window),
         };
-        Ok(answer::seen(self.inner().apply(key, op, &[]).await?))
+        let start = self.inner().start(key, true);
+        Ok(answer::seen(
+            self.inner().apply_from(key, op, &[], start).await?,
+        ))
     }
 
     /// [`observe`](EtcdStore::observe) for a polled batch of messages, in few transactions;
@@ -104,7 +107,7 @@ impl EtcdStore {
             .collect();
         Ok(self
             .inner()
-            .apply_many(&ops)
+            .apply_many(&ops, true)
             .await?
             .into_iter()
             .map(|outcome| outcome.map(answer::seen))
@@ -184,7 +187,7 @@ impl EtcdStore {
             .collect();
         Ok(self
             .inner()
-            .apply_many(&ops)
+            .apply_many(&ops, false)
             .await?
             .into_iter()
             .zip(keys)
@@ -215,7 +218,7 @@ impl EtcdStore {
                 Err(error) => refused.push(Some(error)),
             }
         }
-        let mut outcomes = self.inner().apply_many(&sent).await?.into_iter();
+        let mut outcomes = self.inner().apply_many(&sent, false).await?.into_iter();
         Ok(refused
             .into_iter()
             .zip(leases)

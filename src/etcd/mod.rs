@@ -4,7 +4,8 @@
 //! record encoding. The data model (keys, values, indexes, tokens) is in `docs/etcd.md`.
 //!
 //! - [`layout`]: etcd keys, value envelope, tokens from revisions.
-//! - [`write`]: read, decide, conditional write, retry; ambiguous answers.
+//! - [`write`]: read (or guess), decide, conditional write, retry; ambiguous answers.
+//!   [`hints`]: the pending records this process wrote, so a holder's next write needs no read.
 //! - [`store`]: the public single-key operations. [`batch`]: many keys per transaction;
 //!   [`many`]: the batch operations on it (`reserve_many`, `observe_many`, `complete_many`,
 //!   `expire_many`, ...). [`wait`]: `reserve_or_wait` through an etcd watch.
@@ -14,6 +15,7 @@
 mod batch;
 mod builder;
 mod expire;
+mod hints;
 mod layout;
 mod many;
 mod store;

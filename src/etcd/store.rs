@@ -7,6 +7,7 @@ use std::time::Duration;
 use etcd_client::{Client, TxnOp};
 
 use super::builder::EtcdBuilder;
+use super::hints::Hints;
 use super::layout::Layout;
 use crate::answers::{Lease, Reservation};
 use crate::clock::{duration_millis, from_millis, to_millis, Clock};
@@ -36,6 +37,8 @@ pub(crate) struct Inner {
     pub(crate) writes: AtomicU64,
     /// Requests sent again after an error or a timeout.
     pub(crate) resends: AtomicU64,
+    /// The pending records this process wrote last (guesses that save a read).
+    pub(crate) hints: Hints,
 }
 
 impl Inner {
@@ -129,7 +132,9 @@ impl EtcdStore {
     /// [`Error::Corruption`] for a damaged record; [`Error::Cluster`] when the cluster gave no
     /// definite answer within the operation deadline.
     pub async fn reserve(&self, key: &Key, fingerprint: Fingerprint) -> Result<Reservation, Error> {
-        let reserved = self.inner.apply(key, Reserve { fingerprint }, &[]).await?;
+        let start = self.inner.start(key, true);
+        let op = Reserve { fingerprint };
+        let reserved = self.inner.apply_from(key, op, &[], start).await?;
         Ok(answer::reservation(key, reserved))
     }
 

@@ -13,6 +13,41 @@ use crate::decide::{decide, Change, Operation};
 use crate::error::Error;
 use crate::key::Key;
 
+/// What an operation is first decided on.
+pub(crate) enum Start {
+    /// The record read from the cluster first (one linearizable read).
+    Read,
+    /// A guess (what this process last wrote, or absent): the write goes out at once under a
+    /// compare on it, and a wrong guess only costs the refused compare, whose failure branch
+    /// reads the record.
+    Guess(Option<Stored>),
+    /// The record as a transaction's failure branch just read it.
+    Known(Option<Stored>),
+}
+
+/// The record as `change` left it, written at `revision` over `before`: what a read would
+/// now return.
+pub(crate) fn written(
+    before: Option<&Stored>,
+    change: &Change,
+    nonce: Nonce,
+    revision: i64,
+) -> Option<Stored> {
+    match change {
+        Change::Put(record) => {
+            let mut record = record.clone();
+            record.token = resolve_token(record.token, revision);
+            Some(Stored {
+                record,
+                nonce,
+                mod_revision: revision,
+                create_revision: before.map_or(revision, |b| b.create_revision),
+            })
+        }
+        Change::Delete | Change::Keep => None,
+    }
+}
+
 /// What became of a conditional transaction.
 pub(crate) enum Sent {
     /// Its compares held and it was applied at this revision.
@@ -171,9 +206,19 @@ impl Inner {
             .transpose()
     }
 
-    /// Applies `op` to `key` through [`decide`]: read, decide, write if the record is
-    /// unchanged, else decide again on what the write found. `extra` joins the caller's own
-    /// operations to a write (for `complete_with`); they are not sent when nothing changes.
+    /// Where an operation on `key` starts: what this process last wrote of it (a pending
+    /// record it holds), else absent when `absent_first` (a reserve, an observe: most keys
+    /// asked for are new), else a read.
+    pub(crate) fn start(&self, key: &Key, absent_first: bool) -> Start {
+        match self.hints.get(key) {
+            Some(stored) => Start::Guess(Some(stored)),
+            None if absent_first => Start::Guess(None),
+            None => Start::Read,
+        }
+    }
+
+    /// Applies `op` to `key` through [`decide`], starting from what this process last wrote
+    /// of the key, else from a read; see [`apply_from`](Inner::apply_from).
     pub(crate) async fn apply<O>(
         &self,
         key: &Key,
@@ -184,8 +229,32 @@ impl Inner {
         O: Operation + Clone,
         O::Outcome: AtRevision,
     {
+        self.apply_from(key, op, extra, self.start(key, false))
+            .await
+    }
+
+    /// Applies `op` to `key` through [`decide`]: decide on the record as `start` has it,
+    /// write if the record is unchanged, else decide again on what the write's failure branch
+    /// read. A decision that changes nothing is answered only from a record read from the
+    /// cluster, never from a guess. `extra` joins the caller's own operations to a write (for
+    /// `complete_with`); they are not sent when nothing changes.
+    pub(crate) async fn apply_from<O>(
+        &self,
+        key: &Key,
+        op: O,
+        extra: &[TxnOp],
+        start: Start,
+    ) -> Result<O::Outcome, Error>
+    where
+        O: Operation + Clone,
+        O::Outcome: AtRevision,
+    {
         let record_key = self.layout.record(key);
-        let mut current = self.read(key).await?;
+        let (mut current, mut guessed) = match start {
+            Start::Read => (self.read(key).await?, false),
+            Start::Guess(stored) => (stored, true),
+            Start::Known(stored) => (stored, false),
+        };
         loop {
             let decision = decide(
                 current.as_ref().map(|s| s.record.clone()),
@@ -195,6 +264,11 @@ impl Inner {
                 placeholder(0),
             );
             if decision.change == Change::Keep {
+                if guessed {
+                    current = self.read(key).await?;
+                    guessed = false;
+                    continue;
+                }
                 return Ok(decision.outcome);
             }
             let nonce = self.nonce();
@@ -206,9 +280,14 @@ impl Inner {
                 .or_else(vec![TxnOp::get(record_key.clone(), None)]);
             let answer = self.send(txn, || format!("writing key {key}")).await?;
             match answer.sent {
-                Sent::Applied { revision } => return Ok(decision.outcome.at_revision(revision)),
+                Sent::Applied { revision } => {
+                    let written = written(current.as_ref(), &decision.change, nonce, revision);
+                    self.hints.note(key, written.as_ref());
+                    return Ok(decision.outcome.at_revision(revision));
+                }
                 Sent::Refused { responses } => {
                     let found = self.stored_in(key, responses.first())?;
+                    self.hints.note(key, found.as_ref());
                     if answer.ambiguous
                         && landed(current.as_ref(), found.as_ref(), nonce, &decision.change)
                     {
@@ -217,6 +296,7 @@ impl Inner {
                         return Ok(decision.outcome.at_revision(revision));
                     }
                     current = found;
+                    guessed = false;
                 }
             }
         }

@@ -26,8 +26,27 @@ struct Cluster {
     runtime: Arc<tokio::runtime::Runtime>,
 }
 
+/// CPU seconds (user + system) a process used so far, from `/proc/<pid>/stat`.
+fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The fields after the command name (which is in parentheses and may hold spaces).
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks: f64 = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+    Some(ticks / 100.0)
+}
+
 impl Drop for Cluster {
+    /// Prints the CPU time the members used (cluster start included), then kills them.
     fn drop(&mut self) {
+        let cpu: f64 = self
+            .members
+            .iter()
+            .filter_map(|m| cpu_seconds(m.id()))
+            .sum();
+        eprintln!(
+            "etcd: {} members used {cpu:.2} s of CPU",
+            self.members.len()
+        );
         for member in &mut self.members {
             let _ = member.kill();
             let _ = member.wait();
@@ -45,10 +64,16 @@ fn free_port() -> BenchResult<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
-/// Starts three members with their data under `dir`, and a runtime with two workers.
+/// Starts the members (three, or `ETCD_MEMBERS`) with their data under `dir`, and a runtime
+/// with two workers.
 fn start_cluster(dir: &Path) -> BenchResult<Cluster> {
     let binary = std::env::var_os("ETCD_BIN").map_or_else(|| PathBuf::from("etcd"), PathBuf::from);
-    let ports = (0..3)
+    // `ETCD_MEMBERS` (default 3) sets the cluster's size, to see how throughput moves with it.
+    let members: usize = match std::env::var("ETCD_MEMBERS") {
+        Ok(n) => n.parse().map_err(context("etcd: ETCD_MEMBERS"))?,
+        Err(_) => 3,
+    };
+    let ports = (0..members)
         .map(|_| Ok((free_port()?, free_port()?)))
         .collect::<BenchResult<Vec<(u16, u16)>>>()?;
     let initial: Vec<String> = ports

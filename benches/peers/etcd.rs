@@ -128,6 +128,16 @@ fn start_cluster(dir: &Path) -> BenchResult<Cluster> {
             })?;
         cluster.members.push(child);
     }
+    // Every member answers before the run starts (a client sends to any of them).
+    for endpoint in cluster.endpoints.clone() {
+        until_ready(&cluster.runtime, || async {
+            let mut client = etcd_client::Client::connect([endpoint.as_str()], None)
+                .await
+                .map_err(|e| e.to_string())?;
+            client.get("ready", None).await.map_err(|e| e.to_string())?;
+            Ok(())
+        })?;
+    }
     Ok(cluster)
 }
 

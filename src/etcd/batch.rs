@@ -262,7 +262,24 @@ impl Inner {
         let (revision, responses) = match answer.sent {
             Sent::Applied { revision } => (Some(revision), Vec::new()),
             Sent::Refused { responses } if answer.ambiguous => {
-                let revision = self.landed_at(items, group, &decisions, &responses, nonce);
+                let mut revision = self.landed_at(items, group, &decisions, &responses, nonce);
+                if revision.is_none() {
+                    // Applied, then overwritten before the answer came back: the first put's
+                    // older versions show it (the transaction applied all or nothing).
+                    let first_put = group
+                        .iter()
+                        .zip(&decisions)
+                        .enumerate()
+                        .find(|(_, (_, d))| matches!(d.change, Change::Put(_)));
+                    if let Some((i, (write, _))) = first_put {
+                        let key = &items[write.item].0;
+                        if let Ok(Some(now)) = self.stored_in(key, responses.get(i)) {
+                            revision = self
+                                .landed_before(key, write.current.as_ref(), &now, nonce)
+                                .await?;
+                        }
+                    }
+                }
                 (revision, responses)
             }
             Sent::Refused { responses } => (None, responses),

@@ -206,6 +206,46 @@ impl Inner {
             .transpose()
     }
 
+    /// After an ambiguous answer whose put did not show its nonce: whether an earlier copy
+    /// landed and was overwritten since (a takeover during a long election). Walks the key's
+    /// older versions back from `found` (etcd keeps them until compaction), up to 8, while
+    /// they are newer than what the write compared on; `Some(revision)` of the version that
+    /// holds `nonce`.
+    pub(crate) async fn landed_before(
+        &self,
+        key: &Key,
+        before: Option<&Stored>,
+        found: &Stored,
+        nonce: Nonce,
+    ) -> Result<Option<i64>, Error> {
+        let floor = before.map_or(0, |b| b.mod_revision);
+        let mut at = found.mod_revision;
+        for _ in 0..8 {
+            if at - 1 <= floor {
+                return Ok(None);
+            }
+            let options = GetOptions::new().with_revision(at - 1);
+            let txn = Txn::new().and_then(vec![TxnOp::get(self.layout.record(key), Some(options))]);
+            let answer = self
+                .send(txn, || format!("reading an earlier version of key {key}"))
+                .await?;
+            let Sent::Refused { responses } = answer.sent else {
+                return Ok(None);
+            };
+            let Some(older) = self.stored_in(key, responses.first())? else {
+                return Ok(None);
+            };
+            if older.mod_revision <= floor {
+                return Ok(None);
+            }
+            if older.nonce == nonce {
+                return Ok(Some(older.mod_revision));
+            }
+            at = older.mod_revision;
+        }
+        Ok(None)
+    }
+
     /// Where an operation on `key` starts: what this process last wrote of it (a pending
     /// record it holds), else absent when `absent_first` (a reserve, an observe: most keys
     /// asked for are new), else a read.
@@ -294,6 +334,17 @@ impl Inner {
                         // An earlier copy of this very write was applied.
                         let revision = found.as_ref().map_or(0, |s| s.mod_revision);
                         return Ok(decision.outcome.at_revision(revision));
+                    }
+                    if let (true, Change::Put(_), Some(now)) =
+                        (answer.ambiguous, &decision.change, found.as_ref())
+                    {
+                        // Applied, then overwritten (taken over) before the answer came back.
+                        if let Some(revision) = self
+                            .landed_before(key, current.as_ref(), now, nonce)
+                            .await?
+                        {
+                            return Ok(decision.outcome.at_revision(revision));
+                        }
                     }
                     current = found;
                     guessed = false;

@@ -81,7 +81,7 @@ struct Args {
     scenario: Vec<String>,
 
     /// Engines to run (each scenario runs those of its engines listed here): idemstore,
-    /// idemstore-prealloc, redis, redb, sqlite, fdatasync, grouplog [default: all]; etcd with
+    /// idemstore-prealloc, redis, redb, sqlite, fdatasync, grouplog [default: all]; etcd and etcd-bare with
     /// `--features etcd` (never in the default: it starts a cluster).
     #[arg(long, value_delimiter = ',')]
     engines: Option<Vec<Kind>>,
@@ -182,7 +182,7 @@ fn every_engine() -> Vec<Kind> {
     #[allow(unused_mut)]
     let mut engines = Kind::ALL.to_vec();
     #[cfg(feature = "etcd")]
-    engines.push(Kind::Etcd);
+    engines.extend([Kind::Etcd, Kind::EtcdBare]);
     engines
 }
 

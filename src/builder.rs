@@ -467,23 +467,28 @@ impl Builder {
 
     /// Checks the per-operation retentions.
     fn validate_retentions(&self) -> Result<(), Error> {
-        for (operation, retention) in &self.retention_by_operation {
-            let name = String::from_utf8_lossy(operation);
-            let reason = if operation.is_empty() || operation.len() > MAX_KEY_PART_LEN {
-                format!(
-                    "operation {name:?} is {} bytes; a key's operation has 1 to {MAX_KEY_PART_LEN} bytes",
-                    operation.len()
-                )
-            } else if duration_millis(*retention) < 1 {
-                format!("the retention of operation {name:?} must be at least 1 ms")
-            } else {
-                continue;
-            };
-            return Err(Error::InvalidConfig {
-                setting: "retention_for",
-                reason,
-            });
-        }
-        Ok(())
+        validate_retentions(&self.retention_by_operation)
     }
+}
+
+/// Checks a list of per-operation retentions (of this builder or the etcd store's).
+pub(crate) fn validate_retentions(by_operation: &[(Vec<u8>, Duration)]) -> Result<(), Error> {
+    for (operation, retention) in by_operation {
+        let name = String::from_utf8_lossy(operation);
+        let reason = if operation.is_empty() || operation.len() > MAX_KEY_PART_LEN {
+            format!(
+                "operation {name:?} is {} bytes; a key's operation has 1 to {MAX_KEY_PART_LEN} bytes",
+                operation.len()
+            )
+        } else if duration_millis(*retention) < 1 {
+            format!("the retention of operation {name:?} must be at least 1 ms")
+        } else {
+            continue;
+        };
+        return Err(Error::InvalidConfig {
+            setting: "retention_for",
+            reason,
+        });
+    }
+    Ok(())
 }

@@ -6,9 +6,11 @@
 //! same types and the same decisions ([`decide`](crate::decide)) whichever backend gives them.
 
 use std::future::Future;
+use std::time::Duration;
 
 use crate::{
-    Error, Fingerprint, Key, Lease, LiveLease, Record, RecordClass, Reservation, Resolution, Store,
+    Error, Fingerprint, Key, Lease, LiveLease, Record, RecordClass, Reservation, Resolution, Seen,
+    Store,
 };
 
 /// The key-reservation operations, implemented by [`Store`] and by every other backend.
@@ -99,6 +101,82 @@ pub trait Reservations: Send + Sync {
         key: &Key,
         live: LiveLease,
     ) -> impl Future<Output = Result<Option<RecordClass>, Error>> + Send;
+
+    /// Records a recovery point for multi-step work; see [`Store::record_step`].
+    fn record_step(
+        &self,
+        lease: &Lease,
+        step: u32,
+        data: &[u8],
+    ) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// The dedup window: records `key` as seen for `window` if nothing is stored for it, and
+    /// says whether it was new; see [`Store::observe`].
+    fn observe(
+        &self,
+        key: &Key,
+        window: Duration,
+    ) -> impl Future<Output = Result<Seen, Error>> + Send;
+
+    /// [`observe`](Reservations::observe) for many keys at once; see [`Store::observe_many`].
+    fn observe_many(
+        &self,
+        keys: &[Key],
+        window: Duration,
+    ) -> impl Future<Output = Result<Vec<Result<Seen, Error>>, Error>> + Send;
+
+    /// Reserves `key`, waiting (without polling) while another caller holds it, up to
+    /// `timeout`; see [`Store::reserve_or_wait`]. The local store wakes the task when a commit
+    /// changes the key; a cluster store watches the key.
+    fn reserve_or_wait(
+        &self,
+        key: &Key,
+        fingerprint: Fingerprint,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<Reservation, Error>> + Send;
+
+    /// Completes many leases at once; see [`Store::complete_many`].
+    fn complete_many(
+        &self,
+        items: Vec<(&Lease, Vec<u8>)>,
+    ) -> impl Future<Output = Result<Vec<Result<(), Error>>, Error>> + Send;
+
+    /// Releases many leases at once; see [`Store::release_if_pending_many`].
+    fn release_if_pending_many(
+        &self,
+        leases: &[&Lease],
+    ) -> impl Future<Output = Result<Vec<Result<bool, Error>>, Error>> + Send;
+
+    /// Renews many leases at once; see [`Store::extend_many`].
+    fn extend_many(
+        &self,
+        leases: &[&Lease],
+    ) -> impl Future<Output = Result<Vec<Result<Lease, Error>>, Error>> + Send;
+
+    /// Expires many keys at once; see [`Store::expire_many`].
+    fn expire_many(
+        &self,
+        keys: &[Key],
+        live: LiveLease,
+    ) -> impl Future<Output = Result<Vec<Result<Option<RecordClass>, Error>>, Error>> + Send;
+
+    /// Stores the lease's result, kept for `retention` instead of the key's operation's
+    /// retention; see [`Store::complete_with_retention`].
+    fn complete_with_retention(
+        &self,
+        lease: &Lease,
+        result: Vec<u8>,
+        retention: Duration,
+    ) -> impl Future<Output = Result<(), Error>> + Send;
+
+    /// Settles a key, a completed result kept for `retention`; see
+    /// [`Store::resolve_with_retention`].
+    fn resolve_with_retention(
+        &self,
+        key: &Key,
+        resolution: Resolution,
+        retention: Duration,
+    ) -> impl Future<Output = Result<(), Error>> + Send;
 }
 
 /// The local store. Every write uses its `_async` form, so no thread blocks while a commit is
@@ -150,5 +228,78 @@ impl Reservations for Store {
 
     async fn expire(&self, key: &Key, live: LiveLease) -> Result<Option<RecordClass>, Error> {
         self.expire_async(key, live).await
+    }
+    async fn record_step(&self, lease: &Lease, step: u32, data: &[u8]) -> Result<(), Error> {
+        self.record_step_async(lease, step, data).await
+    }
+
+    async fn observe(&self, key: &Key, window: Duration) -> Result<Seen, Error> {
+        let mut seen = self
+            .observe_many_async(std::slice::from_ref(key), window)
+            .await?;
+        seen.remove(0)
+    }
+
+    async fn observe_many(
+        &self,
+        keys: &[Key],
+        window: Duration,
+    ) -> Result<Vec<Result<Seen, Error>>, Error> {
+        self.observe_many_async(keys, window).await
+    }
+
+    async fn reserve_or_wait(
+        &self,
+        key: &Key,
+        fingerprint: Fingerprint,
+        timeout: Duration,
+    ) -> Result<Reservation, Error> {
+        self.reserve_or_wait_async(key, fingerprint, timeout).await
+    }
+
+    async fn complete_many(
+        &self,
+        items: Vec<(&Lease, Vec<u8>)>,
+    ) -> Result<Vec<Result<(), Error>>, Error> {
+        self.complete_many_async(items).await
+    }
+
+    async fn release_if_pending_many(
+        &self,
+        leases: &[&Lease],
+    ) -> Result<Vec<Result<bool, Error>>, Error> {
+        self.release_if_pending_many_async(leases).await
+    }
+
+    async fn extend_many(&self, leases: &[&Lease]) -> Result<Vec<Result<Lease, Error>>, Error> {
+        self.extend_many_async(leases).await
+    }
+
+    async fn expire_many(
+        &self,
+        keys: &[Key],
+        live: LiveLease,
+    ) -> Result<Vec<Result<Option<RecordClass>, Error>>, Error> {
+        self.expire_many_async(keys, live).await
+    }
+
+    async fn complete_with_retention(
+        &self,
+        lease: &Lease,
+        result: Vec<u8>,
+        retention: Duration,
+    ) -> Result<(), Error> {
+        self.complete_with_retention_async(lease, result, retention)
+            .await
+    }
+
+    async fn resolve_with_retention(
+        &self,
+        key: &Key,
+        resolution: Resolution,
+        retention: Duration,
+    ) -> Result<(), Error> {
+        self.resolve_with_retention_async(key, resolution, retention)
+            .await
     }
 }

@@ -19,7 +19,7 @@ use axum::Router;
 use idemstore::http::IdempotencyLayer;
 use idemstore::{
     Error, Fingerprint, Key, Lease, LiveLease, Record, RecordClass, Reservation, Reservations,
-    Resolution, Store,
+    Resolution, Seen, Store,
 };
 use reqwest::StatusCode;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -745,6 +745,65 @@ impl Reservations for NeverReleases {
     }
     async fn expire(&self, key: &Key, live: LiveLease) -> Result<Option<RecordClass>, Error> {
         Reservations::expire(&self.0, key, live).await
+    }
+    async fn record_step(&self, lease: &Lease, step: u32, data: &[u8]) -> Result<(), Error> {
+        Reservations::record_step(&self.0, lease, step, data).await
+    }
+    async fn observe(&self, key: &Key, window: Duration) -> Result<Seen, Error> {
+        Reservations::observe(&self.0, key, window).await
+    }
+    async fn observe_many(
+        &self,
+        keys: &[Key],
+        window: Duration,
+    ) -> Result<Vec<Result<Seen, Error>>, Error> {
+        Reservations::observe_many(&self.0, keys, window).await
+    }
+    async fn reserve_or_wait(
+        &self,
+        key: &Key,
+        fingerprint: Fingerprint,
+        timeout: Duration,
+    ) -> Result<Reservation, Error> {
+        Reservations::reserve_or_wait(&self.0, key, fingerprint, timeout).await
+    }
+    async fn complete_many(
+        &self,
+        items: Vec<(&Lease, Vec<u8>)>,
+    ) -> Result<Vec<Result<(), Error>>, Error> {
+        Reservations::complete_many(&self.0, items).await
+    }
+    async fn release_if_pending_many(
+        &self,
+        leases: &[&Lease],
+    ) -> Result<Vec<Result<bool, Error>>, Error> {
+        Ok(leases.iter().map(|_| Ok(false)).collect())
+    }
+    async fn extend_many(&self, leases: &[&Lease]) -> Result<Vec<Result<Lease, Error>>, Error> {
+        Reservations::extend_many(&self.0, leases).await
+    }
+    async fn expire_many(
+        &self,
+        keys: &[Key],
+        live: LiveLease,
+    ) -> Result<Vec<Result<Option<RecordClass>, Error>>, Error> {
+        Reservations::expire_many(&self.0, keys, live).await
+    }
+    async fn complete_with_retention(
+        &self,
+        lease: &Lease,
+        result: Vec<u8>,
+        retention: Duration,
+    ) -> Result<(), Error> {
+        Reservations::complete_with_retention(&self.0, lease, result, retention).await
+    }
+    async fn resolve_with_retention(
+        &self,
+        key: &Key,
+        resolution: Resolution,
+        retention: Duration,
+    ) -> Result<(), Error> {
+        Reservations::resolve_with_retention(&self.0, key, resolution, retention).await
     }
 }
 

@@ -718,6 +718,84 @@ impl idemstore::Reservations for ReleasesOnCall {
     ) -> Result<Option<idemstore::RecordClass>, idemstore::Error> {
         self.store.expire_async(key, live).await
     }
+    async fn record_step(
+        &self,
+        lease: &idemstore::Lease,
+        step: u32,
+        data: &[u8],
+    ) -> Result<(), idemstore::Error> {
+        self.store.record_step_async(lease, step, data).await
+    }
+    async fn observe(
+        &self,
+        key: &idemstore::Key,
+        window: Duration,
+    ) -> Result<idemstore::Seen, idemstore::Error> {
+        idemstore::Reservations::observe(&self.store, key, window).await
+    }
+    async fn observe_many(
+        &self,
+        keys: &[idemstore::Key],
+        window: Duration,
+    ) -> Result<Vec<Result<idemstore::Seen, idemstore::Error>>, idemstore::Error> {
+        self.store.observe_many_async(keys, window).await
+    }
+    async fn reserve_or_wait(
+        &self,
+        key: &idemstore::Key,
+        fingerprint: Fingerprint,
+        timeout: Duration,
+    ) -> Result<idemstore::Reservation, idemstore::Error> {
+        self.store
+            .reserve_or_wait_async(key, fingerprint, timeout)
+            .await
+    }
+    async fn complete_many(
+        &self,
+        items: Vec<(&idemstore::Lease, Vec<u8>)>,
+    ) -> Result<Vec<Result<(), idemstore::Error>>, idemstore::Error> {
+        self.store.complete_many_async(items).await
+    }
+    async fn release_if_pending_many(
+        &self,
+        leases: &[&idemstore::Lease],
+    ) -> Result<Vec<Result<bool, idemstore::Error>>, idemstore::Error> {
+        self.store.release_if_pending_many_async(leases).await
+    }
+    async fn extend_many(
+        &self,
+        leases: &[&idemstore::Lease],
+    ) -> Result<Vec<Result<idemstore::Lease, idemstore::Error>>, idemstore::Error> {
+        self.store.extend_many_async(leases).await
+    }
+    async fn expire_many(
+        &self,
+        keys: &[idemstore::Key],
+        live: idemstore::LiveLease,
+    ) -> Result<Vec<Result<Option<idemstore::RecordClass>, idemstore::Error>>, idemstore::Error>
+    {
+        self.store.expire_many_async(keys, live).await
+    }
+    async fn complete_with_retention(
+        &self,
+        lease: &idemstore::Lease,
+        result: Vec<u8>,
+        retention: Duration,
+    ) -> Result<(), idemstore::Error> {
+        self.store
+            .complete_with_retention_async(lease, result, retention)
+            .await
+    }
+    async fn resolve_with_retention(
+        &self,
+        key: &idemstore::Key,
+        resolution: idemstore::Resolution,
+        retention: Duration,
+    ) -> Result<(), idemstore::Error> {
+        self.store
+            .resolve_with_retention_async(key, resolution, retention)
+            .await
+    }
 }
 
 /// The first request's key is released just as a waiting duplicate reads it again (after it

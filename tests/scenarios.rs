@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime};
 
 use idemstore::{
     Error, Fingerprint, Key, Lease, LeaseLostReason, LiveLease, ManualClock, RecordClass,
-    Reservation, Reservations, Resolution, Status,
+    Reservation, Reservations, Resolution, Seen, Status,
 };
 
 use crate::common::{fp, key, LEASE, RETENTION};
@@ -508,6 +508,335 @@ pub async fn expire_fences_the_holder_and_frees_the_key<R: Reservations>(c: Ctx<
     assert!(last.token() > review.token());
 }
 
+/// The retention of the operation `SHORT_OP`, set on both backends' builders.
+pub const SHORT: Duration = Duration::from_millis(1500);
+/// An operation kept for [`SHORT`] instead of [`RETENTION`].
+pub const SHORT_OP: &str = "consume";
+
+pub async fn recovery_points_reach_the_next_owner<R: Reservations>(c: Ctx<'_, R>) {
+    let k = key("user-7", "checkout", "p1");
+    let first = c.acquire(&k, fp("cart")).await;
+    assert!(first.progress().is_none());
+    c.store
+        .record_step(&first, 1, b"charge ch_42")
+        .await
+        .expect("step 1");
+    c.store
+        .record_step(&first, 2, b"ship sh_7")
+        .await
+        .expect("step 2");
+    assert!(
+        matches!(
+            c.store.reserve(&k, fp("cart")).await.unwrap(),
+            Reservation::InProgress { .. }
+        ),
+        "a recovery point keeps the lease"
+    );
+    c.advance(LEASE);
+    let second = c.acquire(&k, fp("cart")).await;
+    assert_eq!(second.attempt(), 2);
+    let resume = second
+        .progress()
+        .expect("the recovery point reaches the next owner");
+    assert_eq!(
+        (resume.step, resume.data.as_slice()),
+        (2, &b"ship sh_7"[..])
+    );
+    let taken = LeaseLostReason::TakenOver {
+        by_token: second.token(),
+    };
+    expect_lost(
+        c.store.record_step(&first, 3, b"late").await,
+        first.token(),
+        taken,
+    );
+    let resume = c.get(&k).await.unwrap();
+    match resume.status() {
+        Status::Pending { progress, .. } => {
+            assert_eq!(
+                progress.map(|p| p.step),
+                Some(2),
+                "the old owner's step is refused"
+            )
+        }
+        other => panic!("expected pending, got {other:?}"),
+    }
+    c.store.complete(&second, b"done".to_vec()).await.unwrap();
+    expect_lost(
+        c.store.record_step(&second, 3, b"after").await,
+        second.token(),
+        LeaseLostReason::Completed {
+            by_token: second.token(),
+        },
+    );
+}
+
+pub async fn observe_keeps_a_window<R: Reservations>(c: Ctx<'_, R>) {
+    let window = Duration::from_secs(300);
+    let m1 = key("orders-queue", "consume", "msg-1");
+    assert_eq!(c.store.observe(&m1, window).await.unwrap(), Seen::New);
+    assert_eq!(c.store.observe(&m1, window).await.unwrap(), Seen::Duplicate);
+    c.advance(window - Duration::from_millis(1));
+    assert_eq!(c.store.observe(&m1, window).await.unwrap(), Seen::Duplicate);
+    c.advance(Duration::from_millis(1));
+    assert_eq!(c.get(&m1).await, None, "the window is over");
+    assert_eq!(
+        c.store.observe(&m1, window).await.unwrap(),
+        Seen::New,
+        "seen again after its window"
+    );
+    // A batch: new, already seen, a key reserved as a request, and one key named twice.
+    let held = key("orders-queue", "consume", "msg-held");
+    let _lease = c.acquire(&held, fp("b")).await;
+    let batch = [
+        key("orders-queue", "consume", "msg-2"),
+        m1.clone(),
+        held.clone(),
+        key("orders-queue", "consume", "msg-3"),
+        key("orders-queue", "consume", "msg-2"),
+    ];
+    let seen: Vec<Seen> = c
+        .store
+        .observe_many(&batch, window)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|s| s.expect("no item fails"))
+        .collect();
+    assert_eq!(
+        seen,
+        vec![
+            Seen::New,
+            Seen::Duplicate,
+            Seen::Duplicate,
+            Seen::New,
+            Seen::Duplicate
+        ]
+    );
+    assert_eq!(
+        c.store.reserve(&batch[0], fp("b")).await.unwrap(),
+        Reservation::Mismatch,
+        "an observed key is not a request's key"
+    );
+    // Sweeping reclaims the window's records once it is over, and only then.
+    c.advance(window);
+    let m3 = &batch[3];
+    assert_eq!(c.get(m3).await, None);
+    assert!(c.store.sweep(100).await.unwrap() >= 3);
+    assert_eq!(c.store.observe(m3, window).await.unwrap(), Seen::New);
+}
+
+pub async fn reserve_or_wait_wakes_on_completion<R: Reservations>(c: Ctx<'_, R>) {
+    let k = key("user-1", "POST /charges", "w1");
+    let lease = c.acquire(&k, fp("body")).await;
+    // No one completes: the wait ends at the timeout with InProgress (the lease, 1 s on the
+    // manual clock, does not run out meanwhile).
+    let started = std::time::Instant::now();
+    let waited = c
+        .store
+        .reserve_or_wait(&k, fp("body"), Duration::from_millis(150))
+        .await
+        .unwrap();
+    assert!(
+        matches!(waited, Reservation::InProgress { attempt: 1, .. }),
+        "{waited:?}"
+    );
+    assert!(started.elapsed() >= Duration::from_millis(150));
+    // The holder completes 200 ms into the wait: the waiter gets the result at once, not
+    // when the lease (1 s) would have run out.
+    let started = std::time::Instant::now();
+    let holder = async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        c.store.complete(&lease, b"paid".to_vec()).await.unwrap();
+    };
+    let waiter = c
+        .store
+        .reserve_or_wait(&k, fp("body"), Duration::from_secs(10));
+    let ((), waited) = tokio::join!(holder, waiter);
+    let took = started.elapsed();
+    match waited.unwrap() {
+        Reservation::Completed(done) => assert_eq!(done.result, b"paid"),
+        other => panic!("expected the stored result, got {other:?}"),
+    }
+    assert!(
+        took < Duration::from_millis(800),
+        "the waiter was woken by the completion, not a poll or the lease: {took:?}"
+    );
+    // A released key is acquired by the waiter.
+    let k2 = key("user-1", "POST /charges", "w2");
+    let lease = c.acquire(&k2, fp("body")).await;
+    let holder = async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(c.store.release_if_pending(&lease).await.unwrap());
+    };
+    let waiter = c
+        .store
+        .reserve_or_wait(&k2, fp("body"), Duration::from_secs(10));
+    let ((), waited) = tokio::join!(holder, waiter);
+    match waited.unwrap() {
+        Reservation::Acquired(next) => assert!(next.token() > lease.token()),
+        other => panic!("expected to acquire the released key, got {other:?}"),
+    }
+    // A free key is acquired without waiting.
+    let k3 = key("user-1", "POST /charges", "w3");
+    assert!(matches!(
+        c.store
+            .reserve_or_wait(&k3, fp("body"), Duration::from_secs(10))
+            .await
+            .unwrap(),
+        Reservation::Acquired(_)
+    ));
+}
+
+pub async fn lease_batches_answer_each_item<R: Reservations>(c: Ctx<'_, R>) {
+    let ks: Vec<Key> = (0..4)
+        .map(|i| key("u", "batch", &format!("b{i}")))
+        .collect();
+    let mut leases = Vec::new();
+    for k in &ks {
+        leases.push(c.acquire(k, fp("b")).await);
+    }
+    // ks[3] is taken over: its old lease fails alone in every batch.
+    c.advance(LEASE - Duration::from_millis(100));
+    let refs: Vec<&Lease> = leases[..3].iter().collect();
+    let extended = c.store.extend_many(&refs).await.unwrap();
+    for (lease, renewed) in leases.iter().zip(&extended) {
+        assert_eq!(renewed.as_ref().unwrap().lease_until(), c.now() + LEASE);
+        assert_eq!(renewed.as_ref().unwrap().token(), lease.token());
+    }
+    c.advance(Duration::from_millis(100));
+    let new = c.acquire(&ks[3], fp("b")).await;
+    let taken = LeaseLostReason::TakenOver {
+        by_token: new.token(),
+    };
+    let done = c
+        .store
+        .complete_many(vec![
+            (&leases[0], b"r0".to_vec()),
+            (&leases[3], b"late".to_vec()),
+            (&leases[1], b"r1".to_vec()),
+        ])
+        .await
+        .unwrap();
+    assert!(done[0].is_ok() && done[2].is_ok(), "{done:?}");
+    let mut done = done;
+    expect_lost(done.remove(1), leases[3].token(), taken.clone());
+    assert_eq!(c.replayed(&ks[0], fp("b")).await.result, b"r0");
+    assert_eq!(c.replayed(&ks[1], fp("b")).await.result, b"r1");
+    // Completing twice with the same lease keeps the first result, as for one completion.
+    let again = c
+        .store
+        .complete_many(vec![(&leases[0], b"other".to_vec())])
+        .await
+        .unwrap();
+    assert!(again[0].is_ok());
+    assert_eq!(c.replayed(&ks[0], fp("b")).await.result, b"r0");
+    let released = c
+        .store
+        .release_if_pending_many(&[&leases[2], &leases[0], &leases[3]])
+        .await
+        .unwrap();
+    assert_eq!(released[0].as_ref().ok(), Some(&true));
+    assert_eq!(
+        released[1].as_ref().ok(),
+        Some(&false),
+        "a completed key stays"
+    );
+    let mut released = released;
+    expect_lost(released.remove(2), leases[3].token(), taken);
+    assert_eq!(c.get(&ks[2]).await, None);
+    assert!(c.get(&ks[3]).await.is_some());
+}
+
+pub async fn expire_many_answers_each_key<R: Reservations>(c: Ctx<'_, R>) {
+    let done = key("u", "exp", "done");
+    let live = key("u", "exp", "live");
+    let absent = key("u", "exp", "absent");
+    let lease = c.acquire(&done, fp("b")).await;
+    c.store.complete(&lease, b"r".to_vec()).await.unwrap();
+    let holder = c.acquire(&live, fp("b")).await;
+    let keys = [done.clone(), live.clone(), absent.clone()];
+    let first = c.store.expire_many(&keys, LiveLease::Refuse).await.unwrap();
+    assert_eq!(first[0].as_ref().ok(), Some(&Some(RecordClass::Completed)));
+    match &first[1] {
+        Err(Error::LeaseLive { key: k, .. }) => assert_eq!(k, &live),
+        other => panic!("expected LeaseLive, got {other:?}"),
+    }
+    assert_eq!(first[2].as_ref().ok(), Some(&None));
+    assert_eq!(c.get(&done).await, None);
+    assert!(c.get(&live).await.is_some(), "a refused key is kept");
+    let forced = c.store.expire_many(&keys, LiveLease::Take).await.unwrap();
+    assert_eq!(forced[0].as_ref().ok(), Some(&None));
+    assert_eq!(forced[1].as_ref().ok(), Some(&Some(RecordClass::Pending)));
+    expect_lost(
+        c.store.complete(&holder, b"late".to_vec()).await,
+        holder.token(),
+        LeaseLostReason::Gone,
+    );
+    let next = c.acquire(&done, fp("b")).await;
+    assert!(next.token() > lease.token() && next.attempt() == 1);
+}
+
+/// How long a replayed result is kept.
+fn kept(done: &idemstore::Completed) -> Duration {
+    done.expires_at.duration_since(done.completed_at).unwrap()
+}
+
+pub async fn retention_per_operation_and_per_call<R: Reservations>(c: Ctx<'_, R>) {
+    // Per operation: `SHORT_OP` keys are kept for SHORT, others for RETENTION.
+    let short = key("u", SHORT_OP, "k1");
+    let long = key("u", "POST /charges", "k1");
+    for k in [&short, &long] {
+        let lease = c.acquire(k, fp("b")).await;
+        c.store.complete(&lease, b"r".to_vec()).await.unwrap();
+    }
+    assert_eq!(kept(&c.replayed(&short, fp("b")).await), SHORT);
+    assert_eq!(kept(&c.replayed(&long, fp("b")).await), RETENTION);
+    // Per call: a completion and an operator's resolution with their own retention.
+    let custom = key("u", "POST /charges", "k2");
+    let lease = c.acquire(&custom, fp("b")).await;
+    c.store
+        .complete_with_retention(&lease, b"link".to_vec(), Duration::from_secs(2))
+        .await
+        .unwrap();
+    assert_eq!(
+        kept(&c.replayed(&custom, fp("b")).await),
+        Duration::from_secs(2)
+    );
+    let stale = key("u", "POST /charges", "k3");
+    let _abandoned = c.acquire(&stale, fp("b")).await;
+    c.advance(LEASE);
+    c.store
+        .resolve_with_retention(
+            &stale,
+            Resolution::Complete(b"settled".to_vec()),
+            Duration::from_secs(3),
+        )
+        .await
+        .unwrap();
+    let done = c.replayed(&stale, fp("b")).await;
+    assert_eq!(
+        (done.result.as_slice(), kept(&done)),
+        (&b"settled"[..], Duration::from_secs(3))
+    );
+    // The deadlines hold: SHORT (1.5 s) and 2 s are over after 2 s, the others are not.
+    c.advance(Duration::from_secs(2) - LEASE);
+    assert_eq!(c.get(&short).await, None);
+    assert_eq!(c.get(&custom).await, None, "the per-call retention is over");
+    assert!(c.get(&long).await.is_some());
+    assert!(c.get(&stale).await.is_some());
+    c.advance(Duration::from_secs(3));
+    assert_eq!(c.get(&stale).await, None);
+    // A zero retention stores the completion and lets the key read as absent at once.
+    let zero = key("u", "POST /charges", "k4");
+    let lease = c.acquire(&zero, fp("b")).await;
+    c.store
+        .complete_with_retention(&lease, b"gone".to_vec(), Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(c.get(&zero).await, None);
+}
+
 /// Runs each scenario on its own local store.
 macro_rules! on_both_backends {
     ($($name:ident),* $(,)?) => {
@@ -516,8 +845,12 @@ macro_rules! on_both_backends {
                 #[test]
                 fn $name() {
                     let env = crate::common::Env::new();
-                    let store = env.open();
-                    let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+                    let store = env
+                        .builder()
+                        .retention_for(super::SHORT_OP, super::SHORT)
+                        .open(&env.path)
+                        .expect("open the store");
+                    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
                     runtime.block_on(super::$name(super::Ctx { store: &store, clock: &env.clock }));
                 }
             )*
@@ -536,6 +869,7 @@ macro_rules! on_both_backends {
                         .prefix(concat!("scenario/", stringify!($name), "/"))
                         .lease(LEASE)
                         .retention(RETENTION)
+                        .retention_for(SHORT_OP, SHORT)
                         .clock(clock.clone())
                         .connect(&cluster.endpoints())
                         .await
@@ -563,4 +897,10 @@ on_both_backends!(
     sweep_is_bounded,
     reserve_many_matches_single_reserves,
     expire_fences_the_holder_and_frees_the_key,
+    recovery_points_reach_the_next_owner,
+    observe_keeps_a_window,
+    reserve_or_wait_wakes_on_completion,
+    lease_batches_answer_each_item,
+    expire_many_answers_each_key,
+    retention_per_operation_and_per_call,
 );

@@ -16,6 +16,8 @@
 //! | `sqlite` | `INSERT … ON CONFLICT DO NOTHING` in its own transaction, WAL, `synchronous=FULL` | `UPDATE` in its own transaction | one `BEGIN IMMEDIATE` transaction |
 //! | `fdatasync` | in-memory set; a new key overwrites a preallocated 4 KiB block + `fdatasync` | same | one write + one `fdatasync` |
 //! | `fjall` | point read; if absent (under a mutex, as a plain keyspace has no insert-if-absent) `insert`, then `persist(PersistMode::SyncData)` | `insert` + `persist(SyncData)` | reads and inserts, one `persist(SyncData)` per batch |
+//! | `etcd` (feature `etcd`) | `EtcdStore::reserve` on a 3-member loopback cluster the run starts | `EtcdStore::complete` | `EtcdStore::reserve_many` |
+//! | `etcd-bare` (feature `etcd`) | one `create_revision == 0` transaction: put, else get (same client, own cluster) | one put under a `mod_revision` compare | one such transaction per 128 keys, all in flight at once |
 //! | `grouplog` | in-memory set; a new key's frame joins the next group commit: one committer thread overwrites a preallocated file in place, one `fdatasync` per group | same | one frame in one group |
 //!
 //! `fdatasync` is the physical limit of one durable write per operation on this disk, not a
@@ -232,6 +234,10 @@ pub enum Kind {
     /// [`etcd::Etcd`] (feature `etcd`; not in [`Kind::ALL`]: it starts a cluster).
     #[cfg(feature = "etcd")]
     Etcd,
+    /// [`etcd::EtcdBare`] (feature `etcd`): the bare insert-if-absent transaction loop on
+    /// the same client, the yardstick of [`etcd::Etcd`].
+    #[cfg(feature = "etcd")]
+    EtcdBare,
 }
 
 impl Kind {
@@ -269,6 +275,8 @@ impl Kind {
             Kind::Fjall => visitor.visit::<Fjall>(),
             #[cfg(feature = "etcd")]
             Kind::Etcd => visitor.visit::<etcd::Etcd>(),
+            #[cfg(feature = "etcd")]
+            Kind::EtcdBare => visitor.visit::<etcd::EtcdBare>(),
         }
     }
 
@@ -321,6 +329,10 @@ impl FromStr for Kind {
         #[cfg(feature = "etcd")]
         if s == "etcd" {
             return Ok(Kind::Etcd);
+        }
+        #[cfg(feature = "etcd")]
+        if s == "etcd-bare" {
+            return Ok(Kind::EtcdBare);
         }
         Kind::ALL
             .into_iter()

@@ -1,62 +1,87 @@
-//! [`EtcdStore::reserve_many`]: many keys per etcd transaction, within `--max-txn-ops` and the
-//! request size limit.
+//! Many keys per etcd transaction, within `--max-txn-ops` and the request size limit: the one
+//! batch path of `reserve_many`, `observe_many`, `complete_many`, `release_if_pending_many`,
+//! `extend_many` and `expire_many`. Each is one [`Operation`] per key, decided by the same
+//! [`decide`] as a single call.
 
 use std::collections::HashSet;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::Poll;
 
-use etcd_client::{Txn, TxnOp};
+use etcd_client::{Txn, TxnOp, TxnOpResponse};
 
 use super::layout::{placeholder, Stored, MAX_SLOTS};
-use super::store::EtcdStore;
-use super::write::{unchanged, AtRevision, Sent};
-use crate::answers::Reservation;
-use crate::decide::op::{Reserve, Reserved};
-use crate::decide::{decide, Change, Decision};
+use super::store::Inner;
+use super::write::{landed, unchanged, written, AtRevision, Sent, Start};
+use crate::decide::{decide, Change, Decision, Operation};
 use crate::error::Error;
-use crate::fingerprint::Fingerprint;
 use crate::key::Key;
 use crate::record::Millis;
-use crate::store::answer;
 
 /// Bytes of record values one batch transaction may carry, well under etcd's default
 /// `--max-request-bytes` of 1.5 MiB.
 const MAX_TXN_BYTES: usize = 1 << 20;
+/// Most transactions of one batch in flight at once: the leader groups concurrent proposals
+/// into one log append and fsync.
+const MAX_IN_FLIGHT: usize = 16;
 
-/// One acquisition waiting to be written.
+/// One write waiting to be sent with others.
 struct Write {
     item: usize,
     current: Option<Stored>,
-    ops: Vec<TxnOp>,
+    ops: usize,
     bytes: usize,
 }
 
-impl EtcdStore {
-    /// Reserves many keys with few round trips: the records are read in one transaction per
-    /// `max_txn_ops` keys, duplicates are answered from that read, and the acquisitions are
-    /// written together, as many per transaction as etcd's limits allow. Each written key
-    /// keeps its own compare: if any changed meanwhile, that transaction's keys are reserved
-    /// one by one. A key that appears twice is reserved in a later round, so the second sees
-    /// the first's reservation. Returns one result per item, in order.
-    ///
-    /// # Durability
-    /// As for [`reserve`](EtcdStore::reserve): every `Acquired` is acknowledged by a majority.
+/// One answer slot per item of a batch.
+type Answers<T> = Vec<Option<Result<T, Error>>>;
+
+/// What became of one group's transaction, per item: answered, or to decide again on the
+/// record its failure branch read.
+enum Settled<T> {
+    Answered(Result<T, Error>),
+    Again(Option<Stored>),
+}
+
+impl Inner {
+    /// Applies one operation per key with few round trips. Each key starts from what this
+    /// process last wrote of it, else absent when `absent_first` (reserves and observes of
+    /// mostly new keys), else from a read (one read transaction per `max_txn_ops` keys). The
+    /// writes are packed into as few transactions as etcd's limits allow, sent up to
+    /// [`MAX_IN_FLIGHT`] at once; each key keeps its own compare, and the keys of a
+    /// transaction refused because one changed are decided again on what its failure branch
+    /// read. A key that appears twice is applied in a later round, so the second sees the
+    /// first. Returns one outcome per item, in order.
     ///
     /// # Errors
-    /// The outer error is a failure of the cluster ([`Error::Cluster`]); an item's error (a
-    /// damaged record) does not fail the others.
-    pub async fn reserve_many(
+    /// The outer error is a failure of the cluster ([`Error::Cluster`]); an item's damaged
+    /// record fails that item alone.
+    pub(crate) async fn apply_many<O>(
         &self,
-        items: &[(Key, Fingerprint)],
-    ) -> Result<Vec<Result<Reservation, Error>>, Error> {
-        let mut answers: Vec<Option<Result<Reservation, Error>>> =
-            items.iter().map(|_| None).collect();
+        items: &[(Key, O)],
+        absent_first: bool,
+    ) -> Result<Vec<Result<O::Outcome, Error>>, Error>
+    where
+        O: Operation + Clone,
+        O::Outcome: AtRevision,
+    {
+        let mut answers: Answers<O::Outcome> = items.iter().map(|_| None).collect();
+        let mut starts: Vec<Option<Start>> = items.iter().map(|_| None).collect();
         let mut todo: Vec<usize> = (0..items.len()).collect();
         while !todo.is_empty() {
             let mut seen = HashSet::new();
-            let (round, later): (Vec<usize>, Vec<usize>) =
+            let (round, mut later): (Vec<usize>, Vec<usize>) =
                 todo.into_iter().partition(|&i| seen.insert(&items[i].0));
-            for chunk in round.chunks(self.inner().max_txn_ops) {
-                self.reserve_chunk(items, chunk, &mut answers).await?;
+            for &i in &round {
+                if starts[i].is_none() {
+                    starts[i] = Some(self.start(&items[i].0, absent_first));
+                }
             }
+            let again = self
+                .apply_round(items, &round, &mut starts, &mut answers)
+                .await?;
+            later.extend(again);
+            later.sort_unstable();
             todo = later;
         }
         Ok(answers
@@ -65,43 +90,63 @@ impl EtcdStore {
             .collect())
     }
 
-    /// Reserves the distinct keys of `chunk` (at most `max_txn_ops`).
-    async fn reserve_chunk(
+    /// One round over distinct keys: reads what must be read, decides, writes. Returns the
+    /// items to decide again (their start set).
+    async fn apply_round<O>(
         &self,
-        items: &[(Key, Fingerprint)],
-        chunk: &[usize],
-        answers: &mut [Option<Result<Reservation, Error>>],
-    ) -> Result<(), Error> {
-        let inner = self.inner();
-        let keys: Vec<Key> = chunk.iter().map(|&i| items[i].0.clone()).collect();
-        let found = inner.read_many(&keys).await?;
-        let now = inner.now();
-        let mut writes = Vec::new();
-        for (&item, stored) in chunk.iter().zip(found) {
-            let current = match stored {
-                Ok(current) => current,
+        items: &[(Key, O)],
+        round: &[usize],
+        starts: &mut [Option<Start>],
+        answers: &mut Answers<O::Outcome>,
+    ) -> Result<Vec<usize>, Error>
+    where
+        O: Operation + Clone,
+        O::Outcome: AtRevision,
+    {
+        // Reads, one transaction per `max_txn_ops` keys, all at once.
+        let to_read: Vec<usize> = round
+            .iter()
+            .copied()
+            .filter(|&i| matches!(starts[i], Some(Start::Read)))
+            .collect();
+        let reads = to_read.chunks(self.max_txn_ops).map(|chunk| {
+            let keys: Vec<Key> = chunk.iter().map(|&i| items[i].0.clone()).collect();
+            async move { self.read_many(&keys).await }
+        });
+        let mut read = Vec::new();
+        for chunk in join_all(reads.collect()).await {
+            read.extend(chunk?);
+        }
+        for (&i, found) in to_read.iter().zip(read) {
+            match found {
+                Ok(found) => starts[i] = Some(Start::Known(found)),
                 Err(error) => {
-                    answers[item] = Some(Err(error));
-                    continue;
+                    starts[i] = None;
+                    answers[i] = Some(Err(error));
                 }
+            }
+        }
+        let now = self.now();
+        let mut again = Vec::new();
+        let mut writes = Vec::new();
+        for &item in round {
+            let (current, guessed) = match starts[item].take() {
+                Some(Start::Guess(stored)) => (stored, true),
+                Some(Start::Known(stored)) => (stored, false),
+                Some(Start::Read) | None => continue,
             };
-            let decision = self.decide_reserve(items, item, current.as_ref(), now, 0);
+            let decision = self.decide_item(items, item, current.as_ref(), now, 0);
             if decision.change == Change::Keep {
-                answers[item] = Some(Ok(answer::reservation(&items[item].0, decision.outcome)));
+                if guessed {
+                    // Answer only from what the cluster holds.
+                    starts[item] = Some(Start::Read);
+                    again.push(item);
+                } else {
+                    answers[item] = Some(Ok(decision.outcome));
+                }
                 continue;
             }
-            let mut ops = Vec::new();
-            inner.write_ops(
-                &items[item].0,
-                current.as_ref(),
-                &decision.change,
-                inner.nonce(),
-                &mut ops,
-            );
-            let bytes = match &decision.change {
-                Change::Put(record) => record.encode().len() + 2 * items[item].0.encoded().len(),
-                _ => 0,
-            };
+            let (ops, bytes) = self.cost(&items[item].0, current.as_ref(), &decision.change);
             writes.push(Write {
                 item,
                 current,
@@ -110,64 +155,98 @@ impl EtcdStore {
             });
         }
         // Pack the writes into transactions within the limits.
+        let mut groups: Vec<Vec<Write>> = Vec::new();
         let mut group: Vec<Write> = Vec::new();
         let (mut ops, mut bytes) = (0, 0);
         for write in writes {
-            let full = ops + write.ops.len() > inner.max_txn_ops
+            let full = ops + write.ops > self.max_txn_ops
                 || bytes + write.bytes > MAX_TXN_BYTES
                 || group.len() == MAX_SLOTS;
             if full && !group.is_empty() {
-                self.write_group(items, std::mem::take(&mut group), now, answers)
-                    .await?;
+                groups.push(std::mem::take(&mut group));
                 (ops, bytes) = (0, 0);
             }
-            ops += write.ops.len();
+            ops += write.ops;
             bytes += write.bytes;
             group.push(write);
         }
         if !group.is_empty() {
-            self.write_group(items, group, now, answers).await?;
+            groups.push(group);
         }
-        Ok(())
+        for wave in groups.chunks(MAX_IN_FLIGHT) {
+            let sent = wave
+                .iter()
+                .map(|group| self.write_group(items, group, now))
+                .collect();
+            for (group, settled) in wave.iter().zip(join_all(sent).await) {
+                for (write, settled) in group.iter().zip(settled?) {
+                    match settled {
+                        Settled::Answered(answer) => answers[write.item] = Some(answer),
+                        Settled::Again(found) => {
+                            starts[write.item] = Some(Start::Known(found));
+                            again.push(write.item);
+                        }
+                    }
+                }
+            }
+        }
+        Ok(again)
     }
 
-    fn decide_reserve(
+    /// The operations and value bytes a change of `key` adds to a transaction.
+    fn cost(&self, key: &Key, current: Option<&Stored>, change: &Change) -> (usize, usize) {
+        let mut ops = Vec::new();
+        self.write_ops(key, current, change, super::layout::Nonce::ZERO, &mut ops);
+        let bytes = match change {
+            Change::Put(record) => record.encode().len() + 3 * key.encoded().len() + 64,
+            _ => 3 * key.encoded().len(),
+        };
+        (ops.len(), bytes)
+    }
+
+    fn decide_item<O: Operation + Clone>(
         &self,
-        items: &[(Key, Fingerprint)],
+        items: &[(Key, O)],
         item: usize,
         current: Option<&Stored>,
         now: Millis,
         slot: usize,
-    ) -> Decision<Reserved> {
-        let op = Reserve {
-            fingerprint: items[item].1,
-        };
+    ) -> Decision<O::Outcome> {
+        let (key, op) = &items[item];
         let record = current.map(|s| s.record.clone());
-        decide(record, op, now, self.inner().policy, placeholder(slot))
+        decide(
+            record,
+            op.clone(),
+            now,
+            self.policies.for_key(key),
+            placeholder(slot),
+        )
     }
 
-    /// Writes one group of acquisitions in one transaction, the `slot`-th under the token of
-    /// slot `slot` of the transaction's revision; on a conflict, each key on its own.
-    async fn write_group(
+    /// Writes one group in one transaction, the `slot`-th item under the token of slot
+    /// `slot` of the transaction's revision. Refused: each item is decided again on what the
+    /// failure branch read.
+    async fn write_group<O>(
         &self,
-        items: &[(Key, Fingerprint)],
-        group: Vec<Write>,
+        items: &[(Key, O)],
+        group: &[Write],
         now: Millis,
-        answers: &mut [Option<Result<Reservation, Error>>],
-    ) -> Result<(), Error> {
-        let inner = self.inner();
-        let nonce = inner.nonce();
+    ) -> Result<Vec<Settled<O::Outcome>>, Error>
+    where
+        O: Operation + Clone,
+        O::Outcome: AtRevision,
+    {
+        let nonce = self.nonce();
         let mut compares = Vec::new();
         let mut ops = Vec::new();
         let mut gets = Vec::new();
         let mut decisions = Vec::new();
         for (slot, write) in group.iter().enumerate() {
             let key = &items[write.item].0;
-            let record_key = inner.layout.record(key);
-            let decision =
-                self.decide_reserve(items, write.item, write.current.as_ref(), now, slot);
+            let record_key = self.layout.record(key);
+            let decision = self.decide_item(items, write.item, write.current.as_ref(), now, slot);
             compares.push(unchanged(&record_key, write.current.as_ref()));
-            inner.write_ops(
+            self.write_ops(
                 key,
                 write.current.as_ref(),
                 &decision.change,
@@ -178,42 +257,114 @@ impl EtcdStore {
             decisions.push(decision);
         }
         let txn = Txn::new().when(compares).and_then(ops).or_else(gets);
-        let what = || format!("reserving {} keys in one transaction", group.len());
-        let answer = inner.send(txn, what).await?;
-        let revision = match answer.sent {
-            Sent::Applied { revision } => Some(revision),
+        let what = || format!("writing {} keys in one transaction", group.len());
+        let answer = self.send(txn, what).await?;
+        let (revision, responses) = match answer.sent {
+            Sent::Applied { revision } => (Some(revision), Vec::new()),
             Sent::Refused { responses } if answer.ambiguous => {
-                // An earlier copy of this transaction was applied if any key holds its nonce.
-                let first = &items[group[0].item].0;
-                match inner.stored_in(first, responses.first())? {
-                    Some(stored) if stored.nonce == nonce => Some(stored.mod_revision),
-                    _ => None,
+                let mut revision = self.landed_at(items, group, &decisions, &responses, nonce);
+                if revision.is_none() {
+                    // Applied, then overwritten before the answer came back: the first put's
+                    // older versions show it (the transaction applied all or nothing).
+                    let first_put = group
+                        .iter()
+                        .zip(&decisions)
+                        .enumerate()
+                        .find(|(_, (_, d))| matches!(d.change, Change::Put(_)));
+                    if let Some((i, (write, _))) = first_put {
+                        let key = &items[write.item].0;
+                        if let Ok(Some(now)) = self.stored_in(key, responses.get(i)) {
+                            revision = self
+                                .landed_before(key, write.current.as_ref(), &now, nonce)
+                                .await?;
+                        }
+                    }
                 }
+                (revision, responses)
             }
-            Sent::Refused { .. } => None,
+            Sent::Refused { responses } => (None, responses),
         };
-        match revision {
-            Some(revision) => {
-                for (write, decision) in group.iter().zip(decisions) {
-                    let reserved = decision.outcome.at_revision(revision);
-                    answers[write.item] =
-                        Some(Ok(answer::reservation(&items[write.item].0, reserved)));
+        if let Some(revision) = revision {
+            return Ok(group
+                .iter()
+                .zip(decisions)
+                .map(|(write, decision)| {
+                    let key = &items[write.item].0;
+                    let now = written(write.current.as_ref(), &decision.change, nonce, revision);
+                    self.hints.note(key, now.as_ref());
+                    Settled::Answered(Ok(decision.outcome.at_revision(revision)))
+                })
+                .collect());
+        }
+        Ok(group
+            .iter()
+            .enumerate()
+            .map(|(i, write)| {
+                let key = &items[write.item].0;
+                match self.stored_in(key, responses.get(i)) {
+                    Ok(found) => {
+                        self.hints.note(key, found.as_ref());
+                        Settled::Again(found)
+                    }
+                    Err(error) => Settled::Answered(Err(error)),
                 }
+            })
+            .collect())
+    }
+
+    /// After an ambiguous answer, the revision at which an earlier copy of a group's
+    /// transaction was applied, if it was: a put of it holds its nonce (nonces are unique);
+    /// a group of deletes only, if every key shows its delete.
+    fn landed_at<O: Operation>(
+        &self,
+        items: &[(Key, O)],
+        group: &[Write],
+        decisions: &[Decision<O::Outcome>],
+        responses: &[TxnOpResponse],
+        nonce: super::layout::Nonce,
+    ) -> Option<i64> {
+        let mut all = true;
+        for (i, (write, decision)) in group.iter().zip(decisions).enumerate() {
+            let found = self
+                .stored_in(&items[write.item].0, responses.get(i))
+                .ok()?;
+            if let Some(found) = found.as_ref().filter(|s| s.nonce == nonce) {
+                return Some(found.mod_revision);
             }
-            None => {
-                for write in &group {
-                    let (key, fingerprint) = &items[write.item];
-                    let op = Reserve {
-                        fingerprint: *fingerprint,
-                    };
-                    answers[write.item] = Some(match inner.apply(key, op, &[]).await {
-                        Ok(reserved) => Ok(answer::reservation(key, reserved)),
-                        Err(error @ Error::Corruption { .. }) => Err(error),
-                        Err(error) => return Err(error),
-                    });
+            all &= landed(
+                write.current.as_ref(),
+                found.as_ref(),
+                nonce,
+                &decision.change,
+            );
+        }
+        all.then_some(0)
+    }
+}
+
+/// Runs `futures` concurrently on the calling task and returns their outputs in order.
+async fn join_all<F: Future>(futures: Vec<F>) -> Vec<F::Output> {
+    let mut futures: Vec<Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
+    let mut outputs: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (future, output) in futures.iter_mut().zip(outputs.iter_mut()) {
+            if output.is_none() {
+                match future.as_mut().poll(cx) {
+                    Poll::Ready(done) => *output = Some(done),
+                    Poll::Pending => pending = true,
                 }
             }
         }
-        Ok(())
-    }
+        if pending {
+            Poll::Pending
+        } else {
+            Poll::Ready(())
+        }
+    })
+    .await;
+    outputs
+        .into_iter()
+        .map(|output| output.expect("every future finished"))
+        .collect()
 }

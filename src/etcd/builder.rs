@@ -6,11 +6,12 @@ use std::time::Duration;
 
 use etcd_client::{Client, ConnectOptions};
 
+use super::hints::Hints;
 use super::layout::{Layout, MAX_SLOTS};
 use super::store::{EtcdStore, Inner};
 use crate::builder::{DEFAULT_LEASE, DEFAULT_MAX_RESULT_LEN, DEFAULT_RETENTION};
-use crate::clock::{duration_millis, Clock, SystemClock};
-use crate::decide::Policy;
+use crate::clock::{Clock, SystemClock};
+use crate::decide::policy::Policies;
 use crate::error::Error;
 use crate::record::TokenFloor;
 
@@ -33,6 +34,7 @@ pub struct EtcdBuilder {
     prefix: Vec<u8>,
     lease: Duration,
     retention: Duration,
+    retention_by_operation: Vec<(Vec<u8>, Duration)>,
     max_result_len: usize,
     max_txn_ops: usize,
     op_deadline: Duration,
@@ -46,6 +48,7 @@ impl Default for EtcdBuilder {
             prefix: DEFAULT_ETCD_PREFIX.as_bytes().to_vec(),
             lease: DEFAULT_LEASE,
             retention: DEFAULT_RETENTION,
+            retention_by_operation: Vec::new(),
             max_result_len: DEFAULT_MAX_RESULT_LEN,
             max_txn_ops: DEFAULT_MAX_TXN_OPS,
             op_deadline: DEFAULT_OP_DEADLINE,
@@ -67,6 +70,34 @@ impl EtcdBuilder {
     /// Every instance sharing a prefix should use the same. Default = 24 h.
     pub fn retention(&mut self, retention: Duration) -> &mut Self {
         self.retention = retention;
+        self
+    }
+
+    /// How long completed keys of `operation` (the middle part of a [`Key`](crate::Key)) are
+    /// kept instead of [`retention`](EtcdBuilder::retention), as
+    /// [`Builder::retention_for`](crate::Builder::retention_for): each record carries its own
+    /// deadline, written when it is completed, so instances with different settings never
+    /// move the deadline of a key another completed. Setting an operation again replaces its
+    /// retention. At least 1 ms. Default = none.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use idemstore::EtcdStore;
+    ///
+    /// # async fn run() -> Result<(), idemstore::Error> {
+    /// let store = EtcdStore::builder()
+    ///     .retention(Duration::from_secs(24 * 3600))
+    ///     .retention_for("POST /charges", Duration::from_secs(7 * 24 * 3600))
+    ///     .retention_for("consume", Duration::from_secs(5 * 60))
+    ///     .connect(&["127.0.0.1:2379"])
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn retention_for(&mut self, operation: impl AsRef<[u8]>, retention: Duration) -> &mut Self {
+        let operation = operation.as_ref().to_vec();
+        self.retention_by_operation
+            .retain(|(name, _)| *name != operation);
+        self.retention_by_operation.push((operation, retention));
         self
     }
 
@@ -129,6 +160,7 @@ impl EtcdBuilder {
         if self.retention < Duration::from_millis(1) {
             return invalid("retention", "it must be at least 1 ms");
         }
+        crate::builder::validate_retentions(&self.retention_by_operation)?;
         if self.max_result_len > MAX_ETCD_RESULT_LEN {
             return invalid(
                 "max_result_len",
@@ -171,13 +203,14 @@ impl EtcdBuilder {
         let store = EtcdStore::from_inner(Inner {
             client,
             layout: Layout::new(&self.prefix),
-            policy: Policy {
-                lease: duration_millis(self.lease),
-                retention: duration_millis(self.retention),
-                // Several processes share one cluster: a lease outlives a process that
-                // stopped, since another may still hold keys, so leases keep their times.
-                floor: TokenFloor::NONE,
-            },
+            // Several processes share one cluster: a lease outlives a process that stopped,
+            // since another may still hold keys, so leases keep their times.
+            policies: Policies::new(
+                self.lease,
+                self.retention,
+                &self.retention_by_operation,
+                TokenFloor::NONE,
+            ),
             clock: self.clock.clone(),
             max_result_len: self.max_result_len,
             max_txn_ops: self.max_txn_ops,
@@ -185,6 +218,7 @@ impl EtcdBuilder {
             store_id: random_id(),
             writes: AtomicU64::new(0),
             resends: AtomicU64::new(0),
+            hints: Hints::default(),
         });
         // One read, so that a wrong address fails here rather than at the first reserve.
         store

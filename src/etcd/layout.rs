@@ -51,6 +51,11 @@ pub(crate) struct Nonce {
     pub(crate) write: u64,
 }
 
+impl Nonce {
+    /// A nonce for sizing a write that is never sent.
+    pub(crate) const ZERO: Nonce = Nonce { store: 0, write: 0 };
+}
+
 /// The etcd keys of one store (one prefix).
 #[derive(Debug, Clone)]
 pub(crate) struct Layout {

@@ -4,17 +4,23 @@
 //! record encoding. The data model (keys, values, indexes, tokens) is in `docs/etcd.md`.
 //!
 //! - [`layout`]: etcd keys, value envelope, tokens from revisions.
-//! - [`write`]: read, decide, conditional write, retry; ambiguous answers.
-//! - [`store`]: the public single-key operations. [`batch`]: `reserve_many`.
+//! - [`write`]: read (or guess), decide, conditional write, retry; ambiguous answers.
+//!   [`hints`]: the pending records this process wrote, so a holder's next write needs no read.
+//! - [`store`]: the public single-key operations. [`batch`]: many keys per transaction;
+//!   [`many`]: the batch operations on it (`reserve_many`, `observe_many`, `complete_many`,
+//!   `expire_many`, ...). [`wait`]: `reserve_or_wait` through an etcd watch.
 //! - [`expire`]: deleting a key now (`expire`, `expire_forced`).
 //! - [`sweep`]: expiry through the expiry index, the background sweeper, `stale`.
 
 mod batch;
 mod builder;
 mod expire;
+mod hints;
 mod layout;
+mod many;
 mod store;
 mod sweep;
+mod wait;
 mod write;
 
 pub use builder::{
@@ -24,9 +30,11 @@ pub use builder::{
 pub use store::EtcdStore;
 pub use sweep::Sweeper;
 
+use std::time::Duration;
+
 use crate::{
     Error, Fingerprint, Key, Lease, LiveLease, Record, RecordClass, Reservation, Reservations,
-    Resolution,
+    Resolution, Seen,
 };
 
 /// The cluster store, through the same trait as the local one: code written against
@@ -77,5 +85,73 @@ impl Reservations for EtcdStore {
 
     async fn expire(&self, key: &Key, live: LiveLease) -> Result<Option<RecordClass>, Error> {
         EtcdStore::expire_with(self, key, live).await
+    }
+    async fn record_step(&self, lease: &Lease, step: u32, data: &[u8]) -> Result<(), Error> {
+        EtcdStore::record_step(self, lease, step, data).await
+    }
+
+    async fn observe(&self, key: &Key, window: Duration) -> Result<Seen, Error> {
+        EtcdStore::observe(self, key, window).await
+    }
+
+    async fn observe_many(
+        &self,
+        keys: &[Key],
+        window: Duration,
+    ) -> Result<Vec<Result<Seen, Error>>, Error> {
+        EtcdStore::observe_many(self, keys, window).await
+    }
+
+    async fn reserve_or_wait(
+        &self,
+        key: &Key,
+        fingerprint: Fingerprint,
+        timeout: Duration,
+    ) -> Result<Reservation, Error> {
+        EtcdStore::reserve_or_wait(self, key, fingerprint, timeout).await
+    }
+
+    async fn complete_many(
+        &self,
+        items: Vec<(&Lease, Vec<u8>)>,
+    ) -> Result<Vec<Result<(), Error>>, Error> {
+        EtcdStore::complete_many(self, items).await
+    }
+
+    async fn release_if_pending_many(
+        &self,
+        leases: &[&Lease],
+    ) -> Result<Vec<Result<bool, Error>>, Error> {
+        EtcdStore::release_if_pending_many(self, leases).await
+    }
+
+    async fn extend_many(&self, leases: &[&Lease]) -> Result<Vec<Result<Lease, Error>>, Error> {
+        EtcdStore::extend_many(self, leases).await
+    }
+
+    async fn expire_many(
+        &self,
+        keys: &[Key],
+        live: LiveLease,
+    ) -> Result<Vec<Result<Option<RecordClass>, Error>>, Error> {
+        EtcdStore::expire_many(self, keys, live).await
+    }
+
+    async fn complete_with_retention(
+        &self,
+        lease: &Lease,
+        result: Vec<u8>,
+        retention: Duration,
+    ) -> Result<(), Error> {
+        EtcdStore::complete_with_retention(self, lease, result, retention).await
+    }
+
+    async fn resolve_with_retention(
+        &self,
+        key: &Key,
+        resolution: Resolution,
+        retention: Duration,
+    ) -> Result<(), Error> {
+        EtcdStore::resolve_with_retention(self, key, resolution, retention).await
     }
 }

@@ -7,23 +7,28 @@ use std::time::Duration;
 use etcd_client::{Client, TxnOp};
 
 use super::builder::EtcdBuilder;
+use super::hints::Hints;
 use super::layout::Layout;
 use crate::answers::{Lease, Reservation};
-use crate::clock::{from_millis, to_millis, Clock};
-use crate::decide::op::{Complete, Completion, Extend, MarkNeedsReview, Release, Reserve, Resolve};
-use crate::decide::{Policy, Resolution};
+use crate::clock::{duration_millis, from_millis, to_millis, Clock};
+use crate::decide::op::{
+    Complete, Completion, Extend, MarkNeedsReview, RecordStep, Release, Reserve, Resolve,
+    WithRetention,
+};
+use crate::decide::policy::Policies;
+use crate::decide::Resolution;
 use crate::error::{Error, LeaseLostReason};
 use crate::fingerprint::Fingerprint;
 use crate::key::Key;
 use crate::key::MAX_NOTE_LEN;
-use crate::record::{Millis, Record};
+use crate::record::{Millis, Progress, Record};
 use crate::store::answer;
 
 /// The shared state of an [`EtcdStore`] and its clones.
 pub(crate) struct Inner {
     pub(crate) client: Client,
     pub(crate) layout: Layout,
-    pub(crate) policy: Policy,
+    pub(crate) policies: Policies,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) max_result_len: usize,
     pub(crate) max_txn_ops: usize,
@@ -32,6 +37,8 @@ pub(crate) struct Inner {
     pub(crate) writes: AtomicU64,
     /// Requests sent again after an error or a timeout.
     pub(crate) resends: AtomicU64,
+    /// The pending records this process wrote last (guesses that save a read).
+    pub(crate) hints: Hints,
 }
 
 impl Inner {
@@ -73,7 +80,7 @@ impl std::fmt::Debug for EtcdStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("EtcdStore")
             .field("prefix", &self.inner.layout)
-            .field("policy", &self.inner.policy)
+            .field("policies", &self.inner.policies)
             .finish_non_exhaustive()
     }
 }
@@ -125,7 +132,9 @@ impl EtcdStore {
     /// [`Error::Corruption`] for a damaged record; [`Error::Cluster`] when the cluster gave no
     /// definite answer within the operation deadline.
     pub async fn reserve(&self, key: &Key, fingerprint: Fingerprint) -> Result<Reservation, Error> {
-        let reserved = self.inner.apply(key, Reserve { fingerprint }, &[]).await?;
+        let start = self.inner.start(key, true);
+        let op = Reserve { fingerprint };
+        let reserved = self.inner.apply_from(key, op, &[], start).await?;
         Ok(answer::reservation(key, reserved))
     }
 
@@ -185,6 +194,65 @@ impl EtcdStore {
         Err(answer::lease_lost(lease, reason))
     }
 
+    /// [`complete`](EtcdStore::complete), keeping this key's result for `retention` instead of
+    /// its operation's retention; see
+    /// [`Store::complete_with_retention`](crate::Store::complete_with_retention). A zero
+    /// retention stores the completion and lets the key read as absent at once.
+    ///
+    /// # Errors
+    /// As for [`complete`](EtcdStore::complete).
+    pub async fn complete_with_retention(
+        &self,
+        lease: &Lease,
+        result: Vec<u8>,
+        retention: Duration,
+    ) -> Result<(), Error> {
+        self.check_result(&lease.key, &result)?;
+        let op = WithRetention {
+            op: Complete {
+                token: lease.token,
+                result,
+            },
+            retention: duration_millis(retention),
+        };
+        answer::completion(lease, self.inner.apply(&lease.key, op, &[]).await?)
+    }
+
+    /// Records a recovery point for multi-step work; see
+    /// [`Store::record_step`](crate::Store::record_step). It is on a majority's disks when
+    /// this returns; the caller that takes the stale reservation over (on any host) finds it
+    /// in [`Lease::progress`].
+    ///
+    /// ```no_run
+    /// use idemstore::{EtcdStore, Fingerprint, Key, Reservation};
+    ///
+    /// # async fn run(store: EtcdStore) -> Result<(), idemstore::Error> {
+    /// let key = Key::new("user-7", "checkout", "k1")?;
+    /// if let Reservation::Acquired(lease) = store.reserve(&key, Fingerprint::of(b"cart")).await? {
+    ///     let resume_after = lease.progress().map_or(0, |p| p.step);
+    ///     if resume_after < 1 {
+    ///         store.record_step(&lease, 1, b"charge ch_42").await?; // step 1: card charged
+    ///     }
+    ///     store.complete(&lease, b"order 1".to_vec()).await?;
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::ResultTooLarge`] when `data` is over the result limit; [`Error::LeaseLost`]
+    /// when the lease no longer owns the key; [`Error::Cluster`].
+    pub async fn record_step(&self, lease: &Lease, step: u32, data: &[u8]) -> Result<(), Error> {
+        self.check_result(&lease.key, data)?;
+        let op = RecordStep {
+            token: lease.token,
+            progress: Progress {
+                step,
+                data: data.to_vec(),
+            },
+        };
+        answer::with_lease(lease, self.inner.apply(&lease.key, op, &[]).await?)
+    }
+
     /// Deletes the reservation if this lease still holds it pending; see
     /// [`Store::release_if_pending`](crate::Store::release_if_pending).
     ///
@@ -239,6 +307,28 @@ impl EtcdStore {
         answer::resolved(key, outcome)
     }
 
+    /// [`resolve`](EtcdStore::resolve); a [`Resolution::Complete`] result is kept for
+    /// `retention` instead of the key's operation's retention; see
+    /// [`Store::resolve_with_retention`](crate::Store::resolve_with_retention).
+    ///
+    /// # Errors
+    /// As for [`resolve`](EtcdStore::resolve).
+    pub async fn resolve_with_retention(
+        &self,
+        key: &Key,
+        resolution: Resolution,
+        retention: Duration,
+    ) -> Result<(), Error> {
+        if let Resolution::Complete(result) = &resolution {
+            self.check_result(key, result)?;
+        }
+        let op = WithRetention {
+            op: Resolve(resolution),
+            retention: duration_millis(retention),
+        };
+        answer::resolved(key, self.inner.apply(key, op, &[]).await?)
+    }
+
     /// The stored record, `None` when absent or expired; a linearizable read.
     ///
     /// # Errors
@@ -253,7 +343,7 @@ impl EtcdStore {
             .filter(|record| !record.is_expired(now)))
     }
 
-    fn check_result(&self, key: &Key, result: &[u8]) -> Result<(), Error> {
+    pub(super) fn check_result(&self, key: &Key, result: &[u8]) -> Result<(), Error> {
         if result.len() > self.inner.max_result_len {
             return Err(Error::ResultTooLarge {
                 key: key.clone(),

@@ -13,6 +13,41 @@ use crate::decide::{decide, Change, Operation};
 use crate::error::Error;
 use crate::key::Key;
 
+/// What an operation is first decided on.
+pub(crate) enum Start {
+    /// The record read from the cluster first (one linearizable read).
+    Read,
+    /// A guess (what this process last wrote, or absent): the write goes out at once under a
+    /// compare on it, and a wrong guess only costs the refused compare, whose failure branch
+    /// reads the record.
+    Guess(Option<Stored>),
+    /// The record as a transaction's failure branch just read it.
+    Known(Option<Stored>),
+}
+
+/// The record as `change` left it, written at `revision` over `before`: what a read would
+/// now return.
+pub(crate) fn written(
+    before: Option<&Stored>,
+    change: &Change,
+    nonce: Nonce,
+    revision: i64,
+) -> Option<Stored> {
+    match change {
+        Change::Put(record) => {
+            let mut record = record.clone();
+            record.token = resolve_token(record.token, revision);
+            Some(Stored {
+                record,
+                nonce,
+                mod_revision: revision,
+                create_revision: before.map_or(revision, |b| b.create_revision),
+            })
+        }
+        Change::Delete | Change::Keep => None,
+    }
+}
+
 /// What became of a conditional transaction.
 pub(crate) enum Sent {
     /// Its compares held and it was applied at this revision.
@@ -171,9 +206,59 @@ impl Inner {
             .transpose()
     }
 
-    /// Applies `op` to `key` through [`decide`]: read, decide, write if the record is
-    /// unchanged, else decide again on what the write found. `extra` joins the caller's own
-    /// operations to a write (for `complete_with`); they are not sent when nothing changes.
+    /// After an ambiguous answer whose put did not show its nonce: whether an earlier copy
+    /// landed and was overwritten since (a takeover during a long election). Walks the key's
+    /// older versions back from `found` (etcd keeps them until compaction), up to 8, while
+    /// they are newer than what the write compared on; `Some(revision)` of the version that
+    /// holds `nonce`.
+    pub(crate) async fn landed_before(
+        &self,
+        key: &Key,
+        before: Option<&Stored>,
+        found: &Stored,
+        nonce: Nonce,
+    ) -> Result<Option<i64>, Error> {
+        let floor = before.map_or(0, |b| b.mod_revision);
+        let mut at = found.mod_revision;
+        for _ in 0..8 {
+            if at - 1 <= floor {
+                return Ok(None);
+            }
+            let options = GetOptions::new().with_revision(at - 1);
+            let txn = Txn::new().and_then(vec![TxnOp::get(self.layout.record(key), Some(options))]);
+            let answer = self
+                .send(txn, || format!("reading an earlier version of key {key}"))
+                .await?;
+            let Sent::Refused { responses } = answer.sent else {
+                return Ok(None);
+            };
+            let Some(older) = self.stored_in(key, responses.first())? else {
+                return Ok(None);
+            };
+            if older.mod_revision <= floor {
+                return Ok(None);
+            }
+            if older.nonce == nonce {
+                return Ok(Some(older.mod_revision));
+            }
+            at = older.mod_revision;
+        }
+        Ok(None)
+    }
+
+    /// Where an operation on `key` starts: what this process last wrote of it (a pending
+    /// record it holds), else absent when `absent_first` (a reserve, an observe: most keys
+    /// asked for are new), else a read.
+    pub(crate) fn start(&self, key: &Key, absent_first: bool) -> Start {
+        match self.hints.get(key) {
+            Some(stored) => Start::Guess(Some(stored)),
+            None if absent_first => Start::Guess(None),
+            None => Start::Read,
+        }
+    }
+
+    /// Applies `op` to `key` through [`decide`], starting from what this process last wrote
+    /// of the key, else from a read; see [`apply_from`](Inner::apply_from).
     pub(crate) async fn apply<O>(
         &self,
         key: &Key,
@@ -184,17 +269,46 @@ impl Inner {
         O: Operation + Clone,
         O::Outcome: AtRevision,
     {
+        self.apply_from(key, op, extra, self.start(key, false))
+            .await
+    }
+
+    /// Applies `op` to `key` through [`decide`]: decide on the record as `start` has it,
+    /// write if the record is unchanged, else decide again on what the write's failure branch
+    /// read. A decision that changes nothing is answered only from a record read from the
+    /// cluster, never from a guess. `extra` joins the caller's own operations to a write (for
+    /// `complete_with`); they are not sent when nothing changes.
+    pub(crate) async fn apply_from<O>(
+        &self,
+        key: &Key,
+        op: O,
+        extra: &[TxnOp],
+        start: Start,
+    ) -> Result<O::Outcome, Error>
+    where
+        O: Operation + Clone,
+        O::Outcome: AtRevision,
+    {
         let record_key = self.layout.record(key);
-        let mut current = self.read(key).await?;
+        let (mut current, mut guessed) = match start {
+            Start::Read => (self.read(key).await?, false),
+            Start::Guess(stored) => (stored, true),
+            Start::Known(stored) => (stored, false),
+        };
         loop {
             let decision = decide(
                 current.as_ref().map(|s| s.record.clone()),
                 op.clone(),
                 self.now(),
-                self.policy,
+                self.policies.for_key(key),
                 placeholder(0),
             );
             if decision.change == Change::Keep {
+                if guessed {
+                    current = self.read(key).await?;
+                    guessed = false;
+                    continue;
+                }
                 return Ok(decision.outcome);
             }
             let nonce = self.nonce();
@@ -206,9 +320,14 @@ impl Inner {
                 .or_else(vec![TxnOp::get(record_key.clone(), None)]);
             let answer = self.send(txn, || format!("writing key {key}")).await?;
             match answer.sent {
-                Sent::Applied { revision } => return Ok(decision.outcome.at_revision(revision)),
+                Sent::Applied { revision } => {
+                    let written = written(current.as_ref(), &decision.change, nonce, revision);
+                    self.hints.note(key, written.as_ref());
+                    return Ok(decision.outcome.at_revision(revision));
+                }
                 Sent::Refused { responses } => {
                     let found = self.stored_in(key, responses.first())?;
+                    self.hints.note(key, found.as_ref());
                     if answer.ambiguous
                         && landed(current.as_ref(), found.as_ref(), nonce, &decision.change)
                     {
@@ -216,7 +335,19 @@ impl Inner {
                         let revision = found.as_ref().map_or(0, |s| s.mod_revision);
                         return Ok(decision.outcome.at_revision(revision));
                     }
+                    if let (true, Change::Put(_), Some(now)) =
+                        (answer.ambiguous, &decision.change, found.as_ref())
+                    {
+                        // Applied, then overwritten (taken over) before the answer came back.
+                        if let Some(revision) = self
+                            .landed_before(key, current.as_ref(), now, nonce)
+                            .await?
+                        {
+                            return Ok(decision.outcome.at_revision(revision));
+                        }
+                    }
                     current = found;
+                    guessed = false;
                 }
             }
         }
@@ -311,7 +442,12 @@ fn sent(response: TxnResponse) -> Sent {
 
 /// Whether an ambiguous earlier copy of a write was applied: a put left its nonce in the key;
 /// a delete left the key absent or re-created after the revision it compared on.
-fn landed(before: Option<&Stored>, found: Option<&Stored>, nonce: Nonce, change: &Change) -> bool {
+pub(crate) fn landed(
+    before: Option<&Stored>,
+    found: Option<&Stored>,
+    nonce: Nonce,
+    change: &Change,
+) -> bool {
     match change {
         Change::Keep => false,
         Change::Put(_) => found.is_some_and(|s| s.nonce == nonce),
@@ -352,6 +488,13 @@ impl AtRevision for Reserved {
 
 /// The lease operations, resolve and expire answer no token.
 impl<T, E> AtRevision for Result<T, E> {
+    fn at_revision(self, _revision: i64) -> Self {
+        self
+    }
+}
+
+/// `observe` answers whether the key was new, no token.
+impl AtRevision for bool {
     fn at_revision(self, _revision: i64) -> Self {
         self
     }

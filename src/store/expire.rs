@@ -121,6 +121,30 @@ impl Store {
             .collect())
     }
 
+    /// [`expire_many`](Store::expire_many) for async code; no thread blocks while the batch
+    /// is synced.
+    ///
+    /// # Cancel safety
+    /// Dropping the future does not withdraw the expiries: they may still be committed.
+    ///
+    /// # Errors
+    /// As for [`expire_many`](Store::expire_many).
+    pub async fn expire_many_async(
+        &self,
+        keys: &[Key],
+        live: LiveLease,
+    ) -> Result<Vec<Result<Option<RecordClass>, Error>>, Error> {
+        let ops = keys.iter().map(|key| (key.clone(), op(live))).collect();
+        Ok(self
+            .committer
+            .submit_async(ops)
+            .await?
+            .into_iter()
+            .zip(keys)
+            .map(|(outcome, key)| outcome.and_then(|outcome| self.expired(key, outcome)))
+            .collect())
+    }
+
     /// [`expire`](Store::expire) or [`expire_forced`](Store::expire_forced) for async code;
     /// no thread blocks while the expiry is synced.
     ///

@@ -1,6 +1,7 @@
 //! Reserving keys: one, many, async, waiting, and the dedup window (`observe`). Existing keys
 //! are answered from the overlay, the cache or a read transaction without waiting for writers.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::answers::{Reservation, Seen};
@@ -9,6 +10,7 @@ use crate::decide::op::{Observe, Reserve, Reserved};
 use crate::decide::{decide, Change};
 use crate::engine::commit::{first, Known};
 use crate::engine::stats::Counter;
+use crate::engine::wait::{wake_at, Signal};
 use crate::error::Error;
 use crate::fingerprint::Fingerprint;
 use crate::key::Key;
@@ -310,6 +312,51 @@ impl Store {
         }
     }
 
+    /// [`reserve_or_wait`](Store::reserve_or_wait) for async code, on any executor: the task
+    /// (not a thread) waits until a commit changes the key, or at the latest until the
+    /// holder's lease runs out or `timeout` passes (kept by one timer thread the process
+    /// shares).
+    ///
+    /// # Cancel safety
+    /// As for [`reserve_async`](Store::reserve_async). A dropped wait leaves its registration
+    /// until the key next changes and its timer entry until it fires; neither wakes anything.
+    ///
+    /// # Errors
+    /// As for [`reserve`](Store::reserve).
+    pub async fn reserve_or_wait_async(
+        &self,
+        key: &Key,
+        fingerprint: Fingerprint,
+        timeout: Duration,
+    ) -> Result<Reservation, Error> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let answer = self.reserve_async(key, fingerprint).await?;
+            let Reservation::InProgress { retry_after, .. } = answer else {
+                return Ok(answer);
+            };
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(answer);
+            }
+            let signal = Arc::new(Signal::default());
+            self.engine.overlay.waiters.register_task(key, &signal);
+            // The key may have changed between the answer and the registration.
+            let again = self.answer_without_writing(key, fingerprint);
+            if !matches!(again, Ok(Some(Reservation::InProgress { .. }))) {
+                self.engine.overlay.waiters.unregister_task(key, &signal);
+                continue;
+            }
+            // Wake at the latest when the holder's lease runs out (then it can be taken over).
+            wake_at(
+                now + (deadline - now).min(retry_after + Duration::from_millis(1)),
+                &signal,
+            );
+            signal.fired().await;
+            self.engine.overlay.waiters.unregister_task(key, &signal);
+        }
+    }
+
     /// Dedup window mode for queue consumers: records `key` as seen for `window` if it is not
     /// stored, and says whether it was new. Redelivered messages within the window are
     /// [`Seen::Duplicate`]. Durable when it returns `New`.
@@ -343,12 +390,48 @@ impl Store {
         keys: &[Key],
         window: Duration,
     ) -> Result<Vec<Result<Seen, Error>>, Error> {
+        let (mut answers, ops) = self.observe_without_writing(keys, window)?;
+        if !ops.is_empty() {
+            fill_seen(&mut answers, self.committer.submit(ops)?);
+        }
+        Ok(seen_answers(answers))
+    }
+
+    /// [`observe_many`](Store::observe_many) for async code: keys already stored are
+    /// answered at once, and new ones wait for their commit without blocking a thread.
+    ///
+    /// # Cancel safety
+    /// Dropping the future does not withdraw the new keys: they may still be recorded.
+    ///
+    /// # Errors
+    /// As for [`observe_many`](Store::observe_many).
+    pub async fn observe_many_async(
+        &self,
+        keys: &[Key],
+        window: Duration,
+    ) -> Result<Vec<Result<Seen, Error>>, Error> {
+        let (mut answers, ops) = self.observe_without_writing(keys, window)?;
+        if !ops.is_empty() {
+            fill_seen(&mut answers, self.committer.submit_async(ops).await?);
+        }
+        Ok(seen_answers(answers))
+    }
+
+    /// Keys already stored are duplicates, answered from what is acknowledged without the
+    /// writer; the operations for the new keys, which wait for a commit.
+    #[expect(
+        clippy::type_complexity,
+        reason = "one answer slot per key, and the ops"
+    )]
+    fn observe_without_writing(
+        &self,
+        keys: &[Key],
+        window: Duration,
+    ) -> Result<(Vec<Option<Result<Seen, Error>>>, Vec<(Key, Observe)>), Error> {
         let window = duration_millis(window);
-        // Keys already stored are duplicates, answered from what is acknowledged without the
-        // writer; only new keys wait for a commit.
         self.engine.poison.check()?;
         let now = self.now();
-        let mut answers: Vec<Option<Result<Seen, Error>>> = self
+        let answers: Vec<Option<Result<Seen, Error>>> = self
             .read_many(keys)
             .into_iter()
             .map(|record| match record {
@@ -363,19 +446,7 @@ impl Store {
             .filter(|(_, answer)| answer.is_none())
             .map(|(key, _)| (key.clone(), Observe { window }))
             .collect();
-        if !ops.is_empty() {
-            let mut decided = self.committer.submit(ops)?.into_iter();
-            for answer in &mut answers {
-                if answer.is_none() {
-                    let new = decided.next().expect("one outcome per queued item");
-                    *answer = Some(new.map(answer::seen));
-                }
-            }
-        }
-        Ok(answers
-            .into_iter()
-            .map(|answer| answer.expect("every key answered"))
-            .collect())
+        Ok((answers, ops))
     }
 }
 
@@ -385,6 +456,24 @@ enum Read {
     Answer(Reservation),
     /// The writer must decide: the state read (`None`: absent) and the epoch it was read in.
     Write { epoch: u64, state: Option<Record> },
+}
+
+/// Fills the keys the writer decided, in order.
+fn fill_seen(answers: &mut [Option<Result<Seen, Error>>], decided: Vec<Result<bool, Error>>) {
+    let mut decided = decided.into_iter();
+    for answer in answers {
+        if answer.is_none() {
+            let new = decided.next().expect("one outcome per queued item");
+            *answer = Some(new.map(answer::seen));
+        }
+    }
+}
+
+fn seen_answers(answers: Vec<Option<Result<Seen, Error>>>) -> Vec<Result<Seen, Error>> {
+    answers
+        .into_iter()
+        .map(|answer| answer.expect("every key answered"))
+        .collect()
 }
 
 /// Every item's answer, once each is filled.

@@ -7,6 +7,7 @@ use crate::answers::Lease;
 use crate::clock::duration_millis;
 use crate::decide::op::{Complete, Resolve, WithRetention};
 use crate::decide::Resolution;
+use crate::engine::commit::first;
 use crate::error::Error;
 use crate::key::Key;
 use crate::store::answer;
@@ -84,5 +85,66 @@ impl Store {
             retention: duration_millis(retention),
         };
         answer::resolved(key, self.committer.submit_one(key.clone(), op)?)
+    }
+
+    /// [`complete_with_retention`](Store::complete_with_retention) for async code; no thread
+    /// blocks while the completion is synced.
+    ///
+    /// # Cancel safety
+    /// Dropping the future does not withdraw the completion: it may still be committed.
+    ///
+    /// # Errors
+    /// As for [`complete`](Store::complete).
+    pub async fn complete_with_retention_async(
+        &self,
+        lease: &Lease,
+        result: impl Into<Vec<u8>>,
+        retention: Duration,
+    ) -> Result<(), Error> {
+        let result = result.into();
+        self.check_result(lease, &result)?;
+        let op = WithRetention {
+            op: Complete {
+                token: lease.token,
+                result,
+            },
+            retention: duration_millis(retention),
+        };
+        let outcome = self
+            .committer
+            .submit_async(vec![(lease.key.clone(), op)])
+            .await;
+        answer::completion(lease, first(outcome)?)
+    }
+
+    /// [`resolve_with_retention`](Store::resolve_with_retention) for async code; no thread
+    /// blocks while the resolution is synced.
+    ///
+    /// # Cancel safety
+    /// Dropping the future does not withdraw the resolution: it may still be committed.
+    ///
+    /// # Errors
+    /// As for [`resolve`](Store::resolve).
+    pub async fn resolve_with_retention_async(
+        &self,
+        key: &Key,
+        resolution: Resolution,
+        retention: Duration,
+    ) -> Result<(), Error> {
+        if let Resolution::Complete(result) = &resolution {
+            if result.len() > self.max_result_len {
+                return Err(Error::ResultTooLarge {
+                    key: key.clone(),
+                    len: result.len(),
+                    limit: self.max_result_len,
+                });
+            }
+        }
+        let op = WithRetention {
+            op: Resolve(resolution),
+            retention: duration_millis(retention),
+        };
+        let outcome = self.committer.submit_async(vec![(key.clone(), op)]).await;
+        answer::resolved(key, first(outcome)?)
     }
 }

@@ -1,18 +1,28 @@
-//! The fault test: concurrent clients reserve, complete, release and take over stale leases on
-//! a few hot keys while the leader, then a random member, is killed with SIGKILL and restarted,
-//! three rounds, one member down at a time. The history of what each client was told is then
-//! checked against the cluster's final state.
+//! The fault test: concurrent clients reserve (one at a time and in batches), complete,
+//! release, take over stale leases and force-expire keys on a few hot keys, observe messages in
+//! a dedup window, and complete keys of a short retention that then expire, while a sweeper
+//! runs and the leader, then a random member, is killed with SIGKILL and restarted, one member
+//! down at a time. 3 rounds by default; `IDEMSTORE_LONG=1` runs 20. The history of what each
+//! client was told is then checked against the cluster's final state ([`check`]): every
+//! acknowledged reservation or completion is present afterwards or superseded by a higher
+//! token (or was released or expired after), no token is handed out twice, never two live
+//! owners of a key, a replay never answers a result past its expiry (expired or swept), and an
+//! observed message is new at most once per window.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use idemstore::{EtcdStore, Fingerprint, Key, Reservation, Status};
+use idemstore::{EtcdStore, Fingerprint, Key, Reservation, Seen, Status};
 
 use super::cluster::Cluster;
 
 const LEASE: Duration = Duration::from_millis(300);
+/// The retention of the `short` operation: its completions expire during the run.
+const SHORT: Duration = Duration::from_millis(500);
+/// The dedup window of observed messages.
+const WINDOW: Duration = Duration::from_millis(400);
 const CLIENTS: usize = 8;
 const HOT_KEYS: usize = 3;
 /// Clients move to fresh keys every so often, so that completed keys do not end the contest.
@@ -38,9 +48,35 @@ struct Done {
     result: Vec<u8>,
 }
 
+/// A replay of a stored result: what it answered and when it was asked.
+#[derive(Debug, Clone)]
+struct Replay {
+    key: Key,
+    started: SystemTime,
+    expires_at: SystemTime,
+    /// The token of the acquisition whose result it is.
+    token: Option<u64>,
+}
+
+/// An `observe` that answered `New`.
+#[derive(Debug, Clone)]
+struct Observed {
+    key: Key,
+    started: Instant,
+    acked: Instant,
+}
+
 #[derive(Default)]
 struct History {
     acquired: Vec<Acquired>,
+    /// Forced expiries attempted (whatever the answer), by key, with when they started and
+    /// were answered.
+    expired: Vec<(Key, Instant, Instant)>,
+    /// Every replay (`Reservation::Completed`) answered.
+    replayed: Vec<Replay>,
+    observed: Vec<Observed>,
+    batches: usize,
+    swept: usize,
     /// Completions acknowledged with `Ok`.
     completed: Vec<Done>,
     /// Releases attempted (whatever the answer: an error may still have landed), by key and
@@ -75,43 +111,45 @@ impl Rng {
     }
 }
 
-async fn client(
+/// The token a result names ("done by <token>").
+fn token_of(result: &[u8]) -> Option<u64> {
+    std::str::from_utf8(result)
+        .ok()?
+        .strip_prefix("done by ")?
+        .parse()
+        .ok()
+}
+
+struct Client {
     id: usize,
     store: EtcdStore,
     history: Arc<Mutex<History>>,
-    stop: Arc<AtomicBool>,
+    rng: Rng,
     epoch0: Instant,
-) {
-    let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ ((id as u64 + 1) * 0x1000_0001));
-    let fingerprint = Fingerprint::of(b"same request");
-    while !stop.load(Ordering::Relaxed) {
-        let epoch = epoch0.elapsed().as_millis() / KEY_EPOCH.as_millis();
-        let key = Key::new(
-            "fault",
-            format!("epoch-{epoch}"),
-            format!("hot-{}", rng.below(HOT_KEYS as u64)),
-        )
-        .unwrap();
-        let started = Instant::now();
-        let answer = store.reserve(&key, fingerprint).await;
-        let acked = Instant::now();
-        let lease = match answer {
-            Ok(Reservation::Acquired(lease)) => lease,
-            Ok(Reservation::Completed(_)) => {
-                history.lock().unwrap().replays += 1;
-                tokio::time::sleep(Duration::from_millis(20)).await;
-                continue;
-            }
-            Ok(_) => {
-                tokio::time::sleep(Duration::from_millis(rng.below(30))).await;
-                continue;
-            }
-            Err(error) => {
-                history.lock().unwrap().error(&error);
-                continue;
-            }
-        };
-        history.lock().unwrap().acquired.push(Acquired {
+}
+
+impl Client {
+    fn hot_key(&mut self) -> Key {
+        let epoch = self.epoch0.elapsed().as_millis() / KEY_EPOCH.as_millis();
+        let hot = self.rng.below(HOT_KEYS as u64);
+        Key::new("fault", format!("epoch-{epoch}"), format!("hot-{hot}")).unwrap()
+    }
+
+    fn replayed(&self, key: &Key, started: SystemTime, done: &idemstore::Completed) {
+        let mut history = self.history.lock().unwrap();
+        history.replays += 1;
+        history.replayed.push(Replay {
+            key: key.clone(),
+            started,
+            expires_at: done.expires_at,
+            token: token_of(&done.result),
+        });
+    }
+
+    /// Records an acquisition, works for a while (sometimes past the lease), then completes,
+    /// releases or abandons it.
+    async fn work(&mut self, key: Key, lease: idemstore::Lease, started: Instant, acked: Instant) {
+        self.history.lock().unwrap().acquired.push(Acquired {
             key: key.clone(),
             token: lease.token(),
             attempt: lease.attempt(),
@@ -120,35 +158,149 @@ async fn client(
             decided_at: lease.lease_until() - LEASE,
             lease_until: lease.lease_until(),
         });
-        // Work for a while, sometimes past the lease so that the key is taken over.
-        tokio::time::sleep(Duration::from_millis(rng.below(400))).await;
-        match rng.below(10) {
+        tokio::time::sleep(Duration::from_millis(self.rng.below(400))).await;
+        match self.rng.below(10) {
             0..=5 => {
                 let result = format!("done by {}", lease.token()).into_bytes();
                 let started = Instant::now();
-                match store.complete(&lease, result.clone()).await {
-                    Ok(()) => history.lock().unwrap().completed.push(Done {
+                match self.store.complete(&lease, result.clone()).await {
+                    Ok(()) => self.history.lock().unwrap().completed.push(Done {
                         key,
                         token: lease.token(),
                         started,
                         result,
                     }),
-                    Err(error) => history.lock().unwrap().error(&error),
+                    Err(error) => self.history.lock().unwrap().error(&error),
                 }
             }
             6..=7 => {
-                history
+                self.history
                     .lock()
                     .unwrap()
                     .releases
                     .push((key, lease.token(), Instant::now()));
-                if let Err(error) = store.release_if_pending(&lease).await {
-                    history.lock().unwrap().error(&error);
+                if let Err(error) = self.store.release_if_pending(&lease).await {
+                    self.history.lock().unwrap().error(&error);
                 }
             }
             // Abandoned: the lease runs out and another client takes the key over.
             _ => {}
         }
+    }
+
+    async fn reserve(&mut self, key: Key) {
+        let fingerprint = Fingerprint::of(b"same request");
+        let started = Instant::now();
+        let wall = SystemTime::now();
+        let answer = self.store.reserve(&key, fingerprint).await;
+        let acked = Instant::now();
+        match answer {
+            Ok(Reservation::Acquired(lease)) => self.work(key, lease, started, acked).await,
+            Ok(Reservation::Completed(done)) => {
+                self.replayed(&key, wall, &done);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Ok(_) => tokio::time::sleep(Duration::from_millis(self.rng.below(30))).await,
+            Err(error) => self.history.lock().unwrap().error(&error),
+        }
+    }
+
+    /// `reserve_many` of every hot key and one fresh key; the acquired ones are worked on.
+    async fn reserve_batch(&mut self) {
+        let epoch = self.epoch0.elapsed().as_millis() / KEY_EPOCH.as_millis();
+        let fresh = format!("fresh-{}-{}", self.id, self.rng.below(u64::MAX));
+        let mut keys: Vec<Key> = (0..HOT_KEYS)
+            .map(|hot| Key::new("fault", format!("epoch-{epoch}"), format!("hot-{hot}")).unwrap())
+            .collect();
+        keys.push(Key::new("fault", format!("epoch-{epoch}"), fresh).unwrap());
+        let items: Vec<(Key, Fingerprint)> = keys
+            .iter()
+            .map(|key| (key.clone(), Fingerprint::of(b"same request")))
+            .collect();
+        let started = Instant::now();
+        let wall = SystemTime::now();
+        let answers = self.store.reserve_many(&items).await;
+        let acked = Instant::now();
+        let answers = match answers {
+            Ok(answers) => answers,
+            Err(error) => return self.history.lock().unwrap().error(&error),
+        };
+        self.history.lock().unwrap().batches += 1;
+        let mut leases = Vec::new();
+        for (key, answer) in keys.into_iter().zip(answers) {
+            match answer {
+                Ok(Reservation::Acquired(lease)) => leases.push((key, lease)),
+                Ok(Reservation::Completed(done)) => self.replayed(&key, wall, &done),
+                Ok(_) => {}
+                Err(error) => self.history.lock().unwrap().error(&error),
+            }
+        }
+        for (key, lease) in leases {
+            self.work(key, lease, started, acked).await;
+        }
+    }
+
+    /// Takes a hot key from whoever holds it, now.
+    async fn expire(&mut self) {
+        let key = self.hot_key();
+        let started = Instant::now();
+        match self.store.expire_forced(&key).await {
+            Ok(_) => self
+                .history
+                .lock()
+                .unwrap()
+                .expired
+                .push((key, started, Instant::now())),
+            // Every error fails the test (a forced expiry is never refused for a live lease).
+            Err(error) => self.history.lock().unwrap().error(&error),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    /// One message of a small set, observed in the dedup window.
+    async fn observe(&mut self) {
+        let key = Key::new("fault", "consume", format!("msg-{}", self.rng.below(4))).unwrap();
+        let started = Instant::now();
+        match self.store.observe(&key, WINDOW).await {
+            Ok(Seen::New) => self.history.lock().unwrap().observed.push(Observed {
+                key,
+                started,
+                acked: Instant::now(),
+            }),
+            Ok(Seen::Duplicate) => {}
+            Err(error) => self.history.lock().unwrap().error(&error),
+        }
+        tokio::time::sleep(Duration::from_millis(self.rng.below(40))).await;
+    }
+
+    async fn run(mut self, stop: Arc<AtomicBool>) {
+        while !stop.load(Ordering::Relaxed) {
+            match self.rng.below(20) {
+                0..=1 => self.observe().await,
+                2..=3 => {
+                    // A key of the short retention: completed, replayed, expired, again.
+                    let key = Key::new("fault", "short", format!("s-{}", self.rng.below(3)));
+                    self.reserve(key.unwrap()).await;
+                }
+                4 => self.expire().await,
+                5..=6 => self.reserve_batch().await,
+                _ => {
+                    let key = self.hot_key();
+                    self.reserve(key).await;
+                }
+            }
+        }
+    }
+}
+
+/// Sweeps expired records every 100 ms until stopped.
+async fn sweeper(store: EtcdStore, history: Arc<Mutex<History>>, stop: Arc<AtomicBool>) {
+    while !stop.load(Ordering::Relaxed) {
+        match store.sweep(50).await {
+            Ok(swept) => history.lock().unwrap().swept += swept,
+            Err(error) => history.lock().unwrap().error(&error),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
@@ -167,6 +319,7 @@ fn acknowledged_work_survives_killed_members_and_fencing_holds() {
                     .prefix("fault/")
                     .lease(LEASE)
                     .retention(Duration::from_secs(3600))
+                    .retention_for("short", SHORT)
                     .request_timeout(Duration::from_millis(700))
                     .op_deadline(Duration::from_secs(20))
                     .connect(&cluster.endpoints()),
@@ -177,20 +330,24 @@ fn acknowledged_work_survives_killed_members_and_fencing_holds() {
     let history = Arc::new(Mutex::new(History::default()));
     let stop = Arc::new(AtomicBool::new(false));
     let epoch0 = Instant::now();
-    let clients: Vec<_> = (0..CLIENTS)
+    let mut clients: Vec<_> = (0..CLIENTS)
         .map(|id| {
-            runtime.spawn(client(
+            let client = Client {
                 id,
-                store.clone(),
-                history.clone(),
-                stop.clone(),
+                store: store.clone(),
+                history: history.clone(),
+                rng: Rng(0x9E37_79B9_7F4A_7C15 ^ ((id as u64 + 1) * 0x1000_0001)),
                 epoch0,
-            ))
+            };
+            runtime.spawn(client.run(stop.clone()))
         })
         .collect();
+    clients.push(runtime.spawn(sweeper(store.clone(), history.clone(), stop.clone())));
 
+    let long = std::env::var_os("IDEMSTORE_LONG").is_some_and(|v| v != "0");
+    let rounds = if long { 20 } else { 3 };
     let mut rng = Rng(0xD1B5_4A32_D192_ED03);
-    for round in 0..3 {
+    for round in 0..rounds {
         std::thread::sleep(Duration::from_millis(800));
         let leader = cluster.leader().expect("a leader before the kill");
         let random = rng.below(3) as usize;
@@ -219,11 +376,16 @@ fn acknowledged_work_survives_killed_members_and_fencing_holds() {
         out
     });
     eprintln!(
-        "fault test: {} acquisitions, {} completions, {} releases, {} replays, errors {:?}, {} keys",
+        "fault test: {rounds} rounds, {} acquisitions ({} batches), {} completions, {} releases, \
+         {} forced expiries, {} replays, {} new observations, {} swept, errors {:?}, {} keys",
         history.acquired.len(),
+        history.batches,
         history.completed.len(),
         history.releases.len(),
+        history.expired.len(),
         history.replays,
+        history.observed.len(),
+        history.swept,
         history.errors,
         final_state.len()
     );
@@ -234,6 +396,12 @@ fn acknowledged_work_survives_killed_members_and_fencing_holds() {
     check(&history, &final_state);
 }
 
+/// Whether `key` belongs to the short retention (its completions expire during the run).
+fn short(key: &Key) -> bool {
+    key.operation() == b"short"
+}
+
+/// Checks the whole history against the final state.
 fn check(history: &History, final_state: &HashMap<Key, Option<idemstore::Record>>) {
     assert!(
         history.acquired.len() >= 20,
@@ -246,25 +414,21 @@ fn check(history: &History, final_state: &HashMap<Key, Option<idemstore::Record>
         "with one member down at a time every operation gets a definite answer"
     );
     assert!(history.completed.len() >= 5, "too few completions");
-    let takeovers = history
-        .acquired
-        .iter()
-        .filter(|a| {
-            final_state[&a.key]
-                .as_ref()
-                .is_some_and(|r| r.attempt() > 1)
-        })
-        .count();
+    assert!(history.batches > 0, "no batch was reserved");
+    assert!(!history.expired.is_empty(), "no key was expired");
+    assert!(!history.observed.is_empty(), "no message was observed");
+    assert!(history.swept > 0, "the sweeper deleted nothing");
+    let takeovers = history.acquired.iter().filter(|a| a.attempt > 1).count();
     assert!(takeovers > 0, "no stale lease was taken over");
 
-    // No (key, token) was acquired twice.
+    // No token was handed out twice, on any key: tokens are cluster-wide.
     let mut seen = HashSet::new();
     for a in &history.acquired {
         assert!(
-            seen.insert((a.key.clone(), a.token)),
-            "({}, {}) acquired twice",
-            a.key,
-            a.token
+            seen.insert(a.token),
+            "token {} handed out twice (the second time for key {})",
+            a.token,
+            a.key
         );
     }
 
@@ -272,17 +436,24 @@ fn check(history: &History, final_state: &HashMap<Key, Option<idemstore::Record>
     for a in &history.acquired {
         by_key.entry(&a.key).or_default().push(a);
     }
+    let expired_between = |key: &Key, after: Instant, before: Instant| {
+        history
+            .expired
+            .iter()
+            .any(|(k, started, acked)| k == key && *started < before && *acked > after)
+    };
     for (key, acquisitions) in &mut by_key {
         acquisitions.sort_by_key(|a| a.token);
         for pair in acquisitions.windows(2) {
             let (a, b) = (pair[0], pair[1]);
-            // No two live owners: b took the key while a's lease was live only if a released it.
+            // Never two live owners: b took the key while a's lease was live only if a
+            // released it or someone expired the key meanwhile.
             let released = history
                 .releases
                 .iter()
                 .any(|(k, t, at)| k == *key && *t == a.token && *at < b.acked);
             assert!(
-                b.decided_at >= a.lease_until || released,
+                b.decided_at >= a.lease_until || released || expired_between(key, a.started, b.acked),
                 "key {key}: token {} acquired while token {} held a live lease and had not released it",
                 b.token,
                 a.token
@@ -313,21 +484,27 @@ fn check(history: &History, final_state: &HashMap<Key, Option<idemstore::Record>
                 }
             }
         }
+        if short(key) {
+            // Its completions expire: what is left is checked by the replays below.
+            continue;
+        }
         // Nothing acknowledged is lost: the key holds the latest acquisition or a later one,
-        // unless that one was released.
+        // unless that one was released or the key expired after it.
         let last = acquisitions.last().unwrap();
         match &final_state[*key] {
             Some(record) => assert!(
                 record.token() >= last.token,
-                "key {key}: acquisition {} lost",
-                last.token
+                "key {key}: acquisition {} lost (the key holds token {})",
+                last.token,
+                record.token()
             ),
             None => assert!(
                 history
                     .releases
                     .iter()
-                    .any(|(k, t, _)| k == *key && *t == last.token),
-                "key {key}: acquisition {} lost, and it was never released",
+                    .any(|(k, t, _)| k == *key && *t == last.token)
+                    || expired_between(key, last.started, Instant::now()),
+                "key {key}: acquisition {} lost, and it was never released or expired",
                 last.token
             ),
         }
@@ -345,11 +522,27 @@ fn check(history: &History, final_state: &HashMap<Key, Option<idemstore::Record>
                 a.token
             );
         }
-        // Durability: an acknowledged completion is the key's final state (nothing replaces a
-        // completion within the retention).
-        let record = final_state[&done.key]
-            .as_ref()
-            .unwrap_or_else(|| panic!("key {}: acknowledged completion lost", done.key));
+        if short(&done.key) {
+            continue;
+        }
+        // Durability: an acknowledged completion is the key's final state or was superseded
+        // by a higher token after a forced expiry (nothing else replaces a completion within
+        // the retention).
+        let record = final_state[&done.key].as_ref();
+        if expired_between(&done.key, done.started, Instant::now()) {
+            if let Some(record) = record {
+                assert!(
+                    record.token() >= done.token,
+                    "key {}: completion by {} lost (the key holds token {})",
+                    done.key,
+                    done.token,
+                    record.token()
+                );
+            }
+            continue;
+        }
+        let record =
+            record.unwrap_or_else(|| panic!("key {}: acknowledged completion lost", done.key));
         assert_eq!(
             record.token(),
             done.token,
@@ -363,6 +556,70 @@ fn check(history: &History, final_state: &HashMap<Key, Option<idemstore::Record>
                 "key {}: completed by {} but holds {other:?}",
                 done.key, done.token
             ),
+        }
+    }
+
+    // An expired or swept key never answers its old result: no replay was answered at or
+    // after its result's expiry, and none after a forced expiry of the key answered a result
+    // of an acquisition acknowledged before that expiry began.
+    assert!(
+        history.replayed.iter().any(|r| short(&r.key)),
+        "no result of the short retention was replayed"
+    );
+    for replay in &history.replayed {
+        assert!(
+            replay.expires_at > replay.started,
+            "key {}: a replay asked at {:?} answered a result that expired at {:?}",
+            replay.key,
+            replay.started,
+            replay.expires_at
+        );
+    }
+    for (key, started, acked) in &history.expired {
+        let before: Vec<u64> = by_key
+            .get(key)
+            .map(|a| {
+                a.iter()
+                    .filter(|a| a.acked < *started)
+                    .map(|a| a.token)
+                    .collect()
+            })
+            .unwrap_or_default();
+        let Some(newest_before) = before.iter().max() else {
+            continue;
+        };
+        for replay in history.replayed.iter().filter(|r| &r.key == key) {
+            let asked = replay.started;
+            let after = replay.started.elapsed().ok();
+            // Replays asked after the expiry was answered (wall clock against the monotonic
+            // one: both measured back from now).
+            if after.is_some_and(|ago| ago < acked.elapsed()) {
+                assert!(
+                    replay.token.is_some_and(|t| t > *newest_before),
+                    "key {key}: replayed the result of token {:?} asked at {asked:?}, after a \
+                     forced expiry that removed every acquisition up to token {newest_before}",
+                    replay.token
+                );
+            }
+        }
+    }
+
+    // An observed message is new at most once per window: two `New` answers for one key were
+    // decided at least the window apart.
+    for (i, a) in history.observed.iter().enumerate() {
+        for b in &history.observed[i + 1..] {
+            if a.key != b.key {
+                continue;
+            }
+            let furthest = b
+                .acked
+                .saturating_duration_since(a.started)
+                .max(a.acked.saturating_duration_since(b.started));
+            assert!(
+                furthest >= WINDOW,
+                "message {}: observed as new twice within {furthest:?}, inside its {WINDOW:?} window",
+                a.key
+            );
         }
     }
 }

@@ -62,7 +62,52 @@ fn etcd_only_operations() {
         a_refused_request_fails_at_once_and_says_nothing_was_applied(&cluster, &mut client).await;
         expire_deletes_the_record_and_its_index_entries_in_one_transaction(&cluster, &mut client)
             .await;
+        what_this_process_wrote_is_a_guess_never_an_answer(&cluster).await;
     });
+}
+
+/// A holder's next write starts from what its process last wrote (no read first); when
+/// another instance changed the key meanwhile, the answer comes from the cluster.
+async fn what_this_process_wrote_is_a_guess_never_an_answer(cluster: &Cluster) {
+    let env = Env::new();
+    let a = store(cluster, "guess/", &env.clock, 128).await;
+    let b = store(cluster, "guess/", &env.clock, 128).await;
+    let k = key("u", "op", "g1");
+    let lease = acquire(&a, &k, fp("body")).await;
+    // Another host completes the key with the lease (a worker that moved).
+    b.complete(&lease, b"from b".to_vec()).await.unwrap();
+    match a.reserve(&k, fp("body")).await.unwrap() {
+        Reservation::Completed(done) => assert_eq!(done.result, b"from b"),
+        other => panic!("the cluster's state, not this process's guess: {other:?}"),
+    }
+    let lost = a.extend(&lease).await;
+    assert!(
+        matches!(
+            lost,
+            Err(Error::LeaseLost {
+                reason: LeaseLostReason::Completed { .. },
+                ..
+            })
+        ),
+        "{lost:?}"
+    );
+    // A takeover by another host fences this process's stale guess.
+    let k2 = key("u", "op", "g2");
+    let old = acquire(&a, &k2, fp("body")).await;
+    env.advance(LEASE);
+    let new = acquire(&b, &k2, fp("body")).await;
+    let late = a.complete(&old, b"late".to_vec()).await;
+    assert!(
+        matches!(late, Err(Error::LeaseLost { reason: LeaseLostReason::TakenOver { by_token }, .. }) if by_token == new.token()),
+        "{late:?}"
+    );
+    assert_eq!(
+        a.reserve(&k2, fp("body")).await.unwrap(),
+        Reservation::InProgress {
+            retry_after: LEASE,
+            attempt: 2
+        }
+    );
 }
 
 async fn complete_with_commits_the_callers_operations_atomically(

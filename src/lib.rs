@@ -136,6 +136,7 @@ pub use etcd::{
     DEFAULT_REQUEST_TIMEOUT,
 };
 pub use fingerprint::Fingerprint;
+pub use format::log_file::LogFile;
 pub use inspect::{
     FileInfo, Problem, ProblemKind, ScanFilter, StateCounts, Verification, VERIFY_PROGRESS_STEP,
 };

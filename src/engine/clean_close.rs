@@ -102,8 +102,8 @@ mod tests {
 
     /// The mark as the file on `disk` holds it.
     fn mark_on(disk: &SimDisk) -> bool {
-        let pages =
-            crate::format::pages::PageFile::new(disk.after_process_crash(), "sim.idem").unwrap();
+        let pages = crate::format::pages::PageFile::new(disk.after_process_crash(), "storage.idem")
+            .unwrap();
         let db = redb::Builder::new().create_with_backend(pages).unwrap();
         recorded(&db).unwrap()
     }
@@ -115,13 +115,17 @@ mod tests {
     fn the_mark_is_cleared_on_open_so_a_later_crash_replays_the_log() {
         let clock = ManualClock::new();
         let (db, log) = (SimDisk::new(), SimDisk::new());
-        let store = Store::open_sim(&builder(&clock), &db, &log).unwrap();
+        let store = builder(&clock)
+            .open_with_storage(db.clone(), log.clone())
+            .unwrap();
         complete(&store, 0);
         assert!(!mark_on(&db), "no mark while open");
         drop(store);
         assert!(mark_on(&db), "a clean close marks the file");
 
-        let store = Store::open_sim(&builder(&clock), &db, &log).unwrap();
+        let store = builder(&clock)
+            .open_with_storage(db.clone(), log.clone())
+            .unwrap();
         assert!(!mark_on(&db), "opening clears the mark");
         complete(&store, 1); // acknowledged: in the log, not checkpointed
         db.freeze();
@@ -129,7 +133,9 @@ mod tests {
         let (db, log) = (db.after_process_crash(), log.after_process_crash());
         drop(store);
 
-        let store = Store::open_sim(&builder(&clock), &db, &log).unwrap();
+        let store = builder(&clock)
+            .open_with_storage(db.clone(), log.clone())
+            .unwrap();
         for i in 0..2 {
             let record = store.get(&key(i)).unwrap().expect("acknowledged key kept");
             match record.status() {
@@ -148,7 +154,9 @@ mod tests {
     fn pages_damaged_after_a_clean_close_give_errors_not_panics() {
         let clock = ManualClock::new();
         let (db, log) = (SimDisk::new(), SimDisk::new());
-        let store = Store::open_sim(&builder(&clock), &db, &log).unwrap();
+        let store = builder(&clock)
+            .open_with_storage(db.clone(), log.clone())
+            .unwrap();
         for i in 0..300 {
             complete(&store, i);
         }
@@ -176,7 +184,7 @@ mod tests {
                     SimDisk::from_image(damaged),
                     SimDisk::from_image(log_image.clone()),
                 );
-                let Ok(store) = Store::open_sim(&builder(&clock), &db, &log) else {
+                let Ok(store) = builder(&clock).open_with_storage(db.clone(), log.clone()) else {
                     return 1;
                 };
                 let mut failed = 0;
@@ -206,7 +214,9 @@ mod tests {
         let clock = ManualClock::new();
         let images = |crash: bool| {
             let (db, log) = (SimDisk::new(), SimDisk::new());
-            let store = Store::open_sim(&builder(&clock), &db, &log).unwrap();
+            let store = builder(&clock)
+                .open_with_storage(db.clone(), log.clone())
+                .unwrap();
             for i in 0..300 {
                 complete(&store, i);
             }
@@ -237,9 +247,9 @@ mod tests {
                 );
                 let mut verifying = builder(&clock);
                 verifying.verify_on_open(true);
-                match Store::open_sim(&verifying, &db, &log) {
+                match verifying.open_with_storage(db.clone(), log.clone()) {
                     Err(crate::Error::Corruption { location, .. }) => {
-                        assert!(location.contains("sim.idem"), "{location}");
+                        assert!(location.contains("storage.idem"), "{location}");
                         refused += 1;
                     }
                     Err(crate::Error::NotAStore { reason, .. }) => {

@@ -69,16 +69,16 @@ pub struct Store {
     cache: Arc<RecordCache>,
     overlay: Arc<Overlay>,
     counters: Arc<Counters>,
-    /// Shared with the admin socket's handle, which is stopped first (see `Drop`).
-    committer: Arc<Committer>,
+    /// Shared with the admin socket's handle, which is stopped first (see `Drop`). Seen by the
+    /// crate's unit tests, which damage the file through the writer on purpose.
+    pub(crate) committer: Arc<Committer>,
     clock: Arc<dyn Clock>,
     policy: Policies,
     max_result_len: usize,
     poison: Arc<Poison>,
     path: PathBuf,
     /// Runs once at the start of the next read (tests of races with poisoning).
-    #[cfg(test)]
-    read_hook: parking_lot::Mutex<Option<Box<dyn FnOnce() + Send>>>,
+    read_hook: ReadHook,
     /// The admin socket, when [`Builder::admin_socket`](crate::Builder::admin_socket) asks.
     admin: Option<crate::admin::Server>,
 }
@@ -162,36 +162,57 @@ impl Store {
             max_result_len: self.max_result_len,
             poison: Arc::clone(&self.poison),
             path: self.path.clone(),
-            #[cfg(test)]
-            read_hook: parking_lot::Mutex::new(None),
+            read_hook: ReadHook::default(),
             admin: None,
         }
     }
+}
 
-    /// Runs `f` with the writer to itself (tests that damage the file on purpose).
-    #[cfg(test)]
-    pub(crate) fn with_writer<R>(
-        &self,
-        f: impl FnOnce(&mut Writer) -> Result<R, Error>,
-    ) -> Result<R, Error> {
-        self.committer.with_writer(f)
+/// A closure a test arms to run once at the start of the next read, to race a read against
+/// other work ([`Store::__before_next_read`], feature `__whitebox`). Unarmed, a read pays one
+/// relaxed load.
+#[derive(Default)]
+pub(crate) struct ReadHook {
+    armed: std::sync::atomic::AtomicBool,
+    hook: parking_lot::Mutex<Option<Box<dyn FnOnce() + Send>>>,
+}
+
+impl ReadHook {
+    /// Runs the armed closure, if any.
+    pub(crate) fn run(&self) {
+        use std::sync::atomic::Ordering;
+        if self.armed.load(Ordering::Relaxed) && self.armed.swap(false, Ordering::AcqRel) {
+            let hook = self.hook.lock().take();
+            if let Some(hook) = hook {
+                hook();
+            }
+        }
     }
 
+    #[cfg(feature = "__whitebox")]
+    fn arm(&self, hook: Box<dyn FnOnce() + Send>) {
+        *self.hook.lock() = Some(hook);
+        self.armed.store(true, std::sync::atomic::Ordering::Release);
+    }
+}
+
+/// What the crate's own tests reach inside a store (the hidden feature `__whitebox`, which only
+/// the crate's tests and fuzz targets turn on; see CONTRIBUTING.md). Not part of the API.
+#[cfg(feature = "__whitebox")]
+#[doc(hidden)]
+impl Store {
     /// Runs `hook` once at the start of the next read, after its caller checked the poison.
-    #[cfg(test)]
-    pub(crate) fn before_next_read(&self, hook: impl FnOnce() + Send + 'static) {
-        *self.read_hook.lock() = Some(Box::new(hook));
+    pub fn __before_next_read(&self, hook: impl FnOnce() + Send + 'static) {
+        self.read_hook.arm(Box::new(hook));
     }
 
     /// How many async requests wait in the commit queue.
-    #[cfg(test)]
-    pub(crate) fn queued_async(&self) -> usize {
+    pub fn __queued_async(&self) -> usize {
         self.committer.queued_async()
     }
 
     /// Forgets every cached record, so the next reads go to redb.
-    #[cfg(test)]
-    pub(crate) fn clear_cache(&self) {
+    pub fn __clear_cache(&self) {
         self.cache.clear();
     }
 }

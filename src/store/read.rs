@@ -58,13 +58,7 @@ impl Store {
 
     /// Runs the test hook set to race a read against other work.
     fn read_hook(&self) {
-        #[cfg(test)]
-        {
-            let hook = self.read_hook.lock().take();
-            if let Some(hook) = hook {
-                hook();
-            }
-        }
+        self.read_hook.run();
     }
 
     /// One key of [`read_many`](Store::read_many): `table` is the records table of the read

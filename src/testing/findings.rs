@@ -44,7 +44,9 @@ fn wait_until(what: &str, done: impl Fn() -> bool) {
 fn power_loss_keeping_a_later_unacknowledged_frame_still_opens() {
     let clock = ManualClock::new();
     let (db, log) = (SimDisk::new(), SimDisk::new());
-    let store = Store::open_sim(&builder(&clock), &db, &log).unwrap();
+    let store = builder(&clock)
+        .open_with_storage(db.clone(), log.clone())
+        .unwrap();
     assert!(matches!(
         store.reserve(&key("k1"), fp()).unwrap(),
         Reservation::Acquired(_)
@@ -68,7 +70,8 @@ fn power_loss_keeping_a_later_unacknowledged_frame_still_opens() {
         let db_image = db.after_power_loss_with(&[], false, &mut rng);
         log.release_syncs();
 
-        let reopened = Store::open_sim(&builder(&clock), &db_image, &log_image)
+        let reopened = builder(&clock)
+            .open_with_storage(db_image.clone(), log_image.clone())
             .expect("no acknowledged batch is missing, so the store opens");
         assert!(
             reopened.get(&key("k1")).unwrap().is_some(),
@@ -93,10 +96,10 @@ fn one_oversized_request_never_poisons_the_store() {
     let clock = ManualClock::new();
     let mut b = builder(&clock);
     b.max_result_len(200 << 10);
-    b.limits.batch_bytes = 256 << 10;
-    b.limits.frame_bytes = 1 << 20;
+    b.__batch_bytes(256 << 10);
+    b.__frame_bytes(1 << 20);
     let (db, log) = (SimDisk::new(), SimDisk::new());
-    let store = Store::open_sim(&b, &db, &log).unwrap();
+    let store = b.open_with_storage(db.clone(), log.clone()).unwrap();
     let leases: Vec<_> = (0..8)
         .map(
             |i| match store.reserve(&key(&format!("big-{i}")), fp()).unwrap() {
@@ -156,7 +159,9 @@ fn returns_promptly<T: Send>(
 fn a_batch_of_duplicates_never_waits_for_a_sync() {
     let clock = ManualClock::new();
     let (db, log) = (SimDisk::new(), SimDisk::new());
-    let store = Store::open_sim(&builder(&clock), &db, &log).unwrap();
+    let store = builder(&clock)
+        .open_with_storage(db.clone(), log.clone())
+        .unwrap();
     let done: Vec<Key> = (0..10).map(|i| key(&format!("done-{i}"))).collect();
     for k in &done {
         let Reservation::Acquired(lease) = store.reserve(k, fp()).unwrap() else {
@@ -206,7 +211,11 @@ fn a_batch_of_duplicates_never_waits_for_a_sync() {
 fn a_read_racing_the_poisoning_never_returns_an_older_state() {
     let clock = ManualClock::new();
     let (db, log) = (SimDisk::new(), SimDisk::new());
-    let store = std::sync::Arc::new(Store::open_sim(&builder(&clock), &db, &log).unwrap());
+    let store = std::sync::Arc::new(
+        builder(&clock)
+            .open_with_storage(db.clone(), log.clone())
+            .unwrap(),
+    );
     let k = key("k");
     let Reservation::Acquired(lease) = store.reserve(&k, fp()).unwrap() else {
         panic!("a new key")
@@ -217,7 +226,7 @@ fn a_read_racing_the_poisoning_never_returns_an_older_state() {
     store.complete(&lease, b"done".to_vec()).unwrap();
     let poisoner = std::sync::Arc::clone(&store);
     let failing = log.clone();
-    store.before_next_read(move || {
+    store.__before_next_read(move || {
         failing.fail_after(1);
         assert!(poisoner.reserve(&key("other"), fp()).is_err());
     });
@@ -278,9 +287,9 @@ fn block_on<F: Future>(future: F) -> F::Output {
 fn the_async_queue_is_bounded_and_callers_wait() {
     let clock = ManualClock::new();
     let mut b = builder(&clock);
-    b.limits.queued_async = 8;
+    b.__queued_async(8);
     let (db, log) = (SimDisk::new(), SimDisk::new());
-    let store = Store::open_sim(&b, &db, &log).unwrap();
+    let store = b.open_with_storage(db.clone(), log.clone()).unwrap();
     log.hold_syncs();
     let keys: Vec<Key> = (0..40).map(|i| key(&format!("async-{i}"))).collect();
     let mut futures: Vec<_> = keys
@@ -295,7 +304,7 @@ fn the_async_queue_is_bounded_and_callers_wait() {
     for future in &mut futures[1..] {
         assert!(future.as_mut().poll(&mut cx).is_pending());
     }
-    let queued = store.queued_async();
+    let queued = store.__queued_async();
     log.release_syncs();
     assert!(
         queued <= 8,

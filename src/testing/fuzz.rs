@@ -101,7 +101,7 @@ fn clock() -> ManualClock {
 /// inside redb caught) instead of panicking; reads of a damaged page the check did not see
 /// return an error.
 fn open_sim(builder: &Builder, db_disk: &SimDisk, log_disk: &SimDisk) -> Result<Store, Error> {
-    Store::open_sim(builder, db_disk, log_disk)
+    builder.open_with_storage(db_disk.clone(), log_disk.clone())
 }
 
 #[cfg(test)]

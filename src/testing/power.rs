@@ -537,7 +537,7 @@ fn lineage(cuts: usize, seed: u64, covered: &[AtomicU64; 9]) {
     let (mut db, mut log) = (SimDisk::new(), SimDisk::new());
     let history = Mutex::new(History::default());
     for cut in 0..cuts {
-        let store = match Store::open_sim(&builder(&clock), &db, &log) {
+        let store = match builder(&clock).__open_unchecked(db.clone(), log.clone()) {
             Ok(store) => store,
             Err(e) => panic!("lineage {seed}, cut {cut}: the store does not open: {e}"),
         };
@@ -596,7 +596,9 @@ fn lineage(cuts: usize, seed: u64, covered: &[AtomicU64; 9]) {
         drop(store);
     }
     // A last open checks the last cut.
-    let store = Store::open_sim(&builder(&clock), &db, &log).unwrap();
+    let store = builder(&clock)
+        .__open_unchecked(db.clone(), log.clone())
+        .unwrap();
     let history = history.lock();
     history.verify(&store, to_millis(clock.time()));
     for (c, n) in covered[2..].iter().zip(history.counts) {

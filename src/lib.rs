@@ -113,10 +113,10 @@ mod key;
 mod record;
 mod reservations;
 mod store;
-// Test scaffolding: the simulated disk, the crash model and the fuzz targets' entry points;
-// never part of a normal build.
-#[cfg(any(test, fuzzing))]
-pub mod testing;
+// The internals the crate's own tests and fuzz targets reach (hidden feature, CONTRIBUTING.md).
+#[cfg(feature = "__whitebox")]
+#[doc(hidden)]
+pub mod whitebox;
 
 pub use admin::{AdminClient, AdminSocket};
 pub use answers::{Completed, Lease, LiveLease, Reservation, Seen};

@@ -211,6 +211,11 @@ impl Store {
         self.committer.queued_async()
     }
 
+    /// This owner's token floor: pending records below it were acquired by an earlier owner.
+    pub fn __token_floor(&self) -> u64 {
+        self.token_floor().0
+    }
+
     /// Forgets every cached record, so the next reads go to redb.
     pub fn __clear_cache(&self) {
         self.cache.clear();

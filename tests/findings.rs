@@ -5,8 +5,8 @@ use std::future::Future;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::testing::sim::{Fate, Rng, SimDisk};
-use crate::{Builder, Fingerprint, Key, ManualClock, Reservation, Store};
+use crate::support::sim::{Fate, Rng, SimDisk};
+use idemstore::{Builder, Fingerprint, Key, ManualClock, Reservation, Store};
 
 fn builder(clock: &ManualClock) -> Builder {
     let mut builder = Store::builder();
@@ -125,7 +125,7 @@ fn one_oversized_request_never_poisons_the_store() {
     for lease in &leases {
         let record = store.get(lease.key()).unwrap().unwrap();
         assert!(
-            matches!(record.status(), crate::Status::Completed { result, .. } if result.len() == 200 << 10)
+            matches!(record.status(), idemstore::Status::Completed { result, .. } if result.len() == 200 << 10)
         );
     }
 }
@@ -171,7 +171,7 @@ fn a_batch_of_duplicates_never_waits_for_a_sync() {
     }
     let window = Duration::from_secs(60);
     let seen = key("seen");
-    assert_eq!(store.observe(&seen, window).unwrap(), crate::Seen::New);
+    assert_eq!(store.observe(&seen, window).unwrap(), idemstore::Seen::New);
     log.hold_syncs();
     thread::scope(|s| {
         let store = &store;
@@ -193,13 +193,15 @@ fn a_batch_of_duplicates_never_waits_for_a_sync() {
             || store.observe(&seen, window).unwrap(),
             || log.release_syncs(),
         );
-        assert_eq!(again, crate::Seen::Duplicate);
+        assert_eq!(again, idemstore::Seen::Duplicate);
         let many = returns_promptly(
             "observe_many of duplicates",
             || store.observe_many(&done, window).unwrap(),
             || log.release_syncs(),
         );
-        assert!(many.iter().all(|a| matches!(a, Ok(crate::Seen::Duplicate))));
+        assert!(many
+            .iter()
+            .all(|a| matches!(a, Ok(idemstore::Seen::Duplicate))));
         log.release_syncs();
     });
 }
@@ -231,9 +233,9 @@ fn a_read_racing_the_poisoning_never_returns_an_older_state() {
         assert!(poisoner.reserve(&key("other"), fp()).is_err());
     });
     match store.get(&k) {
-        Err(crate::Error::Poisoned { .. }) => {}
+        Err(idemstore::Error::Poisoned { .. }) => {}
         Ok(Some(record)) => assert!(
-            matches!(record.status(), crate::Status::Completed { .. }),
+            matches!(record.status(), idemstore::Status::Completed { .. }),
             "a read returned {:?}, older than the acknowledged completion",
             record.status()
         ),
@@ -247,14 +249,15 @@ fn a_read_racing_the_poisoning_never_returns_an_older_state() {
 /// take the whole log away. Every open makes the entry durable before the first answer.
 #[test]
 fn every_open_makes_the_logs_directory_entry_durable() {
-    use crate::store::open::file::SYNCED_DIRS;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("dir-sync.idem");
     drop(Store::open(&path).unwrap());
-    SYNCED_DIRS.lock().retain(|d| d != dir.path());
+    idemstore::whitebox::forget_synced(dir.path());
     let store = Store::open(&path).unwrap();
     assert!(
-        SYNCED_DIRS.lock().iter().any(|d| d == dir.path()),
+        idemstore::whitebox::synced_dirs()
+            .iter()
+            .any(|d| d == dir.path()),
         "reopening a store with an existing log did not sync the log's directory"
     );
     drop(store);

@@ -28,10 +28,10 @@ use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use parking_lot::Mutex;
 
-use crate::clock::to_millis;
-use crate::record::Millis;
-use crate::testing::sim::{Rng, SimDisk};
-use crate::{Builder, Fingerprint, Key, Lease, ManualClock, Reservation, Status, Store};
+use crate::support::sim::{Rng, SimDisk};
+use idemstore::whitebox::to_millis;
+use idemstore::whitebox::Millis;
+use idemstore::{Builder, Fingerprint, Key, Lease, ManualClock, Reservation, Status, Store};
 
 /// Cuts in `cargo test`.
 const CUTS: usize = 1_000;
@@ -430,7 +430,7 @@ fn work(
                 } else {
                     store.expire(&key(i))
                 };
-                let removed = !matches!(answer, Ok(None) | Err(crate::Error::LeaseLive { .. }));
+                let removed = !matches!(answer, Ok(None) | Err(idemstore::Error::LeaseLive { .. }));
                 let returned_at = now();
                 history.lock().expired(i, returned_at, removed, forced);
                 continue;

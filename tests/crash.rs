@@ -10,12 +10,13 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 
-use crate::clock::{from_millis, to_millis};
-use crate::engine::wal::{LogFile, Recovered, Wal};
-use crate::record::Millis;
-use crate::testing::model::{body, Model};
-use crate::testing::sim::{Rng, SimDisk};
-use crate::{
+use crate::support::model::{body, Model};
+use crate::support::sim::{Rng, SimDisk};
+use idemstore::whitebox::Millis;
+use idemstore::whitebox::{from_millis, to_millis};
+use idemstore::whitebox::{Recovered, Wal};
+use idemstore::LogFile;
+use idemstore::{
     Builder, Error, Fingerprint, Key, Lease, ManualClock, RecordClass, Reservation, Status, Store,
 };
 
@@ -315,7 +316,7 @@ impl Harness {
     /// so no lease ran out by its time).
     fn verify(&self) {
         let now = self.now();
-        let floor = self.store().token_floor().0;
+        let floor = self.store().__token_floor();
         assert!(
             floor > self.max_token,
             "floor {floor} at or below an old token"
@@ -327,9 +328,9 @@ impl Harness {
             .into_iter()
             .map(|(key, _)| key)
             .collect();
-        stale.sort_by_key(|k| k.encoded().to_vec());
+        stale.sort_by_key(|k| k.id().to_vec());
         let mut orphans: Vec<Key> = (0..KEYS).filter(|&i| self.orphaned[i]).map(key).collect();
-        orphans.sort_by_key(|k| k.encoded().to_vec());
+        orphans.sort_by_key(|k| k.id().to_vec());
         assert_eq!(stale, orphans, "stale() after recovery");
         for (i, expected) in self.expected.iter().enumerate() {
             let record = self.store().get(&key(i)).unwrap();
@@ -596,7 +597,7 @@ fn a_result_shaped_like_a_log_frame_does_not_stop_the_store_from_opening() {
         .open_with_storage(db.clone(), log.clone())
         .unwrap();
     let mut fake = Vec::new();
-    crate::format::frame::encode(
+    idemstore::whitebox::encode(
         usize::MAX,
         0,
         1 << 40,
@@ -746,7 +747,7 @@ fn a_full_disk_says_how_much_room_reopening_needs_and_that_is_enough() {
         .unwrap_or_else(|| panic!("the message does not say how much room: {message}"));
     assert_eq!(
         needed,
-        crate::engine::poison::reopen_room(64 * 1024),
+        idemstore::whitebox::reopen_room(64 * 1024),
         "{message}"
     );
     db.freeze();

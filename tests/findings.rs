@@ -228,11 +228,19 @@ fn a_read_racing_the_poisoning_never_returns_an_older_state() {
     store.complete(&lease, b"done".to_vec()).unwrap();
     let poisoner = std::sync::Arc::clone(&store);
     let failing = log.clone();
+    let ran = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let hook_ran = std::sync::Arc::clone(&ran);
     store.__before_next_read(move || {
         failing.fail_after(1);
         assert!(poisoner.reserve(&key("other"), fp()).is_err());
+        hook_ran.store(true, std::sync::atomic::Ordering::SeqCst);
     });
-    match store.get(&k) {
+    let read = store.get(&k);
+    assert!(
+        ran.load(std::sync::atomic::Ordering::SeqCst),
+        "the read did not run the hook that poisons the store first"
+    );
+    match read {
         Err(idemstore::Error::Poisoned { .. }) => {}
         Ok(Some(record)) => assert!(
             matches!(record.status(), idemstore::Status::Completed { .. }),

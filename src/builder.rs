@@ -9,6 +9,7 @@ use crate::clock::{duration_millis, Clock, SystemClock};
 pub use crate::engine::settings::Durability;
 use crate::engine::settings::Limits;
 use crate::error::Error;
+use crate::format::log_file::LogFile;
 use crate::key::MAX_KEY_PART_LEN;
 use crate::store::Store;
 
@@ -421,6 +422,77 @@ impl Builder {
         Store::open_with(self, path.as_ref())
     }
 
+    /// Opens (creating if empty) a store on other storage than files: `db` holds what the store
+    /// file would ([`redb::StorageBackend`], redb's own seam), `log` what its log file would
+    /// ([`LogFile`]). This is the storage seam: an in-memory store for a service's own tests,
+    /// or a disk that loses, tears or refuses writes on purpose, as the crate's crash and power-loss
+    /// models and its fuzz targets use (`tests/support/sim.rs`).
+    ///
+    /// The store is named `storage.idem` in messages and by [`Store::path`]. `db` is opened
+    /// twice (read-only for the clean-close mark, then for writing), so its clones must share
+    /// its bytes, as a handle on one disk does. Durability is what the two backends give:
+    /// bytes written and then synced must survive. Such a store serves no admin socket (it has
+    /// no directory to serve it in), whatever [`admin_socket`](Builder::admin_socket) says.
+    ///
+    /// ```
+    /// use std::io;
+    /// use std::sync::{Arc, Mutex};
+    /// use idemstore::{Builder, Fingerprint, Key, LogFile, Reservation};
+    ///
+    /// /// Bytes in memory, shared by clones: an in-memory store for tests.
+    /// #[derive(Clone, Debug, Default)]
+    /// struct Memory(Arc<Mutex<Vec<u8>>>);
+    ///
+    /// impl Memory {
+    ///     fn write(&self, offset: u64, data: &[u8]) {
+    ///         let mut bytes = self.0.lock().unwrap();
+    ///         let end = offset as usize + data.len();
+    ///         if bytes.len() < end {
+    ///             bytes.resize(end, 0);
+    ///         }
+    ///         bytes[offset as usize..end].copy_from_slice(data);
+    ///     }
+    ///     fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> {
+    ///         let bytes = self.0.lock().unwrap();
+    ///         let range = offset as usize..offset as usize + out.len();
+    ///         let data = bytes.get(range).ok_or(io::ErrorKind::UnexpectedEof)?;
+    ///         out.copy_from_slice(data);
+    ///         Ok(())
+    ///     }
+    /// }
+    ///
+    /// impl idemstore::redb::StorageBackend for Memory {
+    ///     fn len(&self) -> io::Result<u64> { Ok(self.0.lock().unwrap().len() as u64) }
+    ///     fn read(&self, offset: u64, out: &mut [u8]) -> io::Result<()> { Memory::read(self, offset, out) }
+    ///     fn set_len(&self, len: u64) -> io::Result<()> { Ok(self.0.lock().unwrap().resize(len as usize, 0)) }
+    ///     fn sync_data(&self) -> io::Result<()> { Ok(()) }
+    ///     fn write(&self, offset: u64, data: &[u8]) -> io::Result<()> { Ok(Memory::write(self, offset, data)) }
+    /// }
+    ///
+    /// impl LogFile for Memory {
+    ///     fn len(&self) -> io::Result<u64> { Ok(self.0.lock().unwrap().len() as u64) }
+    ///     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> { self.read(offset, buf) }
+    ///     fn write_all_at(&self, data: &[u8], offset: u64) -> io::Result<()> { Ok(self.write(offset, data)) }
+    ///     fn sync_data(&self) -> io::Result<()> { Ok(()) }
+    /// }
+    ///
+    /// let store = Builder::new().open_with_storage(Memory::default(), Memory::default())?;
+    /// let key = Key::new("user-1", "charge", "k1")?;
+    /// assert!(matches!(store.reserve(&key, Fingerprint::of(b"x"))?, Reservation::Acquired(_)));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`open`](Builder::open), naming `storage.idem` for the store.
+    pub fn open_with_storage(
+        &self,
+        db: impl redb::StorageBackend + Clone,
+        log: impl LogFile + 'static,
+    ) -> Result<Store, Error> {
+        self.validate()?;
+        Store::open_with_storage(self, db, Arc::new(log))
+    }
+
     fn validate(&self) -> Result<(), Error> {
         self.validate_retentions()?;
         let check = |ok: bool, setting: &'static str, reason: &str| {
@@ -491,4 +563,38 @@ pub(crate) fn validate_retentions(by_operation: &[(Vec<u8>, Duration)]) -> Resul
         });
     }
     Ok(())
+}
+
+/// What the crate's own tests set beyond the checked ranges (the hidden feature `__whitebox`,
+/// which only the crate's tests and fuzz targets turn on; see CONTRIBUTING.md): small batches,
+/// frames, queues and checkpoints, to reach limits quickly. Not part of the API.
+#[cfg(feature = "__whitebox")]
+#[doc(hidden)]
+impl Builder {
+    /// [`open_with_storage`](Builder::open_with_storage) without checking the settings.
+    pub fn __open_unchecked(
+        &self,
+        db: impl redb::StorageBackend + Clone,
+        log: impl LogFile + 'static,
+    ) -> Result<Store, Error> {
+        Store::open_with_storage(self, db, Arc::new(log))
+    }
+
+    /// The most bytes of records one batch takes.
+    pub fn __batch_bytes(&mut self, bytes: usize) -> &mut Self {
+        self.limits.batch_bytes = bytes;
+        self
+    }
+
+    /// The largest log frame's payload.
+    pub fn __frame_bytes(&mut self, bytes: usize) -> &mut Self {
+        self.limits.frame_bytes = bytes;
+        self
+    }
+
+    /// How many async requests may wait in the commit queue.
+    pub fn __queued_async(&mut self, requests: usize) -> &mut Self {
+        self.limits.queued_async = requests;
+        self
+    }
 }

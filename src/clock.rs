@@ -83,14 +83,14 @@ impl Clock for ManualClock {
 }
 
 /// Milliseconds since the Unix epoch; times before it count as 0, times past `u64` saturate.
-pub(crate) fn to_millis(time: SystemTime) -> u64 {
+pub fn to_millis(time: SystemTime) -> u64 {
     time.duration_since(UNIX_EPOCH)
         .map(duration_millis)
         .unwrap_or(0)
 }
 
 /// The time `millis` milliseconds after the Unix epoch.
-pub(crate) fn from_millis(millis: u64) -> SystemTime {
+pub fn from_millis(millis: u64) -> SystemTime {
     UNIX_EPOCH + Duration::from_millis(millis)
 }
 

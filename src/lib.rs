@@ -113,10 +113,10 @@ mod key;
 mod record;
 mod reservations;
 mod store;
-// Test scaffolding: the simulated disk, the crash model and the fuzz targets' entry points;
-// never part of a normal build.
-#[cfg(any(test, fuzzing))]
-pub mod testing;
+// The internals the crate's own tests and fuzz targets reach (hidden feature, CONTRIBUTING.md).
+#[cfg(feature = "__whitebox")]
+#[doc(hidden)]
+pub mod whitebox;
 
 pub use admin::{AdminClient, AdminSocket};
 pub use answers::{Completed, Lease, LiveLease, Reservation, Seen};
@@ -136,6 +136,7 @@ pub use etcd::{
     DEFAULT_REQUEST_TIMEOUT,
 };
 pub use fingerprint::Fingerprint;
+pub use format::log_file::LogFile;
 pub use inspect::{
     FileInfo, Problem, ProblemKind, ScanFilter, StateCounts, Verification, VERIFY_PROGRESS_STEP,
 };

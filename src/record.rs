@@ -7,7 +7,7 @@ use crate::clock::from_millis;
 use crate::fingerprint::Fingerprint;
 
 /// Time in milliseconds since the Unix epoch; `u64::MAX` means never.
-pub(crate) type Millis = u64;
+pub type Millis = u64;
 
 /// A recovery point of multi-step work: "step `step` is done, with this data". Recorded by the
 /// lease holder with [`Store::record_step`](crate::Store::record_step); a caller that takes a

@@ -1,19 +1,25 @@
 //! Integration tests: one binary, one module per area.
 
 mod common;
+// What the crash, power-loss and fuzz harnesses share (the simulated disk, the reference
+// model, the fuzz targets' entry points).
+mod support;
 
 #[cfg(feature = "actix")]
 mod actix;
 mod bad_input;
+mod clean_close;
 #[cfg(feature = "cli")]
 mod cli;
 mod complete_with;
 mod concurrency;
+mod crash;
 mod damage;
 #[cfg(feature = "etcd")]
 mod etcd;
 mod expire;
 mod features;
+mod findings;
 #[cfg(feature = "grpc")]
 mod grpc;
 #[cfg(feature = "http")]
@@ -28,6 +34,8 @@ mod live;
 mod log_identity;
 mod lost_log;
 mod model;
+mod power;
 mod scenarios;
 mod seeds;
+mod seen;
 mod stress;

@@ -1,7 +1,13 @@
-//! Fuzz target `open`: see `idemstore::testing::fuzz::open` for the input format and the checks.
+//! Fuzz target `open`: see `tests/support/fuzz/open.rs` for the input format and the checks.
 //!
 //! Run from the repository root: `RUSTC_BOOTSTRAP=1 cargo fuzz run open` (fuzz/README.md).
 
 #![no_main]
 
-libfuzzer_sys::fuzz_target!(|data: &[u8]| idemstore::testing::fuzz::open(data));
+// The harness shared with the crate's tests (the simulated disk, the reference model, the
+// entry points); each target uses part of it.
+#[allow(dead_code, unused_imports)]
+#[path = "../../tests/support/mod.rs"]
+mod support;
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| support::fuzz::open(data));

@@ -18,7 +18,7 @@ pub(crate) struct Poison(
 /// pages per byte of log, with the crash model's 1 KiB results) and 2 MiB for redb's growth
 /// steps and a log that is preallocated at open. The full-disk test reopens with exactly
 /// this much room.
-pub(crate) fn reopen_room(replay: u64) -> u64 {
+pub fn reopen_room(replay: u64) -> u64 {
     4 * replay + (2 << 20)
 }
 

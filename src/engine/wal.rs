@@ -25,18 +25,18 @@ use crate::format::frame::{self, parse_header, HEADER_LEN};
 
 /// What [`Wal::recover`] found.
 #[derive(Debug)]
-pub(crate) struct Recovered {
+pub struct Recovered {
     /// The log, positioned after the last frame of the run.
-    pub(crate) wal: Wal,
+    pub wal: Wal,
     /// The frames newer than the checkpoint, in order.
-    pub(crate) frames: Vec<Frame>,
+    pub frames: Vec<Frame>,
     /// Valid frames of this salt lay after the run and were dropped (never acknowledged).
-    pub(crate) dropped_tail: bool,
+    pub dropped_tail: bool,
 }
 
 /// An open log positioned for appending.
 #[derive(Debug)]
-pub(crate) struct Wal {
+pub struct Wal {
     file: Arc<dyn LogFile>,
     path: PathBuf,
     /// Where the next frame is written.
@@ -72,7 +72,7 @@ impl Wal {
     /// nothing from `E` on was acknowledged (a sync covers every earlier write), and the tail
     /// is dropped. Without `strict` (a buffered log, whose answers precede their sync) the tail
     /// is always dropped.
-    pub(crate) fn recover(
+    pub fn recover(
         file: Arc<dyn LogFile>,
         path: PathBuf,
         checkpoint_seq: u64,
@@ -216,7 +216,7 @@ impl Wal {
     /// caller syncs [`file`](Wal::file).
     ///
     /// `durable` is the highest sequence number known durable now (see [`recover`](Wal::recover)).
-    pub(crate) fn append<'a>(
+    pub fn append<'a>(
         &mut self,
         next_token: u64,
         durable: u64,
@@ -267,7 +267,7 @@ impl Wal {
 
     /// Starts overwriting the log from its first frame with frames under `salt`. Only after a
     /// durable checkpoint that covers every frame appended so far and recorded `salt`.
-    pub(crate) fn rewind(&mut self, salt: u64) {
+    pub fn rewind(&mut self, salt: u64) {
         self.offset = LOG_HEADER_LEN;
         self.salt = salt;
     }
@@ -278,7 +278,7 @@ impl Wal {
     }
 
     /// The sequence number of the last frame appended (0 when none ever was).
-    pub(crate) fn last_seq(&self) -> u64 {
+    pub fn last_seq(&self) -> u64 {
         self.next_seq - 1
     }
 }

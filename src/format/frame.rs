@@ -21,54 +21,63 @@
 use crate::error::Error;
 
 /// Size of a frame header in bytes.
-pub(crate) const HEADER_LEN: usize = 28;
+pub const HEADER_LEN: usize = 28;
 /// Frames start at multiples of this many bytes.
-pub(crate) const ALIGN: usize = 8;
+pub const ALIGN: usize = 8;
 
 const KIND_PUT: u8 = 1;
 const KIND_DELETE: u8 = 2;
 
 /// One decoded change: the key and its new encoded record, or `None` for a deletion.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Entry {
-    pub(crate) key: Vec<u8>,
-    pub(crate) record: Option<Vec<u8>>,
+pub struct Entry {
+    /// The key, encoded.
+    pub key: Vec<u8>,
+    /// The new encoded record; `None` deletes the key.
+    pub record: Option<Vec<u8>>,
 }
 
 /// A decoded frame.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Frame {
-    pub(crate) seq: u64,
+pub struct Frame {
+    /// The frame's sequence number.
+    pub seq: u64,
     /// The highest sequence number known durable when the frame was written.
-    pub(crate) durable: u64,
-    pub(crate) next_token: u64,
-    pub(crate) entries: Vec<Entry>,
+    pub durable: u64,
+    /// The next fencing token once this frame is applied.
+    pub next_token: u64,
+    /// The changes, in order.
+    pub entries: Vec<Entry>,
 }
 
 /// A parsed, checksum-valid frame header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Header {
-    pub(crate) payload_len: usize,
-    pub(crate) seq: u64,
+pub struct Header {
+    /// The payload's length in bytes, padding excluded.
+    pub payload_len: usize,
+    /// The frame's sequence number.
+    pub seq: u64,
     /// The highest sequence number known durable when the frame was written.
-    pub(crate) durable: u64,
-    pub(crate) payload_crc: u32,
+    pub durable: u64,
+    /// The payload's checksum.
+    pub payload_crc: u32,
 }
 
 impl Header {
     /// The whole frame's length, padding included.
-    pub(crate) fn frame_len(&self) -> usize {
+    pub fn frame_len(&self) -> usize {
         padded(HEADER_LEN + self.payload_len)
     }
 }
 
-pub(crate) fn padded(len: usize) -> usize {
+/// `len` rounded up to the frame alignment.
+pub fn padded(len: usize) -> usize {
     len.div_ceil(ALIGN) * ALIGN
 }
 
 /// Appends the encoding of a frame to `out` (which must start at an aligned length).
 /// Each entry is a key and its new encoded record, or `None` for a deletion.
-pub(crate) fn encode<'a>(
+pub fn encode<'a>(
     max_payload: usize,
     salt: u64,
     seq: u64,
@@ -118,7 +127,8 @@ pub(crate) fn encode<'a>(
     out.resize(start + padded(out.len() - start), 0);
 }
 
-pub(crate) fn header_crc(salt: u64, fields: &[u8]) -> u32 {
+/// The checksum of a header's fields, seeded with the log's salt.
+pub fn header_crc(salt: u64, fields: &[u8]) -> u32 {
     let mut hasher = crc32fast::Hasher::new();
     hasher.update(&salt.to_le_bytes());
     hasher.update(fields);
@@ -126,7 +136,7 @@ pub(crate) fn header_crc(salt: u64, fields: &[u8]) -> u32 {
 }
 
 /// Parses a header written with `salt`; `None` when the bytes are not a checksum-valid header.
-pub(crate) fn parse_header(salt: u64, bytes: &[u8]) -> Option<Header> {
+pub fn parse_header(salt: u64, bytes: &[u8]) -> Option<Header> {
     let bytes: &[u8; HEADER_LEN] = bytes.get(..HEADER_LEN)?.try_into().ok()?;
     let stored = u32::from_le_bytes(bytes[24..28].try_into().ok()?);
     if header_crc(salt, &bytes[..24]) != stored {
@@ -141,7 +151,7 @@ pub(crate) fn parse_header(salt: u64, bytes: &[u8]) -> Option<Header> {
 }
 
 /// Decodes a payload whose checksum matched. `offset` names the frame in errors.
-pub(crate) fn decode_payload(header: &Header, payload: &[u8], offset: u64) -> Result<Frame, Error> {
+pub fn decode_payload(header: &Header, payload: &[u8], offset: u64) -> Result<Frame, Error> {
     let bad = |reason: &str| Error::Corruption {
         location: format!("log frame at offset {offset} (seq {})", header.seq),
         reason: reason.to_string(),

@@ -13,7 +13,7 @@ use crate::error::Error;
 use super::log_file::LogFile;
 
 /// Bytes before the first frame.
-pub(crate) const LOG_HEADER_LEN: u64 = 32;
+pub const LOG_HEADER_LEN: u64 = 32;
 
 const MAGIC: [u8; 8] = *b"IDEMLOG\x02";
 

@@ -79,6 +79,7 @@ fn verify_reports_damage_and_index_mismatches_by_key() {
     let _c = acquire(&store, "c");
     let key = |id: &str| Key::new("u", "op", id).unwrap();
     store
+        .committer
         .with_writer(|writer| {
             writer.transact(
                 crate::engine::commit::CommitKind::Durable,
@@ -114,7 +115,7 @@ fn verify_reports_damage_and_index_mismatches_by_key() {
             )
         })
         .unwrap();
-    store.clear_cache();
+    store.__clear_cache();
     let report = store.verify().unwrap();
     let kinds: Vec<_> = report
         .problems

@@ -61,17 +61,16 @@ pub use open::file::{open_redb, open_redb_read_only, upgrade};
 pub struct Store {
     /// The parts shared with the engine's threads (and the admin socket's handle).
     engine: Arc<Engine>,
-    /// Shared with the admin socket's handle, which is stopped first (see `Drop`).
-    committer: Arc<Committer>,
+    /// Shared with the admin socket's handle, which is stopped first (see `Drop`). Seen by the
+    /// crate's unit tests, which damage the file through the writer on purpose.
+    pub(crate) committer: Arc<Committer>,
     max_result_len: usize,
     path: PathBuf,
     /// Runs once at the start of the next read (tests of races with poisoning).
-    #[cfg(test)]
-    read_hook: parking_lot::Mutex<Option<Box<dyn FnOnce() + Send>>>,
+    read_hook: ReadHook,
     /// Runs once between a reserve's read and its submission to the writer (tests of a
     /// state read going stale).
-    #[cfg(test)]
-    submit_hook: parking_lot::Mutex<Option<Box<dyn FnOnce() + Send>>>,
+    submit_hook: ReadHook,
     /// The admin socket, when [`Builder::admin_socket`](crate::Builder::admin_socket) asks.
     admin: Option<crate::admin::Server>,
 }
@@ -149,44 +148,68 @@ impl Store {
             committer: Arc::clone(&self.committer),
             max_result_len: self.max_result_len,
             path: self.path.clone(),
-            #[cfg(test)]
-            read_hook: parking_lot::Mutex::new(None),
-            #[cfg(test)]
-            submit_hook: parking_lot::Mutex::new(None),
+            read_hook: ReadHook::default(),
+            submit_hook: ReadHook::default(),
             admin: None,
         }
     }
+}
 
-    /// Runs `f` with the writer to itself (tests that damage the file on purpose).
-    #[cfg(test)]
-    pub(crate) fn with_writer<R>(
-        &self,
-        f: impl FnOnce(&mut Writer) -> Result<R, Error>,
-    ) -> Result<R, Error> {
-        self.committer.with_writer(f)
+/// A closure a test arms to run once at the start of the next read, to race a read against
+/// other work ([`Store::__before_next_read`], feature `__whitebox`). Unarmed, a read pays one
+/// relaxed load.
+#[derive(Default)]
+pub(crate) struct ReadHook {
+    armed: std::sync::atomic::AtomicBool,
+    hook: parking_lot::Mutex<Option<Box<dyn FnOnce() + Send>>>,
+}
+
+impl ReadHook {
+    /// Runs the armed closure, if any.
+    pub(crate) fn run(&self) {
+        use std::sync::atomic::Ordering;
+        if self.armed.load(Ordering::Relaxed) && self.armed.swap(false, Ordering::AcqRel) {
+            let hook = self.hook.lock().take();
+            if let Some(hook) = hook {
+                hook();
+            }
+        }
     }
 
+    #[cfg(feature = "__whitebox")]
+    fn arm(&self, hook: Box<dyn FnOnce() + Send>) {
+        *self.hook.lock() = Some(hook);
+        self.armed.store(true, std::sync::atomic::Ordering::Release);
+    }
+}
+
+/// What the crate's own tests reach inside a store (the hidden feature `__whitebox`, which only
+/// the crate's tests and fuzz targets turn on; see CONTRIBUTING.md). Not part of the API.
+#[cfg(feature = "__whitebox")]
+#[doc(hidden)]
+impl Store {
     /// Runs `hook` once at the start of the next read, after its caller checked the poison.
-    #[cfg(test)]
-    pub(crate) fn before_next_read(&self, hook: impl FnOnce() + Send + 'static) {
-        *self.read_hook.lock() = Some(Box::new(hook));
+    pub fn __before_next_read(&self, hook: impl FnOnce() + Send + 'static) {
+        self.read_hook.arm(Box::new(hook));
     }
 
     /// Runs `hook` once between the next reserve's read and its submission to the writer.
-    #[cfg(test)]
-    pub(crate) fn before_next_submit(&self, hook: impl FnOnce() + Send + 'static) {
-        *self.submit_hook.lock() = Some(Box::new(hook));
+    pub fn __before_next_submit(&self, hook: impl FnOnce() + Send + 'static) {
+        self.submit_hook.arm(Box::new(hook));
     }
 
     /// How many async requests wait in the commit queue.
-    #[cfg(test)]
-    pub(crate) fn queued_async(&self) -> usize {
+    pub fn __queued_async(&self) -> usize {
         self.committer.queued_async()
     }
 
+    /// This owner's token floor: pending records below it were acquired by an earlier owner.
+    pub fn __token_floor(&self) -> u64 {
+        self.token_floor().0
+    }
+
     /// Forgets every cached record, so the next reads go to redb.
-    #[cfg(test)]
-    pub(crate) fn clear_cache(&self) {
+    pub fn __clear_cache(&self) {
         self.engine.cache.clear();
     }
 }

@@ -59,17 +59,7 @@ impl Store {
 
     /// Runs the test hook set to race a read against other work.
     fn read_hook(&self) {
-        #[cfg(test)]
-        self.run_hook(&self.read_hook);
-    }
-
-    /// Runs (once) the test hook in `slot`.
-    #[cfg(test)]
-    pub(super) fn run_hook(&self, slot: &parking_lot::Mutex<Option<Box<dyn FnOnce() + Send>>>) {
-        let hook = slot.lock().take();
-        if let Some(hook) = hook {
-            hook();
-        }
+        self.read_hook.run();
     }
 
     /// One key of [`read_many`](Store::read_many): `table` is the records table of the read

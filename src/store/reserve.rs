@@ -44,8 +44,7 @@ impl Store {
         match self.read_for_reserve(key, fingerprint)? {
             Read::Answer(answer) => Ok(answer),
             Read::Write { epoch, state } => {
-                #[cfg(test)]
-                self.run_hook(&self.submit_hook);
+                self.submit_hook.run();
                 let op = Reserve { fingerprint };
                 let reserved = self
                     .committer

@@ -192,8 +192,8 @@ impl Committer {
         }
     }
 
-    /// How many async requests are queued now.
-    #[cfg(test)]
+    /// How many async requests are queued now (the crate's tests, feature `__whitebox`).
+    #[cfg(feature = "__whitebox")]
     pub(crate) fn queued_async(&self) -> usize {
         let queue = self.shared.queue.lock();
         queue

@@ -224,8 +224,8 @@ fn initialize(db: &Database) -> Result<(), Error> {
     txn.commit().map_err(|e| Error::storage(ctx, e))
 }
 
-/// Initializes a database that has no tables yet (one just created on a test backend).
-#[cfg(any(test, fuzzing))]
+/// Initializes a database that has no tables yet (one just created on a storage backend by
+/// [`Builder::open_with_storage`](crate::Builder::open_with_storage)).
 pub(crate) fn initialize_if_new(db: &Database) -> Result<(), Error> {
     let ctx = "checking for a new store";
     let txn = db.begin_read().map_err(|e| Error::storage(ctx, e))?;
@@ -324,13 +324,14 @@ fn zero_fill(file: &File, size: u64) -> io::Result<()> {
     file.sync_all()
 }
 
-/// Every directory synced, for tests that check a directory entry was made durable.
-#[cfg(test)]
+/// Every directory synced, for tests that check a directory entry was made durable (feature
+/// `__whitebox`).
+#[cfg(feature = "__whitebox")]
 pub(crate) static SYNCED_DIRS: parking_lot::Mutex<Vec<PathBuf>> =
     parking_lot::Mutex::new(Vec::new());
 
 fn sync_dir(dir: &Path) -> Result<(), Error> {
-    #[cfg(test)]
+    #[cfg(feature = "__whitebox")]
     SYNCED_DIRS.lock().push(dir.to_path_buf());
     File::open(dir)
         .and_then(|d| d.sync_all())

@@ -25,6 +25,10 @@ use super::Store;
 
 pub(crate) mod file;
 
+/// The name a store opened on other storage goes by in messages and [`Store::path`]: it has no
+/// file of its own (its log is named after it, `storage.idem.wal`).
+pub(crate) const STORAGE_NAME: &str = "storage.idem";
+
 /// redb's settings for a store; `verify` asks for redb's integrity check on open (with
 /// [`Builder::verify_on_open`], and only when the store was not closed cleanly).
 fn redb_builder(builder: &Builder, verify: bool) -> redb::Builder {
@@ -153,42 +157,37 @@ impl Store {
         Store::from_parts(db, Arc::new(log), log_path, builder, path.to_path_buf())
     }
 
-    /// Opens (creating if empty) a store on simulated disks, for crash and fault tests and the
-    /// fuzz targets.
-    #[cfg(any(test, fuzzing))]
-    pub(crate) fn open_sim(
+    /// Opens (creating if empty) a store on `db` and `log` instead of files (see
+    /// [`Builder::open_with_storage`]). `db` is opened twice, read-only to read the clean-close
+    /// mark and then for writing, so its clones must share its bytes.
+    pub(crate) fn open_with_storage<B: redb::StorageBackend + Clone>(
         builder: &Builder,
-        db_disk: &crate::testing::sim::SimDisk,
-        log_disk: &crate::testing::sim::SimDisk,
+        db: B,
+        log: Arc<dyn LogFile>,
     ) -> Result<Store, Error> {
-        let path = PathBuf::from("sim.idem");
-        // Simulated disks have no directory to serve an admin socket in.
+        let path = PathBuf::from(STORAGE_NAME);
+        // Storage without files has no directory to serve an admin socket in.
         let mut builder = builder.clone();
         builder.admin_socket(crate::AdminSocket::Off);
         let builder = &builder;
         guard_open(&path.clone(), || {
             // The clean-close mark, read as `file::open_or_create` reads it.
-            let pages = |disk: &crate::testing::sim::SimDisk| {
-                crate::format::pages::PageFile::new(disk.clone(), "sim.idem")
+            // Every page checksummed, as on a file (`format/pages.rs`).
+            let pages = |disk: &B| {
+                crate::format::pages::PageFile::new(disk.clone(), STORAGE_NAME)
                     .map_err(|e| file::open_error(&path, "opening", e.into()))
             };
             let closed_clean =
-                match redb_builder(builder, false).open_read_only_with_backend(pages(db_disk)?) {
+                match redb_builder(builder, false).open_read_only_with_backend(pages(&db)?) {
                     Ok(read_only) => crate::engine::clean_close::recorded(&read_only)?,
                     Err(_) => false,
                 };
             let db = redb_builder(builder, !closed_clean)
-                .create_with_backend(pages(db_disk)?)
+                .create_with_backend(pages(&db)?)
                 .map_err(|e| file::open_error(&path, "opening", e))?;
             file::initialize_if_new(&db)?;
             file::check_format(&db, &path)?;
-            Store::from_parts(
-                db,
-                Arc::new(log_disk.clone()),
-                log_path(&path),
-                builder,
-                path,
-            )
+            Store::from_parts(db, log, log_path(&path), builder, path)
         })
     }
 
@@ -275,10 +274,8 @@ impl Store {
             committer: Arc::new(Committer::start(writer, builder.limits)?),
             max_result_len: builder.max_result_len,
             path,
-            #[cfg(test)]
-            read_hook: parking_lot::Mutex::new(None),
-            #[cfg(test)]
-            submit_hook: parking_lot::Mutex::new(None),
+            read_hook: super::ReadHook::default(),
+            submit_hook: super::ReadHook::default(),
             admin: None,
         };
         store.admin = crate::admin::Server::start(store.handle(), builder.admin_socket)?;

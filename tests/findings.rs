@@ -5,8 +5,8 @@ use std::future::Future;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::testing::sim::{Fate, Rng, SimDisk};
-use crate::{Builder, Fingerprint, Key, ManualClock, Reservation, Store};
+use crate::support::sim::{Fate, Rng, SimDisk};
+use idemstore::{Builder, Fingerprint, Key, ManualClock, Reservation, Store};
 
 fn builder(clock: &ManualClock) -> Builder {
     let mut builder = Store::builder();
@@ -44,7 +44,9 @@ fn wait_until(what: &str, done: impl Fn() -> bool) {
 fn power_loss_keeping_a_later_unacknowledged_frame_still_opens() {
     let clock = ManualClock::new();
     let (db, log) = (SimDisk::new(), SimDisk::new());
-    let store = Store::open_sim(&builder(&clock), &db, &log).unwrap();
+    let store = builder(&clock)
+        .open_with_storage(db.clone(), log.clone())
+        .unwrap();
     assert!(matches!(
         store.reserve(&key("k1"), fp()).unwrap(),
         Reservation::Acquired(_)
@@ -68,7 +70,8 @@ fn power_loss_keeping_a_later_unacknowledged_frame_still_opens() {
         let db_image = db.after_power_loss_with(&[], false, &mut rng);
         log.release_syncs();
 
-        let reopened = Store::open_sim(&builder(&clock), &db_image, &log_image)
+        let reopened = builder(&clock)
+            .open_with_storage(db_image.clone(), log_image.clone())
             .expect("no acknowledged batch is missing, so the store opens");
         assert!(
             reopened.get(&key("k1")).unwrap().is_some(),
@@ -93,10 +96,10 @@ fn one_oversized_request_never_poisons_the_store() {
     let clock = ManualClock::new();
     let mut b = builder(&clock);
     b.max_result_len(200 << 10);
-    b.limits.batch_bytes = 256 << 10;
-    b.limits.frame_bytes = 1 << 20;
+    b.__batch_bytes(256 << 10);
+    b.__frame_bytes(1 << 20);
     let (db, log) = (SimDisk::new(), SimDisk::new());
-    let store = Store::open_sim(&b, &db, &log).unwrap();
+    let store = b.open_with_storage(db.clone(), log.clone()).unwrap();
     let leases: Vec<_> = (0..8)
         .map(
             |i| match store.reserve(&key(&format!("big-{i}")), fp()).unwrap() {
@@ -122,7 +125,7 @@ fn one_oversized_request_never_poisons_the_store() {
     for lease in &leases {
         let record = store.get(lease.key()).unwrap().unwrap();
         assert!(
-            matches!(record.status(), crate::Status::Completed { result, .. } if result.len() == 200 << 10)
+            matches!(record.status(), idemstore::Status::Completed { result, .. } if result.len() == 200 << 10)
         );
     }
 }
@@ -156,7 +159,9 @@ fn returns_promptly<T: Send>(
 fn a_batch_of_duplicates_never_waits_for_a_sync() {
     let clock = ManualClock::new();
     let (db, log) = (SimDisk::new(), SimDisk::new());
-    let store = Store::open_sim(&builder(&clock), &db, &log).unwrap();
+    let store = builder(&clock)
+        .open_with_storage(db.clone(), log.clone())
+        .unwrap();
     let done: Vec<Key> = (0..10).map(|i| key(&format!("done-{i}"))).collect();
     for k in &done {
         let Reservation::Acquired(lease) = store.reserve(k, fp()).unwrap() else {
@@ -166,7 +171,7 @@ fn a_batch_of_duplicates_never_waits_for_a_sync() {
     }
     let window = Duration::from_secs(60);
     let seen = key("seen");
-    assert_eq!(store.observe(&seen, window).unwrap(), crate::Seen::New);
+    assert_eq!(store.observe(&seen, window).unwrap(), idemstore::Seen::New);
     log.hold_syncs();
     thread::scope(|s| {
         let store = &store;
@@ -188,13 +193,15 @@ fn a_batch_of_duplicates_never_waits_for_a_sync() {
             || store.observe(&seen, window).unwrap(),
             || log.release_syncs(),
         );
-        assert_eq!(again, crate::Seen::Duplicate);
+        assert_eq!(again, idemstore::Seen::Duplicate);
         let many = returns_promptly(
             "observe_many of duplicates",
             || store.observe_many(&done, window).unwrap(),
             || log.release_syncs(),
         );
-        assert!(many.iter().all(|a| matches!(a, Ok(crate::Seen::Duplicate))));
+        assert!(many
+            .iter()
+            .all(|a| matches!(a, Ok(idemstore::Seen::Duplicate))));
         log.release_syncs();
     });
 }
@@ -206,7 +213,11 @@ fn a_batch_of_duplicates_never_waits_for_a_sync() {
 fn a_read_racing_the_poisoning_never_returns_an_older_state() {
     let clock = ManualClock::new();
     let (db, log) = (SimDisk::new(), SimDisk::new());
-    let store = std::sync::Arc::new(Store::open_sim(&builder(&clock), &db, &log).unwrap());
+    let store = std::sync::Arc::new(
+        builder(&clock)
+            .open_with_storage(db.clone(), log.clone())
+            .unwrap(),
+    );
     let k = key("k");
     let Reservation::Acquired(lease) = store.reserve(&k, fp()).unwrap() else {
         panic!("a new key")
@@ -217,14 +228,22 @@ fn a_read_racing_the_poisoning_never_returns_an_older_state() {
     store.complete(&lease, b"done".to_vec()).unwrap();
     let poisoner = std::sync::Arc::clone(&store);
     let failing = log.clone();
-    store.before_next_read(move || {
+    let ran = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let hook_ran = std::sync::Arc::clone(&ran);
+    store.__before_next_read(move || {
         failing.fail_after(1);
         assert!(poisoner.reserve(&key("other"), fp()).is_err());
+        hook_ran.store(true, std::sync::atomic::Ordering::SeqCst);
     });
-    match store.get(&k) {
-        Err(crate::Error::Poisoned { .. }) => {}
+    let read = store.get(&k);
+    assert!(
+        ran.load(std::sync::atomic::Ordering::SeqCst),
+        "the read did not run the hook that poisons the store first"
+    );
+    match read {
+        Err(idemstore::Error::Poisoned { .. }) => {}
         Ok(Some(record)) => assert!(
-            matches!(record.status(), crate::Status::Completed { .. }),
+            matches!(record.status(), idemstore::Status::Completed { .. }),
             "a read returned {:?}, older than the acknowledged completion",
             record.status()
         ),
@@ -238,14 +257,15 @@ fn a_read_racing_the_poisoning_never_returns_an_older_state() {
 /// take the whole log away. Every open makes the entry durable before the first answer.
 #[test]
 fn every_open_makes_the_logs_directory_entry_durable() {
-    use crate::store::open::file::SYNCED_DIRS;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("dir-sync.idem");
     drop(Store::open(&path).unwrap());
-    SYNCED_DIRS.lock().retain(|d| d != dir.path());
+    idemstore::whitebox::forget_synced(dir.path());
     let store = Store::open(&path).unwrap();
     assert!(
-        SYNCED_DIRS.lock().iter().any(|d| d == dir.path()),
+        idemstore::whitebox::synced_dirs()
+            .iter()
+            .any(|d| d == dir.path()),
         "reopening a store with an existing log did not sync the log's directory"
     );
     drop(store);
@@ -278,9 +298,9 @@ fn block_on<F: Future>(future: F) -> F::Output {
 fn the_async_queue_is_bounded_and_callers_wait() {
     let clock = ManualClock::new();
     let mut b = builder(&clock);
-    b.limits.queued_async = 8;
+    b.__queued_async(8);
     let (db, log) = (SimDisk::new(), SimDisk::new());
-    let store = Store::open_sim(&b, &db, &log).unwrap();
+    let store = b.open_with_storage(db.clone(), log.clone()).unwrap();
     log.hold_syncs();
     let keys: Vec<Key> = (0..40).map(|i| key(&format!("async-{i}"))).collect();
     let mut futures: Vec<_> = keys
@@ -295,7 +315,7 @@ fn the_async_queue_is_bounded_and_callers_wait() {
     for future in &mut futures[1..] {
         assert!(future.as_mut().poll(&mut cx).is_pending());
     }
-    let queued = store.queued_async();
+    let queued = store.__queued_async();
     log.release_syncs();
     assert!(
         queued <= 8,

@@ -9,12 +9,12 @@
 
 use std::time::Duration;
 
-use crate::clock::to_millis;
-use crate::error::{Error, LeaseLostReason};
-use crate::record::Millis;
-use crate::testing::model::{body, Model};
-use crate::testing::sim::{Rng, SimDisk};
-use crate::{Key, Lease, ManualClock, Record, Reservation, Resolution, Store};
+use crate::support::model::{body, Model};
+use crate::support::sim::{Rng, SimDisk};
+use idemstore::whitebox::to_millis;
+use idemstore::whitebox::Millis;
+use idemstore::{Error, LeaseLostReason};
+use idemstore::{Key, Lease, ManualClock, Record, Reservation, Resolution, Store};
 
 use super::{builder, clock, open_sim, Input, LEASE_MS, RETENTION_MS};
 

@@ -2,10 +2,10 @@
 
 use std::sync::Arc;
 
-use crate::engine::wal::{Recovered, Wal, LOG_HEADER_LEN};
-use crate::format::frame::{self, Entry, Frame, Header, HEADER_LEN};
-use crate::record::Record;
-use crate::testing::sim::SimDisk;
+use crate::support::sim::SimDisk;
+use idemstore::whitebox as frame;
+use idemstore::whitebox::{Entry, Frame, Header, HEADER_LEN};
+use idemstore::whitebox::{Recovered, Wal, LOG_HEADER_LEN};
 
 use super::Input;
 
@@ -30,9 +30,9 @@ pub fn decode(data: &[u8]) {
 }
 
 fn record(data: &[u8]) {
-    if let Ok(record) = Record::decode(data) {
+    if let Ok(record) = idemstore::whitebox::decode_record(data) {
         assert_eq!(
-            record.encode(),
+            idemstore::whitebox::encode_record(&record),
             data,
             "a decoded record re-encodes differently"
         );
@@ -179,10 +179,11 @@ pub(super) fn seeds() -> Vec<(String, Vec<u8>)> {
     let clock = super::clock();
     let store = super::open_sim(&super::builder(&clock), &SimDisk::new(), &SimDisk::new())
         .expect("a new simulated store opens");
-    let fp = crate::Fingerprint::of(b"req");
+    let fp = idemstore::Fingerprint::of(b"req");
     for (i, end) in ["pending", "completed", "review"].into_iter().enumerate() {
-        let key = crate::Key::new("t", "op", end).expect("valid key");
-        let crate::Reservation::Acquired(lease) = store.reserve(&key, fp).expect("reserve") else {
+        let key = idemstore::Key::new("t", "op", end).expect("valid key");
+        let idemstore::Reservation::Acquired(lease) = store.reserve(&key, fp).expect("reserve")
+        else {
             panic!("a fresh key is acquired");
         };
         match i {
@@ -191,7 +192,10 @@ pub(super) fn seeds() -> Vec<(String, Vec<u8>)> {
             _ => {}
         }
         let record = store.get(&key).expect("get").expect("stored");
-        seeds.push((format!("record-{end}"), record.encode()));
+        seeds.push((
+            format!("record-{end}"),
+            idemstore::whitebox::encode_record(&record),
+        ));
     }
     let entries = [
         (

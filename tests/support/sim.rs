@@ -2,7 +2,7 @@
 //! synced, so a test can take the image a process crash or a power loss would leave, it can
 //! fail the N-th write or sync, and it can run out of space. Used as both the redb
 //! `StorageBackend` and the log file, by the unit tests and by the fuzz targets
-//! ([`crate::testing::fuzz`]).
+//! ([`crate::support::fuzz`]).
 //!
 //! The power-loss model: bytes synced by `sync_data` survive; each write since the last sync is
 //! independently lost, kept, or torn (each 512-byte sector of it kept or lost on its own), in
@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::engine::wal::LogFile;
+use idemstore::LogFile;
 
 /// Sector size for torn writes: a power loss keeps or loses each sector of a write on its own.
 const SECTOR: usize = 512;
@@ -330,7 +330,7 @@ fn apply(image: &mut Vec<u8>, offset: usize, data: &[u8]) {
     image[offset..offset + data.len()].copy_from_slice(data);
 }
 
-impl redb::StorageBackend for SimDisk {
+impl idemstore::redb::StorageBackend for SimDisk {
     fn len(&self) -> io::Result<u64> {
         Ok(self.0.state.lock().live.len() as u64)
     }

@@ -1,9 +1,9 @@
 //! Entry points for the fuzz targets in `fuzz/`, and the test that replays their corpus.
 //!
-//! This module exists only when the crate is built by `cargo fuzz` (which sets
-//! `--cfg fuzzing`, declared in `build.rs`) or for the crate's own unit tests; a normal build
-//! has no trace of it. It reaches the internals the targets need (the record and log-frame
-//! decoders, log recovery, the simulated disk) without making any of them public.
+//! Compiled into the integration tests (which replay the checked-in corpus) and into each
+//! target of `fuzz/`. It opens stores on the simulated disk through the public storage seam and
+//! reaches the few internals the targets need (the record and log-frame codecs, log recovery)
+//! through the hidden `__whitebox` feature.
 //!
 //! Each entry point takes the fuzzer's bytes and runs them to the end. Errors from the store
 //! are expected answers to hostile input and are ignored; a panic means a broken invariant and
@@ -22,9 +22,9 @@ mod ops;
 
 use std::time::{Duration, UNIX_EPOCH};
 
-use crate::error::Error;
-use crate::testing::sim::SimDisk;
-use crate::{Builder, ManualClock, Store};
+use crate::support::sim::SimDisk;
+use idemstore::Error;
+use idemstore::{Builder, ManualClock, Store};
 
 pub use decode::decode;
 pub use open::open;
@@ -101,7 +101,7 @@ fn clock() -> ManualClock {
 /// inside redb caught) instead of panicking; reads of a damaged page the check did not see
 /// return an error.
 fn open_sim(builder: &Builder, db_disk: &SimDisk, log_disk: &SimDisk) -> Result<Store, Error> {
-    Store::open_sim(builder, db_disk, log_disk)
+    builder.open_with_storage(db_disk.clone(), log_disk.clone())
 }
 
 #[cfg(test)]
@@ -138,7 +138,7 @@ mod tests {
     }
 
     /// Writes the hand-made seed inputs (`seed-*`) of every target into `fuzz/corpus/`:
-    /// `cargo test --lib testing::fuzz::tests::write_seeds -- --ignored`.
+    /// `cargo test --test integration support::fuzz::tests::write_seeds -- --ignored`.
     #[test]
     #[ignore = "writes files; run by hand when the input formats change"]
     fn write_seeds() {
@@ -200,7 +200,7 @@ mod tests {
     }
 
     /// Runs one input file through one target, for triage:
-    /// `IDEMSTORE_FUZZ_INPUT=ops:path cargo test --lib testing::fuzz::tests::replay_one -- --ignored`
+    /// `IDEMSTORE_FUZZ_INPUT=ops:path cargo test --test integration support::fuzz::tests::replay_one -- --ignored`
     /// (with `IDEMSTORE_FUZZ_TRACE=1`, the `ops` target prints every step).
     #[test]
     #[ignore = "needs IDEMSTORE_FUZZ_INPUT=<target>:<file>"]

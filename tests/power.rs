@@ -28,10 +28,10 @@ use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use parking_lot::Mutex;
 
-use crate::clock::to_millis;
-use crate::record::Millis;
-use crate::testing::sim::{Rng, SimDisk};
-use crate::{Builder, Fingerprint, Key, Lease, ManualClock, Reservation, Status, Store};
+use crate::support::sim::{Rng, SimDisk};
+use idemstore::whitebox::to_millis;
+use idemstore::whitebox::Millis;
+use idemstore::{Builder, Fingerprint, Key, Lease, ManualClock, Reservation, Status, Store};
 
 /// Cuts in `cargo test`.
 const CUTS: usize = 1_000;
@@ -430,7 +430,7 @@ fn work(
                 } else {
                     store.expire(&key(i))
                 };
-                let removed = !matches!(answer, Ok(None) | Err(crate::Error::LeaseLive { .. }));
+                let removed = !matches!(answer, Ok(None) | Err(idemstore::Error::LeaseLive { .. }));
                 let returned_at = now();
                 history.lock().expired(i, returned_at, removed, forced);
                 continue;
@@ -537,7 +537,7 @@ fn lineage(cuts: usize, seed: u64, covered: &[AtomicU64; 9]) {
     let (mut db, mut log) = (SimDisk::new(), SimDisk::new());
     let history = Mutex::new(History::default());
     for cut in 0..cuts {
-        let store = match Store::open_sim(&builder(&clock), &db, &log) {
+        let store = match builder(&clock).__open_unchecked(db.clone(), log.clone()) {
             Ok(store) => store,
             Err(e) => panic!("lineage {seed}, cut {cut}: the store does not open: {e}"),
         };
@@ -596,7 +596,9 @@ fn lineage(cuts: usize, seed: u64, covered: &[AtomicU64; 9]) {
         drop(store);
     }
     // A last open checks the last cut.
-    let store = Store::open_sim(&builder(&clock), &db, &log).unwrap();
+    let store = builder(&clock)
+        .__open_unchecked(db.clone(), log.clone())
+        .unwrap();
     let history = history.lock();
     history.verify(&store, to_millis(clock.time()));
     for (c, n) in covered[2..].iter().zip(history.counts) {

@@ -1,12 +1,12 @@
 //! The one reference model of a key's state, shared by the crash model (`crash.rs`) and the
-//! `ops` fuzz target (`fuzz/fuzz_targets/ops.rs`, through `src/testing/fuzz/ops.rs`): written
+//! `ops` fuzz target (`fuzz/fuzz_targets/ops.rs`, through `tests/support/fuzz/ops.rs`): written
 //! from docs/DESIGN.md, not from `decide`, so the store
 //! is checked against an independent statement of what it must hold.
 
-use crate::clock::to_millis;
-use crate::error::LeaseLostReason;
-use crate::record::Millis;
-use crate::{Fingerprint, Record, Status};
+use idemstore::whitebox::to_millis;
+use idemstore::whitebox::Millis;
+use idemstore::LeaseLostReason;
+use idemstore::{Fingerprint, Record, Status};
 
 /// The request body `b` (two bodies, so a mismatch can be asked for) as a fingerprint.
 pub(crate) fn body(b: u8) -> Fingerprint {
@@ -168,6 +168,7 @@ impl Model {
                 body,
                 note: note.to_string(),
             },
+            other => panic!("a state the model does not know: {other:?}"),
         }
     }
 }

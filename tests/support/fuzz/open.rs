@@ -1,7 +1,7 @@
 //! The `open` target: a store opened from damaged or made-up file images.
 
-use crate::testing::sim::SimDisk;
-use crate::{Fingerprint, Key, Reservation, Status, Store};
+use crate::support::sim::SimDisk;
+use idemstore::{Fingerprint, Key, Reservation, Status, Store};
 
 use super::{builder, clock, open_sim, Input};
 
@@ -25,7 +25,8 @@ fn base_key(i: usize) -> Key {
 pub(super) fn bases() -> [Images; 2] {
     macro_rules! image {
         ($name:literal) => {
-            include_bytes!(concat!(env!("CARGO_MANIFEST_DIR"), "/fuzz/bases/", $name)).as_slice()
+            // Relative to this file, so the fuzz targets that compile it find them too.
+            include_bytes!(concat!("../../../fuzz/bases/", $name)).as_slice()
         };
     }
     [
@@ -135,7 +136,7 @@ fn check(db: Vec<u8>, log: Vec<u8>) {
     let _ = store.stale(16);
     let key = Key::new("fuzz", "open", "new key").expect("valid key");
     let result = b"fuzz result".to_vec();
-    let used = (|| -> Result<bool, crate::Error> {
+    let used = (|| -> Result<bool, idemstore::Error> {
         let Reservation::Acquired(lease) = store.reserve(&key, Fingerprint::of(b"new"))? else {
             return Ok(false); // a made-up image may hold this key already
         };

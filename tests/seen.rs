@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::{Builder, Fingerprint, Key, ManualClock, Reservation, Store};
+use idemstore::{Builder, Fingerprint, Key, ManualClock, Reservation, Store};
 
 fn builder(clock: &ManualClock) -> Builder {
     let mut builder = Store::builder();
@@ -33,11 +33,11 @@ fn reserve_racing(
     between: impl FnOnce(&Store) + Send + 'static,
 ) -> Reservation {
     let other = Arc::clone(store);
-    store.before_next_submit(move || between(&other));
+    store.__before_next_submit(move || between(&other));
     store.reserve(&key(), fp()).unwrap()
 }
 
-fn acquired(answer: Reservation) -> crate::Lease {
+fn acquired(answer: Reservation) -> idemstore::Lease {
     match answer {
         Reservation::Acquired(lease) => lease,
         other => panic!("a new key answered {other:?}"),

@@ -10,12 +10,13 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 
-use crate::clock::{from_millis, to_millis};
-use crate::engine::wal::{LogFile, Recovered, Wal};
-use crate::record::Millis;
-use crate::testing::model::{body, Model};
-use crate::testing::sim::{Rng, SimDisk};
-use crate::{
+use crate::support::model::{body, Model};
+use crate::support::sim::{Rng, SimDisk};
+use idemstore::whitebox::Millis;
+use idemstore::whitebox::{from_millis, to_millis};
+use idemstore::whitebox::{Recovered, Wal};
+use idemstore::LogFile;
+use idemstore::{
     Builder, Error, Fingerprint, Key, Lease, ManualClock, RecordClass, Reservation, Status, Store,
 };
 
@@ -129,7 +130,9 @@ impl Harness {
         let clock = ManualClock::new();
         let db = SimDisk::new();
         let log = SimDisk::new();
-        let store = Store::open_sim(&builder(&clock), &db, &log).unwrap();
+        let store = builder(&clock)
+            .open_with_storage(db.clone(), log.clone())
+            .unwrap();
         Harness {
             clock,
             db,
@@ -149,7 +152,11 @@ impl Harness {
     fn reopen(&mut self, db: SimDisk, log: SimDisk) {
         self.db = db;
         self.log = log;
-        self.store = Some(Store::open_sim(&builder(&self.clock), &self.db, &self.log).unwrap());
+        self.store = Some(
+            builder(&self.clock)
+                .open_with_storage(self.db.clone(), self.log.clone())
+                .unwrap(),
+        );
         for (orphaned, expected) in self.orphaned.iter_mut().zip(&self.expected) {
             *orphaned = matches!(expected, Model::Pending { .. });
         }
@@ -309,7 +316,7 @@ impl Harness {
     /// so no lease ran out by its time).
     fn verify(&self) {
         let now = self.now();
-        let floor = self.store().token_floor().0;
+        let floor = self.store().__token_floor();
         assert!(
             floor > self.max_token,
             "floor {floor} at or below an old token"
@@ -321,9 +328,9 @@ impl Harness {
             .into_iter()
             .map(|(key, _)| key)
             .collect();
-        stale.sort_by_key(|k| k.encoded().to_vec());
+        stale.sort_by_key(|k| k.id().to_vec());
         let mut orphans: Vec<Key> = (0..KEYS).filter(|&i| self.orphaned[i]).map(key).collect();
-        orphans.sort_by_key(|k| k.encoded().to_vec());
+        orphans.sort_by_key(|k| k.id().to_vec());
         assert_eq!(stale, orphans, "stale() after recovery");
         for (i, expected) in self.expected.iter().enumerate() {
             let record = self.store().get(&key(i)).unwrap();
@@ -428,7 +435,7 @@ fn ops_then_process_crash(count: usize) -> (ManualClock, SimDisk, SimDisk) {
     let (db, log) = (SimDisk::new(), SimDisk::new());
     let mut b = builder(&clock);
     b.checkpoint_bytes(64 << 20);
-    let store = Store::open_sim(&b, &db, &log).unwrap();
+    let store = b.open_with_storage(db.clone(), log.clone()).unwrap();
     for i in 0..count {
         let key = Key::new("t", "op", format!("{i}")).unwrap();
         assert!(matches!(
@@ -448,9 +455,12 @@ fn replay_restores_every_acknowledged_reserve_and_twice_gives_the_same_state() {
     let (clock, db, log) = ops_then_process_crash(50);
     assert!(log.bytes().len() > 50 * 20, "the log holds the frames");
     let b = builder(&clock);
-    let first = Store::open_sim(&b, &db.after_process_crash(), &log.after_process_crash()).unwrap();
-    let second =
-        Store::open_sim(&b, &db.after_process_crash(), &log.after_process_crash()).unwrap();
+    let first = b
+        .open_with_storage(db.after_process_crash(), log.after_process_crash())
+        .unwrap();
+    let second = b
+        .open_with_storage(db.after_process_crash(), log.after_process_crash())
+        .unwrap();
     for i in 0..50 {
         let key = Key::new("t", "op", format!("{i}")).unwrap();
         let a = first.get(&key).unwrap().expect("acknowledged reserve lost");
@@ -463,7 +473,9 @@ fn damaged_frame_followed_by_valid_frames_refuses_to_open() {
     let (clock, db, log) = ops_then_process_crash(50);
     // Byte 62 is inside the first frame's payload (frames start after the 32-byte identity).
     log.flip_bit(62, 3);
-    let err = Store::open_sim(&builder(&clock), &db, &log).unwrap_err();
+    let err = builder(&clock)
+        .open_with_storage(db.clone(), log.clone())
+        .unwrap_err();
     assert!(matches!(err, Error::Corruption { .. }), "{err}");
     assert!(err.to_string().contains("offset"), "{err}");
 }
@@ -508,7 +520,9 @@ fn torn_tail_ends_the_log() {
 fn failed_log_sync_poisons_and_reopen_recovers() {
     let clock = ManualClock::new();
     let (db, log) = (SimDisk::new(), SimDisk::new());
-    let store = Store::open_sim(&builder(&clock), &db, &log).unwrap();
+    let store = builder(&clock)
+        .open_with_storage(db.clone(), log.clone())
+        .unwrap();
     let fp = Fingerprint::of(b"r");
     let Reservation::Acquired(kept) = store.reserve(&key(0), fp).unwrap() else {
         panic!()
@@ -523,7 +537,9 @@ fn failed_log_sync_poisons_and_reopen_recovers() {
     log.freeze();
     let (db, log) = (db.after_process_crash(), log.after_process_crash());
     drop(store);
-    let store = Store::open_sim(&builder(&clock), &db, &log).unwrap();
+    let store = builder(&clock)
+        .open_with_storage(db.clone(), log.clone())
+        .unwrap();
     let record = store
         .get(&key(0))
         .unwrap()
@@ -539,7 +555,9 @@ fn failed_log_sync_poisons_and_reopen_recovers() {
 fn failed_redb_write_at_checkpoint_poisons_and_reopen_recovers() {
     let clock = ManualClock::new();
     let (db, log) = (SimDisk::new(), SimDisk::new());
-    let store = Store::open_sim(&builder(&clock), &db, &log).unwrap();
+    let store = builder(&clock)
+        .open_with_storage(db.clone(), log.clone())
+        .unwrap();
     let fp = Fingerprint::of(b"r");
     for i in 0..KEYS {
         assert!(matches!(
@@ -557,7 +575,9 @@ fn failed_redb_write_at_checkpoint_poisons_and_reopen_recovers() {
     log.freeze();
     let (db, log) = (db.after_process_crash(), log.after_process_crash());
     drop(store);
-    let store = Store::open_sim(&builder(&clock), &db, &log).unwrap();
+    let store = builder(&clock)
+        .open_with_storage(db.clone(), log.clone())
+        .unwrap();
     for i in 0..KEYS {
         assert!(store.get(&key(i)).unwrap().is_some(), "key {i} lost");
     }
@@ -573,9 +593,11 @@ fn failed_redb_write_at_checkpoint_poisons_and_reopen_recovers() {
 fn a_result_shaped_like_a_log_frame_does_not_stop_the_store_from_opening() {
     let clock = ManualClock::new();
     let (db, log) = (SimDisk::new(), SimDisk::new());
-    let store = Store::open_sim(&builder(&clock), &db, &log).unwrap();
+    let store = builder(&clock)
+        .open_with_storage(db.clone(), log.clone())
+        .unwrap();
     let mut fake = Vec::new();
-    crate::format::frame::encode(
+    idemstore::whitebox::encode(
         usize::MAX,
         0,
         1 << 40,
@@ -595,7 +617,7 @@ fn a_result_shaped_like_a_log_frame_does_not_stop_the_store_from_opening() {
     store.checkpoint().unwrap();
     let _ = store.reserve(&key(1), fp).unwrap();
     drop(store);
-    let store = Store::open_sim(&builder(&clock), &db, &log);
+    let store = builder(&clock).open_with_storage(db.clone(), log.clone());
     assert!(store.is_ok(), "{}", store.unwrap_err());
 }
 
@@ -642,7 +664,9 @@ fn poisoned_then_recovers(
     log.freeze();
     let (db, log) = (db.after_process_crash(), log.after_process_crash());
     drop(store);
-    let store = Store::open_sim(&builder(clock), &db, &log).unwrap();
+    let store = builder(clock)
+        .open_with_storage(db.clone(), log.clone())
+        .unwrap();
     for (key, result) in acked {
         let record = store
             .get(key)
@@ -666,7 +690,7 @@ fn full_disk_under_the_log_fails_clearly_poisons_and_loses_nothing_acknowledged(
     let (db, log) = (SimDisk::new(), SimDisk::new());
     let mut b = builder(&clock);
     b.checkpoint_bytes(64 << 20);
-    let store = Store::open_sim(&b, &db, &log).unwrap();
+    let store = b.open_with_storage(db.clone(), log.clone()).unwrap();
     log.set_size_limit(Some(48 * 1024));
     let (acked, error) = fill_until_error(&store, 10_000);
     assert!(acked.len() > 10, "only {} completions fit", acked.len());
@@ -680,7 +704,9 @@ fn full_disk_under_the_log_fails_clearly_poisons_and_loses_nothing_acknowledged(
 fn full_disk_under_the_btree_fails_clearly_poisons_and_loses_nothing_acknowledged() {
     let clock = ManualClock::new();
     let (db, log) = (SimDisk::new(), SimDisk::new());
-    let store = Store::open_sim(&builder(&clock), &db, &log).unwrap();
+    let store = builder(&clock)
+        .open_with_storage(db.clone(), log.clone())
+        .unwrap();
     let room = db.bytes().len() as u64 + 256 * 1024;
     db.set_size_limit(Some(room));
     // 64 KiB checkpoints write the B-tree every ~40 completions; fail at the one that
@@ -699,7 +725,9 @@ fn full_disk_under_the_btree_fails_clearly_poisons_and_loses_nothing_acknowledge
 fn a_full_disk_says_how_much_room_reopening_needs_and_that_is_enough() {
     let clock = ManualClock::new();
     let (db, log) = (SimDisk::new(), SimDisk::new());
-    let store = Store::open_sim(&builder(&clock), &db, &log).unwrap();
+    let store = builder(&clock)
+        .open_with_storage(db.clone(), log.clone())
+        .unwrap();
     let room = db.bytes().len() as u64 + 256 * 1024;
     db.set_size_limit(Some(room));
     let (acked, error) = fill_until_error(&store, 10_000);
@@ -719,7 +747,7 @@ fn a_full_disk_says_how_much_room_reopening_needs_and_that_is_enough() {
         .unwrap_or_else(|| panic!("the message does not say how much room: {message}"));
     assert_eq!(
         needed,
-        crate::engine::poison::reopen_room(64 * 1024),
+        idemstore::whitebox::reopen_room(64 * 1024),
         "{message}"
     );
     db.freeze();
@@ -728,7 +756,8 @@ fn a_full_disk_says_how_much_room_reopening_needs_and_that_is_enough() {
     drop(store);
     db.set_size_limit(Some(db.bytes().len() as u64 + needed));
     log.set_size_limit(Some(log.bytes().len() as u64));
-    let store = Store::open_sim(&builder(&clock), &db, &log)
+    let store = builder(&clock)
+        .open_with_storage(db.clone(), log.clone())
         .unwrap_or_else(|e| panic!("reopening with the room the message named failed: {e}"));
     for (key, result) in &acked {
         match store.get(key).unwrap().expect("kept").status() {

@@ -1,0 +1,53 @@
+//! The internals the crate's own tests (`tests/`) and fuzz targets (`fuzz/`) reach, behind the
+//! hidden feature `__whitebox`: the log's frames and recovery (the `decode` fuzz target and the
+//! torn-tail tests read and write them directly), the clean-close mark, the time conversions
+//! the models use, and the directories synced. The store itself is reached through the public
+//! storage seam ([`Builder::open_with_storage`](crate::Builder::open_with_storage)) plus the
+//! `Store::__*` and `Builder::__*` methods. Not part of the API: no stability promise, and a
+//! user never turns the feature on (CONTRIBUTING.md, "The storage seam and the white-box
+//! feature").
+
+use std::path::PathBuf;
+
+pub use crate::clock::{from_millis, to_millis};
+pub use crate::engine::poison::reopen_room;
+pub use crate::engine::wal::{Recovered, Wal};
+pub use crate::format::frame::{
+    decode_payload, encode, header_crc, padded, parse_header, Entry, Frame, Header, HEADER_LEN,
+};
+pub use crate::format::identity::LOG_HEADER_LEN;
+pub use crate::record::Millis;
+use crate::record::Record;
+
+/// A record's stored bytes (the record codec, `src/format/record.rs`).
+pub fn encode_record(record: &Record) -> Vec<u8> {
+    record.encode()
+}
+
+/// A record from its stored bytes, or why they are not one.
+pub fn decode_record(bytes: &[u8]) -> Result<Record, String> {
+    Record::decode(bytes)
+}
+
+/// Whether the store file on `db` (as a store writes it, checksummed pages and all) carries the
+/// clean-close mark.
+pub fn closed_clean(db: impl redb::StorageBackend) -> Result<bool, crate::Error> {
+    let pages = crate::format::pages::PageFile::new(db, crate::store::open::STORAGE_NAME)
+        .map_err(|e| crate::Error::io("reading a page file's header", e))?;
+    let db = redb::Builder::new()
+        .create_with_backend(pages)
+        .map_err(|e| crate::Error::storage("opening a page file", e))?;
+    crate::engine::clean_close::recorded(&db)
+}
+
+/// Every directory the store synced since the process started.
+pub fn synced_dirs() -> Vec<PathBuf> {
+    crate::store::open::file::SYNCED_DIRS.lock().clone()
+}
+
+/// Forgets the synced directories under `dir` (so a test sees its own syncs only).
+pub fn forget_synced(dir: &std::path::Path) {
+    crate::store::open::file::SYNCED_DIRS
+        .lock()
+        .retain(|d| d != dir);
+}

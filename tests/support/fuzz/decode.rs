@@ -172,7 +172,6 @@ fn recover(image: Vec<u8>, checkpoint: u64) {
 }
 
 /// Hand-made starting inputs: records in each state, a frame, and real logs.
-#[cfg(test)]
 pub(super) fn seeds() -> Vec<(String, Vec<u8>)> {
     let mut seeds = Vec::new();
     // Records in each state, as a store wrote them.
@@ -236,7 +235,6 @@ pub(super) fn seeds() -> Vec<(String, Vec<u8>)> {
 /// RELIABILITY.md), kept out of the corpus until it is fixed. None at present: finding 1 (a
 /// result shaped like a log frame) was fixed by salting the frame checksums, and its input is
 /// in the corpus.
-#[cfg(test)]
 pub(super) fn known_crashes() -> Vec<(String, Vec<u8>)> {
     Vec::new()
 }

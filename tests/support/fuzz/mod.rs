@@ -104,6 +104,57 @@ fn open_sim(builder: &Builder, db_disk: &SimDisk, log_disk: &SimDisk) -> Result<
     builder.open_with_storage(db_disk.clone(), log_disk.clone())
 }
 
+/// Writes the hand-made seed inputs (`seed-*`) of every target into `fuzz/corpus/`, the base
+/// images into `fuzz/bases/` and the known crashes into `fuzz/known-crashes/`, under `fuzz`
+/// (the fuzz crate's folder): `cargo run --manifest-path fuzz/Cargo.toml --bin write_seeds`,
+/// when the input formats change.
+pub fn write_seeds(fuzz: &std::path::Path) {
+    use std::fs;
+
+    for (name, crashed) in [("clean", false), ("crashed", true)] {
+        let (db, log) = open::base(crashed);
+        fs::create_dir_all(fuzz.join("bases")).expect("create fuzz/bases");
+        fs::write(fuzz.join(format!("bases/{name}.idem")), db).expect("write a base");
+        fs::write(fuzz.join(format!("bases/{name}.idem.wal")), log).expect("write a base");
+    }
+    let root = fuzz.join("corpus");
+    let write = |target: &str, name: &str, data: &[u8]| {
+        let dir = root.join(target);
+        fs::create_dir_all(&dir).expect("create the corpus directory");
+        fs::write(dir.join(format!("seed-{name}")), data).expect("write a seed");
+    };
+    for (name, data) in decode::seeds() {
+        write("decode", &name, &data);
+    }
+    for (name, data) in decode::known_crashes() {
+        let dir = fuzz.join("known-crashes/decode");
+        fs::create_dir_all(&dir).expect("create the known-crashes directory");
+        fs::write(dir.join(name), data).expect("write a known crash");
+    }
+    for (name, data) in open::seeds() {
+        write("open", &name, &data);
+    }
+    for (name, data) in ops::seeds() {
+        write("ops", &name, &data);
+    }
+}
+
+/// Runs one input through one target (`decode`, `open` or `ops`), for triage:
+/// `cargo run --manifest-path fuzz/Cargo.toml --bin replay -- ops fuzz/artifacts/ops/crash-…`
+/// (with `IDEMSTORE_FUZZ_TRACE=1`, the `ops` target prints every step).
+///
+/// # Errors
+/// An unknown target.
+pub fn replay(target: &str, data: &[u8]) -> Result<(), String> {
+    match target {
+        "decode" => decode(data),
+        "open" => open(data),
+        "ops" => ops(data),
+        other => return Err(format!("unknown target {other}: decode, open or ops")),
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     //! Replays every input checked in under `fuzz/corpus/<target>/` through the same entry
@@ -137,37 +188,39 @@ mod tests {
         }
     }
 
-    /// Writes the hand-made seed inputs (`seed-*`) of every target into `fuzz/corpus/`:
-    /// `cargo test --test integration support::fuzz::tests::write_seeds -- --ignored`.
+    /// The seed writer's inputs run cleanly through their targets, and it writes a seed for
+    /// every target and both base images (into a temporary folder, not the checked-in corpus).
     #[test]
-    #[ignore = "writes files; run by hand when the input formats change"]
-    fn write_seeds() {
-        let fuzz = Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz");
-        for (name, crashed) in [("clean", false), ("crashed", true)] {
-            let (db, log) = super::open::base(crashed);
-            fs::create_dir_all(fuzz.join("bases")).expect("create fuzz/bases");
-            fs::write(fuzz.join(format!("bases/{name}.idem")), db).expect("write a base");
-            fs::write(fuzz.join(format!("bases/{name}.idem.wal")), log).expect("write a base");
+    fn the_seed_writer_writes_inputs_that_run() {
+        let dir = tempfile::tempdir().expect("a temporary folder");
+        super::write_seeds(dir.path());
+        for target in ["decode", "open", "ops"] {
+            let files: Vec<_> = fs::read_dir(dir.path().join("corpus").join(target))
+                .expect("the seeds of a target")
+                .map(|entry| entry.expect("directory entry").path())
+                .collect();
+            assert!(files.len() >= 3, "{target}: only {} seeds", files.len());
+            for file in files {
+                let data = fs::read(&file).expect("read a seed");
+                let outcome = std::panic::catch_unwind(|| super::replay(target, &data));
+                assert!(
+                    matches!(outcome, Ok(Ok(()))),
+                    "seed {} fails",
+                    file.display()
+                );
+            }
         }
-        let root = fuzz.join("corpus");
-        let write = |target: &str, name: &str, data: &[u8]| {
-            let dir = root.join(target);
-            fs::create_dir_all(&dir).expect("create the corpus directory");
-            fs::write(dir.join(format!("seed-{name}")), data).expect("write a seed");
-        };
-        for (name, data) in super::decode::seeds() {
-            write("decode", &name, &data);
-        }
-        for (name, data) in super::decode::known_crashes() {
-            let dir = fuzz.join("known-crashes/decode");
-            fs::create_dir_all(&dir).expect("create the known-crashes directory");
-            fs::write(dir.join(name), data).expect("write a known crash");
-        }
-        for (name, data) in super::open::seeds() {
-            write("open", &name, &data);
-        }
-        for (name, data) in super::ops::seeds() {
-            write("ops", &name, &data);
+        assert!(super::replay("nothing", b"").is_err());
+        for base in [
+            "clean.idem",
+            "clean.idem.wal",
+            "crashed.idem",
+            "crashed.idem.wal",
+        ] {
+            let len = fs::metadata(dir.path().join("bases").join(base))
+                .expect("a base image")
+                .len();
+            assert!(len > 0, "base {base} is empty");
         }
     }
 
@@ -196,23 +249,6 @@ mod tests {
                     file.display()
                 );
             }
-        }
-    }
-
-    /// Runs one input file through one target, for triage:
-    /// `IDEMSTORE_FUZZ_INPUT=ops:path cargo test --test integration support::fuzz::tests::replay_one -- --ignored`
-    /// (with `IDEMSTORE_FUZZ_TRACE=1`, the `ops` target prints every step).
-    #[test]
-    #[ignore = "needs IDEMSTORE_FUZZ_INPUT=<target>:<file>"]
-    fn replay_one() {
-        let spec = std::env::var("IDEMSTORE_FUZZ_INPUT").expect("IDEMSTORE_FUZZ_INPUT");
-        let (target, file) = spec.split_once(':').expect("<target>:<file>");
-        let data = fs::read(file).expect("read the input");
-        match target {
-            "decode" => super::decode(&data),
-            "open" => super::open(&data),
-            "ops" => super::ops(&data),
-            other => panic!("unknown target {other}"),
         }
     }
 

@@ -36,7 +36,6 @@ pub(super) fn bases() -> [Images; 2] {
 }
 
 /// Builds a base image pair: see [`bases`].
-#[cfg(test)]
 pub(super) fn base(crashed: bool) -> (Vec<u8>, Vec<u8>) {
     let clock = clock();
     let (db, log) = (SimDisk::new(), SimDisk::new());
@@ -166,7 +165,6 @@ fn check(db: Vec<u8>, log: Vec<u8>) {
 
 /// Hand-made starting inputs: empty and raw images, each base image untouched, and a few
 /// patches.
-#[cfg(test)]
 pub(super) fn seeds() -> Vec<(String, Vec<u8>)> {
     let mut seeds = vec![("empty".to_string(), vec![0u8])];
     let (db, log) = base(true);

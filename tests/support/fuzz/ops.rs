@@ -697,7 +697,6 @@ impl Harness {
 }
 
 /// Hand-made starting inputs, one scenario each (pairs of operation and argument bytes).
-#[cfg(test)]
 pub(super) fn seeds() -> Vec<(String, Vec<u8>)> {
     const RESERVE: u8 = 0;
     const COMPLETE: u8 = 5;

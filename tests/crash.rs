@@ -237,6 +237,7 @@ impl Harness {
                         attempt: *attempt,
                         body: 0,
                         result,
+                        completed_at: self.now(),
                         expires_at: self.now() + retention_ms(i),
                     };
                 }

@@ -1,8 +1,9 @@
 //! Model-based property test: random sequences of every public operation (reserve, complete,
 //! complete_with_retention, release_if_pending, extend, mark_needs_review, resolve, expire,
 //! expire_forced, expire_many, sweep, stale), clock steps around the lease and retentions,
-//! and reopens of the same file, run against a real store and against a plain in-memory
-//! reference model written from docs/DESIGN.md (not from `decide/`). Three operations have
+//! and reopens of the same file, run against a real store and against the one reference model
+//! (`support/model.rs`, which the crash model and the `ops` fuzz target also check against),
+//! written from docs/DESIGN.md (not from `decide/`). Three operations have
 //! three different retentions (the store's default and two per-operation settings).
 //!
 //! Every outcome is compared (variant, tokens, attempts, results, deadlines, retry_after,
@@ -14,7 +15,6 @@
 //! 32 cases by default (each creates a store file, which costs ~0.1 s in debug builds); set
 //! `PROPTEST_CASES` for more.
 
-use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use idemstore::{
@@ -24,6 +24,7 @@ use idemstore::{
 use proptest::prelude::*;
 
 use crate::common::encoded;
+use crate::support::model::{body, Answer, Keys, Model};
 
 const LEASE_MS: u64 = 1_000;
 const RETENTION_MS: u64 = 5_000;
@@ -33,7 +34,6 @@ const CONSUME_RETENTION_MS: u64 = 2_000;
 /// A per-call retention of complete_with_retention.
 const OVERRIDE_RETENTION_MS: u64 = 3_000;
 const START_MS: u64 = 1_700_000_000_000;
-const NEVER: u64 = u64::MAX;
 const KEYS: usize = 4;
 const BODIES: usize = 2;
 const DEFAULT_CASES: u32 = 32;
@@ -64,8 +64,14 @@ fn retention_of(index: usize) -> u64 {
     }
 }
 
-fn body_of(index: usize) -> Fingerprint {
-    Fingerprint::of(format!("amount={index}00"))
+/// A request body's index as the reference model names it.
+fn model_body(index: usize) -> u8 {
+    u8::try_from(index).expect("two bodies")
+}
+
+/// The request body `index` as the reference model fingerprints it.
+fn body_of(index: u8) -> Fingerprint {
+    body(index)
 }
 
 fn at(ms: u64) -> SystemTime {
@@ -160,124 +166,15 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-/// The reference model's record: plain fields, times in milliseconds, `NEVER` for no expiry.
-#[derive(Debug, Clone, PartialEq)]
-struct MRecord {
-    body: usize,
-    token: u64,
-    attempt: u32,
-    expires_at: u64,
-    state: MState,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-enum MState {
-    Pending { lease_until: u64 },
-    Completed { completed_at: u64, result: Vec<u8> },
-    NeedsReview { since: u64, note: String },
-}
-
-/// The reference model: a map from key index to record, the time, and the largest token
-/// handed out (the store picks tokens; the model checks that each is bigger than all before).
-struct Model {
-    now: u64,
-    records: HashMap<usize, MRecord>,
-    max_token: u64,
-    /// Tokens below this one were handed out before the last reopen: leases end with the
-    /// store that granted them, so those reservations are stale whatever their lease time.
-    floor: u64,
-}
-
-impl Model {
-    /// Whether the pending `record` with `lease_until` holds a live lease now.
-    fn lease_live(&self, record: &MRecord, lease_until: u64) -> bool {
-        self.now < lease_until && record.token >= self.floor
-    }
-
-    /// The record of `key` unless it has expired: an expired record reads as absent.
-    fn live(&self, key: usize) -> Option<&MRecord> {
-        self.records.get(&key).filter(|r| self.now < r.expires_at)
-    }
-
-    /// Whether `token` owns `key` (it is pending under that token), else why not.
-    fn owner_check(&self, key: usize, token: u64) -> Result<(), LeaseLostReason> {
-        match self.live(key) {
-            None => Err(LeaseLostReason::Gone),
-            Some(r) => match r.state {
-                MState::Pending { .. } if r.token == token => Ok(()),
-                MState::Pending { .. } => Err(LeaseLostReason::TakenOver { by_token: r.token }),
-                MState::Completed { .. } => Err(LeaseLostReason::Completed { by_token: r.token }),
-                MState::NeedsReview { .. } => Err(LeaseLostReason::NeedsReview),
-            },
-        }
-    }
-
-    fn pending(&mut self, key: usize, body: usize, token: u64, attempt: u32) {
-        let lease_until = self.now + LEASE_MS;
-        self.records.insert(
-            key,
-            MRecord {
-                body,
-                token,
-                attempt,
-                expires_at: lease_until + retention_of(key),
-                state: MState::Pending { lease_until },
-            },
-        );
-    }
-
-    fn complete(&mut self, key: usize, result: Vec<u8>) {
-        self.complete_for(key, result, retention_of(key));
-    }
-
-    fn complete_for(&mut self, key: usize, result: Vec<u8>, retention: u64) {
-        let now = self.now;
-        let record = self.records.get_mut(&key).expect("completing a stored key");
-        record.expires_at = now + retention;
-        record.state = MState::Completed {
-            completed_at: now,
-            result,
-        };
-    }
-
-    /// Records sorted by (deadline, encoded key), the order of the store's indexes.
-    fn by_deadline(&self, deadline: impl Fn(&MRecord) -> Option<u64>) -> Vec<(u64, usize)> {
-        let mut found: Vec<(u64, usize)> = self
-            .records
-            .iter()
-            .filter_map(|(&k, r)| deadline(r).map(|d| (d, k)))
-            .collect();
-        found.sort_by_key(|&(d, k)| (d, encoded(&key_of(k))));
-        found
-    }
-}
-
-impl Model {
-    /// What expiring `key` answers, and its effect: whatever is stored goes, also past its
-    /// expiry (the bytes must go), except under a live lease unless forced, which answers the
-    /// lease's end.
-    fn expire(&mut self, key: usize, force: bool) -> Result<Option<RecordClass>, u64> {
-        let Some(record) = self.records.get(&key) else {
-            return Ok(None);
-        };
-        let class = if self.now >= record.expires_at {
-            RecordClass::Expired
-        } else {
-            match record.state {
-                MState::Pending { lease_until } if self.lease_live(record, lease_until) => {
-                    if !force {
-                        return Err(lease_until);
-                    }
-                    RecordClass::Pending
-                }
-                MState::Pending { .. } => RecordClass::Stale,
-                MState::Completed { .. } => RecordClass::Completed,
-                MState::NeedsReview { .. } => RecordClass::NeedsReview,
-            }
-        };
-        self.records.remove(&key);
-        Ok(Some(class))
-    }
+/// Records sorted by (deadline, encoded key), the order of the store's indexes.
+fn by_deadline(model: &Keys, deadline: impl Fn(usize) -> Option<u64>) -> Vec<(u64, usize)> {
+    let mut found: Vec<(u64, usize)> = model
+        .records
+        .keys()
+        .filter_map(|&k| deadline(k).map(|d| (d, k)))
+        .collect();
+    found.sort_by_key(|&(d, k)| (d, encoded(&key_of(k))));
+    found
 }
 
 /// Asserts an expire's answer: the removed record's class, or `LeaseLive` naming the key and
@@ -307,69 +204,17 @@ fn check_expired(
     }
 }
 
-/// What `reserve` should answer, per docs/DESIGN.md, in plain fields.
-#[derive(Debug, PartialEq)]
-enum Expected {
-    Acquired {
-        attempt: u32,
-    },
-    Completed {
-        result: Vec<u8>,
-        completed_at: u64,
-        expires_at: u64,
-        attempt: u32,
-    },
-    InProgress {
-        retry_after_ms: u64,
-        attempt: u32,
-    },
-    Mismatch,
-    NeedsReview {
-        note: String,
-    },
-}
-
-fn expect_reserve(model: &Model, key: usize, body: usize) -> Expected {
-    let Some(r) = model.live(key) else {
-        return Expected::Acquired { attempt: 1 };
-    };
-    if r.body != body {
-        return Expected::Mismatch;
-    }
-    match &r.state {
-        MState::Completed {
-            completed_at,
-            result,
-        } => Expected::Completed {
-            result: result.clone(),
-            completed_at: *completed_at,
-            expires_at: r.expires_at,
-            attempt: r.attempt,
-        },
-        MState::Pending { lease_until } if model.lease_live(r, *lease_until) => {
-            Expected::InProgress {
-                retry_after_ms: lease_until - model.now,
-                attempt: r.attempt,
-            }
-        }
-        MState::Pending { .. } => Expected::Acquired {
-            attempt: r.attempt + 1,
-        },
-        MState::NeedsReview { note, .. } => Expected::NeedsReview { note: note.clone() },
-    }
-}
-
 /// Converts an actual reservation into the same plain shape (the lease is returned apart).
-fn observed(reservation: Reservation) -> (Expected, Option<Lease>) {
+fn observed(reservation: Reservation) -> (Answer, Option<Lease>) {
     match reservation {
         Reservation::Acquired(lease) => (
-            Expected::Acquired {
+            Answer::Acquired {
                 attempt: lease.attempt(),
             },
             Some(lease),
         ),
         Reservation::Completed(done) => (
-            Expected::Completed {
+            Answer::Completed {
                 result: done.result,
                 completed_at: millis(done.completed_at),
                 expires_at: millis(done.expires_at),
@@ -381,14 +226,14 @@ fn observed(reservation: Reservation) -> (Expected, Option<Lease>) {
             retry_after,
             attempt,
         } => (
-            Expected::InProgress {
+            Answer::InProgress {
                 retry_after_ms: u64::try_from(retry_after.as_millis()).unwrap(),
                 attempt,
             },
             None,
         ),
-        Reservation::Mismatch => (Expected::Mismatch, None),
-        Reservation::NeedsReview { note } => (Expected::NeedsReview { note }, None),
+        Reservation::Mismatch => (Answer::Mismatch, None),
+        Reservation::NeedsReview { note } => (Answer::NeedsReview { note }, None),
         other => panic!("unknown reservation {other:?}"),
     }
 }
@@ -397,21 +242,27 @@ fn millis(time: SystemTime) -> u64 {
     u64::try_from(time.duration_since(UNIX_EPOCH).unwrap().as_millis()).unwrap()
 }
 
-/// Asserts that a stored record equals the model's.
+/// Asserts that a stored record of `key` equals the model's.
 #[track_caller]
-fn check_record(actual: &Record, expected: &MRecord, context: &str) {
+fn check_record(actual: &Record, model: &Keys, key: usize, context: &str) {
+    let expected = &model.records[&key];
+    let body = expected.body().expect("a stored record");
     assert_eq!(
         actual.fingerprint(),
-        body_of(expected.body),
+        body_of(body),
         "{context}: fingerprint"
     );
-    assert_eq!(actual.token(), expected.token, "{context}: token");
-    assert_eq!(actual.attempt(), expected.attempt, "{context}: attempt");
-    let expires_at = (expected.expires_at != NEVER).then(|| at(expected.expires_at));
+    assert_eq!(Some(actual.token()), expected.token(), "{context}: token");
+    assert_eq!(
+        Some(actual.attempt()),
+        expected.attempt(),
+        "{context}: attempt"
+    );
+    let expires_at = model.expires_at(key).map(at);
     assert_eq!(actual.expires_at(), expires_at, "{context}: expires_at");
-    let status_matches = match (&expected.state, actual.status()) {
+    let status_matches = match (expected, actual.status()) {
         (
-            MState::Pending { lease_until },
+            Model::Pending { lease_until, .. },
             // No recovery points are recorded in this model.
             Status::Pending {
                 lease_until: got,
@@ -419,9 +270,10 @@ fn check_record(actual: &Record, expected: &MRecord, context: &str) {
             },
         ) => got == at(*lease_until),
         (
-            MState::Completed {
+            Model::Completed {
                 completed_at,
                 result,
+                ..
             },
             Status::Completed {
                 result: got,
@@ -429,7 +281,7 @@ fn check_record(actual: &Record, expected: &MRecord, context: &str) {
             },
         ) => got == result.as_slice() && got_at == at(*completed_at),
         (
-            MState::NeedsReview { since, note },
+            Model::Review { since, note, .. },
             Status::NeedsReview {
                 note: got,
                 since: got_since,
@@ -438,10 +290,13 @@ fn check_record(actual: &Record, expected: &MRecord, context: &str) {
         _ => false,
     };
     assert!(
+        expected.matches(Some(actual), model.max_token),
+        "{context}: the model's rule for a stored record refuses {actual:?}, model {expected:?}"
+    );
+    assert!(
         status_matches,
-        "{context}: status {:?}, model {:?}",
-        actual.status(),
-        expected.state
+        "{context}: status {:?}, model {expected:?}",
+        actual.status()
     );
 }
 
@@ -487,12 +342,7 @@ fn run(ops: &[Op]) {
             .expect("open the store")
     };
     let mut store = open();
-    let mut model = Model {
-        now: START_MS,
-        records: HashMap::new(),
-        max_token: 0,
-        floor: 0,
-    };
+    let mut model = Keys::new(START_MS, LEASE_MS, retention_of);
     // Every lease handed out, with its key's index; never forgotten.
     let mut leases: Vec<(usize, Lease)> = Vec::new();
 
@@ -506,14 +356,14 @@ fn run(ops: &[Op]) {
         };
         match op {
             Op::Reserve { key, body } => {
-                let expected = expect_reserve(&model, *key, *body);
+                let expected = model.reserve(*key, model_body(*body));
                 let actual = store
-                    .reserve(&key_of(*key), body_of(*body))
+                    .reserve(&key_of(*key), body_of(model_body(*body)))
                     .expect(&context);
                 let (got, lease) = observed(actual);
                 assert_eq!(got, expected, "{context}");
                 if let Some(lease) = lease {
-                    let Expected::Acquired { attempt } = expected else {
+                    let Answer::Acquired { attempt } = expected else {
                         unreachable!()
                     };
                     assert_eq!(lease.key(), &key_of(*key), "{context}: lease key");
@@ -530,7 +380,7 @@ fn run(ops: &[Op]) {
                         "{context}: lease_until"
                     );
                     model.max_token = lease.token();
-                    model.pending(*key, *body, lease.token(), attempt);
+                    model.pending(*key, model_body(*body), lease.token(), attempt);
                     leases.push((*key, lease));
                 }
             }
@@ -542,7 +392,7 @@ fn run(ops: &[Op]) {
                 let actual = store.complete(&lease, result.clone());
                 let already = matches!(
                     model.live(key),
-                    Some(MRecord { token, state: MState::Completed { .. }, .. }) if *token == lease.token()
+                    Some(Model::Completed { token, .. }) if *token == lease.token()
                 );
                 if already {
                     // The same lease completing again: accepted, the first result stays.
@@ -551,7 +401,7 @@ fn run(ops: &[Op]) {
                     match model.owner_check(key, lease.token()) {
                         Ok(()) => {
                             actual.expect(&context);
-                            model.complete(key, result);
+                            model.complete(key, result, None);
                         }
                         Err(reason) => check_lost(actual, &lease, reason, &context),
                     }
@@ -566,7 +416,7 @@ fn run(ops: &[Op]) {
                 let actual = store.complete_with_retention(&lease, result.clone(), retention);
                 let already = matches!(
                     model.live(key),
-                    Some(MRecord { token, state: MState::Completed { .. }, .. }) if *token == lease.token()
+                    Some(Model::Completed { token, .. }) if *token == lease.token()
                 );
                 if already {
                     actual.expect(&context);
@@ -574,7 +424,7 @@ fn run(ops: &[Op]) {
                     match model.owner_check(key, lease.token()) {
                         Ok(()) => {
                             actual.expect(&context);
-                            model.complete_for(key, result, OVERRIDE_RETENTION_MS);
+                            model.complete(key, result, Some(OVERRIDE_RETENTION_MS));
                         }
                         Err(reason) => check_lost(actual, &lease, reason, &context),
                     }
@@ -608,9 +458,9 @@ fn run(ops: &[Op]) {
                     continue;
                 };
                 let actual = store.release_if_pending(&lease);
-                match model.live(key).map(|r| &r.state) {
+                match model.live(key) {
                     // Never deletes a completed key; nothing to release when absent.
-                    None | Some(MState::Completed { .. }) => {
+                    None | Some(Model::Completed { .. }) => {
                         assert!(!actual.expect(&context), "{context}")
                     }
                     Some(_) => match model.owner_check(key, lease.token()) {
@@ -635,9 +485,7 @@ fn run(ops: &[Op]) {
                         assert_eq!(extended.token(), lease.token(), "{context}");
                         assert_eq!(extended.attempt(), lease.attempt(), "{context}");
                         assert_eq!(extended.key(), lease.key(), "{context}");
-                        let record = model.records.get_mut(&key).unwrap();
-                        record.state = MState::Pending { lease_until };
-                        record.expires_at = lease_until + retention_of(key);
+                        model.extend(key);
                         leases[i].1 = extended;
                     }
                     Err(reason) => check_lost(actual, &lease, reason, &context),
@@ -652,10 +500,7 @@ fn run(ops: &[Op]) {
                 match model.owner_check(key, lease.token()) {
                     Ok(()) => {
                         actual.expect(&context);
-                        let now = model.now;
-                        let record = model.records.get_mut(&key).unwrap();
-                        record.state = MState::NeedsReview { since: now, note };
-                        record.expires_at = NEVER;
+                        model.review(key, note);
                     }
                     Err(reason) => check_lost(actual, &lease, reason, &context),
                 }
@@ -668,12 +513,10 @@ fn run(ops: &[Op]) {
                     Resolution::Release
                 };
                 let actual = store.resolve(&key_of(*key), resolution);
-                let resolvable = match model.live(*key).map(|r| (r, &r.state)) {
-                    Some((_, MState::NeedsReview { .. })) => true,
-                    Some((r, MState::Pending { lease_until })) => {
-                        !model.lease_live(r, *lease_until)
-                    }
-                    Some((_, MState::Completed { .. })) | None => false,
+                let resolvable = match model.live(*key) {
+                    Some(Model::Review { .. }) => true,
+                    Some(r @ Model::Pending { .. }) => !r.lease_live(model.now, model.floor),
+                    Some(Model::Completed { .. } | Model::Absent) | None => false,
                 };
                 if !resolvable {
                     match actual {
@@ -699,8 +542,12 @@ fn run(ops: &[Op]) {
                             model.max_token
                         );
                         model.max_token = token;
-                        model.complete(*key, result);
-                        model.records.get_mut(key).unwrap().token = token;
+                        model.complete(*key, result, None);
+                        if let Some(Model::Completed { token: stored, .. }) =
+                            model.records.get_mut(key)
+                        {
+                            *stored = token;
+                        }
                     } else {
                         model.records.remove(key);
                     }
@@ -714,12 +561,16 @@ fn run(ops: &[Op]) {
                 let now = model.now;
                 let next = model
                     .records
-                    .values()
-                    .flat_map(|r| match r.state {
-                        MState::Pending { lease_until } => vec![lease_until, r.expires_at],
-                        _ => vec![r.expires_at],
+                    .iter()
+                    .flat_map(|(&k, r)| {
+                        let lease_end = match r {
+                            Model::Pending { lease_until, .. } => Some(*lease_until),
+                            _ => None,
+                        };
+                        [lease_end, model.expires_at(k)]
                     })
-                    .filter(|&deadline| deadline > now && deadline != NEVER)
+                    .flatten()
+                    .filter(|&deadline| deadline > now)
                     .min()
                     .unwrap_or(now + 1);
                 clock.advance(Duration::from_millis(next - now));
@@ -727,7 +578,9 @@ fn run(ops: &[Op]) {
             }
             Op::Sweep { limit } => {
                 let now = model.now;
-                let expired = model.by_deadline(|r| (r.expires_at <= now).then_some(r.expires_at));
+                let expired = by_deadline(&model, |k| {
+                    model.expires_at(k).filter(|&deadline| deadline <= now)
+                });
                 let deleted = store.sweep(*limit).expect(&context);
                 assert_eq!(deleted, expired.len().min(*limit), "{context}: swept");
                 for (_, key) in expired.into_iter().take(deleted) {
@@ -735,16 +588,7 @@ fn run(ops: &[Op]) {
                 }
             }
             Op::Stale { limit } => {
-                let (now, floor) = (model.now, model.floor);
-                let expected: Vec<(u64, usize)> = model
-                    .by_deadline(|r| match r.state {
-                        MState::Pending { lease_until }
-                            if (lease_until <= now || r.token < floor) && now < r.expires_at =>
-                        {
-                            Some(lease_until)
-                        }
-                        _ => None,
-                    })
+                let expected: Vec<(u64, usize)> = by_deadline(&model, |k| model.stale_since(k))
                     .into_iter()
                     .take(*limit)
                     .collect();
@@ -753,7 +597,7 @@ fn run(ops: &[Op]) {
                 let want: Vec<Key> = expected.iter().map(|&(_, k)| key_of(k)).collect();
                 assert_eq!(keys, want, "{context}: stale keys");
                 for ((_, record), (_, k)) in actual.iter().zip(&expected) {
-                    check_record(record, &model.records[k], &context);
+                    check_record(record, &model, *k, &context);
                 }
             }
             Op::Reopen => {
@@ -768,7 +612,7 @@ fn run(ops: &[Op]) {
             let context = format!("{context}: get key {k}");
             match (actual, model.live(k)) {
                 (None, None) => {}
-                (Some(actual), Some(expected)) => check_record(&actual, expected, &context),
+                (Some(actual), Some(_)) => check_record(&actual, &model, k, &context),
                 (actual, expected) => {
                     panic!("{context}: store has {actual:?}, model has {expected:?}")
                 }

@@ -227,6 +227,7 @@ impl Harness {
                             attempt,
                             body,
                             result,
+                            completed_at: now,
                             expires_at: now + RETENTION_MS,
                         },
                         other => other,
@@ -265,7 +266,7 @@ impl Harness {
                 if let Some(lease) = self.lease(k, lease) {
                     let note = format!("review {}", lease.token());
                     let got = self.store().mark_needs_review(&lease, &note);
-                    self.lease_op(k, &lease, got, |_, model| match model {
+                    self.lease_op(k, &lease, got, |now, model| match model {
                         Model::Pending {
                             token,
                             attempt,
@@ -276,6 +277,7 @@ impl Harness {
                             attempt,
                             body,
                             note,
+                            since: now,
                         },
                         other => other,
                     });
@@ -620,6 +622,7 @@ impl Harness {
                     attempt,
                     body,
                     result,
+                    completed_at: now,
                     expires_at: now + RETENTION_MS,
                 }
             } else {

@@ -36,6 +36,5 @@ mod lost_log;
 mod model;
 mod power;
 mod scenarios;
-mod seeds;
 mod seen;
 mod stress;

@@ -17,7 +17,7 @@ mod crash;
 mod damage;
 #[cfg(feature = "etcd")]
 mod etcd;
-mod expire;
+mod expiry;
 mod features;
 mod findings;
 #[cfg(feature = "grpc")]
@@ -36,5 +36,5 @@ mod lost_log;
 mod model;
 mod power;
 mod scenarios;
-mod seen;
+mod stale_reads;
 mod stress;

@@ -841,6 +841,80 @@ pub async fn retention_per_operation_and_per_call<R: Reservations>(c: Ctx<'_, R>
     assert_eq!(c.get(&zero).await, None);
 }
 
+/// The stored record shows the fingerprint, token, attempt and expiry of each state.
+pub async fn get_shows_the_record_of_each_state<R: Reservations>(c: Ctx<'_, R>) {
+    let k = key("s", "op", "k");
+    let body = Fingerprint::from_bytes([9; 32]);
+    assert_eq!(c.get(&k).await, None);
+    let lease = c.acquire(&k, body).await;
+    let record = c.get(&k).await.unwrap();
+    assert_eq!(record.fingerprint(), body);
+    assert_eq!(record.token(), lease.token());
+    assert_eq!(record.attempt(), 1);
+    assert_eq!(record.expires_at(), Some(lease.lease_until() + RETENTION));
+    c.advance(Duration::from_millis(20));
+    c.store.complete(&lease, b"res".to_vec()).await.unwrap();
+    let record = c.get(&k).await.unwrap();
+    assert_eq!(record.token(), lease.token());
+    assert_eq!(record.expires_at(), Some(c.now() + RETENTION));
+    assert_eq!(
+        record.status(),
+        Status::Completed {
+            result: b"res",
+            completed_at: c.now()
+        }
+    );
+}
+
+/// A worker's lease goes stale and an operator settles the key with `resolve(Complete)`: the
+/// operator's result is stored under a new token, so when the slow worker then calls
+/// `complete` it gets LeaseLost naming that token, and is not told that its result was
+/// stored. The operator's result stays.
+pub async fn complete_after_an_operator_resolved_the_key_is_lease_lost<R: Reservations>(
+    c: Ctx<'_, R>,
+) {
+    let k = key("user-1", "charge", "slow");
+    let lease = c.acquire(&k, fp("b")).await;
+    c.advance(LEASE);
+    c.store
+        .resolve(&k, Resolution::Complete(b"refunded by hand".to_vec()))
+        .await
+        .unwrap();
+    let resolved = c.get(&k).await.expect("stored").token();
+    assert!(
+        resolved > lease.token(),
+        "the operator's result takes a new token"
+    );
+    let before = c.get(&k).await;
+    for (what, result) in [
+        (
+            "complete",
+            c.store.complete(&lease, b"charged".to_vec()).await,
+        ),
+        ("extend", c.store.extend(&lease).await.map(drop)),
+        (
+            "mark_needs_review",
+            c.store.mark_needs_review(&lease, "?").await,
+        ),
+    ] {
+        match result {
+            Err(Error::LeaseLost { token, reason, .. }) => {
+                assert_eq!(token, lease.token(), "{what}");
+                assert_eq!(
+                    reason,
+                    LeaseLostReason::Completed { by_token: resolved },
+                    "{what}"
+                );
+            }
+            other => panic!("{what}: expected LeaseLost, got {other:?}"),
+        }
+    }
+    // Releasing never deletes a completed key.
+    assert!(!c.store.release_if_pending(&lease).await.unwrap());
+    assert_eq!(c.get(&k).await, before);
+    assert_eq!(c.replayed(&k, fp("b")).await.result, b"refunded by hand");
+}
+
 /// Runs each scenario on its own local store.
 macro_rules! on_both_backends {
     ($($name:ident),* $(,)?) => {
@@ -907,6 +981,8 @@ on_both_backends!(
     lease_batches_answer_each_item,
     expire_many_answers_each_key,
     retention_per_operation_and_per_call,
+    get_shows_the_record_of_each_state,
+    complete_after_an_operator_resolved_the_key_is_lease_lost,
 );
 
 /// The seed stories on the local store alone, each against a real store file: its synchronous
@@ -915,9 +991,7 @@ mod local {
     use std::cell::Cell;
     use std::time::Duration;
 
-    use idemstore::{
-        Error, Fingerprint, Key, LeaseLostReason, Reservation, Resolution, Status, Store,
-    };
+    use idemstore::{Error, Key, LeaseLostReason, Reservation, Resolution, Status, Store};
 
     use crate::common::{acquire, fp, key, replayed, Env, LEASE, RETENTION};
 
@@ -1594,76 +1668,5 @@ mod local {
             tokens.windows(2).all(|w| w[0] < w[1]),
             "tokens must strictly increase: {tokens:?}"
         );
-    }
-
-    /// The stored record shows the fingerprint, token, attempt and expiry of each state.
-    #[test]
-    fn get_shows_the_record_of_each_state() {
-        let env = Env::new();
-        let store = env.open();
-        let k = key("s", "op", "k");
-        let body = Fingerprint::from_bytes([9; 32]);
-        assert_eq!(store.get(&k).unwrap(), None);
-        let lease = acquire(&store, &k, body);
-        let record = store.get(&k).unwrap().unwrap();
-        assert_eq!(record.fingerprint(), body);
-        assert_eq!(record.token(), lease.token());
-        assert_eq!(record.attempt(), 1);
-        assert_eq!(record.expires_at(), Some(lease.lease_until() + RETENTION));
-        env.advance(Duration::from_millis(20));
-        store.complete(&lease, b"res".to_vec()).unwrap();
-        let record = store.get(&k).unwrap().unwrap();
-        assert_eq!(record.token(), lease.token());
-        assert_eq!(record.expires_at(), Some(env.now() + RETENTION));
-        assert_eq!(
-            record.status(),
-            Status::Completed {
-                result: b"res",
-                completed_at: env.now()
-            }
-        );
-    }
-
-    /// A worker's lease goes stale and an operator settles the key with `resolve(Complete)`: the
-    /// operator's result is stored under a new token, so when the slow worker then calls
-    /// `complete` it gets LeaseLost naming that token, and is not told that its result was
-    /// stored. The operator's result stays.
-    #[test]
-    fn complete_after_an_operator_resolved_the_key_is_lease_lost() {
-        let env = Env::new();
-        let store = env.open();
-        let k = key("user-1", "charge", "slow");
-        let lease = acquire(&store, &k, fp("b"));
-        env.advance(LEASE);
-        store
-            .resolve(&k, Resolution::Complete(b"refunded by hand".to_vec()))
-            .unwrap();
-        let resolved = store.get(&k).unwrap().expect("stored").token();
-        assert!(
-            resolved > lease.token(),
-            "the operator's result takes a new token"
-        );
-        let before = store.get(&k).unwrap();
-        for (what, result) in [
-            ("complete", store.complete(&lease, b"charged".to_vec())),
-            ("extend", store.extend(&lease).map(drop)),
-            ("mark_needs_review", store.mark_needs_review(&lease, "?")),
-        ] {
-            match result {
-                Err(Error::LeaseLost { token, reason, .. }) => {
-                    assert_eq!(token, lease.token(), "{what}");
-                    assert_eq!(
-                        reason,
-                        LeaseLostReason::Completed { by_token: resolved },
-                        "{what}"
-                    );
-                }
-                other => panic!("{what}: expected LeaseLost, got {other:?}"),
-            }
-        }
-        // Releasing never deletes a completed key.
-        assert!(!store.release_if_pending(&lease).unwrap());
-        assert_eq!(store.get(&k).unwrap(), before);
-        assert_eq!(replayed(&store, &k, fp("b")).result, b"refunded by hand");
     }
 }

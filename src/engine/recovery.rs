@@ -1,4 +1,5 @@
-//! Recovery: replaying the log into redb when a store is opened.
+//! Recovery: reading the log back ([`Wal::recover`]: the run of frames after the checkpoint,
+//! and where appending resumes) and replaying it into redb when a store is opened.
 //!
 //! (Checkpoints, which make redb durable and rewind the log, are in `engine/commit/checkpoint.rs`.)
 //!
@@ -12,8 +13,9 @@ use std::sync::Arc;
 
 use redb::Database;
 
-use crate::engine::wal::{LogFile, Recovered, Wal};
+use crate::engine::wal::{Frame, LogFile, Wal};
 use crate::error::Error;
+use crate::format::frame::{self, parse_header, HEADER_LEN};
 use crate::format::tables::{new_salt, IndexEntries, Tables};
 use crate::record::Record;
 
@@ -105,4 +107,151 @@ pub(crate) fn recover(
     txn.commit().map_err(|e| Error::storage(ctx, e))?;
     wal.rewind(new_salt);
     Ok((wal, next_token))
+}
+
+/// What [`Wal::recover`] found.
+#[derive(Debug)]
+pub struct Recovered {
+    /// The log, positioned after the last frame of the run.
+    pub wal: Wal,
+    /// The frames newer than the checkpoint, in order.
+    pub frames: Vec<Frame>,
+    /// Valid frames of this salt lay after the run and were dropped (never acknowledged).
+    pub dropped_tail: bool,
+}
+
+/// Reading the log back: the run of frames after the checkpoint, and where appending resumes.
+impl Wal {
+    /// Reads the log and returns the frames newer than `checkpoint_seq`, in order, the log
+    /// positioned to continue after them (to be rewound once they are checkpointed), and
+    /// whether anything after them was dropped (then the caller must change the salt before
+    /// appending, so a dropped frame can never pass as current later).
+    ///
+    /// The run of frames ends at the first frame that is torn, fails its checksum, or is an
+    /// older frame left from before the last rewind; say the run ends where frame `E` was
+    /// expected. Every valid frame (of this salt) found beyond that point with a sequence
+    /// number of `E` or more records the highest sequence number that was durable when it was
+    /// written. With `strict`, if any of them says `E` was durable, frame `E` could have been
+    /// acknowledged and is gone: the open is refused. Otherwise `E` was never synced, so
+    /// nothing from `E` on was acknowledged (a sync covers every earlier write), and the tail
+    /// is dropped. Without `strict` (a buffered log, whose answers precede their sync) the tail
+    /// is always dropped.
+    pub fn recover(
+        file: Arc<dyn LogFile>,
+        path: PathBuf,
+        checkpoint_seq: u64,
+        salt: u64,
+        strict: bool,
+    ) -> Result<Recovered, Error> {
+        let len = file
+            .len()
+            .map_err(|e| Error::io(format!("reading the length of log {}", path.display()), e))?;
+        let mut wal = Wal::resume(file, path, checkpoint_seq, salt);
+        let mut frames = Vec::new();
+        let mut previous: Option<u64> = None;
+        while let Some((header, payload)) = wal.read_frame(wal.offset, len)? {
+            if previous.is_some_and(|p| header.seq != p + 1) {
+                break; // an older frame left from before a rewind: the log ends here
+            }
+            if previous.is_none() && header.seq > checkpoint_seq + 1 {
+                break; // the first frame after the checkpoint is missing: judged below
+            }
+            let frame = frame::decode_payload(&header, &payload, wal.offset)?;
+            previous = Some(header.seq);
+            wal.offset += header.frame_len() as u64;
+            if header.seq > checkpoint_seq {
+                wal.next_seq = header.seq + 1;
+                frames.push(frame);
+            }
+        }
+        let expected = previous
+            .map_or(checkpoint_seq + 1, |p| p + 1)
+            .max(checkpoint_seq + 1);
+        let later = wal.valid_frames_after(wal.offset, len, expected)?;
+        if strict {
+            if let Some((offset, header)) = later.iter().find(|(_, h)| h.durable >= expected) {
+                return Err(wal.corrupt(
+                    wal.offset,
+                    format!(
+                        "frame seq {expected} is missing or damaged here, but the valid frame seq {} at offset {offset} records that every frame up to seq {} was durable when it was written: an acknowledged batch was lost; refusing to open rather than drop it",
+                        header.seq, header.durable
+                    ),
+                ));
+            }
+        }
+        Ok(Recovered {
+            dropped_tail: !later.is_empty(),
+            wal,
+            frames,
+        })
+    }
+
+    fn corrupt(&self, offset: u64, reason: String) -> Error {
+        Error::Corruption {
+            location: format!("log {} at offset {offset}", self.path.display()),
+            reason,
+        }
+    }
+
+    fn read(&self, buf: &mut [u8], offset: u64) -> Result<(), Error> {
+        self.file.read_exact_at(buf, offset).map_err(|e| {
+            Error::io(
+                format!("reading log {} at offset {offset}", self.path.display()),
+                e,
+            )
+        })
+    }
+
+    /// The checksum-valid frame at `offset`, or `None` if there is none (end of the log).
+    fn read_frame(&self, offset: u64, len: u64) -> Result<Option<(frame::Header, Vec<u8>)>, Error> {
+        if offset + HEADER_LEN as u64 > len {
+            return Ok(None);
+        }
+        let mut header_bytes = [0u8; HEADER_LEN];
+        self.read(&mut header_bytes, offset)?;
+        let Some(header) = parse_header(self.salt, &header_bytes) else {
+            return Ok(None);
+        };
+        let payload_start = offset + HEADER_LEN as u64;
+        if header.payload_len as u64 > len - payload_start {
+            return Ok(None); // torn: the frame runs past the end of the file
+        }
+        let mut payload = vec![0u8; header.payload_len];
+        self.read(&mut payload, payload_start)?;
+        if crc32fast::hash(&payload) != header.payload_crc {
+            return Ok(None);
+        }
+        Ok(Some((header, payload)))
+    }
+
+    /// Every valid frame (of this salt) with seq ≥ `expected` that starts after `from`, with
+    /// its offset.
+    fn valid_frames_after(
+        &self,
+        from: u64,
+        len: u64,
+        expected: u64,
+    ) -> Result<Vec<(u64, frame::Header)>, Error> {
+        const CHUNK: u64 = 1 << 20;
+        let mut found = Vec::new();
+        let mut start = from;
+        let mut buf = Vec::new();
+        while start + HEADER_LEN as u64 <= len {
+            let end = (start + CHUNK + HEADER_LEN as u64).min(len);
+            buf.resize((end - start) as usize, 0);
+            self.read(&mut buf, start)?;
+            let mut at = 0;
+            while at + HEADER_LEN <= buf.len() && (at as u64) < CHUNK {
+                if let Some(header) = parse_header(self.salt, &buf[at..]) {
+                    let offset = start + at as u64;
+                    if header.seq >= expected && self.read_frame(offset, len)?.is_some() {
+                        found.push((offset, header));
+                    }
+                }
+                at += frame::ALIGN;
+            }
+            start += CHUNK;
+        }
+        Ok(found)
+    }
 }

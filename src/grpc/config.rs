@@ -9,6 +9,7 @@ use http::request::Parts;
 use tonic::Code;
 
 use crate::grpc::service::GrpcIdempotency;
+use crate::grpc::IDEMPOTENCY_KEY;
 use crate::guard::Guard;
 pub use crate::guard::DEFAULT_MAX_RETRY_AFTER;
 use crate::Reservations;
@@ -31,6 +32,16 @@ pub(crate) enum KeySource {
     Metadata,
     /// A field of the request message (AIP-155's `request_id`), read by the extractor.
     RequestId(Arc<RequestIdFn>),
+}
+
+impl KeySource {
+    /// The name of the key's field in refusal details: the metadata entry or the message field.
+    pub(crate) fn field(&self) -> &'static str {
+        match self {
+            KeySource::Metadata => IDEMPOTENCY_KEY,
+            KeySource::RequestId(_) => "request_id",
+        }
+    }
 }
 
 /// What the service reads on every request. Cloned only while the layer is configured.

@@ -96,7 +96,7 @@ where
     let (parts, body) = request.into_parts();
     let body = match read_request(&o, body).await {
         Ok(body) => body,
-        Err(refused) => return Ok(refusal_response(&refused, &source)),
+        Err(refused) => return Ok(refusal_response(&refused, source.field())),
     };
     let id = match &source {
         KeySource::Metadata => {
@@ -121,13 +121,13 @@ where
                 KeySource::RequestId(_) => "set the request id of the request message",
             };
             let refused = Refused::with_detail(Refusal::KeyMissing, detail);
-            return Ok(refusal_response(&refused, &source));
+            return Ok(refusal_response(&refused, source.field()));
         }
-        Err(refused) => return Ok(refusal_response(&refused, &source)),
+        Err(refused) => return Ok(refusal_response(&refused, source.field())),
     };
     let key = match request_key((o.scope)(&parts), parts.uri.path().as_bytes(), &id) {
         Ok(key) => key,
-        Err(refused) => return Ok(refusal_response(&refused, &source)),
+        Err(refused) => return Ok(refusal_response(&refused, source.field())),
     };
     match guard.begin(&key, Fingerprint::of(&body)).await {
         Begin::Run(running) => {
@@ -135,7 +135,7 @@ where
             run(inner, &guard, &o, &source, running, request).await
         }
         Begin::Replay(stored) => Ok(replay(&stored, &source)),
-        Begin::Refuse(refused) => Ok(refusal_response(&refused, &source)),
+        Begin::Refuse(refused) => Ok(refusal_response(&refused, source.field())),
     }
 }
 
@@ -167,7 +167,7 @@ where
     let Ok(collected) = running.work(body.collect()).await else {
         running.release(Release::Failed).await;
         let refused = Refused::new(Refusal::ResponseUnreadable);
-        return Ok(refusal_response(&refused, source));
+        return Ok(refusal_response(&refused, source.field()));
     };
     let trailers = collected.trailers().cloned();
     let data = collected.to_bytes();
@@ -256,7 +256,7 @@ fn encode(
 fn replay(bytes: &[u8], source: &KeySource) -> Response<Body> {
     let Some((status, mut headers, trailers, data)) = decode(bytes) else {
         let refused = Refused::new(Refusal::StoredResponseUnreadable);
-        return refusal_response(&refused, source);
+        return refusal_response(&refused, source.field());
     };
     headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
     let mut response = Response::new(grpc_body(data, trailers));

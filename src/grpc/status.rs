@@ -7,8 +7,6 @@ use tonic::body::Body;
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
-use crate::grpc::config::KeySource;
-use crate::grpc::IDEMPOTENCY_KEY;
 use crate::guard::{Refusal, Refused};
 
 /// The `domain` of every refusal's `google.rpc.ErrorInfo`.
@@ -35,7 +33,7 @@ pub fn code_of(refusal: Refusal) -> Code {
 /// `ErrorInfo` (reason: the refusal's slug in upper snake case, e.g. `IN_PROGRESS`), a
 /// `RetryInfo` when the guard gave a delay, a `BadRequest` naming the key's field for the key
 /// refusals and a `PreconditionFailure` for a reused key or one under review.
-pub(crate) fn refusal_status(refused: &Refused, source: &KeySource) -> Status {
+pub(crate) fn refusal_status(refused: &Refused, field: &str) -> Status {
     let mut details = ErrorDetails::new();
     let reason = refused.refusal.slug().replace('-', "_").to_uppercase();
     let mut metadata = HashMap::new();
@@ -46,10 +44,6 @@ pub(crate) fn refusal_status(refused: &Refused, source: &KeySource) -> Status {
     if let Some(delay) = refused.retry_after {
         details.set_retry_info(Some(delay));
     }
-    let field = match source {
-        KeySource::Metadata => IDEMPOTENCY_KEY,
-        KeySource::RequestId(_) => "request_id",
-    };
     match refused.refusal {
         Refusal::KeyMissing | Refusal::KeyInvalid => {
             details.add_bad_request_violation(field, &refused.detail);
@@ -67,6 +61,6 @@ pub(crate) fn refusal_status(refused: &Refused, source: &KeySource) -> Status {
 }
 
 /// [`refusal_status`] as a trailers-only response.
-pub(crate) fn refusal_response(refused: &Refused, source: &KeySource) -> Response<Body> {
-    refusal_status(refused, source).into_http()
+pub(crate) fn refusal_response(refused: &Refused, field: &str) -> Response<Body> {
+    refusal_status(refused, field).into_http()
 }

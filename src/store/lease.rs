@@ -364,7 +364,7 @@ impl Store {
         answer::resolved(key, first(outcome)?)
     }
 
-    fn check_resolution(&self, key: &Key, resolution: &Resolution) -> Result<(), Error> {
+    pub(super) fn check_resolution(&self, key: &Key, resolution: &Resolution) -> Result<(), Error> {
         if let Resolution::Complete(result) = resolution {
             if result.len() > self.max_result_len {
                 return Err(Error::ResultTooLarge {

@@ -71,15 +71,7 @@ impl Store {
         resolution: Resolution,
         retention: Duration,
     ) -> Result<(), Error> {
-        if let Resolution::Complete(result) = &resolution {
-            if result.len() > self.max_result_len {
-                return Err(Error::ResultTooLarge {
-                    key: key.clone(),
-                    len: result.len(),
-                    limit: self.max_result_len,
-                });
-            }
-        }
+        self.check_resolution(key, &resolution)?;
         let op = WithRetention {
             op: Resolve(resolution),
             retention: duration_millis(retention),
@@ -131,15 +123,7 @@ impl Store {
         resolution: Resolution,
         retention: Duration,
     ) -> Result<(), Error> {
-        if let Resolution::Complete(result) = &resolution {
-            if result.len() > self.max_result_len {
-                return Err(Error::ResultTooLarge {
-                    key: key.clone(),
-                    len: result.len(),
-                    limit: self.max_result_len,
-                });
-            }
-        }
+        self.check_resolution(key, &resolution)?;
         let op = WithRetention {
             op: Resolve(resolution),
             retention: duration_millis(retention),

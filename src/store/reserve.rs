@@ -393,7 +393,7 @@ impl Store {
         if !ops.is_empty() {
             fill_seen(&mut answers, self.committer.submit(ops)?);
         }
-        Ok(seen_answers(answers))
+        Ok(answered(answers))
     }
 
     /// [`observe_many`](Store::observe_many) for async code: keys already stored are
@@ -413,7 +413,7 @@ impl Store {
         if !ops.is_empty() {
             fill_seen(&mut answers, self.committer.submit_async(ops).await?);
         }
-        Ok(seen_answers(answers))
+        Ok(answered(answers))
     }
 
     /// Keys already stored are duplicates, answered from what is acknowledged without the
@@ -468,15 +468,8 @@ fn fill_seen(answers: &mut [Option<Result<Seen, Error>>], decided: Vec<Result<bo
     }
 }
 
-fn seen_answers(answers: Vec<Option<Result<Seen, Error>>>) -> Vec<Result<Seen, Error>> {
-    answers
-        .into_iter()
-        .map(|answer| answer.expect("every key answered"))
-        .collect()
-}
-
 /// Every item's answer, once each is filled.
-fn answered(answers: Vec<Option<Result<Reservation, Error>>>) -> Vec<Result<Reservation, Error>> {
+fn answered<T>(answers: Vec<Option<Result<T, Error>>>) -> Vec<Result<T, Error>> {
     answers
         .into_iter()
         .map(|answer| answer.expect("every item answered"))

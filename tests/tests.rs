@@ -15,6 +15,8 @@ mod complete_with;
 mod concurrency;
 mod crash;
 mod damage;
+#[cfg(target_os = "linux")]
+mod enospc;
 #[cfg(feature = "etcd")]
 mod etcd;
 mod expiry;

@@ -1,6 +1,7 @@
 //! The latched first write failure: once a write or sync fails, every call fails with
 //! [`Error::Poisoned`] until the store is reopened.
 
+use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use crate::error::Error;
@@ -11,6 +12,9 @@ pub(crate) struct Poison(
     OnceLock<(String, Option<std::io::ErrorKind>)>,
     /// The log a reopen may replay (checkpoint bytes), for the full-disk message.
     u64,
+    /// The store file, whose disk needs the room: named by the full-disk message (a failed
+    /// B-tree commit's own error does not name it).
+    PathBuf,
 );
 
 /// The free space a reopen needs on the store file's disk after a failure, when it replays
@@ -22,11 +26,43 @@ pub fn reopen_room(replay: u64) -> u64 {
     4 * replay + (2 << 20)
 }
 
+/// An open that failed on a full disk (replaying the log into the B-tree grows the store file)
+/// says so, naming the store file and how much room the next try needs; other errors are
+/// returned as they are.
+pub(crate) fn full_disk_at_open(error: Error, store: &Path, replay: u64) -> Error {
+    let (context, source) = match error {
+        Error::Io { context, source } if source.kind() == std::io::ErrorKind::StorageFull => {
+            (context, source)
+        }
+        Error::Storage { context, source } => match *source {
+            redb::Error::Io(e) if e.kind() == std::io::ErrorKind::StorageFull => {
+                (context.to_string(), e)
+            }
+            other => {
+                return Error::Storage {
+                    context,
+                    source: Box::new(other),
+                }
+            }
+        },
+        other => return other,
+    };
+    Error::io(
+        format!(
+            "{context} while opening store {} (the disk is full: free at least {} bytes on its disk, then open it again; opening replays up to {} bytes of log into it)",
+            store.display(),
+            reopen_room(replay),
+            replay
+        ),
+        source,
+    )
+}
+
 impl Poison {
     /// A latch whose full-disk message says how much room a reopen needs to replay up to
-    /// `replay` bytes of log.
-    pub(crate) fn new(replay: u64) -> Poison {
-        Poison(OnceLock::new(), replay)
+    /// `replay` bytes of log, on the disk of the store file `store`.
+    pub(crate) fn new(replay: u64, store: PathBuf) -> Poison {
+        Poison(OnceLock::new(), replay, store)
     }
 
     pub(crate) fn check(&self) -> Result<(), Error> {
@@ -39,12 +75,23 @@ impl Poison {
         }
     }
 
+    /// What every caller of a batch that failed with `error` is answered, once `error` is
+    /// latched: the latched failure (so the full-disk message with its room reaches the
+    /// failing call too, not only later ones), or a copy of `error` if nothing is latched.
+    pub(crate) fn answer(&self, error: &Error) -> Error {
+        match self.check() {
+            Err(latched) => latched,
+            Ok(()) => error_copy(error),
+        }
+    }
+
     pub(crate) fn set(&self, error: &Error) {
         let mut cause = error.to_string();
         if error.io_kind() == Some(std::io::ErrorKind::StorageFull) && self.1 > 0 {
             cause.push_str(&format!(
-                "; the disk is full: free at least {} bytes on the store file's disk before reopening (a reopen replays up to {} bytes of log into the store file)",
+                "; the disk is full: free at least {} bytes on the disk of store file {} before reopening (a reopen replays up to {} bytes of log into it)",
                 reopen_room(self.1),
+                self.2.display(),
                 self.1
             ));
         }

@@ -138,7 +138,7 @@ impl Syncer {
                     self.engine.overlay.clear();
                     for batch in state.pending.drain(..) {
                         for request in batch.requests {
-                            request.fail(error_copy(&error));
+                            request.fail(self.engine.poison.answer(&error));
                         }
                     }
                     state.syncing = false;

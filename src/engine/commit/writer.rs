@@ -139,7 +139,7 @@ impl Writer {
             Err(error) => {
                 let error = self.fail(error);
                 for request in &batch {
-                    request.fail(error_copy(&error));
+                    request.fail(self.engine.poison.answer(&error));
                 }
             }
         }

@@ -11,7 +11,7 @@ use crate::builder::Builder;
 use crate::decide::policy::Policies;
 use crate::engine::cache::{Overlay, RecordCache};
 use crate::engine::commit::{Committer, Engine, Schedule, Writer};
-use crate::engine::poison::Poison;
+use crate::engine::poison::{full_disk_at_open, Poison};
 use crate::engine::recovery;
 use crate::engine::settings::Durability;
 use crate::engine::stats::Counters;
@@ -43,13 +43,22 @@ fn redb_builder(builder: &Builder, verify: bool) -> redb::Builder {
 /// panic the caller, so a panic becomes [`Error::NotAStore`]. The format check and the
 /// clean-close mark are read before any integrity check, so this guard is what refuses a
 /// file damaged in those pages; later reads are guarded by [`Store::guard_read`].
-fn guard_open(path: &Path, open: impl FnOnce() -> Result<Store, Error>) -> Result<Store, Error> {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(open)).unwrap_or_else(|_| {
-        Err(Error::NotAStore {
-            path: path.to_path_buf(),
-            reason: "redb panicked while reading it: the file is damaged".into(),
+///
+/// An open that fails on a full disk says how much room it needs (`replay`: the log it may
+/// replay, in bytes).
+fn guard_open(
+    path: &Path,
+    replay: u64,
+    open: impl FnOnce() -> Result<Store, Error>,
+) -> Result<Store, Error> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(open))
+        .unwrap_or_else(|_| {
+            Err(Error::NotAStore {
+                path: path.to_path_buf(),
+                reason: "redb panicked while reading it: the file is damaged".into(),
+            })
         })
-    })
+        .map_err(|e| full_disk_at_open(e, path, replay))
 }
 
 /// The store's random identity, from its meta table.
@@ -100,7 +109,9 @@ impl Store {
     }
 
     pub(crate) fn open_with(builder: &Builder, path: &Path) -> Result<Store, Error> {
-        guard_open(path, || Store::open_unguarded(builder, path))
+        guard_open(path, builder.checkpoint_bytes, || {
+            Store::open_unguarded(builder, path)
+        })
     }
 
     pub(super) fn open_unguarded(builder: &Builder, path: &Path) -> Result<Store, Error> {
@@ -170,7 +181,7 @@ impl Store {
         let mut builder = builder.clone();
         builder.admin_socket(crate::AdminSocket::Off);
         let builder = &builder;
-        guard_open(&path.clone(), || {
+        guard_open(&path.clone(), builder.checkpoint_bytes, || {
             // The clean-close mark, read as `file::open_or_create` reads it.
             // Every page checksummed, as on a file (`format/pages.rs`).
             let pages = |disk: &B| {
@@ -249,7 +260,7 @@ impl Store {
             cache: RecordCache::new(builder.cache_records),
             overlay: Overlay::default(),
             counters: Counters::default(),
-            poison: Poison::new(builder.checkpoint_bytes),
+            poison: Poison::new(builder.checkpoint_bytes, path.clone()),
             clock: Arc::clone(&builder.clock),
             policy: Policies::new(
                 builder.lease,

@@ -17,10 +17,12 @@
 //! ([`std::io::ErrorKind::StorageFull`]) naming the store's file and saying how much free
 //! space reopening needs; every later call is refused as [`Error::Poisoned`] naming that
 //! cause; reopening while the disk is still full (the last free bytes taken by a filler
-//! file) fails with a full-disk error naming the file, without a panic and without damage;
-//! with exactly the free space the message asked for (the tmpfs remounted to that size), the
-//! store reopens and every acknowledged operation answers as acknowledged; with more room,
-//! new keys work again with fresh tokens.
+//! file) fails with a full-disk error naming the file and the room, without a panic and
+//! without damage; so does every try while the room is made step by step (the tmpfs
+//! remounted larger: 4 KiB free, then 8 times more each time, or twice in the long mode, up
+//! to the room the message asked for); at the
+//! latest with that room the store reopens and every acknowledged operation answers as
+//! acknowledged; with more room, new keys work again with fresh tokens.
 //!
 //! It needs a mount namespace and a tmpfs: Linux, with unprivileged user namespaces allowed
 //! or as root with `CAP_SYS_ADMIN` (in a container: `--cap-add SYS_ADMIN` or
@@ -424,6 +426,11 @@ fn scenario(dir: &Path, index: usize) {
     let filler = fill_the_rest(dir);
     let (used, free) = used_and_free(dir);
     assert!(free < 4096, "{free} bytes still free");
+    // An open replays at most the log's file, and a checkpoint's worth.
+    let log_len = std::fs::metadata(dir.join("store.idem.wal"))
+        .expect("the log is there")
+        .len();
+    let needed = idemstore::whitebox::reopen_room(log_len.min(case.checkpoint_bytes));
     let reopened = builder(case).open(&path);
     let full_reopen = match reopened {
         Ok(store) => {
@@ -445,20 +452,42 @@ fn scenario(dir: &Path, index: usize) {
     };
     eprintln!("reopening on the full disk ({used} bytes used): {full_reopen}");
 
-    // With exactly the room the message asked for.
+    // Making room step by step, from 4 KiB up to the room the message asked for:
+    // every try with too little fails as a full disk and leaves everything in place, and the
+    // room asked for is enough.
     std::fs::remove_file(&filler).expect("remove the filler");
-    let (used, _) = used_and_free(dir);
-    mount_tmpfs(dir, used + needed, true);
-    let (_, free) = used_and_free(dir);
-    let store = builder(case).open(&path).unwrap_or_else(|e| {
-        panic!("reopening with {free} bytes free (asked: {needed}) failed: {e}")
-    });
-    let max_token = verify(&store, &report);
-    drop(store);
-    eprintln!(
-        "reopened with {free} bytes free: every acknowledged operation is there ({} keys)",
-        report.acquired.len()
-    );
+    let mut room = 4096;
+    let step = if long_mode() { 2 } else { 8 };
+    let mut failures = 0;
+    let max_token = loop {
+        let (used, _) = used_and_free(dir);
+        mount_tmpfs(dir, used + room, true);
+        let (_, free) = used_and_free(dir);
+        match builder(case).open(&path) {
+            Ok(store) => {
+                let max_token = verify(&store, &report);
+                drop(store);
+                eprintln!(
+                    "reopened with {free} bytes free (asked: {needed}), after {failures} clean failures with less: every acknowledged operation is there ({} keys)",
+                    report.acquired.len()
+                );
+                break max_token;
+            }
+            Err(e) => {
+                let text = describe(&e);
+                assert!(
+                    room < needed,
+                    "reopening with {free} bytes free (asked: {needed}) failed: {text}"
+                );
+                assert!(
+                    text.starts_with("Some(StorageFull) ") && room_asked(&text) == Some(needed),
+                    "reopening with {free} bytes free fails, but not as a full disk saying the room it needs: {text}"
+                );
+                failures += 1;
+                room = (room * step).min(needed);
+            }
+        }
+    };
 
     // With more room, the store works again.
     let (used, _) = used_and_free(dir);

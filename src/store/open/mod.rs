@@ -44,8 +44,8 @@ fn redb_builder(builder: &Builder, verify: bool) -> redb::Builder {
 /// clean-close mark are read before any integrity check, so this guard is what refuses a
 /// file damaged in those pages; later reads are guarded by [`Store::guard_read`].
 ///
-/// An open that fails on a full disk says how much room it needs (`replay`: the log it may
-/// replay, in bytes).
+/// An open that fails on a full disk says how much room it needs (`replay`: the most log it
+/// may replay, in bytes).
 fn guard_open(
     path: &Path,
     replay: u64,
@@ -109,9 +109,11 @@ impl Store {
     }
 
     pub(crate) fn open_with(builder: &Builder, path: &Path) -> Result<Store, Error> {
-        guard_open(path, builder.checkpoint_bytes, || {
-            Store::open_unguarded(builder, path)
-        })
+        // The log a reopen replays is at most its file (and a checkpoint's worth).
+        let replay = std::fs::metadata(log_path(path)).map_or(builder.checkpoint_bytes, |log| {
+            log.len().min(builder.checkpoint_bytes)
+        });
+        guard_open(path, replay, || Store::open_unguarded(builder, path))
     }
 
     pub(super) fn open_unguarded(builder: &Builder, path: &Path) -> Result<Store, Error> {

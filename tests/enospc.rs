@@ -32,7 +32,7 @@
 //! larger checkpoints on a larger filesystem ([`CASES`]).
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::Arc;
@@ -235,6 +235,59 @@ fn run(command: &mut Command, what: &str) -> Output {
     output
 }
 
+/// How long the worker may take to fill the disk (about a second in a debug build): a hang
+/// on a full disk fails the test instead of stalling CI.
+const WORKER_DEADLINE: Duration = Duration::from_secs(120);
+
+/// Runs the worker; returns its standard output. Panics, with its standard error, if it fails
+/// or is not done by [`WORKER_DEADLINE`] (then it is killed).
+fn run_worker(mut command: Command) -> Vec<u8> {
+    let mut child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the worker");
+    let drain = |mut pipe: Box<dyn std::io::Read + Send>| {
+        thread::spawn(move || {
+            let mut bytes = Vec::new();
+            pipe.read_to_end(&mut bytes)
+                .expect("read the worker's output");
+            bytes
+        })
+    };
+    let stdout = drain(Box::new(child.stdout.take().expect("piped stdout")));
+    let stderr = drain(Box::new(child.stderr.take().expect("piped stderr")));
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait for the worker") {
+            break Some(status);
+        }
+        if started.elapsed() > WORKER_DEADLINE {
+            child.kill().expect("kill the worker");
+            child.wait().expect("reap the worker");
+            break None;
+        }
+        thread::sleep(Duration::from_millis(20));
+    };
+    let (stdout, stderr) = (
+        stdout.join().expect("stdout reader"),
+        stderr.join().expect("stderr reader"),
+    );
+    let stderr = String::from_utf8_lossy(&stderr);
+    match status {
+        None => panic!(
+            "the worker filling the disk was not done after {WORKER_DEADLINE:?} (a hang on a full disk?): {}",
+            stderr.trim()
+        ),
+        Some(status) => assert!(
+            status.success(),
+            "the worker filling the disk failed ({status}): {}",
+            stderr.trim()
+        ),
+    }
+    stdout
+}
+
 /// Bytes used and free on the filesystem at `dir`, as `df` counts them.
 fn used_and_free(dir: &Path) -> (u64, u64) {
     let output = run(
@@ -369,13 +422,8 @@ fn scenario(dir: &Path, index: usize) {
     let path = dir.join("store.idem");
 
     // Fill the disk.
-    let output = run(
-        this_binary("worker", &path, index)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped()),
-        "the worker filling the disk",
-    );
-    let report = read_report(&output.stdout);
+    let stdout = run_worker(this_binary("worker", &path, index));
+    let report = read_report(&stdout);
     assert!(report.dropped, "the worker did not finish");
     let (_, free_when_full) = used_and_free(dir);
     eprintln!(

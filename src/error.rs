@@ -168,6 +168,13 @@ pub enum Error {
     },
     /// An earlier write or sync failed, so the store refuses all further work. Reopen the
     /// store to recover to the last durable state.
+    ///
+    /// Every call the failure fails gets this error, the calls whose write failed included.
+    /// On a full disk ([`io_kind`](Error::io_kind) is [`std::io::ErrorKind::StorageFull`]) the
+    /// cause names the store file and the free space reopening needs ("free at least N
+    /// bytes"): an upper estimate, the rule `idemstore check` uses for the next checkpoint. An
+    /// open that fails on a full disk is [`Error::Io`] of that kind, naming the store and the
+    /// room the same way.
     Poisoned {
         /// The first failure.
         cause: String,

@@ -132,8 +132,8 @@ pub use engine::sweep::SWEEP_SLICE_RECORDS;
 pub use error::{Error, KeyPart, LeaseLostReason, Result};
 #[cfg(feature = "etcd")]
 pub use etcd::{
-    EtcdBuilder, EtcdStore, Sweeper, DEFAULT_ETCD_PREFIX, DEFAULT_MAX_TXN_OPS, DEFAULT_OP_DEADLINE,
-    DEFAULT_REQUEST_TIMEOUT,
+    EtcdBuilder, EtcdSnapshot, EtcdStore, Sweeper, DEFAULT_ETCD_PREFIX, DEFAULT_MAX_TXN_OPS,
+    DEFAULT_OP_DEADLINE, DEFAULT_REQUEST_TIMEOUT,
 };
 pub use fingerprint::Fingerprint;
 pub use format::log_file::LogFile;

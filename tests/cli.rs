@@ -616,6 +616,27 @@ fn usage_errors_exit_2_and_missing_files_are_not_created() {
     assert!(!missing.exists(), "the tool created a store");
 }
 
+/// Without the `etcd` feature the cluster options are still known, and say how to get them.
+#[cfg(not(feature = "etcd"))]
+#[test]
+fn etcd_options_need_the_etcd_feature() {
+    for args in [
+        &["--etcd", "127.0.0.1:2379", "stats"][..],
+        &["--etcd-config", "etcd.json", "get", "u1", "charge", "k1"],
+    ] {
+        let output = Command::new(env!("CARGO_BIN_EXE_idemstore"))
+            .args(args)
+            .output()
+            .expect("run idemstore");
+        assert_eq!(output.status.code(), Some(2), "{args:?}");
+        let err = stderr(&output);
+        assert!(
+            err.contains("built with the etcd feature") && err.contains("--features etcd"),
+            "{err}"
+        );
+    }
+}
+
 #[test]
 fn a_closed_stdout_is_a_normal_exit() {
     let fx = Fixture::new();

@@ -11,6 +11,8 @@
 //!   `expire_many`, ...). [`wait`]: `reserve_or_wait` through an etcd watch.
 //! - [`expire`]: deleting a key now (`expire`, `expire_forced`).
 //! - [`sweep`]: expiry through the expiry index, the background sweeper, `stale`.
+//! - [`snapshot`]: counts and listings at one revision, read-only (the command line's
+//!   `stats`, `list` and `get`).
 
 mod batch;
 mod builder;
@@ -18,6 +20,7 @@ mod expire;
 mod hints;
 mod layout;
 mod many;
+mod snapshot;
 mod store;
 mod sweep;
 mod wait;
@@ -27,6 +30,7 @@ pub use builder::{
     EtcdBuilder, DEFAULT_ETCD_PREFIX, DEFAULT_MAX_TXN_OPS, DEFAULT_OP_DEADLINE,
     DEFAULT_REQUEST_TIMEOUT,
 };
+pub use snapshot::EtcdSnapshot;
 pub use store::EtcdStore;
 pub use sweep::Sweeper;
 

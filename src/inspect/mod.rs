@@ -74,7 +74,7 @@ impl ScanFilter {
         self
     }
 
-    fn matches(&self, record: &Record, class: RecordClass, now: Millis) -> bool {
+    pub(crate) fn matches(&self, record: &Record, class: RecordClass, now: Millis) -> bool {
         if self.class.is_some_and(|wanted| wanted != class) {
             return false;
         }
@@ -124,7 +124,7 @@ impl StateCounts {
         RecordClass::ALL.iter().map(|c| self.get(*c)).sum::<u64>() + self.damaged
     }
 
-    fn add(&mut self, class: RecordClass) {
+    pub(crate) fn add(&mut self, class: RecordClass) {
         *match class {
             RecordClass::Pending => &mut self.pending,
             RecordClass::Stale => &mut self.stale,

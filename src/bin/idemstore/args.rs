@@ -19,7 +19,14 @@ Otherwise stop the service first. check always needs the store to itself.
 A reservation still pending in a store that no process holds was made by a process that is
 gone: its lease ended with it, so it shows as stale and the next reserve takes it over.
 A service built with Builder::leases_survive_restart(true) keeps such leases for their
-time; give --leases-survive-restart to see its store the same way.";
+time; give --leases-survive-restart to see its store the same way.
+
+A store on an etcd cluster (EtcdStore, a build with `--features etcd`): give --etcd
+ENDPOINTS (or --etcd-config FILE) and --prefix instead of the store file, for stats, list,
+get, expire and resolve, e.g. `idemstore --etcd 127.0.0.1:2379 --prefix app/ get u1 charge k1`.
+stats, list and get read one etcd revision: every count and record shown is as it was at
+that revision. The cluster's errors exit 1; --etcd without the etcd feature, or with a
+store file or another command, exits 2.";
 
 #[derive(Parser)]
 #[command(
@@ -39,6 +46,33 @@ pub(crate) struct Cli {
     #[arg(long, global = true)]
     pub(crate) leases_survive_restart: bool,
 
+    /// Use the store on this etcd cluster instead of a file: its client endpoints,
+    /// comma-separated (e.g. 127.0.0.1:2379,127.0.0.1:2381). For stats, list, get, expire
+    /// and resolve, in a build with `--features etcd`
+    #[arg(
+        long,
+        global = true,
+        value_name = "ENDPOINTS",
+        value_delimiter = ',',
+        conflicts_with = "etcd_config"
+    )]
+    pub(crate) etcd: Option<Vec<String>>,
+
+    /// As --etcd, with the endpoints (and the prefix) read from a JSON file:
+    /// {"endpoints": ["127.0.0.1:2379", "127.0.0.1:2381"], "prefix": "app/"}
+    #[arg(long, global = true, value_name = "FILE")]
+    pub(crate) etcd_config: Option<PathBuf>,
+
+    /// With --etcd: the store's key prefix on the cluster, as the service's
+    /// EtcdBuilder::prefix (default: the config file's, else idemstore/)
+    #[arg(long, global = true, value_name = "PREFIX")]
+    pub(crate) prefix: Option<String>,
+
+    /// With --etcd: how long to wait for an answer from the cluster before giving up
+    #[arg(long, global = true, value_parser = humantime::parse_duration,
+          value_name = "DURATION", default_value = "5s")]
+    pub(crate) etcd_timeout: Duration,
+
     #[command(subcommand)]
     pub(crate) command: Command,
 }
@@ -47,10 +81,14 @@ pub(crate) struct Cli {
 pub(crate) enum Command {
     /// Records by state, the oldest reservation, file and log sizes, the log position
     Stats {
-        /// The store file
-        file: PathBuf,
+        /// The store file (none with --etcd)
+        file: Option<PathBuf>,
     },
     /// One record: its state, attempt, token, times and stored result
+    #[command(
+        override_usage = "idemstore get [OPTIONS] <FILE> <SCOPE> <OPERATION> <ID>\n       \
+        idemstore get [OPTIONS] --etcd <ENDPOINTS> --prefix <PREFIX> <SCOPE> <OPERATION> <ID>"
+    )]
     Get {
         #[command(flatten)]
         key: KeyArgs,
@@ -60,8 +98,8 @@ pub(crate) enum Command {
     },
     /// Records in one state, oldest first for reservations and expired records
     List {
-        /// The store file
-        file: PathBuf,
+        /// The store file (none with --etcd)
+        file: Option<PathBuf>,
         /// Only records in this state (default: every state)
         #[arg(long, value_enum)]
         state: Option<StateArg>,
@@ -74,19 +112,28 @@ pub(crate) enum Command {
         limit: usize,
     },
     /// Settle a stale reservation or a key marked for review
+    #[command(
+        override_usage = "idemstore resolve [OPTIONS] <--complete <RESULT_FILE>|--release> <FILE> <SCOPE> <OPERATION> <ID>\n       \
+        idemstore resolve [OPTIONS] <--complete <RESULT_FILE>|--release> --etcd <ENDPOINTS> --prefix <PREFIX> <SCOPE> <OPERATION> <ID>"
+    )]
     Resolve {
         #[command(flatten)]
         key: KeyArgs,
         #[command(flatten)]
         action: ResolveAction,
         /// How long the stored result is replayed (with --complete; default: the store's
-        /// retention for the key's operation)
+        /// retention for the key's operation; with --etcd: 24 h, as a cluster does not hold
+        /// its services' retention settings)
         #[arg(long, value_parser = humantime::parse_duration, value_name = "DURATION",
               requires = "complete")]
         retention: Option<Duration>,
     },
     /// Delete a key now: a wrong stored result, a data-deletion request, reprocessing on
     /// purpose; the next request with the key does the work afresh
+    #[command(
+        override_usage = "idemstore expire [OPTIONS] <FILE> <SCOPE> <OPERATION> <ID>\n       \
+        idemstore expire [OPTIONS] --etcd <ENDPOINTS> --prefix <PREFIX> <SCOPE> <OPERATION> <ID>"
+    )]
     Expire {
         #[command(flatten)]
         key: KeyArgs,
@@ -129,21 +176,47 @@ pub(crate) enum Command {
     },
 }
 
+/// A key, after the store file; with --etcd the key alone (its three parts then arrive in the
+/// first three fields). Every field is optional for clap, which cannot make them depend on a
+/// global option given before the command: `local` and `cluster` check the count.
 #[derive(Args)]
 pub(crate) struct KeyArgs {
-    /// The store file
-    pub(crate) file: PathBuf,
+    /// The store file (none with --etcd)
+    file: Option<PathBuf>,
     /// Who the key belongs to (user, tenant)
-    pub(crate) scope: String,
+    scope: Option<String>,
     /// What it guards (route, command)
-    pub(crate) operation: String,
+    operation: Option<String>,
     /// The client's idempotency key
-    pub(crate) id: String,
+    id: Option<String>,
 }
 
 impl KeyArgs {
-    pub(crate) fn key(&self) -> Result<Key> {
-        Key::new(&self.scope, &self.operation, &self.id).context("bad key")
+    /// The store file and the key, for a local store; a usage error exits 2.
+    pub(crate) fn local(&self) -> Result<(PathBuf, Key)> {
+        let (Some(file), Some(scope), Some(operation), Some(id)) =
+            (&self.file, &self.scope, &self.operation, &self.id)
+        else {
+            usage_error("give the store file, then the key's scope, operation and id")
+        };
+        let key = Key::new(scope, operation, id).context("bad key")?;
+        Ok((file.clone(), key))
+    }
+
+    /// The key, for a store on a cluster: exactly three parts, no file. `Err` is a usage
+    /// error's message.
+    #[cfg(feature = "etcd")]
+    pub(crate) fn cluster(&self) -> std::result::Result<Result<Key>, String> {
+        let usage = "with --etcd, give the key's scope, operation and id, and no store file";
+        let (Some(scope), Some(operation), Some(id), None) =
+            (&self.file, &self.scope, &self.operation, &self.id)
+        else {
+            return Err(usage.to_string());
+        };
+        let Some(scope) = scope.to_str() else {
+            return Err(format!("the scope {} is not UTF-8", scope.display()));
+        };
+        Ok(Key::new(scope, operation, id).context("bad key"))
     }
 }
 

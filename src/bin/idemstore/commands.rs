@@ -4,18 +4,21 @@
 use super::*;
 
 pub(crate) fn run(cli: Cli) -> Result<Option<ProblemsFound>> {
+    if cli.etcd.is_some() || cli.etcd_config.is_some() {
+        return cluster::run(cli).map(|()| None);
+    }
+    if cli.prefix.is_some() {
+        usage_error("--prefix names a store on an etcd cluster: give --etcd or --etcd-config too");
+    }
     let mut out = io::stdout().lock();
     let json = cli.json;
     let keep = cli.leases_survive_restart;
     match cli.command {
-        Command::Stats { file } => stats(&*open_view(&file, keep)?, &mut out, json)?,
-        Command::Get { key, raw } => get(
-            &*open_view(&key.file, keep)?,
-            &key.key()?,
-            &mut out,
-            json,
-            raw,
-        )?,
+        Command::Stats { file } => stats(&*open_view(&given(file)?, keep)?, &mut out, json)?,
+        Command::Get { key, raw } => {
+            let (file, key) = key.local()?;
+            get(&*open_view(&file, keep)?, &key, &mut out, json, raw)?
+        }
         Command::List {
             file,
             state,
@@ -26,7 +29,13 @@ pub(crate) fn run(cli: Cli) -> Result<Option<ProblemsFound>> {
             if let Some(age) = older_than {
                 filter = filter.older_than(age);
             }
-            list(&*open_view(&file, keep)?, &filter, limit, &mut out, json)?
+            list(
+                &*open_view(&given(file)?, keep)?,
+                &filter,
+                limit,
+                &mut out,
+                json,
+            )?
         }
         Command::Resolve {
             key,
@@ -37,8 +46,9 @@ pub(crate) fn run(cli: Cli) -> Result<Option<ProblemsFound>> {
                 Some(path) => Resolution::Complete(read_result(&path)?),
                 None => Resolution::Release,
             };
-            let store = open_view(&key.file, keep)?;
-            resolve(&*store, &key.key()?, resolution, retention, &mut out, json)?
+            let (file, key) = key.local()?;
+            let store = open_view(&file, keep)?;
+            resolve(&*store, &key, resolution, retention, &mut out, json)?
         }
         Command::Expire { key, force } => {
             let live = if force {
@@ -46,13 +56,8 @@ pub(crate) fn run(cli: Cli) -> Result<Option<ProblemsFound>> {
             } else {
                 LiveLease::Refuse
             };
-            expire(
-                &*open_view(&key.file, keep)?,
-                &key.key()?,
-                live,
-                &mut out,
-                json,
-            )?
+            let (file, key) = key.local()?;
+            expire(&*open_view(&file, keep)?, &key, live, &mut out, json)?
         }
         Command::Sweep { file, limit, slice } => {
             if slice == 0 {
@@ -104,6 +109,19 @@ pub(crate) fn run(cli: Cli) -> Result<Option<ProblemsFound>> {
     }
     out.flush()?;
     Ok(None)
+}
+
+/// The store file, which must be given when no cluster is named; a usage error exits 2.
+fn given(file: Option<PathBuf>) -> Result<PathBuf> {
+    Ok(file.unwrap_or_else(|| usage_error("give the store file (or --etcd ENDPOINTS)")))
+}
+
+/// Reports a usage error as clap does (with the usage line) and exits with status 2.
+pub(crate) fn usage_error(message: impl std::fmt::Display) -> ! {
+    use clap::CommandFactory;
+    Cli::command()
+        .error(clap::error::ErrorKind::ArgumentConflict, message)
+        .exit()
 }
 
 /// Refuses a path that does not exist (this tool never creates a store).
@@ -174,10 +192,6 @@ pub(crate) fn stats(store: &dyn View, out: &mut impl Write, json: bool) -> Resul
     let counts = store.counts()?;
     let now = SystemTime::now();
     if json {
-        let oldest = counts
-            .oldest_pending
-            .as_ref()
-            .map(|(key, record)| record_json(store, key, record, now, false));
         let value = json!({
             "path": info.path,
             "file_bytes": info.file_bytes,
@@ -187,16 +201,8 @@ pub(crate) fn stats(store: &dyn View, out: &mut impl Write, json: bool) -> Resul
             "next_token": info.next_token,
             "log_since_checkpoint": info.log_since_checkpoint,
             "checkpoint_room": info.checkpoint_room,
-            "counts": {
-                "pending": counts.pending,
-                "stale": counts.stale,
-                "needs_review": counts.needs_review,
-                "completed": counts.completed,
-                "expired": counts.expired,
-                "damaged": counts.damaged,
-                "total": counts.total(),
-            },
-            "oldest_pending": oldest,
+            "counts": counts_json(&counts),
+            "oldest_pending": oldest_json(store, &counts, now),
             "live_socket": store.socket(),
         });
         writeln!(out, "{value:#}")?;
@@ -235,6 +241,39 @@ pub(crate) fn stats(store: &dyn View, out: &mut impl Write, json: bool) -> Resul
     ];
     table(out, &[], &rows)?;
     writeln!(out)?;
+    counts_text(store, &counts, now, out)
+}
+
+/// The counts of `stats --json`.
+pub(crate) fn counts_json(counts: &StateCounts) -> Value {
+    json!({
+        "pending": counts.pending,
+        "stale": counts.stale,
+        "needs_review": counts.needs_review,
+        "completed": counts.completed,
+        "expired": counts.expired,
+        "damaged": counts.damaged,
+        "total": counts.total(),
+    })
+}
+
+/// The oldest reservation of `stats --json`.
+pub(crate) fn oldest_json(store: &dyn View, counts: &StateCounts, now: SystemTime) -> Value {
+    counts
+        .oldest_pending
+        .as_ref()
+        .map_or(Value::Null, |(key, record)| {
+            record_json(store, key, record, now, false)
+        })
+}
+
+/// The counts table of `stats` and its oldest reservation.
+pub(crate) fn counts_text(
+    store: &dyn View,
+    counts: &StateCounts,
+    now: SystemTime,
+    out: &mut impl Write,
+) -> Result<()> {
     let mut rows = vec![
         row(["pending (live lease)", &counts.pending.to_string()]),
         row(["stale (lease ended)", &counts.stale.to_string()]),

@@ -26,13 +26,14 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use idemstore::{
-    AdminClient, Error, Key, LiveLease, Record, RecordClass, Resolution, ScanFilter, Status, Store,
-    Verification,
+    AdminClient, Error, Key, LiveLease, Record, RecordClass, Resolution, ScanFilter, StateCounts,
+    Status, Store, Verification,
 };
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::{json, Value};
 
 mod args;
+mod cluster;
 mod commands;
 mod render;
 mod view;

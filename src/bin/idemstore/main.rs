@@ -16,6 +16,10 @@
 //! and with a read-write socket `expire`, `resolve` and `sweep`, ask the service instead and
 //! see its live state; `check` always needs the store to itself. Tables by default, `--json`
 //! for scripts. A closed output pipe ends the command quietly with status 0.
+//!
+//! With `--etcd ENDPOINTS --prefix P` (or `--etcd-config FILE`), `stats`, `list`, `get`,
+//! `expire` and `resolve` work on a store on an etcd cluster instead (`cluster.rs`; a build
+//! with the `etcd` feature): the reads at one etcd revision.
 
 use std::fmt::Write as _;
 use std::io::{self, IsTerminal, Read, Write};

@@ -14,12 +14,13 @@ use std::time::{Duration, Instant, SystemTime};
 
 use idemstore::etcd_client::{Client, GetOptions};
 use idemstore::{
-    EtcdStore, Fingerprint, Key, ManualClock, Record, RecordClass, Reservation, ScanFilter, Status,
+    Error, EtcdStore, Fingerprint, Key, ManualClock, Record, RecordClass, Reservation, ScanFilter,
+    Status,
 };
 use serde_json::Value;
 
 use super::cluster::Cluster;
-use crate::common::{fp, key};
+use crate::common::{encoded, fp, key};
 
 const HOUR: Duration = Duration::from_secs(3600);
 
@@ -153,6 +154,7 @@ fn cli_on_a_cluster() {
         &cluster,
     ));
     stats_under_writes_counts_one_revision(&rt, &cluster, &endpoints);
+    damaged_values_are_counted_and_named(&rt, &cluster, &endpoints);
     an_unreachable_cluster_is_an_error_naming_it(&cluster);
 }
 
@@ -525,6 +527,62 @@ async fn a_snapshot_reads_one_revision_whatever_is_written_after(cluster: &Clust
         .await
         .unwrap();
     assert_eq!(pending.len(), 601);
+
+    // Compacted past its revision, the old snapshot is an error saying so, at once.
+    let mut client = Client::connect(cluster.endpoints(), None).await.unwrap();
+    client.compact(now.revision(), None).await.unwrap();
+    let started = Instant::now();
+    let error = snapshot.counts().await.unwrap_err();
+    assert!(
+        matches!(error, Error::Cluster { .. })
+            && error
+                .to_string()
+                .contains(&format!("compacted past revision {}", snapshot.revision())),
+        "{error}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert_eq!(now.counts().await.unwrap(), after);
+}
+
+/// A record value that does not decode, and an etcd key under the records that is no key:
+/// counted as damaged, skipped by `list`, and `get` names the key and the damage.
+fn damaged_values_are_counted_and_named(
+    rt: &tokio::runtime::Runtime,
+    cluster: &Cluster,
+    endpoints: &str,
+) {
+    let prefix = "cli-damage/";
+    rt.block_on(async {
+        fixture(cluster, prefix).await;
+        let mut client = Client::connect(cluster.endpoints(), None).await.unwrap();
+        let mut record = prefix.as_bytes().to_vec();
+        record.extend_from_slice(b"r/");
+        record.extend_from_slice(&encoded(&key("u1", "charge", "done")));
+        client
+            .put(record, b"\x01garbage".to_vec(), None)
+            .await
+            .unwrap();
+        client
+            .put(format!("{prefix}r/not-a-key"), b"\x01x".to_vec(), None)
+            .await
+            .unwrap();
+    });
+    let stats = run_json(&args(&on(endpoints, prefix, &["--json", "stats"])), 0);
+    assert_eq!(stats["counts"]["damaged"], 2, "{stats:#}");
+    assert_eq!(stats["counts"]["completed"], 0, "{stats:#}");
+    assert_eq!(stats["counts"]["total"], 6, "{stats:#}");
+    let (text, _) = run(&args(&on(endpoints, prefix, &["stats"])), 0);
+    assert!(text.contains("damaged (`get` shows why)"), "{text}");
+    let listed = run_json(&args(&on(endpoints, prefix, &["--json", "list"])), 0);
+    assert_eq!(ids(&listed["records"]), ["live", "stale", "review", "old"]);
+    let (_, err) = run(
+        &args(&on(endpoints, prefix, &["get", "u1", "charge", "done"])),
+        1,
+    );
+    assert!(
+        err.contains("corruption detected in etcd record of key u1/charge/done"),
+        "{err}"
+    );
 }
 
 /// `stats` while writers add and complete keys: its counts are those of the revision it

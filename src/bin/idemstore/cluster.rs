@@ -269,6 +269,10 @@ mod with_etcd {
         fn socket(&self) -> Option<&Path> {
             None
         }
+        fn damage_hint(&self) -> &'static str {
+            // A cluster has no file to check; `get` names what is wrong with a key.
+            "`get` shows why"
+        }
     }
 
     /// What a command that needs a store file answers on a cluster (the arguments are

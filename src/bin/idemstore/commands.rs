@@ -283,7 +283,7 @@ pub(crate) fn counts_text(
     ];
     if counts.damaged > 0 {
         rows.push(row([
-            "damaged (run `idemstore check`)",
+            &format!("damaged ({})", store.damage_hint()),
             &counts.damaged.to_string(),
         ]));
     }

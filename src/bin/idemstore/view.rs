@@ -26,6 +26,10 @@ pub(crate) trait View {
     fn checkpoint(&self) -> Result<()>;
     /// The admin socket, when this is a running service's store.
     fn socket(&self) -> Option<&Path>;
+    /// What to do about damaged records, for `stats`.
+    fn damage_hint(&self) -> &'static str {
+        "run `idemstore check`"
+    }
 }
 
 impl View for Store {

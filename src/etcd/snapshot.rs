@@ -7,9 +7,10 @@
 //! Which etcd keys hold records and index entries comes from [`layout`](super::layout); this
 //! module only pages through their ranges.
 
+use std::future::Future;
 use std::time::{Duration, Instant};
 
-use etcd_client::{GetOptions, GetResponse, KeyValue};
+use etcd_client::{GetOptions, GetResponse, KeyValue, Txn, TxnOp, TxnOpResponse};
 
 use super::layout::{self, Layout};
 use super::store::{EtcdStore, Inner};
@@ -211,20 +212,20 @@ impl EtcdSnapshot {
         let what = || format!("reading an index at revision {}", self.revision);
         loop {
             let page = range(inner, &start, &end, PAGE, true, self.revision, &what).await?;
-            for kv in page.kvs() {
-                // Index entries and records change in one transaction: at one revision each
-                // entry names a record that is there.
-                let Some(key) = inner.layout.key_of_index(kv.key()) else {
+            // Index entries and records change in one transaction: at one revision each
+            // entry names a record that is there.
+            let keys: Vec<Key> = page
+                .kvs()
+                .iter()
+                .filter_map(|kv| inner.layout.key_of_index(kv.key()))
+                .collect();
+            for (key, kv) in keys.iter().zip(self.records_of(&keys).await?) {
+                // Skipped as in a listing of the local store; `counts` counts it.
+                let Some(Ok(record)) = kv.as_ref().map(decode) else {
                     continue;
                 };
-                let record = match self.stored(&key).await {
-                    Ok(Some(record)) => record,
-                    // Skipped as in a listing of the local store; `counts` counts it.
-                    Ok(None) | Err(Error::Corruption { .. }) => continue,
-                    Err(error) => return Err(error),
-                };
                 if filter.matches(&record, self.class_of(&record), self.now) {
-                    found.push((key, record));
+                    found.push((key.clone(), record));
                     if found.len() >= limit {
                         return Ok(());
                     }
@@ -237,24 +238,41 @@ impl EtcdSnapshot {
         }
     }
 
-    /// `key`'s record at the snapshot's revision, expired or not.
-    async fn stored(&self, key: &Key) -> Result<Option<Record>, Error> {
+    /// The records of `keys` at the snapshot's revision (`None` where absent), read in
+    /// transactions of up to the store's `max_txn_ops` gets.
+    async fn records_of(&self, keys: &[Key]) -> Result<Vec<Option<KeyValue>>, Error> {
         let inner = self.store.inner();
-        let record_key = inner.layout.record(key);
-        let mut end = record_key.clone();
-        end.push(0);
-        let what = || format!("reading key {key}");
-        let response = range(inner, &record_key, &end, 1, false, self.revision, &what).await?;
-        response
-            .kvs()
-            .first()
-            .map(|kv| {
-                decode(kv).map_err(|reason| Error::Corruption {
-                    location: format!("etcd record of key {key}"),
-                    reason,
-                })
+        let what = || format!("reading records at revision {}", self.revision);
+        let mut out = Vec::with_capacity(keys.len());
+        while out.len() < keys.len() {
+            let rest = &keys[out.len()..];
+            let most = rest.len().min(inner.max_txn_ops);
+            let read = retried(inner, self.revision, &what, most, |n| {
+                let options = GetOptions::new().with_revision(self.revision);
+                let gets: Vec<TxnOp> = rest[..n]
+                    .iter()
+                    .map(|key| TxnOp::get(inner.layout.record(key), Some(options.clone())))
+                    .collect();
+                let mut kv = inner
+                    .client
+                    .kv_client()
+                    .max_decoding_message_size(MAX_MESSAGE);
+                async move { kv.txn(Txn::new().and_then(gets)).await }
             })
-            .transpose()
+            .await?;
+            let responses = read.op_responses();
+            if responses.is_empty() {
+                return Err(Error::Cluster {
+                    context: what(),
+                    source: "the transaction answered no read".into(),
+                });
+            }
+            out.extend(responses.iter().take(most).map(|response| match response {
+                TxnOpResponse::Get(get) => get.kvs().first().cloned(),
+                _ => None,
+            }));
+        }
+        Ok(out)
     }
 
     /// Calls `visit` with every record of the store in key order (the key `None` when it
@@ -359,8 +377,7 @@ fn failure(error: &etcd_client::Error) -> Failure {
 }
 
 /// Up to `limit` keys in `[start, end)` at `revision` (0: the newest), with their values
-/// unless `keys_only`; retried while the cluster gives no definite answer, up to the store's
-/// operation deadline (a read changes nothing, so resending is always safe).
+/// unless `keys_only` (fewer when they are too large for one answer).
 async fn range(
     inner: &Inner,
     start: &[u8],
@@ -370,10 +387,7 @@ async fn range(
     revision: i64,
     what: &dyn Fn() -> String,
 ) -> Result<GetResponse, Error> {
-    let started = Instant::now();
-    let mut pause = Duration::from_millis(20);
-    let mut limit = limit.max(1);
-    loop {
+    retried(inner, revision, what, limit, |limit| {
         let mut options = GetOptions::new()
             .with_range(end.to_vec())
             .with_limit(i64::try_from(limit).unwrap_or(i64::MAX))
@@ -385,13 +399,37 @@ async fn range(
             .client
             .kv_client()
             .max_decoding_message_size(MAX_MESSAGE);
-        let error = match kv.get(start.to_vec(), Some(options)).await {
-            Ok(response) => return Ok(response),
+        let start = start.to_vec();
+        async move { kv.get(start, Some(options)).await }
+    })
+    .await
+}
+
+/// Runs the read `attempt(n)` for `n` keys, from `most` down: halved while the answer is too
+/// large for one message, and retried while the cluster gives no definite answer, up to the
+/// store's operation deadline (a read changes nothing, so resending is always safe).
+async fn retried<T, F, Fut>(
+    inner: &Inner,
+    revision: i64,
+    what: &dyn Fn() -> String,
+    most: usize,
+    mut attempt: F,
+) -> Result<T, Error>
+where
+    F: FnMut(usize) -> Fut,
+    Fut: Future<Output = Result<T, etcd_client::Error>>,
+{
+    let started = Instant::now();
+    let mut pause = Duration::from_millis(20);
+    let mut n = most.max(1);
+    loop {
+        let error = match attempt(n).await {
+            Ok(answer) => return Ok(answer),
             Err(error) => error,
         };
         let context = match failure(&error) {
-            Failure::TooLarge if limit > 1 => {
-                limit /= 2;
+            Failure::TooLarge if n > 1 => {
+                n /= 2;
                 continue;
             }
             Failure::Compacted => format!(

@@ -497,6 +497,11 @@ async fn a_snapshot_reads_one_revision_whatever_is_written_after(cluster: &Clust
         .resolve(&review, idemstore::Resolution::Release)
         .await
         .unwrap();
+    let stale = key("u1", "charge", "stale");
+    store
+        .resolve(&stale, idemstore::Resolution::Release)
+        .await
+        .unwrap();
 
     assert_eq!(snapshot.counts().await.unwrap(), before);
     let again = snapshot.scan(&ScanFilter::any(), 1000).await.unwrap();
@@ -509,6 +514,13 @@ async fn a_snapshot_reads_one_revision_whatever_is_written_after(cluster: &Clust
         .await
         .unwrap();
     assert_eq!(pending.len(), 1, "only the fixture's live key");
+    // Listed through the lease index, and read at the snapshot's revision too.
+    let stale_then = snapshot
+        .scan(&ScanFilter::of(RecordClass::Stale), 10)
+        .await
+        .unwrap();
+    let stale_keys: Vec<Key> = stale_then.into_iter().map(|(k, _)| k).collect();
+    assert_eq!(stale_keys, std::slice::from_ref(&stale));
     assert!(snapshot.get(&review).await.unwrap().is_some());
     assert!(snapshot
         .get(&key("a0", "charge", "k000"))
@@ -520,7 +532,7 @@ async fn a_snapshot_reads_one_revision_whatever_is_written_after(cluster: &Clust
     assert!(now.revision() > snapshot.revision());
     let after = now.counts().await.unwrap();
     assert_eq!(after.pending, 601, "{after:?}");
-    assert_eq!(after.total(), 5 - 2 + 600, "{after:?}");
+    assert_eq!((after.stale, after.total()), (0, 5 - 3 + 600), "{after:?}");
     assert!(now.get(&review).await.unwrap().is_none());
     let pending = now
         .scan(&ScanFilter::of(RecordClass::Pending), 1000)

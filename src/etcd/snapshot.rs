@@ -22,8 +22,9 @@ use crate::record::{Millis, Record, RecordClass, State, TokenFloor};
 /// Keys read per range request. A page is halved while the answer is over [`MAX_MESSAGE`]
 /// (each record may hold a result of up to 1,400 KiB).
 const PAGE: usize = 256;
-/// The largest answer read in one gRPC message.
-const MAX_MESSAGE: usize = 64 << 20;
+/// The largest answer read in one gRPC message (the client's default is 4 MiB): room for
+/// eleven records with a result of the largest size.
+const MAX_MESSAGE: usize = 16 << 20;
 
 /// The store's records as they were at one etcd revision, from [`EtcdStore::snapshot`].
 ///

@@ -155,6 +155,7 @@ fn cli_on_a_cluster() {
     ));
     stats_under_writes_counts_one_revision(&rt, &cluster, &endpoints);
     damaged_values_are_counted_and_named(&rt, &cluster, &endpoints);
+    large_results_are_read_in_smaller_pages(&rt, &cluster, &endpoints);
     an_unreachable_cluster_is_an_error_naming_it(&cluster);
 }
 
@@ -672,6 +673,46 @@ fn stats_under_writes_counts_one_revision(
         revisions.windows(2).all(|w| w[0] < w[1]),
         "the writers moved the revision between the runs: {revisions:?}"
     );
+}
+
+/// Twenty results of 1 MiB: more than one answer may hold (16 MiB), so the pages of the
+/// records' range and the reads of the records an index names are split until they fit.
+fn large_results_are_read_in_smaller_pages(
+    rt: &tokio::runtime::Runtime,
+    cluster: &Cluster,
+    endpoints: &str,
+) {
+    let prefix = "cli-large/";
+    let result = vec![b'x'; 1 << 20];
+    rt.block_on(async {
+        let clock = ManualClock::new();
+        let store = store(cluster, prefix, &clock).await;
+        // Completed two days ago: expired, so `list --state expired` reads them through the
+        // expiry index.
+        clock.set(SystemTime::now() - 48 * HOUR);
+        for i in 0..20 {
+            let lease = acquire(&store, &key("big", "op", &format!("k{i:02}")), fp("b")).await;
+            store.complete(&lease, result.clone()).await.unwrap();
+        }
+    });
+    let stats = run_json(&args(&on(endpoints, prefix, &["--json", "stats"])), 0);
+    assert_eq!(stats["counts"]["expired"], 20, "{stats:#}");
+    let listed = run_json(
+        &args(&on(
+            endpoints,
+            prefix,
+            &["--json", "list", "--state", "expired"],
+        )),
+        0,
+    );
+    assert_eq!(listed["records"].as_array().unwrap().len(), 20);
+    assert!(listed["records"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|r| r["result_len"] == 1 << 20));
+    let all = run_json(&args(&on(endpoints, prefix, &["--json", "list"])), 0);
+    assert_eq!(all["records"].as_array().unwrap().len(), 20);
 }
 
 /// An endpoint nobody listens on: an error naming it within the timeout, exit 1; a good

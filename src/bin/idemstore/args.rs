@@ -42,7 +42,7 @@ pub(crate) struct Cli {
 
     /// When the tool opens the file itself: reservations made before it was opened keep
     /// their lease time, as in a service built with Builder::leases_survive_restart(true)
-    /// (default: they are stale, their process is gone)
+    /// (default: they are stale, their process is gone; a store on etcd always keeps them)
     #[arg(long, global = true)]
     pub(crate) leases_survive_restart: bool,
 

@@ -50,11 +50,18 @@ impl EtcdStore {
             })
             .collect();
         let outcomes = self.inner().apply_many(&ops, true).await?;
-        Ok(outcomes
-            .into_iter()
-            .zip(items)
-            .map(|(outcome, (key, _))| outcome.map(|reserved| answer::reservation(key, reserved)))
-            .collect())
+        let mut answers = Vec::with_capacity(items.len());
+        for (outcome, (key, fingerprint)) in outcomes.into_iter().zip(items) {
+            answers.push(match outcome {
+                Ok(reserved) => self
+                    .inner()
+                    .fresh_lease(key, *fingerprint, reserved)
+                    .await
+                    .map(|reserved| answer::reservation(key, reserved)),
+                Err(error) => Err(error),
+            });
+        }
+        Ok(answers)
     }
 
     /// The dedup window for queue consumers; see [`Store::observe`](crate::Store::observe):

@@ -25,9 +25,10 @@ impl EtcdStore {
     /// [`Store::reserve_many`](crate::Store::reserve_many). The records are read in one
     /// transaction per `max_txn_ops` keys, duplicates are answered from that read, and the
     /// acquisitions are written together, as many per transaction as etcd's limits allow
-    /// (each new key costs 3 operations). Each written key keeps its own compare: if any
-    /// changed meanwhile, that transaction's keys are reserved one by one. A key that appears
-    /// twice is reserved in a later round, so the second sees the first's reservation.
+    /// (each new key costs 1 operation, each transaction 3 more for its index entry). Each
+    /// written key keeps its own compare: if any changed meanwhile, that transaction's keys
+    /// are decided again on what it read. A key that appears twice is reserved in a later
+    /// round, so the second sees the first's reservation.
     /// Returns one result per item, in order.
     ///
     /// # Durability

@@ -128,8 +128,10 @@ impl Proxy {
 #[test]
 fn a_write_whose_answer_was_lost_is_recognized_as_landed() {
     let cluster = Cluster::start();
-    // Only writes touch the lease index, so the reads before them pass.
-    let proxy = Proxy::start(cluster.endpoints()[0].clone(), b"ambig/l/");
+    // Every operation below goes out as its write at once (no read first: a new key is
+    // guessed absent, a holder starts from what it wrote), so the first request that names
+    // the record is the write.
+    let proxy = Proxy::start(cluster.endpoints()[0].clone(), b"ambig/r/");
     let env = Env::new();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -206,7 +208,7 @@ fn a_write_whose_answer_was_lost_is_recognized_as_landed() {
 #[test]
 fn an_acquisition_that_lands_late_gets_a_lease_from_when_it_landed() {
     let cluster = Cluster::start();
-    let proxy = Proxy::start(cluster.endpoints()[0].clone(), b"late/l/");
+    let proxy = Proxy::start(cluster.endpoints()[0].clone(), b"late/r/");
     let env = Env::new();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

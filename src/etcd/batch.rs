@@ -21,6 +21,9 @@ use crate::record::Millis;
 /// Bytes of record values one batch transaction may carry, well under etcd's default
 /// `--max-request-bytes` of 1.5 MiB.
 const MAX_TXN_BYTES: usize = 1 << 20;
+/// Operations of a batch transaction kept for its index entry: the entry, and room for a
+/// sweep to move and delete entries beside deleting every record of the transaction.
+const ENTRY_OPS: usize = 3;
 /// Most transactions of one batch in flight at once: the leader groups concurrent proposals
 /// into one log append and fsync.
 const MAX_IN_FLIGHT: usize = 16;
@@ -146,7 +149,7 @@ impl Inner {
                 }
                 continue;
             }
-            let (ops, bytes) = self.cost(&items[item].0, current.as_ref(), &decision.change);
+            let (ops, bytes) = self.cost(&items[item].0, &decision.change);
             writes.push(Write {
                 item,
                 current,
@@ -155,16 +158,17 @@ impl Inner {
             });
         }
         // Pack the writes into transactions within the limits.
+        // Each transaction keeps [`ENTRY_OPS`] operations for its index entry.
         let mut groups: Vec<Vec<Write>> = Vec::new();
         let mut group: Vec<Write> = Vec::new();
-        let (mut ops, mut bytes) = (0, 0);
+        let (mut ops, mut bytes) = (ENTRY_OPS, 0);
         for write in writes {
             let full = ops + write.ops > self.max_txn_ops
                 || bytes + write.bytes > MAX_TXN_BYTES
                 || group.len() == MAX_SLOTS;
             if full && !group.is_empty() {
                 groups.push(std::mem::take(&mut group));
-                (ops, bytes) = (0, 0);
+                (ops, bytes) = (ENTRY_OPS, 0);
             }
             ops += write.ops;
             bytes += write.bytes;
@@ -193,15 +197,14 @@ impl Inner {
         Ok(again)
     }
 
-    /// The operations and value bytes a change of `key` adds to a transaction.
-    fn cost(&self, key: &Key, current: Option<&Stored>, change: &Change) -> (usize, usize) {
-        let mut ops = Vec::new();
-        self.write_ops(key, current, change, super::layout::Nonce::ZERO, &mut ops);
+    /// The operations and value bytes a change of `key` adds to a transaction: its record,
+    /// and its line in the transaction's index entry.
+    fn cost(&self, key: &Key, change: &Change) -> (usize, usize) {
         let bytes = match change {
-            Change::Put(record) => record.encode().len() + 3 * key.encoded().len() + 64,
-            _ => 3 * key.encoded().len(),
+            Change::Put(record) => record.encode().len() + 2 * key.encoded().len() + 64,
+            _ => key.encoded().len() + 16,
         };
-        (ops.len(), bytes)
+        (1, bytes)
     }
 
     fn decide_item<O: Operation + Clone>(
@@ -241,21 +244,19 @@ impl Inner {
         let mut ops = Vec::new();
         let mut gets = Vec::new();
         let mut decisions = Vec::new();
+        let mut listed = Vec::new();
         for (slot, write) in group.iter().enumerate() {
             let key = &items[write.item].0;
             let record_key = self.layout.record(key);
             let decision = self.decide_item(items, write.item, write.current.as_ref(), now, slot);
             compares.push(unchanged(&record_key, write.current.as_ref()));
-            self.write_ops(
-                key,
-                write.current.as_ref(),
-                &decision.change,
-                nonce,
-                &mut ops,
-            );
+            if let Some(due) = self.write_ops(key, &decision.change, nonce, &mut ops) {
+                listed.push((key.clone(), due));
+            }
             gets.push(TxnOp::get(record_key, None));
             decisions.push(decision);
         }
+        ops.extend(self.index_op(&listed, nonce));
         let txn = Txn::new().when(compares).and_then(ops).or_else(gets);
         let what = || format!("writing {} keys in one transaction", group.len());
         let answer = self.send(txn, what).await?;

@@ -220,16 +220,9 @@ impl EtcdBuilder {
             resends: AtomicU64::new(0),
             hints: Hints::default(),
         });
-        // One read, so that a wrong address fails here rather than at the first reserve.
-        store
-            .inner()
-            .index_range(
-                Vec::from(&b"\0"[..]),
-                Vec::from(&b"\0\0"[..]),
-                1,
-                "checking the connection",
-            )
-            .await?;
+        // One read (and a write on an empty prefix), so that a wrong address fails here
+        // rather than at the first reserve.
+        store.inner().check_layout().await?;
         Ok(store)
     }
 }

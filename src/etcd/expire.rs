@@ -11,10 +11,10 @@ use crate::store::answer;
 
 impl EtcdStore {
     /// Deletes whatever is stored for `key`, now; see [`Store::expire`](crate::Store::expire).
-    /// The record and its expiry and lease index entries are deleted in one transaction that
-    /// applies only if the record is unchanged since it was read (else the decision is made
-    /// again on what changed). A record past its expiry that no sweep deleted yet is deleted
-    /// too. The next reserve acquires the key afresh with a higher token (a later revision).
+    /// The record is deleted (its index entries are spent; sweeping deletes them) in one
+    /// transaction that applies only if the record is unchanged since it was read (else the
+    /// decision is made again on what changed). A record past its expiry that no sweep
+    /// deleted yet is deleted too. The next reserve acquires the key afresh with a higher token (a later revision).
     ///
     /// # Durability
     /// Answered only after a majority of the cluster's members wrote the deletion to disk.

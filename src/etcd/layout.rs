@@ -1,19 +1,30 @@
-//! The etcd data model: which etcd keys hold a record and its two indexes, what their values
-//! hold, and how fencing tokens are made from etcd revisions. `docs/etcd.md` describes it for
+//! The etcd data model: which etcd keys hold a record and its index, what their values hold,
+//! and how fencing tokens are made from etcd revisions. `docs/etcd.md` describes it for
 //! operators.
 //!
 //! Under the store's prefix `P`:
+//! - `P layout`: the layout version ([`LAYOUT_VERSION`]), written when a store first connects
+//!   to an empty prefix; a prefix of another version is refused.
 //! - `P r/<key>`: the record. Value: [`Stored`]'s envelope (version, writer nonce, record).
-//! - `P x/<expires_at, 8 bytes big-endian><key>`: the expiry index (empty value), for every
-//!   record that can expire, so a sweep reads expired keys in time order.
-//! - `P l/<lease_until, 8 bytes big-endian><key>`: the lease index (empty value), for every
-//!   pending record, so `stale` lists leases that ran out, oldest first.
+//! - `P i/<due, 8 bytes big-endian><nonce>`: an index entry, one per transaction that puts
+//!   records, listing them (value: [`encode_entry`]). `due` is the earliest moment one of them
+//!   needs looking at: a pending record's lease end, else its expiry. An entry speaks only for
+//!   the records still at the revision it names; a record written again has a newer entry of
+//!   its own, so older entries may name keys that moved on (or are gone): sweeping and
+//!   `stale` check every record against its entry and delete spent entries.
+//! - `P s/<expires_at, 8 bytes big-endian><nonce>`: the same for pending records whose lease
+//!   ran out, moved there by a sweep until they expire, so `stale` finds them.
 //!
 //! `<key>` is [`Key`]'s own length-prefixed encoding, so keys never collide.
 
 use crate::key::Key;
 use crate::record::{Millis, Record, State};
 
+/// The layout version written by this build: 2 has the per-transaction index (`i/`, `s/`);
+/// 1 had an expiry entry and a lease entry per record (`x/`, `l/`).
+pub(crate) const LAYOUT_VERSION: u8 = 2;
+/// Bytes of one listed key's revision in an index entry.
+const REVISION_BYTES: usize = 8;
 /// The envelope layout version written by this build.
 const ENVELOPE_VERSION: u8 = 1;
 /// Bytes before the record: version, then the writer's nonce.
@@ -52,7 +63,8 @@ pub(crate) struct Nonce {
 }
 
 impl Nonce {
-    /// A nonce for sizing a write that is never sent.
+    /// A nonce for tests.
+    #[cfg(test)]
     pub(crate) const ZERO: Nonce = Nonce { store: 0, write: 0 };
 }
 
@@ -84,46 +96,117 @@ impl Layout {
         self.join(b"r/", &[key.encoded()])
     }
 
-    /// The expiry index entry of a record, if it can expire.
-    pub(crate) fn expiry(&self, key: &Key, record: &Record) -> Option<Vec<u8>> {
-        (record.expires_at != Millis::MAX)
-            .then(|| self.join(b"x/", &[&record.expires_at.to_be_bytes(), key.encoded()]))
+    /// The layout version key.
+    pub(crate) fn version(&self) -> Vec<u8> {
+        self.join(b"layout", &[])
     }
 
-    /// The lease index entry of a record, if it is pending.
-    pub(crate) fn lease(&self, key: &Key, record: &Record) -> Option<Vec<u8>> {
-        match record.state {
-            State::Pending { lease_until, .. } => {
-                Some(self.join(b"l/", &[&lease_until.to_be_bytes(), key.encoded()]))
-            }
-            _ => None,
-        }
+    /// The start of the records' range.
+    pub(crate) fn records(&self) -> Vec<u8> {
+        self.join(b"r/", &[])
     }
 
-    /// The range `[start, end)` of expiry index entries with `expires_at <= now`.
-    pub(crate) fn expired_range(&self, now: Millis) -> (Vec<u8>, Vec<u8>) {
-        (
-            self.join(b"x/", &[]),
-            self.join(b"x/", &[&now.saturating_add(1).to_be_bytes()]),
+    /// The end of the records' range (exclusive).
+    pub(crate) fn records_end(&self) -> Vec<u8> {
+        self.join(b"r0", &[])
+    }
+
+    /// The prefix.
+    pub(crate) fn prefix(&self) -> &[u8] {
+        &self.prefix
+    }
+
+    /// A new index entry due at `due`, unique by the writer's nonce; `stale` puts it in the
+    /// range of ran-out leases.
+    pub(crate) fn entry(&self, due: Millis, nonce: Nonce, stale: bool) -> Vec<u8> {
+        let kind: &[u8] = if stale { b"s/" } else { b"i/" };
+        self.join(
+            kind,
+            &[
+                &due.to_be_bytes(),
+                &nonce.store.to_be_bytes(),
+                &nonce.write.to_be_bytes(),
+            ],
         )
     }
 
-    /// The range `[start, end)` of lease index entries with `lease_until <= now`.
-    pub(crate) fn ran_out_range(&self, now: Millis) -> (Vec<u8>, Vec<u8>) {
+    /// The range `[start, end)` of index entries due at or before `now` (`stale`: of ran-out
+    /// leases).
+    pub(crate) fn due_range(&self, now: Millis, stale: bool) -> (Vec<u8>, Vec<u8>) {
+        let kind: &[u8] = if stale { b"s/" } else { b"i/" };
         (
-            self.join(b"l/", &[]),
-            self.join(b"l/", &[&now.saturating_add(1).to_be_bytes()]),
+            self.join(kind, &[]),
+            self.join(kind, &[&now.saturating_add(1).to_be_bytes()]),
         )
     }
 
-    /// The key named by an index entry (`x/` or `l/`), if it is one of this layout's.
-    pub(crate) fn key_of_index(&self, entry: &[u8]) -> Option<Key> {
+    /// The whole range `[start, end)` of entries of ran-out leases.
+    pub(crate) fn stale_range(&self) -> (Vec<u8>, Vec<u8>) {
+        (self.join(b"s/", &[]), self.join(b"s0", &[]))
+    }
+
+    /// When the index entry `entry` is due, if it is one of this layout's.
+    pub(crate) fn due_of(&self, entry: &[u8]) -> Option<Millis> {
         let rest = entry.strip_prefix(self.prefix.as_slice())?;
         let rest = rest
-            .strip_prefix(b"x/".as_slice())
-            .or_else(|| rest.strip_prefix(b"l/".as_slice()))?;
-        Key::decode(rest.get(8..)?)
+            .strip_prefix(b"i/".as_slice())
+            .or_else(|| rest.strip_prefix(b"s/".as_slice()))?;
+        Some(Millis::from_be_bytes(rest.get(..8)?.try_into().ok()?))
     }
+}
+
+/// When a record needs looking at: a pending record when its lease runs out, any other when
+/// it expires; `None` for one that never expires and is not pending (under review).
+pub(crate) fn due(record: &Record) -> Option<Millis> {
+    match record.state {
+        State::Pending { lease_until, .. } => Some(lease_until),
+        _ => (record.expires_at != Millis::MAX).then_some(record.expires_at),
+    }
+}
+
+/// One key named by an index entry, at the revision of the record it speaks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Listed {
+    pub(crate) key: Key,
+    /// The record's `mod_revision`; 0 for "the revision of the entry itself" (an entry
+    /// written in the same transaction as its records, which cannot know that revision).
+    pub(crate) revision: i64,
+}
+
+/// An index entry's value: for each key, its encoding's length (2 bytes little-endian), the
+/// encoding, and the revision (8 bytes little-endian).
+pub(crate) fn encode_entry(listed: &[Listed]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(listed.len() * 64);
+    for item in listed {
+        let key = item.key.encoded();
+        out.extend_from_slice(&(key.len() as u16).to_le_bytes());
+        out.extend_from_slice(key);
+        out.extend_from_slice(&item.revision.to_le_bytes());
+    }
+    out
+}
+
+/// Decodes an index entry's value. Never panics: damage is an `Err` with a reason.
+pub(crate) fn decode_entry(mut value: &[u8]) -> Result<Vec<Listed>, String> {
+    let mut out = Vec::new();
+    while !value.is_empty() {
+        let at = out.len();
+        let len = value
+            .get(..2)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]) as usize)
+            .ok_or_else(|| format!("item {at}: cut inside its length"))?;
+        let key = value
+            .get(2..2 + len)
+            .and_then(Key::decode)
+            .ok_or_else(|| format!("item {at}: not a key ({len} bytes)"))?;
+        let revision = value
+            .get(2 + len..2 + len + REVISION_BYTES)
+            .map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes")))
+            .ok_or_else(|| format!("item {at}: cut inside its revision"))?;
+        out.push(Listed { key, revision });
+        value = &value[2 + len + REVISION_BYTES..];
+    }
+    Ok(out)
 }
 
 /// A record as read from etcd: decoded, its token resolved, with the revisions to compare on.
@@ -233,18 +316,53 @@ mod tests {
     }
 
     #[test]
-    fn index_entries_name_their_key_and_sort_by_time() {
+    fn index_entries_sort_by_time_and_list_their_keys() {
         let layout = Layout::new(b"app/");
-        let key = Key::new("s", "o", "i").unwrap();
-        let record = pending(1);
-        let expiry = layout.expiry(&key, &record).unwrap();
-        let lease = layout.lease(&key, &record).unwrap();
-        assert_eq!(layout.key_of_index(&expiry), Some(key.clone()));
-        assert_eq!(layout.key_of_index(&lease), Some(key.clone()));
-        let (start, end) = layout.expired_range(5_000);
-        assert!(start <= expiry && expiry < end);
-        let (_, before) = layout.expired_range(4_999);
-        assert!(expiry >= before);
-        assert!(layout.key_of_index(b"app/r/xx").is_none());
+        let a = Key::new("s", "o", "i").unwrap();
+        let b = Key::new("s:o", "p", "i:j").unwrap();
+        let nonce = Nonce { store: 3, write: 4 };
+        let entry = layout.entry(5_000, nonce, false);
+        assert_eq!(layout.due_of(&entry), Some(5_000));
+        let (start, end) = layout.due_range(5_000, false);
+        assert!(start <= entry && entry < end);
+        let (_, before) = layout.due_range(4_999, false);
+        assert!(entry >= before);
+        let stale = layout.entry(7, nonce, true);
+        let (start, end) = layout.stale_range();
+        assert!(start <= stale && stale < end && !(start <= entry && entry < end));
+        assert!(layout.due_of(b"app/r/xx").is_none());
+        assert!(layout.version() < layout.records() || layout.version() > end);
+
+        let listed = vec![
+            Listed {
+                key: a,
+                revision: 0,
+            },
+            Listed {
+                key: b,
+                revision: 77,
+            },
+        ];
+        let value = encode_entry(&listed);
+        assert_eq!(decode_entry(&value).unwrap(), listed);
+        for cut in 1..value.len() {
+            if let Ok(decoded) = decode_entry(&value[..cut]) {
+                // Only a cut between items decodes, to fewer items.
+                assert!(decoded.len() < listed.len(), "cut at {cut}");
+            }
+        }
+    }
+
+    #[test]
+    fn records_are_due_at_their_lease_end_then_their_expiry() {
+        assert_eq!(due(&pending(1)), Some(1_000));
+        let mut done = pending(1);
+        done.state = State::Completed {
+            completed_at: 2,
+            result: Vec::new(),
+        };
+        assert_eq!(due(&done), Some(5_000));
+        done.expires_at = Millis::MAX;
+        assert_eq!(due(&done), None);
     }
 }

@@ -25,9 +25,10 @@ impl EtcdStore {
     /// [`Store::reserve_many`](crate::Store::reserve_many). The records are read in one
     /// transaction per `max_txn_ops` keys, duplicates are answered from that read, and the
     /// acquisitions are written together, as many per transaction as etcd's limits allow
-    /// (each new key costs 3 operations). Each written key keeps its own compare: if any
-    /// changed meanwhile, that transaction's keys are reserved one by one. A key that appears
-    /// twice is reserved in a later round, so the second sees the first's reservation.
+    /// (each new key costs 1 operation, each transaction 3 more for its index entry). Each
+    /// written key keeps its own compare: if any changed meanwhile, that transaction's keys
+    /// are decided again on what it read. A key that appears twice is reserved in a later
+    /// round, so the second sees the first's reservation.
     /// Returns one result per item, in order.
     ///
     /// # Durability
@@ -50,11 +51,18 @@ impl EtcdStore {
             })
             .collect();
         let outcomes = self.inner().apply_many(&ops, true).await?;
-        Ok(outcomes
-            .into_iter()
-            .zip(items)
-            .map(|(outcome, (key, _))| outcome.map(|reserved| answer::reservation(key, reserved)))
-            .collect())
+        let mut answers = Vec::with_capacity(items.len());
+        for (outcome, (key, fingerprint)) in outcomes.into_iter().zip(items) {
+            answers.push(match outcome {
+                Ok(reserved) => self
+                    .inner()
+                    .fresh_lease(key, *fingerprint, reserved)
+                    .await
+                    .map(|reserved| answer::reservation(key, reserved)),
+                Err(error) => Err(error),
+            });
+        }
+        Ok(answers)
     }
 
     /// The dedup window for queue consumers; see [`Store::observe`](crate::Store::observe):

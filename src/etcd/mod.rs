@@ -10,7 +10,7 @@
 //!   [`many`]: the batch operations on it (`reserve_many`, `observe_many`, `complete_many`,
 //!   `expire_many`, ...). [`wait`]: `reserve_or_wait` through an etcd watch.
 //! - [`expire`]: deleting a key now (`expire`, `expire_forced`).
-//! - [`sweep`]: expiry through the expiry index, the background sweeper, `stale`.
+//! - [`sweep`]: expiry through the index entries, the background sweeper, `stale`.
 //! - [`snapshot`]: counts and listings at one revision, read-only (the command line's
 //!   `stats`, `list` and `get`).
 

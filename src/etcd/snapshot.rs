@@ -4,13 +4,13 @@
 //! describe the same moment even while writers go on (etcd keeps old revisions until it is
 //! compacted).
 //!
-//! Which etcd keys hold records and index entries comes from [`layout`](super::layout); this
-//! module only pages through their ranges.
+//! Which etcd keys hold records comes from [`layout`](super::layout); this module only pages
+//! through their range.
 
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use etcd_client::{GetOptions, GetResponse, KeyValue, Txn, TxnOp, TxnOpResponse};
+use etcd_client::{GetOptions, GetResponse, KeyValue};
 
 use super::layout::{self, Layout};
 use super::store::{EtcdStore, Inner};
@@ -68,7 +68,7 @@ impl EtcdStore {
     pub async fn snapshot(&self) -> Result<EtcdSnapshot, Error> {
         let inner = self.inner();
         let now = inner.now();
-        let (start, end) = records_range(&inner.layout)?;
+        let (start, end) = records_range(&inner.layout);
         let what = || "taking a snapshot of the store".to_string();
         let response = range(inner, &start, &end, 1, true, 0, &what).await?;
         let revision = response
@@ -154,9 +154,13 @@ impl EtcdSnapshot {
 
     /// Up to `limit` records that match `filter`, with their keys, in the order of
     /// [`Store::scan`](crate::Store::scan): reservations (pending or stale) by lease
-    /// deadline, oldest first, through the lease index; expired records by expiry, through the
-    /// expiry index; every other filter in key order. Records that do not decode are skipped
-    /// ([`counts`](EtcdSnapshot::counts) counts them).
+    /// deadline, oldest first; expired records by expiry; every other filter in key order.
+    /// Records that do not decode are skipped ([`counts`](EtcdSnapshot::counts) counts them).
+    ///
+    /// The etcd layout keeps one index entry per transaction, not per record, and its
+    /// entries are rewritten by the sweeper, so a listing by deadline reads every record at
+    /// the snapshot's revision and sorts the matches (a listing in key order stops at
+    /// `limit`).
     ///
     /// # Errors
     /// [`Error::Cluster`], for a compacted revision too.
@@ -169,111 +173,25 @@ impl EtcdSnapshot {
         if limit == 0 {
             return Ok(found);
         }
-        let layout = &self.store.inner().layout;
-        let index = match filter.class {
-            Some(RecordClass::Stale) => Some(layout.ran_out_range(self.now)),
-            Some(RecordClass::Pending) => {
-                let (leases, boundary) = layout.ran_out_range(self.now);
-                Some((boundary, range_end(&leases)))
-            }
-            Some(RecordClass::Expired) => Some(layout.expired_range(self.now)),
-            _ => None,
-        };
-        match index {
-            Some((start, end)) => {
-                self.scan_index(start, end, filter, limit, &mut found)
-                    .await?
-            }
-            None => {
-                self.each_record(|kv, key| {
-                    if let (Some(key), Ok(record)) = (key, decode(kv)) {
-                        if filter.matches(&record, self.class_of(&record), self.now) {
-                            found.push((key, record));
-                        }
-                    }
-                    found.len() < limit
-                })
-                .await?
-            }
-        }
-        Ok(found)
-    }
-
-    /// Walks the index entries in `[start, end)` in order and keeps the records they name
-    /// that match `filter`, up to `limit`.
-    async fn scan_index(
-        &self,
-        mut start: Vec<u8>,
-        end: Vec<u8>,
-        filter: &ScanFilter,
-        limit: usize,
-        found: &mut Vec<(Key, Record)>,
-    ) -> Result<(), Error> {
-        let inner = self.store.inner();
-        let what = || format!("reading an index at revision {}", self.revision);
-        loop {
-            let page = range(inner, &start, &end, PAGE, true, self.revision, &what).await?;
-            // Index entries and records change in one transaction: at one revision each
-            // entry names a record that is there.
-            let keys: Vec<Key> = page
-                .kvs()
-                .iter()
-                .filter_map(|kv| inner.layout.key_of_index(kv.key()))
-                .collect();
-            for (key, kv) in keys.iter().zip(self.records_of(&keys).await?) {
-                // Skipped as in a listing of the local store; `counts` counts it.
-                let Some(Ok(record)) = kv.as_ref().map(decode) else {
-                    continue;
-                };
+        let by_deadline = matches!(
+            filter.class,
+            Some(RecordClass::Stale | RecordClass::Pending | RecordClass::Expired)
+        );
+        self.each_record(|kv, key| {
+            if let (Some(key), Ok(record)) = (key, decode(kv)) {
                 if filter.matches(&record, self.class_of(&record), self.now) {
-                    found.push((key.clone(), record));
-                    if found.len() >= limit {
-                        return Ok(());
-                    }
+                    found.push((key, record));
                 }
             }
-            match page.kvs().last() {
-                Some(last) if page.more() => start = after(last.key()),
-                _ => return Ok(()),
-            }
+            by_deadline || found.len() < limit
+        })
+        .await?;
+        if by_deadline {
+            // Stable: records of one deadline stay in key order.
+            found.sort_by_key(|(_, record)| lease_of(record).unwrap_or(record.expires_at));
+            found.truncate(limit);
         }
-    }
-
-    /// The records of `keys` at the snapshot's revision (`None` where absent), read in
-    /// transactions of up to the store's `max_txn_ops` gets.
-    async fn records_of(&self, keys: &[Key]) -> Result<Vec<Option<KeyValue>>, Error> {
-        let inner = self.store.inner();
-        let what = || format!("reading records at revision {}", self.revision);
-        let mut out = Vec::with_capacity(keys.len());
-        while out.len() < keys.len() {
-            let rest = &keys[out.len()..];
-            let most = rest.len().min(inner.max_txn_ops);
-            let read = retried(inner, self.revision, &what, most, |n| {
-                let options = GetOptions::new().with_revision(self.revision);
-                let gets: Vec<TxnOp> = rest[..n]
-                    .iter()
-                    .map(|key| TxnOp::get(inner.layout.record(key), Some(options.clone())))
-                    .collect();
-                let mut kv = inner
-                    .client
-                    .kv_client()
-                    .max_decoding_message_size(MAX_MESSAGE);
-                async move { kv.txn(Txn::new().and_then(gets)).await }
-            })
-            .await?;
-            let responses = read.op_responses();
-            if responses.is_empty() {
-                return Err(Error::Cluster {
-                    context: what(),
-                    source: "the transaction answered no read".into(),
-                });
-            }
-            out.extend(responses.iter().take(most).map(|response| match response {
-                TxnOpResponse::Get(get) => get.kvs().first().cloned(),
-                _ => None,
-            }));
-        }
-        Ok(out)
+        Ok(found)
     }
 
     /// Calls `visit` with every record of the store in key order (the key `None` when it
@@ -283,7 +201,7 @@ impl EtcdSnapshot {
         mut visit: impl FnMut(&KeyValue, Option<Key>) -> bool,
     ) -> Result<(), Error> {
         let inner = self.store.inner();
-        let (mut start, end) = records_range(&inner.layout)?;
+        let (mut start, end) = records_range(&inner.layout);
         let records = start.len();
         let what = || format!("reading the records at revision {}", self.revision);
         loop {
@@ -316,25 +234,8 @@ fn lease_of(record: &Record) -> Option<Millis> {
 
 /// The range `[start, end)` of every record's etcd key: the layout's record key of any key,
 /// without the key.
-fn records_range(layout: &Layout) -> Result<(Vec<u8>, Vec<u8>), Error> {
-    let probe = Key::new("-", "-", "-")?;
-    let mut start = layout.record(&probe);
-    start.truncate(start.len() - probe.encoded().len());
-    let end = range_end(&start);
-    Ok((start, end))
-}
-
-/// The first etcd key after every key that starts with `prefix` (etcd's "prefix end").
-fn range_end(prefix: &[u8]) -> Vec<u8> {
-    let mut end = prefix.to_vec();
-    while let Some(last) = end.pop() {
-        if last < 0xff {
-            end.push(last + 1);
-            return end;
-        }
-    }
-    // Every key: etcd reads "\0" as the end of the key space.
-    vec![0]
+fn records_range(layout: &Layout) -> (Vec<u8>, Vec<u8>) {
+    (layout.records(), layout.records_end())
 }
 
 /// The first etcd key after `key`.
@@ -462,12 +363,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn ranges_cover_exactly_the_keys_under_a_prefix() {
-        assert_eq!(range_end(b"app/r/"), b"app/r0".to_vec());
-        assert_eq!(range_end(b"a\xff\xff"), b"b".to_vec());
-        assert_eq!(range_end(b"\xff"), vec![0]);
+    fn the_records_range_covers_exactly_the_record_keys() {
         let layout = Layout::new(b"app/");
-        let (start, end) = records_range(&layout).unwrap();
+        let (start, end) = records_range(&layout);
         assert_eq!(
             (start.as_slice(), end.as_slice()),
             (&b"app/r/"[..], &b"app/r0"[..])

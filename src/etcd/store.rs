@@ -12,7 +12,7 @@ use super::layout::Layout;
 use crate::answers::{Lease, Reservation};
 use crate::clock::{duration_millis, from_millis, to_millis, Clock};
 use crate::decide::op::{
-    Complete, Completion, Extend, MarkNeedsReview, RecordStep, Release, Reserve, Resolve,
+    Complete, Completion, Extend, MarkNeedsReview, RecordStep, Release, Reserve, Reserved, Resolve,
     WithRetention,
 };
 use crate::decide::policy::Policies;
@@ -44,6 +44,53 @@ pub(crate) struct Inner {
 impl Inner {
     pub(crate) fn now(&self) -> Millis {
         to_millis(self.clock.now())
+    }
+
+    /// An acquisition's lease as it is answered. A lease is counted from when the acquisition
+    /// was decided, before its transaction was sent; when the write landed late (resent
+    /// after a lost answer, or held up by an election) less than half of it may be left, or
+    /// none, although the key became the caller's only when the write landed, and an earlier
+    /// owner's lease may have run until shortly before. Such a lease is extended once more
+    /// (one more transaction, under the same compare as every write), so that the caller's
+    /// lease counts from after the key was its own. A record that had already expired when
+    /// it landed reads as absent (anyone may acquire it): the reserve is then decided again
+    /// on what the key holds now. If the key was taken over meanwhile, or the cluster gives
+    /// no answer to the extension, the lease is answered as written: the caller holds the
+    /// token, and fencing refuses its writes once a newer token holds the key.
+    pub(crate) async fn fresh_lease(
+        &self,
+        key: &Key,
+        fingerprint: Fingerprint,
+        reserved: Reserved,
+    ) -> Result<Reserved, Error> {
+        let Reserved::Acquired {
+            token,
+            attempt,
+            lease_until,
+            progress,
+        } = reserved
+        else {
+            return Ok(reserved);
+        };
+        let lease = self.policies.for_key(key).lease;
+        let lease_until = if lease_until.saturating_sub(self.now()) >= lease / 2 {
+            lease_until
+        } else {
+            match Box::pin(self.apply(key, Extend { token }, &[])).await {
+                Ok(Ok(extended)) => extended,
+                Ok(Err(LeaseLostReason::Gone)) => {
+                    let op = Reserve { fingerprint };
+                    return Box::pin(self.apply(key, op, &[])).await;
+                }
+                Ok(Err(_)) | Err(_) => lease_until,
+            }
+        };
+        Ok(Reserved::Acquired {
+            token,
+            attempt,
+            lease_until,
+            progress,
+        })
     }
 }
 
@@ -135,6 +182,7 @@ impl EtcdStore {
         let start = self.inner.start(key, true);
         let op = Reserve { fingerprint };
         let reserved = self.inner.apply_from(key, op, &[], start).await?;
+        let reserved = self.inner.fresh_lease(key, fingerprint, reserved).await?;
         Ok(answer::reservation(key, reserved))
     }
 

@@ -6,12 +6,13 @@ use std::time::{Duration, Instant};
 
 use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp, TxnOpResponse, TxnResponse};
 
-use super::layout::{self, placeholder, resolve_token, Nonce, Stored};
+use super::layout::{self, placeholder, resolve_token, Listed, Nonce, Stored};
 use super::store::Inner;
 use crate::decide::op::Reserved;
 use crate::decide::{decide, Change, Operation};
 use crate::error::Error;
 use crate::key::Key;
+use crate::record::Millis;
 
 /// What an operation is first decided on.
 pub(crate) enum Start {
@@ -46,6 +47,14 @@ pub(crate) fn written(
         }
         Change::Delete | Change::Keep => None,
     }
+}
+
+/// An index entry as read: its etcd key, when it is due, and the records it speaks for.
+#[derive(Debug, Clone)]
+pub(crate) struct Entry {
+    pub(crate) name: Vec<u8>,
+    pub(crate) due: Millis,
+    pub(crate) listed: Vec<Listed>,
 }
 
 /// What became of a conditional transaction.
@@ -84,45 +93,47 @@ impl Inner {
         }
     }
 
-    /// The writes that turn `current` into `change` for `key`: the record and both indexes.
+    /// The write that turns the record into `change` for `key` (a put or a delete), and when
+    /// the new record is due (see [`layout::due`]): the transaction's index entry must list
+    /// it ([`index_op`](Inner::index_op)). A delete needs no entry: older entries that name
+    /// the key are spent, and sweeping deletes them.
     pub(crate) fn write_ops(
         &self,
         key: &Key,
-        current: Option<&Stored>,
         change: &Change,
         nonce: Nonce,
         ops: &mut Vec<TxnOp>,
-    ) {
+    ) -> Option<Millis> {
         let record_key = self.layout.record(key);
-        let old = current.map(|s| &s.record);
-        let new = match change {
-            Change::Keep => return,
-            Change::Put(record) => Some(record),
-            Change::Delete => None,
-        };
-        let index = |f: fn(&layout::Layout, &Key, &crate::record::Record) -> Option<Vec<u8>>| {
-            (
-                old.and_then(|r| f(&self.layout, key, r)),
-                new.and_then(|r| f(&self.layout, key, r)),
-            )
-        };
-        // etcd refuses a transaction that deletes and puts the same key: an index entry that
-        // stays the same is left alone.
-        for (before, after) in [index(layout::Layout::expiry), index(layout::Layout::lease)] {
-            if before == after {
-                continue;
+        match change {
+            Change::Keep => None,
+            Change::Put(record) => {
+                ops.push(TxnOp::put(record_key, layout::encode(record, nonce), None));
+                layout::due(record)
             }
-            if let Some(before) = before {
-                ops.push(TxnOp::delete(before, None));
-            }
-            if let Some(after) = after {
-                ops.push(TxnOp::put(after, Vec::new(), None));
+            Change::Delete => {
+                ops.push(TxnOp::delete(record_key, None));
+                None
             }
         }
-        match new {
-            Some(record) => ops.push(TxnOp::put(record_key, layout::encode(record, nonce), None)),
-            None => ops.push(TxnOp::delete(record_key, None)),
-        }
+    }
+
+    /// The one index entry of a transaction that puts the records `listed` (with when each
+    /// is due), due at the earliest of them; `None` when none is due ever.
+    pub(crate) fn index_op(&self, listed: &[(Key, Millis)], nonce: Nonce) -> Option<TxnOp> {
+        let due = listed.iter().map(|(_, due)| *due).min()?;
+        let keys: Vec<Listed> = listed
+            .iter()
+            .map(|(key, _)| Listed {
+                key: key.clone(),
+                revision: 0,
+            })
+            .collect();
+        Some(TxnOp::put(
+            self.layout.entry(due, nonce, false),
+            layout::encode_entry(&keys),
+            None,
+        ))
     }
 
     /// Sends `txn`, again and again while the cluster gives no definite answer, up to the
@@ -313,7 +324,10 @@ impl Inner {
             }
             let nonce = self.nonce();
             let mut ops = extra.to_vec();
-            self.write_ops(key, current.as_ref(), &decision.change, nonce, &mut ops);
+            let due = self.write_ops(key, &decision.change, nonce, &mut ops);
+            if let Some(due) = due {
+                ops.extend(self.index_op(&[(key.clone(), due)], nonce));
+            }
             let txn = Txn::new()
                 .when(vec![unchanged(&record_key, current.as_ref())])
                 .and_then(ops)
@@ -353,17 +367,20 @@ impl Inner {
         }
     }
 
-    /// Up to `limit` index entries in `[start, end)`, in index order, with the keys they name.
-    pub(crate) async fn index_range(
+    /// Up to `limit` index entries in `[start, end)`, in index order, decoded, each listed
+    /// revision 0 replaced by the entry's own revision.
+    ///
+    /// # Errors
+    /// [`Error::Corruption`] naming a damaged entry; [`Error::Cluster`].
+    pub(crate) async fn index_entries(
         &self,
         start: Vec<u8>,
         end: Vec<u8>,
         limit: usize,
         what: &str,
-    ) -> Result<Vec<(Vec<u8>, Key)>, Error> {
+    ) -> Result<Vec<Entry>, Error> {
         let options = GetOptions::new()
             .with_range(end)
-            .with_keys_only()
             .with_limit(i64::try_from(limit).unwrap_or(i64::MAX));
         let txn = Txn::new().and_then(vec![TxnOp::get(start, Some(options))]);
         let answer = self.send(txn, || what.to_string()).await?;
@@ -373,11 +390,104 @@ impl Inner {
         let Some(TxnOpResponse::Get(get)) = responses.first() else {
             return Ok(Vec::new());
         };
-        Ok(get
-            .kvs()
+        get.kvs()
             .iter()
-            .filter_map(|kv| Some((kv.key().to_vec(), self.layout.key_of_index(kv.key())?)))
-            .collect())
+            .map(|kv| {
+                let damaged = |reason: String| Error::Corruption {
+                    location: format!(
+                        "etcd index entry {}",
+                        String::from_utf8_lossy(kv.key()).escape_debug()
+                    ),
+                    reason,
+                };
+                let due = self
+                    .layout
+                    .due_of(kv.key())
+                    .ok_or_else(|| damaged("its name holds no time".into()))?;
+                let mut listed = layout::decode_entry(kv.value()).map_err(damaged)?;
+                for item in &mut listed {
+                    if item.revision == 0 {
+                        item.revision = kv.create_revision();
+                    }
+                }
+                Ok(Entry {
+                    name: kv.key().to_vec(),
+                    due,
+                    listed,
+                })
+            })
+            .collect()
+    }
+
+    /// Checks the prefix's layout version, and writes it on a prefix without records.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] naming the prefix and both versions when the prefix holds
+    /// another layout version (records without a version key are version 1);
+    /// [`Error::Cluster`].
+    pub(crate) async fn check_layout(&self) -> Result<(), Error> {
+        let version_key = self.layout.version();
+        let (records, records_end) = (self.layout.records(), self.layout.records_end());
+        let one = || {
+            GetOptions::new()
+                .with_range(records_end.clone())
+                .with_keys_only()
+                .with_limit(1)
+        };
+        let txn = Txn::new()
+            .when(vec![Compare::create_revision(
+                version_key.clone(),
+                CompareOp::Equal,
+                0,
+            )])
+            .and_then(vec![TxnOp::get(records.clone(), Some(one()))])
+            .or_else(vec![TxnOp::get(version_key.clone(), None)]);
+        let answer = self
+            .send(txn, || "checking the prefix's layout version".to_string())
+            .await?;
+        let Sent::Refused { responses } = answer.sent else {
+            return Err(no_response_for("the prefix's layout version"));
+        };
+        let Some(TxnOpResponse::Get(get)) = responses.first() else {
+            return Err(no_response_for("the prefix's layout version"));
+        };
+        let found = match get.kvs().first() {
+            // The success branch read the records: there are some, and no version key.
+            Some(kv) if kv.key() != version_key.as_slice() => Some(1),
+            Some(kv) => Some(kv.value().first().copied().unwrap_or(0)),
+            None => None,
+        };
+        match found {
+            Some(version) if version == layout::LAYOUT_VERSION => Ok(()),
+            Some(version) => Err(Error::InvalidConfig {
+                setting: "prefix",
+                reason: format!(
+                    "prefix `{}` holds idemstore's etcd layout version {version}; this build \
+                     reads and writes version {}: drain the keys with the build that wrote \
+                     them, then delete the prefix (`etcdctl del --prefix`), or use another \
+                     prefix (docs/etcd.md, \"Layout versions\")",
+                    String::from_utf8_lossy(self.layout.prefix()).escape_debug(),
+                    layout::LAYOUT_VERSION
+                ),
+            }),
+            None => {
+                // An empty prefix: this store writes it in the current layout.
+                let txn = Txn::new()
+                    .when(vec![Compare::create_revision(
+                        version_key.clone(),
+                        CompareOp::Equal,
+                        0,
+                    )])
+                    .and_then(vec![TxnOp::put(
+                        version_key,
+                        vec![layout::LAYOUT_VERSION],
+                        None,
+                    )]);
+                self.send(txn, || "writing the prefix's layout version".to_string())
+                    .await?;
+                Ok(())
+            }
+        }
     }
 
     /// The records of `keys` read in one transaction (at one revision).
@@ -497,6 +607,13 @@ impl<T, E> AtRevision for Result<T, E> {
 impl AtRevision for bool {
     fn at_revision(self, _revision: i64) -> Self {
         self
+    }
+}
+
+fn no_response_for(what: &str) -> Error {
+    Error::Cluster {
+        context: format!("reading {what}"),
+        source: "the cluster's answer held no read response".into(),
     }
 }
 

@@ -452,11 +452,25 @@ fn check(history: &History, final_state: &HashMap<Key, Option<idemstore::Record>
                 .releases
                 .iter()
                 .any(|(k, t, at)| k == *key && *t == a.token && *at < b.acked);
+            let ms = |d: Result<Duration, _>| d.map_or(0, |d: Duration| d.as_millis());
+            let completed = history
+                .completed
+                .iter()
+                .find(|d| &d.key == *key && d.token == a.token)
+                .map(|d| d.started.saturating_duration_since(a.acked).as_millis());
             assert!(
                 b.decided_at >= a.lease_until || released || expired_between(key, a.started, b.acked),
-                "key {key}: token {} acquired while token {} held a live lease and had not released it",
+                "key {key}: token {} acquired while token {} held a live lease and had not released it \
+                 (b decided {} ms before a's lease ended, asked {} ms, answered after {} ms, \
+                 attempts {} and {}; a answered after {} ms, completed {completed:?} ms after)",
                 b.token,
-                a.token
+                a.token,
+                ms(a.lease_until.duration_since(b.decided_at)),
+                b.started.saturating_duration_since(a.acked).as_millis(),
+                b.acked.saturating_duration_since(b.started).as_millis(),
+                a.attempt,
+                b.attempt,
+                a.acked.saturating_duration_since(a.started).as_millis(),
             );
         }
         // Every caller learned whether it holds the key: a takeover (attempt n > 1) follows an

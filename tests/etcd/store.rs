@@ -1,6 +1,6 @@
 //! What only the etcd store has: `complete_with` on etcd operations, batching within
-//! `--max-txn-ops`, the indexes, the background sweeper, expire's index entries, damaged
-//! values, settings, and the message when the `etcd` binary is missing.
+//! `--max-txn-ops`, the index, the background sweeper, expire's index entries, damaged
+//! values, the layout version, settings, and the message when the `etcd` binary is missing.
 
 use std::time::{Duration, Instant};
 
@@ -63,6 +63,8 @@ fn etcd_only_operations() {
         expire_deletes_the_record_and_its_index_entries_in_one_transaction(&cluster, &mut client)
             .await;
         what_this_process_wrote_is_a_guess_never_an_answer(&cluster).await;
+        a_lease_that_ran_out_stays_listed_by_stale_after_a_sweep(&cluster, &mut client).await;
+        a_prefix_of_another_layout_version_is_refused(&cluster, &mut client).await;
     });
 }
 
@@ -181,9 +183,10 @@ async fn complete_with_commits_the_callers_operations_atomically(
 
 async fn batches_fill_transactions_within_max_txn_ops(cluster: &Cluster) {
     let env = Env::new();
-    // 40 new keys take 3 operations each: one transaction of 128.
+    // 120 new keys take one operation each, and the transaction's index entry 3: one
+    // transaction of 128.
     let wide = store(cluster, "batch-wide/", &env.clock, 128).await;
-    let items: Vec<(Key, Fingerprint)> = (0..40)
+    let items: Vec<(Key, Fingerprint)> = (0..120)
         .map(|i| (key("q", "o", &format!("{i}")), fp("m")))
         .collect();
     let tokens = acquired_tokens(&wide, &items).await;
@@ -191,13 +194,13 @@ async fn batches_fill_transactions_within_max_txn_ops(cluster: &Cluster) {
     assert_eq!(
         revisions.len(),
         1,
-        "one transaction for 40 keys: {tokens:?}"
+        "one transaction for 120 keys: {tokens:?}"
     );
-    // At 8 operations per transaction, 2 keys fit in each.
+    // At 8 operations per transaction, 5 keys fit in each.
     let narrow = store(cluster, "batch-narrow/", &env.clock, 8).await;
     let tokens = acquired_tokens(&narrow, &items).await;
     let revisions: std::collections::BTreeSet<u64> = tokens.iter().map(|t| t >> 10).collect();
-    assert_eq!(revisions.len(), 20, "two keys per transaction: {tokens:?}");
+    assert_eq!(revisions.len(), 24, "five keys per transaction: {tokens:?}");
     // A second batch answers every key from its reads: all in progress, nothing written.
     for result in narrow.reserve_many(&items).await.unwrap() {
         assert!(
@@ -236,51 +239,140 @@ async fn indexes_follow_every_change_and_the_sweeper_empties_them(
         leases.push(acquire(&store, k, fp("b")).await);
     }
     assert_eq!(
-        (count(client, "ix/x/").await, count(client, "ix/l/").await),
-        (6, 6)
+        counts(client, "ix/").await,
+        (6, 6),
+        "one entry per transaction"
     );
     store.complete(&leases[0], b"r".to_vec()).await.unwrap();
     store.release_if_pending(&leases[1]).await.unwrap();
     store.mark_needs_review(&leases[2], "check").await.unwrap();
     store.extend(&leases[3]).await.unwrap();
-    // 0 completed, 3..6 pending can expire; 2 under review cannot; 1 is gone.
-    assert_eq!(count(client, "ix/r/").await, 5);
-    assert_eq!(count(client, "ix/x/").await, 4);
-    assert_eq!(
-        count(client, "ix/l/").await,
-        3,
-        "only pending keys are in the lease index"
-    );
+    // 0 completed and 3 extended have new entries; 2 under review never expires (no entry);
+    // 1 is gone (a delete writes no entry). The older entries are spent, left to the sweep.
+    assert_eq!(counts(client, "ix/").await, (5, 8));
 
     env.advance(RETENTION + LEASE * 2);
     let sweeper = store.spawn_sweeper(Duration::from_millis(20), 2).unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
-    while count(client, "ix/x/").await > 0 {
+    while counts(client, "ix/").await.1 > 0 {
         assert!(
             Instant::now() < deadline,
-            "the background sweeper did not empty the expiry index"
+            "the background sweeper did not empty the index: {:?}",
+            counts(client, "ix/").await
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     drop(sweeper);
     assert_eq!(
-        count(client, "ix/r/").await,
-        1,
+        counts(client, "ix/").await,
+        (1, 0),
         "the key under review stays"
     );
-    assert_eq!(count(client, "ix/l/").await, 0);
     assert!(matches!(
         store.reserve(&ks[2], fp("b")).await.unwrap(),
         Reservation::NeedsReview { .. }
     ));
 }
 
-/// (records, expiry index entries, lease index entries) under `prefix`.
-async fn counts(client: &mut Client, prefix: &str) -> (i64, i64, i64) {
+/// A pending record whose lease ran out is moved by a sweep to the entries of ran-out leases
+/// (it is not expired yet), where `stale` still finds it, and the next sweep after its expiry
+/// deletes it; a key written again meanwhile is never deleted by an older entry.
+async fn a_lease_that_ran_out_stays_listed_by_stale_after_a_sweep(
+    cluster: &Cluster,
+    client: &mut Client,
+) {
+    let env = Env::new();
+    let store = store(cluster, "ran-out/", &env.clock, 128).await;
+    let abandoned = key("u", "o", "abandoned");
+    let again = key("u", "o", "again");
+    let lease = acquire(&store, &abandoned, fp("b")).await;
+    env.advance(Duration::from_millis(10));
+    let first = acquire(&store, &again, fp("b")).await;
+    env.advance(LEASE * 2);
+    assert_eq!(store.sweep(10).await.unwrap(), 0, "nothing expired yet");
+    assert_eq!(
+        counts(client, "ran-out/").await,
+        (2, 2),
+        "both moved to the ran-out leases"
+    );
+    assert_eq!(count(client, "ran-out/s/").await, 2);
+    let stale = store.stale(10).await.unwrap();
+    let listed: Vec<&Key> = stale.iter().map(|(k, _)| k).collect();
+    assert_eq!(listed, vec![&abandoned, &again], "oldest lease first");
+    // `again` is taken over: its old entries are spent, its new one is its own.
+    let taken = acquire(&store, &again, fp("b")).await;
+    assert!(taken.token() > first.token());
+    let stale = store.stale(10).await.unwrap();
+    assert_eq!(stale.len(), 1, "{stale:?}");
+    assert_eq!(stale[0].1.token(), lease.token());
+
+    // Past the abandoned record's expiry, not past the takeover's.
+    env.advance(RETENTION);
+    assert_eq!(
+        store.sweep(10).await.unwrap(),
+        1,
+        "the abandoned record expired"
+    );
+    assert_eq!(store.get(&abandoned).await.unwrap(), None);
+    let held = store
+        .get(&again)
+        .await
+        .unwrap()
+        .expect("the takeover is kept");
+    assert_eq!(held.token(), taken.token());
+    assert_eq!(count(client, "ran-out/r/").await, 1);
+    env.advance(RETENTION + LEASE);
+    assert_eq!(store.sweep(10).await.unwrap(), 1);
+    assert_eq!(counts(client, "ran-out/").await, (0, 0), "nothing left");
+}
+
+/// A prefix written by another layout version is refused at connect, naming the prefix and
+/// the version; nothing under it is changed.
+async fn a_prefix_of_another_layout_version_is_refused(cluster: &Cluster, client: &mut Client) {
+    // Version 1 kept records with per-record index entries and no version key.
+    client.put("old-layout/r/\x01s", "v", None).await.unwrap();
+    client.put("old-layout/x/\x00", "", None).await.unwrap();
+    let connect = |prefix: &'static str| async move {
+        EtcdStore::builder()
+            .prefix(prefix)
+            .connect(&cluster.endpoints())
+            .await
+    };
+    match connect("old-layout/").await {
+        Err(Error::InvalidConfig { setting, reason }) => {
+            assert_eq!(setting, "prefix");
+            assert!(
+                reason.contains("`old-layout/`") && reason.contains("layout version 1"),
+                "{reason}"
+            );
+            assert!(reason.contains("version 2"), "{reason}");
+        }
+        other => panic!("a version 1 prefix was not refused: {other:?}"),
+    }
+    assert_eq!(
+        count(client, "old-layout/layout").await,
+        0,
+        "nothing written"
+    );
+    client.put("newer/layout", vec![9u8], None).await.unwrap();
+    match connect("newer/").await {
+        Err(Error::InvalidConfig { reason, .. }) => {
+            assert!(reason.contains("layout version 9"), "{reason}");
+        }
+        other => panic!("a version 9 prefix was not refused: {other:?}"),
+    }
+    // An empty prefix is written in this layout, and opens again.
+    connect("fresh/").await.unwrap();
+    let version = client.get("fresh/layout", None).await.unwrap();
+    assert_eq!(version.kvs()[0].value(), &[2u8]);
+    connect("fresh/").await.unwrap();
+}
+
+/// (records, index entries) under `prefix`.
+async fn counts(client: &mut Client, prefix: &str) -> (i64, i64) {
     (
         count(client, &format!("{prefix}r/")).await,
-        count(client, &format!("{prefix}x/")).await,
-        count(client, &format!("{prefix}l/")).await,
+        count(client, &format!("{prefix}i/")).await + count(client, &format!("{prefix}s/")).await,
     )
 }
 
@@ -302,8 +394,8 @@ async fn expire_deletes_the_record_and_its_index_entries_in_one_transaction(
     let lease = acquire(&store, &review, fp("b")).await;
     store.mark_needs_review(&lease, "check").await.unwrap();
     let holder = acquire(&store, &live, fp("b")).await;
-    // Under review never expires by itself; only the pending key has a lease entry.
-    assert_eq!(counts(client, "ex/").await, (3, 2, 1));
+    // One entry per write but the review (it never expires by itself).
+    assert_eq!(counts(client, "ex/").await, (3, 4));
 
     let before = revision(client).await;
     assert_eq!(
@@ -311,7 +403,11 @@ async fn expire_deletes_the_record_and_its_index_entries_in_one_transaction(
         Some(RecordClass::Completed)
     );
     assert_eq!(revision(client).await, before + 1, "one transaction");
-    assert_eq!(counts(client, "ex/").await, (2, 1, 1));
+    assert_eq!(
+        counts(client, "ex/").await,
+        (2, 4),
+        "spent entries wait for a sweep"
+    );
 
     let refused = store.expire(&live).await;
     assert!(
@@ -320,7 +416,7 @@ async fn expire_deletes_the_record_and_its_index_entries_in_one_transaction(
     );
     assert_eq!(
         counts(client, "ex/").await,
-        (2, 1, 1),
+        (2, 4),
         "a refusal writes nothing"
     );
 
@@ -330,7 +426,7 @@ async fn expire_deletes_the_record_and_its_index_entries_in_one_transaction(
         Some(RecordClass::Pending)
     );
     assert_eq!(revision(client).await, before + 1, "one transaction");
-    assert_eq!(counts(client, "ex/").await, (1, 0, 0));
+    assert_eq!(counts(client, "ex/").await, (1, 4));
     let late = store.complete(&holder, b"late".to_vec()).await;
     assert!(
         matches!(
@@ -347,10 +443,13 @@ async fn expire_deletes_the_record_and_its_index_entries_in_one_transaction(
         store.expire(&review).await.unwrap(),
         Some(RecordClass::NeedsReview)
     );
+    assert_eq!(counts(client, "ex/").await, (0, 4));
+    env.advance(RETENTION + LEASE);
+    assert_eq!(store.sweep(10).await.unwrap(), 0, "nothing to delete");
     assert_eq!(
         count(client, "ex/").await,
-        0,
-        "nothing left under the prefix"
+        1,
+        "nothing left under the prefix but its layout version"
     );
     assert_eq!(store.expire(&review).await.unwrap(), None);
     let again = acquire(&store, &live, fp("b")).await;
@@ -386,7 +485,7 @@ async fn a_refused_request_fails_at_once_and_says_nothing_was_applied(
     let env = Env::new();
     // More operations per transaction than the cluster's --max-txn-ops (128) allows.
     let store = store(cluster, "refused/", &env.clock, 1024).await;
-    let items: Vec<(Key, Fingerprint)> = (0..100)
+    let items: Vec<(Key, Fingerprint)> = (0..200)
         .map(|i| (key("q", "o", &format!("{i}")), fp("m")))
         .collect();
     let started = Instant::now();
@@ -401,7 +500,7 @@ async fn a_refused_request_fails_at_once_and_says_nothing_was_applied(
         started.elapsed() < Duration::from_secs(2),
         "a refusal is not retried"
     );
-    assert_eq!(count(client, "refused/").await, 0);
+    assert_eq!(count(client, "refused/r/").await, 0);
     assert_eq!(store.sweep(0).await.unwrap(), 0);
 }
 

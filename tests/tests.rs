@@ -40,3 +40,4 @@ mod power;
 mod scenarios;
 mod stale_reads;
 mod stress;
+mod upgrade;

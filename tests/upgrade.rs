@@ -288,6 +288,12 @@ fn a_crash_during_the_conversion_leaves_a_store_that_opens() {
                     expected,
                     "{name}, crash at write {n} (format {format:?})"
                 );
+                let report = store.verify().unwrap();
+                assert!(
+                    report.is_ok(),
+                    "{name}, crash at write {n} (format {format:?}): {:?}",
+                    report.problems
+                );
             }
             if done {
                 break;

@@ -6,6 +6,7 @@
 //! ```text
 //! cargo run --release --example space            # 100k keys
 //! cargo run --release --example space -- 1000000
+//! cargo run --release --example space -- 100000 DIR   # keep the store in DIR
 //! ```
 
 use idemstore::redb::{ReadableDatabase, ReadableTableMetadata, TableHandle};
@@ -17,7 +18,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         None => 100_000,
     };
     let dir = tempfile::tempdir()?;
-    let path = dir.path().join("space.idem");
+    let path = match std::env::args().nth(2) {
+        Some(keep) => std::path::PathBuf::from(keep).join("space.idem"),
+        None => dir.path().join("space.idem"),
+    };
     let store = Store::open(&path)?;
     let fp = Fingerprint::of(b"fill");
     let result = vec![b'r'; 64];

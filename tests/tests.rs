@@ -15,6 +15,7 @@ mod complete_with;
 mod concurrency;
 mod crash;
 mod damage;
+mod deadlines;
 #[cfg(target_os = "linux")]
 mod enospc;
 #[cfg(feature = "etcd")]

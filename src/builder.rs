@@ -298,7 +298,7 @@ impl Builder {
     /// thread (no thread of its own), between batches: each slice deletes at most
     /// [`SWEEP_SLICE_RECORDS`](crate::SWEEP_SLICE_RECORDS) records in one short transaction, and slices follow each other
     /// while a backlog remains, so a reserve waits at most one slice (about 2 ms).
-    /// When nothing has expired, a slice is one lookup in the expiry index.
+    /// When nothing has expired, a slice is two lookups in the deadline index.
     ///
     /// The interval is real time; what counts as expired follows the store's
     /// [`clock`](Builder::clock). With a [`ManualClock`](crate::ManualClock), records expire

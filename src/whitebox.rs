@@ -52,3 +52,24 @@ pub fn forget_synced(dir: &std::path::Path) {
         .lock()
         .retain(|d| d != dir);
 }
+
+/// The format version (meta `format`) of the store file on `db`, without opening the store
+/// (opening converts a format-2 store).
+pub fn format_version(db: impl redb::StorageBackend) -> Result<Option<u64>, crate::Error> {
+    use redb::ReadableDatabase;
+    let pages = crate::format::pages::PageFile::new(db, crate::store::open::STORAGE_NAME)
+        .map_err(|e| crate::Error::io("reading a page file's header", e))?;
+    let db = redb::Builder::new()
+        .create_with_backend(pages)
+        .map_err(|e| crate::Error::storage("opening a page file", e))?;
+    let txn = db
+        .begin_read()
+        .map_err(|e| crate::Error::storage("reading the format", e))?;
+    let meta = txn
+        .open_table(crate::format::tables::META)
+        .map_err(|e| crate::Error::storage("reading the format", e))?;
+    let version = meta
+        .get(crate::format::tables::META_FORMAT)
+        .map_err(|e| crate::Error::storage("reading the format", e))?;
+    Ok(version.map(|v| v.value()))
+}

@@ -15,6 +15,7 @@ mod complete_with;
 mod concurrency;
 mod crash;
 mod damage;
+mod deadlines;
 #[cfg(target_os = "linux")]
 mod enospc;
 #[cfg(feature = "etcd")]
@@ -40,3 +41,4 @@ mod power;
 mod scenarios;
 mod stale_reads;
 mod stress;
+mod upgrade;

@@ -1,10 +1,12 @@
 //! The redb tables of a store and the record/index bookkeeping shared by every write path.
 //!
 //! - `idemstore.records`: encoded key → encoded [`Record`].
-//! - `idemstore.expiry`: (expires_at, key) → (), for every record that can expire, so a sweep
-//!   reads only what has expired.
-//! - `idemstore.leases`: (lease_until, key) → (), for every pending record, so stale
-//!   reservations are found without a scan.
+//! - `idemstore.deadlines`: (kind, time, key) → (), at most one entry per record (format 3):
+//!   a pending record at (`LEASE`, lease_until), a completed one at (`EXPIRY`, expires_at), a
+//!   record that never expires nowhere. Stale reservations are found without a scan (the
+//!   `LEASE` range), and a sweep reads only what has expired (the `EXPIRY` range, and the
+//!   leases that ran out). Format 2 had two tables, `idemstore.expiry` and `idemstore.leases`;
+//!   [`upgrade_to_current`] converts them.
 //! - `idemstore.meta`: "format" → format version, "next_token" → the next fencing token,
 //!   "wal_seq" → the last log frame whose changes this file holds, "log_salt" → the salt of the
 //!   log frames written since the last checkpoint, "store_id" → the store's random identity,
@@ -19,10 +21,17 @@ use crate::error::Error;
 use crate::record::{Millis, Record};
 
 pub(crate) const RECORDS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idemstore.records");
-pub(crate) const EXPIRY: TableDefinition<(u64, &[u8]), ()> =
-    TableDefinition::new("idemstore.expiry");
-pub(crate) const LEASES: TableDefinition<(u64, &[u8]), ()> =
-    TableDefinition::new("idemstore.leases");
+/// The deadline index: (kind, time, encoded key) → (); see the module's documentation.
+pub(crate) const DEADLINES: TableDefinition<(u8, u64, &[u8]), ()> =
+    TableDefinition::new("idemstore.deadlines");
+/// The kind of a pending record's deadline entry: its time is `lease_until`.
+pub(crate) const LEASE: u8 = 1;
+/// The kind of the deadline entry of a record that is not pending: its time is `expires_at`.
+pub(crate) const EXPIRY: u8 = 2;
+/// Format 2's expiry index, read only by the upgrade.
+const V2_EXPIRY: TableDefinition<(u64, &[u8]), ()> = TableDefinition::new("idemstore.expiry");
+/// Format 2's lease index, read only by the upgrade.
+const V2_LEASES: TableDefinition<(u64, &[u8]), ()> = TableDefinition::new("idemstore.leases");
 pub(crate) const META: TableDefinition<&str, u64> = TableDefinition::new("idemstore.meta");
 
 pub(crate) const META_FORMAT: &str = "format";
@@ -34,10 +43,14 @@ pub(crate) const META_STORE_ID: &str = "store_id";
 /// removed by the next open (`engine/clean_close.rs`).
 pub(crate) const META_CLOSED_CLEAN: &str = "closed_clean";
 
-/// The store format version written by this build. Version 2: the store's random identity
-/// and first log salt are made at creation; the log starts with an identity block; frames
-/// carry the highest sequence number known durable.
-pub(crate) const FORMAT_VERSION: u64 = 2;
+/// The store format version written by this build. Version 3: one deadline index
+/// (`idemstore.deadlines`), at most one entry per record, instead of version 2's two (an expiry
+/// and a lease index). Version 2: the store's random identity and first log salt are made at
+/// creation; the log starts with an identity block; frames carry the highest sequence number
+/// known durable.
+pub(crate) const FORMAT_VERSION: u64 = 3;
+/// The earlier format this build converts at open ([`upgrade_to_current`]).
+pub(crate) const FORMAT_VERSION_2: u64 = 2;
 
 /// Decodes a stored record, naming the key on damage.
 pub(crate) fn decode_record(key: &[u8], bytes: &[u8]) -> Result<Record, Error> {
@@ -47,8 +60,7 @@ pub(crate) fn decode_record(key: &[u8], bytes: &[u8]) -> Result<Record, Error> {
 /// The store's tables opened in one write transaction.
 pub(crate) struct Tables<'txn> {
     pub(crate) records: Table<'txn, &'static [u8], &'static [u8]>,
-    pub(crate) expiry: Table<'txn, (u64, &'static [u8]), ()>,
-    pub(crate) leases: Table<'txn, (u64, &'static [u8]), ()>,
+    pub(crate) deadlines: Table<'txn, (u8, u64, &'static [u8]), ()>,
     meta: Table<'txn, &'static str, u64>,
 }
 
@@ -59,11 +71,8 @@ impl<'txn> Tables<'txn> {
             records: txn
                 .open_table(RECORDS)
                 .map_err(|e| Error::storage(open, e))?,
-            expiry: txn
-                .open_table(EXPIRY)
-                .map_err(|e| Error::storage(open, e))?,
-            leases: txn
-                .open_table(LEASES)
+            deadlines: txn
+                .open_table(DEADLINES)
                 .map_err(|e| Error::storage(open, e))?,
             meta: txn.open_table(META).map_err(|e| Error::storage(open, e))?,
         })
@@ -192,17 +201,14 @@ impl<'txn> Tables<'txn> {
         if let Some(old) = old {
             self.unindex(key, old)?;
         }
+        count_write();
         self.records
             .insert(key, encoded)
             .map_err(|e| Error::storage(ctx, e))?;
-        if let Some(deadline) = index.expiry {
-            self.expiry
-                .insert((deadline, key), ())
-                .map_err(|e| Error::storage(ctx, e))?;
-        }
-        if let Some(lease_until) = index.lease {
-            self.leases
-                .insert((lease_until, key), ())
+        if let Some((kind, at)) = index.entry {
+            count_write();
+            self.deadlines
+                .insert((kind, at, key), ())
                 .map_err(|e| Error::storage(ctx, e))?;
         }
         Ok(())
@@ -213,54 +219,117 @@ impl<'txn> Tables<'txn> {
         if let Some(old) = old {
             self.unindex(key, old)?;
         }
+        count_write();
         self.records
             .remove(key)
             .map_err(|e| Error::storage("deleting a record", e))?;
         Ok(())
     }
 
-    /// Drops one expiry-index entry that matches no record (a damaged or replaced record);
-    /// the sweep uses it so it never stalls on such an entry.
-    pub(crate) fn drop_expiry_entry(&mut self, deadline: Millis, key: &[u8]) -> Result<(), Error> {
-        self.expiry
-            .remove((deadline, key))
-            .map_err(|e| Error::storage("updating the indexes", e))?;
+    /// Drops one deadline entry that matches no record (a damaged or replaced record); the
+    /// sweep uses it so it never stalls on such an entry.
+    pub(crate) fn drop_deadline_entry(
+        &mut self,
+        kind: u8,
+        at: Millis,
+        key: &[u8],
+    ) -> Result<(), Error> {
+        count_write();
+        self.deadlines
+            .remove((kind, at, key))
+            .map_err(|e| Error::storage("updating the deadline index", e))?;
         Ok(())
     }
 
-    /// Removes a record's index entries.
+    /// Removes a record's index entry.
     fn unindex(&mut self, key: &[u8], index: IndexEntries) -> Result<(), Error> {
-        let ctx = "updating the indexes";
-        if let Some(deadline) = index.expiry {
-            self.expiry
-                .remove((deadline, key))
-                .map_err(|e| Error::storage(ctx, e))?;
-        }
-        if let Some(lease_until) = index.lease {
-            self.leases
-                .remove((lease_until, key))
-                .map_err(|e| Error::storage(ctx, e))?;
+        if let Some((kind, at)) = index.entry {
+            count_write();
+            self.deadlines
+                .remove((kind, at, key))
+                .map_err(|e| Error::storage("updating the deadline index", e))?;
         }
         Ok(())
     }
 }
 
-/// Where a record stands in the two indexes.
+/// Where a record stands in the deadline index: at most one entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct IndexEntries {
-    /// Position in the expiry index; `None` for a record that never expires.
-    pub(crate) expiry: Option<Millis>,
-    /// Position in the lease index; `Some` for a pending record.
-    pub(crate) lease: Option<Millis>,
+    /// (kind, time) of its entry: ([`LEASE`], lease_until) for a pending record,
+    /// ([`EXPIRY`], expires_at) for any other record that expires, `None` for one that never
+    /// does.
+    pub(crate) entry: Option<(u8, Millis)>,
 }
 
 impl IndexEntries {
     pub(crate) fn of(record: &Record) -> IndexEntries {
+        let entry = match record.lease_until() {
+            Some(lease_until) => Some((LEASE, lease_until)),
+            None => (record.expires_at != Millis::MAX).then_some((EXPIRY, record.expires_at)),
+        };
+        IndexEntries { entry }
+    }
+
+    /// The entry of a record that is not pending and expires at `at`.
+    #[cfg(test)]
+    pub(crate) fn expiring_at(at: Millis) -> IndexEntries {
         IndexEntries {
-            expiry: (record.expires_at != Millis::MAX).then_some(record.expires_at),
-            lease: record.lease_until(),
+            entry: Some((EXPIRY, at)),
         }
     }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// B-tree writes (inserts and removals) made through [`Tables`] on this thread: what the
+    /// tests below count per new key and per completion.
+    static BTREE_WRITES: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+#[inline]
+fn count_write() {
+    #[cfg(test)]
+    BTREE_WRITES.with(|n| n.set(n.get() + 1));
+}
+
+/// Converts a store of format 2 to the current format inside `txn`, which the caller commits
+/// durably: the deadline index is built from the records themselves (each record's entry, as
+/// [`IndexEntries::of`] gives it), format 2's two indexes are deleted and the format marker
+/// set to 3. Nothing else changes: records, tokens, the log position and salt stay as they
+/// are, so a log that still holds frames is replayed after the conversion as before. A record
+/// that does not decode is kept as it is, without an entry (reading its key reports the
+/// damage, as it did before). Returns the number of records indexed.
+pub(crate) fn upgrade_to_current(txn: &WriteTransaction) -> Result<u64, Error> {
+    let ctx = "converting the store from format 2 to format 3";
+    let mut indexed = 0;
+    {
+        let records = txn
+            .open_table(RECORDS)
+            .map_err(|e| Error::storage(ctx, e))?;
+        let mut deadlines = txn
+            .open_table(DEADLINES)
+            .map_err(|e| Error::storage(ctx, e))?;
+        for entry in records.iter().map_err(|e| Error::storage(ctx, e))? {
+            let (key, value) = entry.map_err(|e| Error::storage(ctx, e))?;
+            let Ok(record) = decode_record(key.value(), value.value()) else {
+                continue;
+            };
+            if let Some((kind, at)) = IndexEntries::of(&record).entry {
+                deadlines
+                    .insert((kind, at, key.value()), ())
+                    .map_err(|e| Error::storage(ctx, e))?;
+                indexed += 1;
+            }
+        }
+    }
+    for old in [V2_EXPIRY, V2_LEASES] {
+        txn.delete_table(old).map_err(|e| Error::storage(ctx, e))?;
+    }
+    let mut meta = txn.open_table(META).map_err(|e| Error::storage(ctx, e))?;
+    meta.insert(META_FORMAT, FORMAT_VERSION)
+        .map_err(|e| Error::storage(ctx, e))?;
+    Ok(indexed)
 }
 
 /// A fresh random number: a store's identity, or the salt of the log's frames after a
@@ -274,4 +343,75 @@ pub(crate) fn new_salt() -> u64 {
             .map_or(0, |d| d.as_nanos()),
     );
     hasher.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fingerprint::Fingerprint;
+    use crate::record::State;
+
+    fn writes() -> u64 {
+        BTREE_WRITES.with(|n| n.get())
+    }
+
+    fn record(state: State, expires_at: Millis) -> Record {
+        Record {
+            fingerprint: Fingerprint::of(b"r"),
+            token: 1,
+            attempt: 1,
+            expires_at,
+            state,
+        }
+    }
+
+    /// B-tree writes per new key and per completion, as the applier and log replay make them:
+    /// a new pending key is its record and one deadline entry (format 2: three, the record
+    /// and an expiry and a lease entry); a completion rewrites the record and moves its one
+    /// entry (format 2: four).
+    #[test]
+    fn a_new_key_is_two_btree_writes_and_a_completion_three() {
+        let db = redb::Builder::new()
+            .create_with_backend(redb::backends::InMemoryBackend::new())
+            .unwrap();
+        let txn = db.begin_write().unwrap();
+        let mut tables = Tables::open(&txn).unwrap();
+        let key = b"\x01u\x02op\x01k".as_slice();
+        let pending = record(
+            State::Pending {
+                lease_until: 1_000,
+                progress: None,
+            },
+            1_000 + 86_400_000,
+        );
+        let before = writes();
+        tables.put(key, None, &pending, &pending.encode()).unwrap();
+        assert_eq!(writes() - before, 2, "a new key");
+
+        let completed = record(
+            State::Completed {
+                completed_at: 500,
+                result: b"ok".to_vec(),
+            },
+            500 + 86_400_000,
+        );
+        let before = writes();
+        let old = Some(IndexEntries::of(&pending));
+        tables
+            .put(key, old, &completed, &completed.encode())
+            .unwrap();
+        assert_eq!(writes() - before, 3, "a completion");
+
+        // One entry, the completed record's, at its expiry.
+        let entries: Vec<(u8, u64)> = tables
+            .deadlines
+            .iter()
+            .unwrap()
+            .map(|e| {
+                let (k, _) = e.unwrap();
+                (k.value().0, k.value().1)
+            })
+            .collect();
+        assert_eq!(entries, vec![(EXPIRY, 500 + 86_400_000)]);
+    }
 }

@@ -18,7 +18,7 @@ use crate::clock::{describe_millis, duration_millis};
 use crate::engine::wal::log_path;
 use crate::error::Error;
 use crate::format::tables::{
-    IndexEntries, EXPIRY, LEASES, META, META_NEXT_TOKEN, META_WAL_SEQ, RECORDS,
+    IndexEntries, DEADLINES, EXPIRY, LEASE, META, META_NEXT_TOKEN, META_WAL_SEQ, RECORDS,
 };
 use crate::key::Key;
 use crate::record::{Millis, Record, RecordClass, State, TokenFloor};
@@ -174,11 +174,13 @@ pub enum ProblemKind {
     DamagedRecord,
     /// A stored key is not a valid `(scope, operation, id)` encoding.
     BadKey,
-    /// A record has no entry where the expiry or lease index should hold one: a sweep would
-    /// not delete it, or [`Store::stale`] would not list it.
+    /// A record has no entry where the deadline index should hold one (at its lease deadline
+    /// when pending, at its expiry otherwise): a sweep would not delete it, or
+    /// [`Store::stale`] would not list it.
     MissingIndexEntry,
-    /// An index entry points to no record, or to a record that does not match it. Harmless
-    /// to answers (sweeps drop such entries), but a sign of earlier damage.
+    /// An index entry points to no record, or to a record that does not match it (a second
+    /// entry for one key among them: a record has at most one). Harmless to answers (sweeps
+    /// drop such entries), but a sign of earlier damage.
     StrayIndexEntry,
     /// A record's fencing token is not below the store's next token, so a token could be
     /// handed out twice.
@@ -254,9 +256,9 @@ impl fmt::Display for Problem {
 pub struct Verification {
     /// Records read.
     pub records: u64,
-    /// Expiry index entries read.
+    /// Expiry entries of the deadline index read (records that are not pending).
     pub expiry_entries: u64,
-    /// Lease index entries read.
+    /// Lease entries of the deadline index read (pending records).
     pub lease_entries: u64,
     /// Everything wrong, in the order found (records in key order, then the indexes).
     pub problems: Vec<Problem>,

@@ -81,7 +81,8 @@ impl Store {
     /// Up to `limit` stored records that match `filter`, with their keys.
     ///
     /// Order: reservations (pending or stale) by lease deadline, oldest first, read through
-    /// the lease index; expired records by expiry, oldest first, through the expiry index;
+    /// the lease entries of the deadline index; expired records through its expiry entries
+    /// by expiry, oldest first, then expired reservations by lease deadline;
     /// every other filter in key order, by reading every record. Records whose bytes do not
     /// decode are skipped: [`verify`](Store::verify) reports them and
     /// [`counts`](Store::counts) counts them.
@@ -140,18 +141,21 @@ impl Store {
         };
         match filter.class {
             Some(class @ (RecordClass::Pending | RecordClass::Stale)) => {
-                let leases = txn.open_table(LEASES).map_err(storage)?;
-                let boundary = (now.saturating_add(1), &[][..]);
+                let deadlines = txn.open_table(DEADLINES).map_err(storage)?;
+                let boundary = (LEASE, now.saturating_add(1), &[][..]);
                 // Reservations of an earlier owner are stale whatever their lease time says,
                 // so with a floor the stale ones are looked for among every lease.
+                let (start, end) = ((LEASE, 0, &[][..]), (LEASE + 1, 0, &[][..]));
                 let entries = match class {
-                    RecordClass::Stale if floor == TokenFloor::NONE => leases.range(..boundary),
-                    RecordClass::Stale => leases.range::<(u64, &[u8])>(..),
-                    _ => leases.range(boundary..),
+                    RecordClass::Stale if floor == TokenFloor::NONE => {
+                        deadlines.range(start..boundary)
+                    }
+                    RecordClass::Stale => deadlines.range(start..end),
+                    _ => deadlines.range(boundary..end),
                 };
                 for entry in entries.map_err(storage)? {
                     let (index, _) = entry.map_err(storage)?;
-                    let (lease_until, key) = index.value();
+                    let (_, lease_until, key) = index.value();
                     let Some(record) = load(&records, key)? else {
                         continue;
                     };
@@ -161,16 +165,22 @@ impl Store {
                 }
             }
             Some(RecordClass::Expired) => {
-                let expiry = txn.open_table(EXPIRY).map_err(storage)?;
-                let due = ..(now.saturating_add(1), &[][..]);
-                for entry in expiry.range(due).map_err(storage)? {
-                    let (index, _) = entry.map_err(storage)?;
-                    let (deadline, key) = index.value();
-                    let Some(record) = load(&records, key)? else {
-                        continue;
-                    };
-                    if record.expires_at == deadline && keep(&mut found, key, record) {
-                        break;
+                // Records that are not pending, by expiry; then reservations whose lease and
+                // expiry both passed, by lease.
+                let deadlines = txn.open_table(DEADLINES).map_err(storage)?;
+                'kinds: for kind in [EXPIRY, LEASE] {
+                    let due = (kind, 0, &[][..])..(kind, now.saturating_add(1), &[][..]);
+                    for entry in deadlines.range(due).map_err(storage)? {
+                        let (index, _) = entry.map_err(storage)?;
+                        let (_, at, key) = index.value();
+                        let Some(record) = load(&records, key)? else {
+                            continue;
+                        };
+                        if IndexEntries::of(&record).entry == Some((kind, at))
+                            && keep(&mut found, key, record)
+                        {
+                            break 'kinds;
+                        }
                     }
                 }
             }

@@ -77,6 +77,8 @@ fn verify_reports_damage_and_index_mismatches_by_key() {
     store.complete(&a, b"ok".to_vec()).unwrap();
     let _b = acquire(&store, "b");
     let _c = acquire(&store, "c");
+    let d = acquire(&store, "d");
+    store.complete(&d, b"ok".to_vec()).unwrap();
     let key = |id: &str| Key::new("u", "op", id).unwrap();
     store
         .committer
@@ -103,12 +105,18 @@ fn verify_reports_damage_and_index_mismatches_by_key() {
                     let record = tables.load(key("b").encoded())?.unwrap().unwrap();
                     let lease = record.lease_until().unwrap();
                     tables
-                        .leases
-                        .remove((lease, key("b").encoded()))
+                        .deadlines
+                        .remove((LEASE, lease, key("b").encoded()))
                         .map_err(|e| Error::storage(ctx, e))?;
                     tables
-                        .leases
-                        .insert((lease + 1, key("b").encoded()), ())
+                        .deadlines
+                        .insert((LEASE, lease + 1, key("b").encoded()), ())
+                        .map_err(|e| Error::storage(ctx, e))?;
+                    // d: completed, with its expiry entry, and a second entry (a lease one):
+                    // at most one entry per key.
+                    tables
+                        .deadlines
+                        .insert((LEASE, lease + 2, key("d").encoded()), ())
                         .map_err(|e| Error::storage(ctx, e))?;
                     Ok(Ok(()))
                 },
@@ -128,6 +136,7 @@ fn verify_reports_damage_and_index_mismatches_by_key() {
             (ProblemKind::DamagedRecord, Some(b"a".to_vec())),
             (ProblemKind::MissingIndexEntry, Some(b"b".to_vec())),
             (ProblemKind::StrayIndexEntry, Some(b"b".to_vec())),
+            (ProblemKind::StrayIndexEntry, Some(b"d".to_vec())),
         ],
         "{:#?}",
         report.problems
@@ -136,5 +145,5 @@ fn verify_reports_damage_and_index_mismatches_by_key() {
     assert!(report.problems[0].to_string().contains("checksum"));
     assert_eq!(store.counts().unwrap().damaged, 1);
     // Scans skip the damaged record instead of failing.
-    assert_eq!(store.scan(&ScanFilter::any(), 10).unwrap().len(), 2);
+    assert_eq!(store.scan(&ScanFilter::any(), 10).unwrap().len(), 3);
 }

@@ -9,8 +9,9 @@ pub const VERIFY_PROGRESS_STEP: u64 = 4096;
 
 impl Store {
     /// Checks the whole store: every record's checksum and encoding, every key's encoding,
-    /// that every record has exactly the expiry and lease index entries it should and that
-    /// every index entry matches a record, and that no record's fencing token is at or above
+    /// that every record has exactly the one deadline index entry it should (a lease entry when
+    /// pending, an expiry entry otherwise, none when it never expires) and that every index
+    /// entry matches a record, and that no record's fencing token is at or above
     /// the next token. Changes nothing.
     ///
     /// ```
@@ -21,7 +22,8 @@ impl Store {
     /// let _ = store.reserve(&Key::new("user-1", "charge", "k1")?, Fingerprint::of(b"x"))?;
     /// let report = store.verify()?;
     /// assert!(report.is_ok(), "{:?}", report.problems);
-    /// assert_eq!((report.records, report.lease_entries, report.expiry_entries), (1, 1, 1));
+    /// // A pending record has one index entry, at its lease deadline.
+    /// assert_eq!((report.records, report.lease_entries, report.expiry_entries), (1, 1, 0));
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     ///
@@ -33,7 +35,7 @@ impl Store {
     }
 
     /// [`verify`](Self::verify), calling `progress(checked, total)` as it goes: entries
-    /// checked so far (records, then expiry and lease index entries) out of all of them.
+    /// checked so far (records, then deadline index entries) out of all of them.
     /// It is called every [`VERIFY_PROGRESS_STEP`] entries and once at the end, so a command
     /// line tool can draw a progress bar over a big store.
     ///
@@ -46,7 +48,7 @@ impl Store {
     /// let mut last = (0, 0);
     /// let report = store.verify_with_progress(|checked, total| last = (checked, total))?;
     /// assert!(report.is_ok());
-    /// assert_eq!(last, (3, 3)); // one record, its expiry and its lease index entry
+    /// assert_eq!(last, (2, 2)); // one record and its lease index entry
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     ///
@@ -65,10 +67,9 @@ impl Store {
     ) -> Result<Verification, Error> {
         let txn = self.snapshot()?;
         let records = txn.open_table(RECORDS).map_err(storage)?;
-        let expiry = txn.open_table(EXPIRY).map_err(storage)?;
-        let leases = txn.open_table(LEASES).map_err(storage)?;
+        let deadlines = txn.open_table(DEADLINES).map_err(storage)?;
         let meta = txn.open_table(META).map_err(storage)?;
-        let total = [records.len(), expiry.len(), leases.len()]
+        let total = [records.len(), deadlines.len()]
             .into_iter()
             .try_fold(0u64, |sum, len| len.map(|len| sum + len))
             .map_err(storage)?;
@@ -114,28 +115,16 @@ impl Store {
                     continue;
                 }
             };
-            let index = IndexEntries::of(&record);
-            if let Some(deadline) = index.expiry {
-                if expiry.get((deadline, key)).map_err(storage)?.is_none() {
+            if let Some((kind, at)) = IndexEntries::of(&record).entry {
+                if deadlines.get((kind, at, key)).map_err(storage)?.is_none() {
+                    let what = match kind {
+                        LEASE => "no lease index entry at its lease deadline",
+                        _ => "no expiry index entry at its expiry",
+                    };
                     report.problems.push(Problem::new(
                         ProblemKind::MissingIndexEntry,
                         key,
-                        format!(
-                            "no expiry index entry at its expiry {}",
-                            describe_millis(deadline)
-                        ),
-                    ));
-                }
-            }
-            if let Some(lease_until) = index.lease {
-                if leases.get((lease_until, key)).map_err(storage)?.is_none() {
-                    report.problems.push(Problem::new(
-                        ProblemKind::MissingIndexEntry,
-                        key,
-                        format!(
-                            "no lease index entry at its lease deadline {}",
-                            describe_millis(lease_until)
-                        ),
+                        format!("{what} {}", describe_millis(at)),
                     ));
                 }
             }
@@ -151,38 +140,38 @@ impl Store {
                 ));
             }
         }
-        for (name, table, count) in [
-            ("expiry", &expiry, &mut report.expiry_entries),
-            ("lease", &leases, &mut report.lease_entries),
-        ] {
-            for entry in table.iter().map_err(storage)? {
-                let (index, _) = entry.map_err(storage)?;
-                let (at, key) = index.value();
-                *count += 1;
-                tick(&mut progress);
-                let detail = match records.get(key).map_err(storage)? {
-                    None => "points to no record",
-                    Some(value) => match Record::decode(value.value()) {
-                        Err(_) => continue, // reported with the record
-                        Ok(record) => {
-                            let expected = IndexEntries::of(&record);
-                            let matches = match name {
-                                "expiry" => expected.expiry == Some(at),
-                                _ => expected.lease == Some(at),
-                            };
-                            if matches {
-                                continue;
-                            }
-                            "does not match the record"
+        for entry in deadlines.iter().map_err(storage)? {
+            let (index, _) = entry.map_err(storage)?;
+            let (kind, at, key) = index.value();
+            let name = match kind {
+                LEASE => {
+                    report.lease_entries += 1;
+                    "lease"
+                }
+                EXPIRY => {
+                    report.expiry_entries += 1;
+                    "expiry"
+                }
+                _ => "unknown kind of",
+            };
+            tick(&mut progress);
+            let detail = match records.get(key).map_err(storage)? {
+                None => "points to no record",
+                Some(value) => match Record::decode(value.value()) {
+                    Err(_) => continue, // reported with the record
+                    Ok(record) => {
+                        if IndexEntries::of(&record).entry == Some((kind, at)) {
+                            continue;
                         }
-                    },
-                };
-                report.problems.push(Problem::new(
-                    ProblemKind::StrayIndexEntry,
-                    key,
-                    format!("{name} index entry at {} {detail}", describe_millis(at)),
-                ));
-            }
+                        "does not match the record"
+                    }
+                },
+            };
+            report.problems.push(Problem::new(
+                ProblemKind::StrayIndexEntry,
+                key,
+                format!("{name} index entry at {} {detail}", describe_millis(at)),
+            ));
         }
         progress(checked, checked);
         Ok(report)

@@ -118,6 +118,11 @@ impl Store {
     /// by itself; call it when the sweeper is off, with a bound that keeps each call short,
     /// since it holds the writer while it runs.
     ///
+    /// Earliest expiry first. A call reads at most `limit` entries of each kind of the
+    /// deadline index (docs/format.md, "Sweeping"), so a reservation whose retention ran out
+    /// behind more than `limit` stale ones that have not expired yet is deleted once those
+    /// have (it reads as absent meanwhile); completed keys are never held up by reservations.
+    ///
     /// # Errors
     /// Storage errors; a failed sweep poisons the store like any failed write.
     pub fn sweep(&self, limit: usize) -> Result<usize, Error> {

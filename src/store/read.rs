@@ -4,7 +4,7 @@ use redb::ReadableDatabase;
 
 use crate::engine::sweep;
 use crate::error::Error;
-use crate::format::tables::{decode_record, LEASES, RECORDS};
+use crate::format::tables::{decode_record, DEADLINES, RECORDS};
 use crate::key::Key;
 use crate::record::Record;
 
@@ -140,8 +140,10 @@ impl Store {
             let records = txn
                 .open_table(RECORDS)
                 .map_err(|e| Error::storage(ctx, e))?;
-            let leases = txn.open_table(LEASES).map_err(|e| Error::storage(ctx, e))?;
-            sweep::stale(&records, &leases, self.now(), self.token_floor(), limit)
+            let deadlines = txn
+                .open_table(DEADLINES)
+                .map_err(|e| Error::storage(ctx, e))?;
+            sweep::stale(&records, &deadlines, self.now(), self.token_floor(), limit)
         })
     }
 

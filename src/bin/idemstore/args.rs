@@ -168,8 +168,9 @@ pub(crate) enum Command {
         #[arg(long)]
         accept_loss: bool,
     },
-    /// Convert a store written before page checksums to the current file format, in place
-    /// (needs free space for one copy of the file)
+    /// Convert a store of an earlier format (written before page checksums, or of format 2)
+    /// to the current file format, in place (a file without page checksums needs free space
+    /// for one copy)
     Upgrade {
         /// The store file
         file: PathBuf,

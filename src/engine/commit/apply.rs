@@ -372,10 +372,7 @@ mod tests {
     }
 
     fn index(at: u64) -> IndexEntries {
-        IndexEntries {
-            expiry: Some(at),
-            lease: None,
-        }
+        IndexEntries::expiring_at(at)
     }
 
     fn change(id: &str, old: Option<u64>, new: Option<u64>) -> Change {

@@ -18,7 +18,7 @@ use redb::{Database, DatabaseError, ReadableDatabase, StorageError, TableError};
 use crate::engine::wal::OsFile;
 use crate::error::Error;
 use crate::format::pages::PageFile;
-use crate::format::tables::{Tables, FORMAT_VERSION, META, META_FORMAT};
+use crate::format::tables::{Tables, FORMAT_VERSION, FORMAT_VERSION_2, META, META_FORMAT};
 
 /// The first bytes of every plain redb file (a store before page checksums).
 const REDB_SIGNATURE: [u8; 9] = [b'r', b'e', b'd', b'b', 0x1A, 0x0A, 0xA9, 0x0D, 0x0A];
@@ -118,7 +118,32 @@ fn open_existing(path: &Path, builder: impl Fn(bool) -> redb::Builder) -> Result
     if !checked {
         check_format(&db, path)?;
     }
+    upgrade_format(&db)?;
     Ok(db)
+}
+
+/// Converts a store of format 2 to the current format in one durable redb transaction, so a
+/// crash leaves it at format 2 or 3, never between (docs/format.md, "Versioning"). Does
+/// nothing to a store of the current format. Called on every read-write open, after the format
+/// check and before the log is replayed (frames hold records, not index entries, so they
+/// replay into either format).
+pub(crate) fn upgrade_format(db: &Database) -> Result<bool, Error> {
+    let ctx = "converting the store to format 3";
+    let version = {
+        let txn = db.begin_read().map_err(|e| Error::storage(ctx, e))?;
+        let meta = txn.open_table(META).map_err(|e| Error::storage(ctx, e))?;
+        let version = meta.get(META_FORMAT).map_err(|e| Error::storage(ctx, e))?;
+        version.map(|v| v.value())
+    };
+    if version != Some(FORMAT_VERSION_2) {
+        return Ok(false);
+    }
+    let mut txn = db.begin_write().map_err(|e| Error::storage(ctx, e))?;
+    // Two-phase, as every durable commit of a store (docs/format.md, "The page layer").
+    txn.set_quick_repair(true);
+    crate::format::tables::upgrade_to_current(&txn)?;
+    txn.commit().map_err(|e| Error::storage(ctx, e))?;
+    Ok(true)
 }
 
 /// An error from redb opening or creating `path`, naming the file.
@@ -138,7 +163,8 @@ pub(crate) fn open_error(path: &Path, doing: &str, error: DatabaseError) -> Erro
     }
 }
 
-/// Refuses a redb database that is not an idemstore store, or one of an unknown format.
+/// Refuses a redb database that is not an idemstore store, or one of a format this build
+/// neither reads nor converts.
 pub(crate) fn check_format(db: &impl ReadableDatabase, path: &Path) -> Result<(), Error> {
     let ctx = "reading the store's format marker";
     let txn = db.begin_read().map_err(|e| Error::storage(ctx, e))?;
@@ -153,11 +179,12 @@ pub(crate) fn check_format(db: &impl ReadableDatabase, path: &Path) -> Result<()
         Err(e) => return Err(Error::storage(ctx, e)),
     };
     match meta.get(META_FORMAT).map_err(|e| Error::storage(ctx, e))? {
-        Some(v) if v.value() == FORMAT_VERSION => Ok(()),
+        Some(v) if v.value() == FORMAT_VERSION || v.value() == FORMAT_VERSION_2 => Ok(()),
         Some(v) => Err(not_a_store(
             path,
             format!(
-                "store format version {} (this build reads version {FORMAT_VERSION})",
+                "store format version {} (this build reads version {FORMAT_VERSION}, and \
+                 converts version {FORMAT_VERSION_2} when it opens it)",
                 v.value()
             ),
         )),
@@ -399,21 +426,36 @@ fn check_page_file(path: &Path) -> Result<(), Error> {
     crate::format::pages::check_header(&start).map_err(|reason| not_a_store(path, reason))
 }
 
-/// Converts the file of a closed store written before page checksums (a plain redb file) to
-/// the current format, in place: every block of the old file is copied, with its checksum,
-/// into a new file beside it, which is synced and then renamed over the old one (a crash
-/// leaves the old file untouched, and possibly a `.NAME.upgrading.*` file that can be
-/// deleted). The log is not touched: a store that was not closed cleanly replays it at its
-/// next open as before. Returns `false` when the file already has the current format.
+/// Converts the file of a closed store of an earlier format to the current one, in place, in
+/// two steps, each done only when needed:
 ///
-/// The store must not be open; the conversion needs free space for one copy of the file.
+/// - a store written before page checksums (a plain redb file): every block of the old file
+///   is copied, with its checksum, into a new file beside it, which is synced and then
+///   renamed over the old one (a crash leaves the old file untouched, and possibly a
+///   `.NAME.upgrading.*` file that can be deleted);
+/// - a store of format 2 (two indexes): its deadline index is built and the old indexes
+///   dropped in one durable transaction (a crash leaves format 2 or 3), as every open of such
+///   a store does anyway (docs/format.md, "Versioning").
+///
+/// The log is not touched: a store that was not closed cleanly replays it at its next open as
+/// before. Returns `false` when the file already has the current format.
+///
+/// The store must not be open; the first step needs free space for one copy of the file.
 ///
 /// # Errors
 /// [`Error::NotAStore`] for a file that is not an idemstore store (a foreign redb database is
 /// left untouched), [`Error::Io`] (a full disk among them: the old file is kept).
 pub fn upgrade(path: impl AsRef<Path>) -> Result<bool, Error> {
-    use std::os::unix::fs::FileExt;
     let path = path.as_ref();
+    let pages = upgrade_pages(path)?;
+    let db = open_redb(path)?;
+    check_format(&db, path)?;
+    Ok(upgrade_format(&db)? || pages)
+}
+
+/// The first step of [`upgrade`]: a plain redb file copied into the page layer.
+fn upgrade_pages(path: &Path) -> Result<bool, Error> {
+    use std::os::unix::fs::FileExt;
     let mut start = [0u8; 32];
     File::open(path)
         .and_then(|mut file| file.read_exact(&mut start))

@@ -200,6 +200,7 @@ impl Store {
                 .map_err(|e| file::open_error(&path, "opening", e))?;
             file::initialize_if_new(&db)?;
             file::check_format(&db, &path)?;
+            file::upgrade_format(&db)?;
             Store::from_parts(db, log, log_path(&path), builder, path)
         })
     }

@@ -499,12 +499,41 @@ fn torn_tail_ends_the_log() {
         )
         .unwrap();
     }
-    // Cut the last frame short, as a torn append would.
+    // The last write is frame 5 and its spare copy, byte for byte.
     let bytes = disk.bytes();
-    let torn = SimDisk::new();
-    torn.write_all_at(&bytes[..bytes.len() - 40], 0).unwrap();
-    let Recovered { wal, frames, .. } =
-        Wal::recover(std::sync::Arc::new(torn), "t.wal".into(), 0, 0, true).unwrap();
+    let mut last = Vec::new();
+    let (key, record) = (vec![1, b'a', 1, b'b', 1, 4], vec![4u8; 100]);
+    idemstore::whitebox::encode(
+        usize::MAX,
+        0,
+        5,
+        4,
+        14,
+        std::iter::once((key.as_slice(), Some(record.as_slice()))),
+        &mut last,
+    );
+    let frame_len = last.len();
+    assert_eq!(
+        &bytes[bytes.len() - 2 * frame_len..],
+        [&last[..], &last[..]].concat()
+    );
+    let recover = |image: &[u8]| {
+        let disk = SimDisk::new();
+        disk.write_all_at(image, 0).unwrap();
+        Wal::recover(std::sync::Arc::new(disk), "t.wal".into(), 0, 0, true).unwrap()
+    };
+    // A torn copy: the frame itself is whole.
+    assert_eq!(recover(&bytes[..bytes.len() - 40]).frames.len(), 5);
+    // A damaged frame (its length bytes, or its payload) whose copy is whole: the copy is read.
+    for at in [0, 1, 3, 30, frame_len - 20] {
+        let mut damaged = bytes.clone();
+        damaged[bytes.len() - 2 * frame_len + at] ^= 0x10;
+        let frames = recover(&damaged).frames;
+        assert_eq!(frames.len(), 5, "byte {at} of the last frame damaged");
+        assert_eq!(frames[4].next_token, 14);
+    }
+    // Cut the last frame and its copy short, as a torn append would.
+    let Recovered { wal, frames, .. } = recover(&bytes[..bytes.len() - frame_len - 40]);
     assert_eq!(frames.len(), 4);
     assert_eq!(wal.last_seq(), 4);
     assert_eq!(frames[3].next_token, 13);
@@ -515,6 +544,49 @@ fn torn_tail_ends_the_log() {
         .unwrap()
         .frames;
     assert_eq!(frames.iter().map(|f| f.seq).collect::<Vec<_>>(), vec![4, 5]);
+}
+
+/// Frames written while no sync had covered the one before (32 callers, a sync running) keep
+/// their spare copies: any one of them damaged is read from its copy, none is lost.
+#[test]
+fn frames_written_before_a_sync_keep_their_copies() {
+    let disk = SimDisk::new();
+    let file: std::sync::Arc<dyn LogFile> = std::sync::Arc::new(disk.clone());
+    let mut wal = Wal::recover(file, "t.wal".into(), 0, 7, true).unwrap().wal;
+    for i in 0..5u8 {
+        let key = vec![1, b'a', 1, b'b', 1, i];
+        let record = vec![i; 100 + usize::from(i)];
+        // Nothing known durable yet: every frame goes after the previous one's copy.
+        wal.append(
+            10 + u64::from(i),
+            0,
+            std::iter::once((key.as_slice(), Some(record.as_slice()))),
+        )
+        .unwrap();
+    }
+    let bytes = disk.bytes();
+    let header = idemstore::whitebox::LOG_HEADER_LEN as usize;
+    let mut start = header;
+    for seq in 1..=5u64 {
+        let len = idemstore::whitebox::parse_header(7, &bytes[start..])
+            .unwrap_or_else(|| panic!("frame {seq} not at {start}"))
+            .frame_len();
+        for at in [start, start + 2, start + len - 12] {
+            let mut damaged = bytes.clone();
+            damaged[at] ^= 0x41;
+            let image = SimDisk::new();
+            image.write_all_at(&damaged, 0).unwrap();
+            let frames = Wal::recover(std::sync::Arc::new(image), "t.wal".into(), 0, 7, true)
+                .unwrap()
+                .frames;
+            assert_eq!(
+                frames.iter().map(|f| f.next_token).collect::<Vec<_>>(),
+                vec![10, 11, 12, 13, 14],
+                "frame {seq} damaged at byte {at}"
+            );
+        }
+        start += 2 * len;
+    }
 }
 
 #[test]
@@ -766,4 +838,44 @@ fn a_full_disk_says_how_much_room_reopening_needs_and_that_is_enough() {
             other => panic!("{key}: {other:?}"),
         }
     }
+}
+
+/// A store left uncleanly by the previous log layout (`IDEMLOG\x02`: one copy of each frame,
+/// no spare copy of the last), as a killed process of that version left it
+/// (`tests/fixtures/log-v2-unclean`: 10 keys completed before a checkpoint, 10 completed and
+/// one reserved after it, only in the log), opens with every acknowledged operation.
+#[test]
+fn an_unclean_store_of_the_previous_log_layout_recovers() {
+    let fixture =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/log-v2-unclean");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.idem");
+    let log = dir.path().join("store.idem.wal");
+    std::fs::copy(fixture.join("store.idem"), &path).unwrap();
+    std::fs::copy(fixture.join("store.idem.wal"), &log).unwrap();
+    let fixture_key = |id: String| Key::new("fixture", "op", id).unwrap();
+    let store = Store::builder().sweep_interval(None).open(&path).unwrap();
+    for (prefix, result) in [("before", "result"), ("logged", "logged result")] {
+        for i in 0..10 {
+            let record = store
+                .get(&fixture_key(format!("{prefix}-{i}")))
+                .unwrap()
+                .unwrap_or_else(|| panic!("{prefix}-{i} lost"));
+            match record.status() {
+                Status::Completed { result: r, .. } => {
+                    assert_eq!(r, format!("{result} {i}").as_bytes(), "{prefix}-{i}")
+                }
+                other => panic!("{prefix}-{i} reads as {other:?}"),
+            }
+        }
+    }
+    let pending = store.get(&fixture_key("pending".into())).unwrap();
+    assert!(
+        pending.is_some_and(|r| matches!(r.status(), Status::Pending { .. })),
+        "the reserved key is lost"
+    );
+    drop(store);
+    // The log now carries the current layout, so a build that knows only the previous one
+    // refuses it rather than misread its spare copies.
+    assert_eq!(&std::fs::read(&log).unwrap()[..8], b"IDEMLOG\x03");
 }

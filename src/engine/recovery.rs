@@ -20,8 +20,20 @@ use crate::format::tables::{new_salt, IndexEntries, Tables};
 use crate::record::Record;
 
 /// Brings `db` up to date with the log and returns the log, rewound and ready for appends,
-/// and the next fencing token.
+/// and the next fencing token. A log of the previous layout is read, then its identity block
+/// upgraded (`format/identity.rs`) before any new frame is written.
 pub(crate) fn recover(
+    db: &Database,
+    log: Arc<dyn LogFile>,
+    log_path: PathBuf,
+    strict: bool,
+) -> Result<(Wal, u64), Error> {
+    let (wal, next_token) = replay(db, log, log_path, strict)?;
+    crate::format::identity::upgrade(&*wal.file, &wal.path)?;
+    Ok((wal, next_token))
+}
+
+fn replay(
     db: &Database,
     log: Arc<dyn LogFile>,
     log_path: PathBuf,
@@ -127,9 +139,10 @@ impl Wal {
     /// whether anything after them was dropped (then the caller must change the salt before
     /// appending, so a dropped frame can never pass as current later).
     ///
-    /// The run of frames ends at the first frame that is torn, fails its checksum, or is an
-    /// older frame left from before the last rewind; say the run ends where frame `E` was
-    /// expected. Every valid frame (of this salt) found beyond that point with a sequence
+    /// A frame's spare copy (written after it, see [`Wal::append`]) is skipped, and read in
+    /// its place when the frame itself is torn or damaged. The run of frames ends at the first
+    /// frame that is torn, fails its checksum, or is an older frame left from before the last
+    /// rewind, and has no whole copy; say the run ends where frame `E` was expected. Every valid frame (of this salt) found beyond that point with a sequence
     /// number of `E` or more records the highest sequence number that was durable when it was
     /// written. With `strict`, if any of them says `E` was durable, frame `E` could have been
     /// acknowledged and is gone: the open is refused. Otherwise `E` was never synced, so
@@ -149,13 +162,37 @@ impl Wal {
         let mut wal = Wal::resume(file, path, checkpoint_seq, salt);
         let mut frames = Vec::new();
         let mut previous: Option<u64> = None;
-        while let Some((header, payload)) = wal.read_frame(wal.offset, len)? {
-            if previous.is_some_and(|p| header.seq != p + 1) {
-                break; // an older frame left from before a rewind: the log ends here
+        let later = loop {
+            let expected = previous
+                .map_or(checkpoint_seq + 1, |p| p + 1)
+                .max(checkpoint_seq + 1);
+            let found = wal.read_frame(wal.offset, len)?;
+            if let Some((header, _)) = &found {
+                if previous == Some(header.seq) {
+                    // The spare copy of the frame just read.
+                    wal.offset += header.frame_len() as u64;
+                    continue;
+                }
             }
-            if previous.is_none() && header.seq > checkpoint_seq + 1 {
-                break; // the first frame after the checkpoint is missing: judged below
-            }
+            // The next frame of the run: one more than the previous, or for the first, at or
+            // below the first frame after the checkpoint.
+            let fits = |seq: u64| previous.map_or(seq <= checkpoint_seq + 1, |p| seq == p + 1);
+            let Some((header, payload)) = found.filter(|(header, _)| fits(header.seq)) else {
+                // The frame expected here is torn, damaged or absent (or an older frame left
+                // from before a rewind is here: the log may end). The expected frame's spare
+                // copy, written after it in the same write, stands in for it when it is
+                // whole: a valid frame of this salt with the expected sequence number is
+                // that frame. Otherwise the run ends here, and what lies beyond is judged
+                // below.
+                let later = wal.valid_frames_after(wal.offset, len, expected)?;
+                match later.iter().find(|(_, h)| h.seq == expected) {
+                    Some(&(copy, _)) => {
+                        wal.offset = copy;
+                        continue;
+                    }
+                    None => break later,
+                }
+            };
             let frame = frame::decode_payload(&header, &payload, wal.offset)?;
             previous = Some(header.seq);
             wal.offset += header.frame_len() as u64;
@@ -163,11 +200,11 @@ impl Wal {
                 wal.next_seq = header.seq + 1;
                 frames.push(frame);
             }
-        }
+        };
+        wal.end = wal.offset;
         let expected = previous
             .map_or(checkpoint_seq + 1, |p| p + 1)
             .max(checkpoint_seq + 1);
-        let later = wal.valid_frames_after(wal.offset, len, expected)?;
         if strict {
             if let Some((offset, header)) = later.iter().find(|(_, h)| h.durable >= expected) {
                 return Err(wal.corrupt(

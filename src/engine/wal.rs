@@ -5,6 +5,13 @@
 //! frame, so a sync flushes data blocks only, not file metadata. The log starts with its
 //! store's identity ([`identity`]), so a store never replays another store's log.
 //!
+//! Every append writes its frame twice, back to back, in one write covered by one sync: the
+//! frame, then a spare copy of it. The next frame starts where that copy starts (overwriting
+//! it) when the frame is known durable by then, and after the copy otherwise, so every frame
+//! that may have been acknowledged without a later frame recording it as durable (the last
+//! frame, and frames written while a sync was still running) keeps a spare copy. Recovery
+//! reads the copy when a frame is damaged ([`recovery`](super::recovery)).
+//!
 //! Recovery reads the frames from the first one that form an unbroken run of sequence numbers and
 //! replays those newer than the checkpoint recorded in redb. The run ends at the first frame
 //! that is torn, fails its checksum, or is an older frame left from before the last rewind.
@@ -29,8 +36,11 @@ use crate::format::frame;
 pub struct Wal {
     pub(super) file: Arc<dyn LogFile>,
     pub(super) path: PathBuf,
-    /// Where the next frame is written.
+    /// Where the last frame's spare copy starts: the next frame is written here when the last
+    /// frame is durable by then (and after the copy, at `end`, otherwise).
     pub(super) offset: u64,
+    /// Where the last frame's spare copy ends.
+    pub(super) end: u64,
     /// The sequence number of the next frame.
     pub(super) next_seq: u64,
     /// Mixed into every frame header's checksum; see [`frame`].
@@ -62,6 +72,7 @@ impl Wal {
             file,
             path,
             offset: LOG_HEADER_LEN,
+            end: LOG_HEADER_LEN,
             next_seq: checkpoint_seq + 1,
             salt,
             max_payload: u32::MAX as usize,
@@ -69,10 +80,13 @@ impl Wal {
         }
     }
 
-    /// Appends one frame holding `entries`; returns its sequence number. Not yet durable: the
-    /// caller syncs [`file`](Wal::file).
+    /// Appends one frame holding `entries`, followed by its spare copy; returns its sequence
+    /// number. Not yet durable: the caller syncs [`file`](Wal::file).
     ///
     /// `durable` is the highest sequence number known durable now (see [`recover`](Wal::recover)).
+    /// When it covers the last frame, the new frame overwrites that frame's spare copy (the
+    /// frame itself is durable, and the new frame records it so); otherwise it goes after the
+    /// copy, which stays.
     pub fn append<'a>(
         &mut self,
         next_token: u64,
@@ -80,6 +94,11 @@ impl Wal {
         entries: impl ExactSizeIterator<Item = (&'a [u8], Option<&'a [u8]>)>,
     ) -> Result<u64, Error> {
         let seq = self.next_seq;
+        let at = if durable >= self.last_seq() {
+            self.offset
+        } else {
+            self.end
+        };
         self.buf.clear();
         frame::encode(
             self.max_payload,
@@ -90,19 +109,16 @@ impl Wal {
             entries,
             &mut self.buf,
         );
-        self.file
-            .write_all_at(&self.buf, self.offset)
-            .map_err(|e| {
-                Error::io(
-                    format!(
-                        "writing log {} at offset {}",
-                        self.path.display(),
-                        self.offset
-                    ),
-                    e,
-                )
-            })?;
-        self.offset += self.buf.len() as u64;
+        let len = self.buf.len();
+        self.buf.extend_from_within(..len);
+        self.file.write_all_at(&self.buf, at).map_err(|e| {
+            Error::io(
+                format!("writing log {} at offset {at}", self.path.display()),
+                e,
+            )
+        })?;
+        self.offset = at + len as u64;
+        self.end = at + self.buf.len() as u64;
         self.next_seq += 1;
         Ok(seq)
     }
@@ -126,10 +142,11 @@ impl Wal {
     /// durable checkpoint that covers every frame appended so far and recorded `salt`.
     pub fn rewind(&mut self, salt: u64) {
         self.offset = LOG_HEADER_LEN;
+        self.end = LOG_HEADER_LEN;
         self.salt = salt;
     }
 
-    /// Bytes appended since the last rewind.
+    /// Bytes appended since the last rewind (the last frame's spare copy excepted).
     pub(crate) fn len_since_rewind(&self) -> u64 {
         self.offset - LOG_HEADER_LEN
     }

@@ -2,8 +2,13 @@
 //! belongs to, so a store never replays another store's log.
 //!
 //! ```text
-//! identity = magic "IDEMLOG\x02" | store_id u64 | zero 12 bytes | crc32 u32   (32 bytes, LE)
+//! identity = magic "IDEMLOG\x03" | store_id u64 | zero 12 bytes | crc32 u32   (32 bytes, LE)
 //! ```
+//! The magic's last byte is the log's layout: 3, every frame followed by a spare copy
+//! (`engine/wal.rs`). A log of layout 2 (no spare copies) is read the same way, since a
+//! layout 3 reader skips copies and only uses one when a frame is damaged; opening upgrades
+//! its block ([`upgrade`]) before any new frame is written, so that a build that knows only
+//! layout 2 refuses it rather than misread the copies.
 //! `store_id` is the random identity made durable in the store's meta table when the store is
 //! created. The block is written and synced when the log is created (or found empty) and never
 //! changes; frames start after it.
@@ -15,7 +20,9 @@ use super::log_file::LogFile;
 /// Bytes before the first frame.
 pub const LOG_HEADER_LEN: u64 = 32;
 
-const MAGIC: [u8; 8] = *b"IDEMLOG\x02";
+const MAGIC: [u8; 8] = *b"IDEMLOG\x03";
+/// The magic of the previous layout, read and upgraded.
+const MAGIC_V2: [u8; 8] = *b"IDEMLOG\x02";
 
 /// Whose log a log file is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,7 +60,7 @@ fn parse(block: &[u8; LOG_HEADER_LEN as usize], store_id: u64) -> Identity {
         return Identity::Fresh;
     }
     let stored = u32::from_le_bytes(block[28..32].try_into().expect("4 bytes"));
-    if block[..8] != MAGIC || crc32fast::hash(&block[..28]) != stored {
+    if (block[..8] != MAGIC && block[..8] != MAGIC_V2) || crc32fast::hash(&block[..28]) != stored {
         return Identity::Damaged;
     }
     match u64::from_le_bytes(block[8..16].try_into().expect("8 bytes")) {
@@ -84,6 +91,25 @@ pub(crate) fn claim(
         .map_err(|e| Error::io(ctx(), e))
 }
 
+/// Rewrites (and syncs) the identity block of a layout 2 log as layout 3, keeping its
+/// `store_id`; nothing to do for any other block. Only once the log is the store's own.
+pub(crate) fn upgrade(file: &dyn LogFile, path: &std::path::Path) -> Result<(), Error> {
+    let ctx = || format!("upgrading the identity of log {}", path.display());
+    let mut old = [0u8; LOG_HEADER_LEN as usize];
+    if file.len().map_err(|e| Error::io(ctx(), e))? < LOG_HEADER_LEN {
+        return Ok(());
+    }
+    file.read_exact_at(&mut old, 0)
+        .map_err(|e| Error::io(ctx(), e))?;
+    if old[..8] != MAGIC_V2 {
+        return Ok(());
+    }
+    let store_id = u64::from_le_bytes(old[8..16].try_into().expect("8 bytes"));
+    file.write_all_at(&block(store_id), 0)
+        .and_then(|()| file.sync_data())
+        .map_err(|e| Error::io(ctx(), e))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -96,5 +122,10 @@ mod tests {
         let mut damaged = block(7);
         damaged[9] ^= 1;
         assert_eq!(parse(&damaged, 7), Identity::Damaged);
+        let mut v2 = block(7);
+        v2[7] = 2;
+        let crc = crc32fast::hash(&v2[..28]);
+        v2[28..].copy_from_slice(&crc.to_le_bytes());
+        assert_eq!(parse(&v2, 7), Identity::Ours, "the previous layout is read");
     }
 }

@@ -8,6 +8,7 @@ use crate::answers::Lease;
 use crate::clock::from_millis;
 use crate::decide::op::{Complete, Extend, Release};
 use crate::decide::Operation;
+use crate::engine::commit::Kind;
 use crate::error::Error;
 use crate::key::Key;
 use crate::store::answer;
@@ -70,7 +71,7 @@ impl<'a, O: Operation> Batch<'a, O> {
 }
 
 impl Store {
-    fn run_batch<O: Operation, T>(
+    fn run_batch<O: Kind, T>(
         &self,
         mut batch: Batch<'_, O>,
         map: impl Fn(&Lease, O::Outcome) -> Result<T, Error>,
@@ -82,7 +83,7 @@ impl Store {
         batch.answer(outcomes, map)
     }
 
-    async fn run_batch_async<O: Operation + Unpin, T>(
+    async fn run_batch_async<O: Kind + Unpin, T>(
         &self,
         mut batch: Batch<'_, O>,
         map: impl Fn(&Lease, O::Outcome) -> Result<T, Error>,

@@ -1,8 +1,9 @@
 //! The commit path: every write goes through here.
 //!
 //! Callers queue a request (one or many key operations) and wait. The batch's leader (a caller
-//! that is alone, or else the committer thread) takes everything queued, decides each
-//! operation against the latest state with [`decide`] (the changes since the last redb
+//! that is alone, or else the committer thread) takes everything queued; the writer takes
+//! each request's operations out as data (`request.rs`: a request never calls the writer),
+//! decides each operation against the latest state with [`decide`] (the changes since the last redb
 //! commit, then what the caller read of the key in the current epoch ([`Known`]), or else
 //! the record cache and committed redb), and appends the resulting changes to the log as one
 //! frame. The changes are queued for the applier thread (`apply.rs`), which
@@ -39,6 +40,6 @@ pub(crate) use background::Schedule;
 pub(crate) use checkpoint::CommitKind;
 pub(crate) use engine::Engine;
 pub(crate) use queue::{first, Committer};
-pub(crate) use request::{Known, Queued};
+pub(crate) use request::{Kind, Known, Queued};
 pub(crate) use syncer::Syncer;
 pub(crate) use writer::{Writer, Written};

@@ -16,7 +16,7 @@ use crate::error::Error;
 use crate::key::Key;
 use crate::record::Record;
 
-use super::request::{Answer, Known, Ops, Queued, Request, Waiter};
+use super::request::{Answer, Kind, Known, Ops, Queued, Request, Waiter};
 use super::{Syncer, Writer};
 use crate::engine::poison::error_copy;
 use crate::engine::settings::{Durability, Limits};
@@ -90,12 +90,12 @@ impl Committer {
     /// one wake-up per operation, and each sync covers everything queued while the previous
     /// one ran. (Callers leading every batch was measured slower under load: BENCHMARKS.md,
     /// "Who leads a batch".)
-    pub(crate) fn submit<O: Operation>(&self, ops: Vec<(Key, O)>) -> Answer<O::Outcome> {
+    pub(crate) fn submit<O: Kind>(&self, ops: Vec<(Key, O)>) -> Answer<O::Outcome> {
         self.submit_seen(ops, None)
     }
 
     /// [`submit`](Committer::submit) with what the caller read of the keys (see [`Known`]).
-    pub(crate) fn submit_seen<O: Operation>(
+    pub(crate) fn submit_seen<O: Kind>(
         &self,
         ops: Vec<(Key, O)>,
         seen: Option<Known>,
@@ -151,13 +151,13 @@ impl Committer {
     }
 
     /// Runs one operation in the next batch and blocks until it is durable.
-    pub(crate) fn submit_one<O: Operation>(&self, key: Key, op: O) -> Result<O::Outcome, Error> {
+    pub(crate) fn submit_one<O: Kind>(&self, key: Key, op: O) -> Result<O::Outcome, Error> {
         first(self.submit(vec![(key, op)]))
     }
 
     /// [`submit_one`](Committer::submit_one) of a key its caller read as `state` at the start
     /// of `epoch` (see [`Known`]).
-    pub(crate) fn submit_one_seen<O: Operation>(
+    pub(crate) fn submit_one_seen<O: Kind>(
         &self,
         key: Key,
         op: O,
@@ -175,13 +175,13 @@ impl Committer {
     /// blocks while it waits. When [`Limits::queued_async`] async requests are queued already,
     /// the future first waits for room (backpressure), so memory does not grow with the number
     /// of waiting tasks.
-    pub(crate) fn submit_async<O: Operation>(&self, ops: Vec<(Key, O)>) -> CommitFuture<O> {
+    pub(crate) fn submit_async<O: Kind>(&self, ops: Vec<(Key, O)>) -> CommitFuture<O> {
         self.submit_async_seen(ops, None)
     }
 
     /// [`submit_async`](Committer::submit_async) with what the caller read of the keys (see
     /// [`Known`]).
-    pub(crate) fn submit_async_seen<O: Operation>(
+    pub(crate) fn submit_async_seen<O: Kind>(
         &self,
         ops: Vec<(Key, O)>,
         seen: Option<Known>,
@@ -253,7 +253,7 @@ fn entry_bytes<O: Operation>(key: &Key, op: &O) -> usize {
 
 /// The answers of a request's parts, in order, once every part is answered: one result per
 /// operation, or the first error of a whole part.
-fn collect<O: Operation>(requests: &[Arc<Request<O>>]) -> Answer<O::Outcome> {
+fn collect<O: Kind>(requests: &[Arc<Request<O>>]) -> Answer<O::Outcome> {
     let mut outcomes = Vec::new();
     let mut failed = None;
     for request in requests {
@@ -383,7 +383,7 @@ fn take_batch(queue: &mut Queue, limit: usize) -> Vec<Arc<dyn Queued>> {
 /// one operation), so that no request, however large, makes a frame over the format's limit.
 /// Always at least one request, so an empty one is answered too.
 /// What the caller saw of the keys is split alongside.
-fn parts<O: Operation>(
+fn parts<O: Kind>(
     ops: Vec<(Key, O)>,
     seen: Option<Known>,
     limit: usize,
@@ -430,19 +430,19 @@ fn parts<O: Operation>(
 ///
 /// Dropping it does not withdraw a request already queued: the operations may still be
 /// committed.
-pub(crate) struct CommitFuture<O: Operation> {
+pub(crate) struct CommitFuture<O: Kind> {
     shared: Arc<Shared>,
     state: FutureState<O>,
 }
 
-enum FutureState<O: Operation> {
+enum FutureState<O: Kind> {
     /// Waiting for room in the queue.
     Waiting(Option<Ops<O>>),
     /// Queued: the request's parts.
     Queued(Vec<Arc<Request<O>>>),
 }
 
-impl<O: Operation + Unpin> Future for CommitFuture<O> {
+impl<O: Kind + Unpin> Future for CommitFuture<O> {
     type Output = Answer<O::Outcome>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {

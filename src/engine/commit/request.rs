@@ -7,12 +7,15 @@ use std::thread::Thread;
 
 use parking_lot::Mutex;
 
-use super::apply::Target;
-use super::{Writer, Written};
+use crate::decide::expire::Expire;
+use crate::decide::op::{
+    Complete, Extend, MarkNeedsReview, Observe, RecordStep, Release, Reserve, Resolve,
+    WithRetention,
+};
 use crate::decide::Operation;
 use crate::error::Error;
 use crate::key::Key;
-use crate::record::{Millis, Record};
+use crate::record::Record;
 
 /// One result per operation of a request.
 pub(crate) type Outcomes<T> = Vec<Result<T, Error>>;
@@ -53,25 +56,98 @@ pub(crate) enum Waiter {
     Task(Mutex<Option<Waker>>),
 }
 
-/// A queued request of any kind, as the committer and the syncer see it.
+/// A queued request of any kind, as the committer, the writer and the syncer see it. It holds
+/// data only: the writer takes the operations out ([`take`](Queued::take)), decides them
+/// itself, and hands the outcomes back ([`stage`](Queued::stage)); nothing here calls the
+/// writer.
 pub(crate) trait Queued: Send + Sync {
     /// Payload bytes, for the batch limit.
     fn bytes(&self) -> usize;
     fn waiter(&self) -> &Waiter;
     fn is_answered(&self) -> bool;
-    /// Decides and applies the operations; their outcomes are staged until
-    /// [`publish`](Queued::publish). Returns how many operations there were.
-    fn apply(
-        &self,
-        writer: &mut Writer,
-        tables: &mut dyn Target,
-        now: Millis,
-        written: &mut Vec<Written>,
-    ) -> Result<usize, Error>;
+    /// Moves the operations out (once), with what the caller read of their keys.
+    fn take(&self) -> (Taken, Option<Known>);
+    /// Holds the writer's outcomes until [`publish`](Queued::publish).
+    fn stage(&self, decided: Decided);
     /// Answers with the staged outcomes (the batch is durable) and wakes the caller.
     fn publish(&self);
     /// Answers with an error for the whole request and wakes the caller.
     fn fail(&self, error: Error);
+}
+
+/// What decides the operations of a [`Taken`] request: the writer, for each kind of operation
+/// in turn (`writer.rs`).
+pub(crate) trait Decide {
+    /// Decides `ops` in order; one outcome per operation, in the same order.
+    fn decide<O: Operation>(&mut self, ops: Vec<(Key, O)>) -> Result<Outcomes<O::Outcome>, Error>;
+}
+
+/// One kind of operation a request can carry: how its operations and outcomes travel between
+/// a [`Request`] and the writer without the writer knowing the request's type.
+pub(crate) trait Kind: Operation + Sized {
+    /// The operations, as the writer takes them (the same vector, not a copy).
+    fn taken(ops: Vec<(Key, Self)>) -> Taken;
+    /// The outcomes, if `decided` is of this kind.
+    fn outcomes(decided: Decided) -> Option<Outcomes<Self::Outcome>>;
+}
+
+macro_rules! kinds {
+    ($($name:ident: $op:ty,)*) => {
+        /// A request's operations, moved out for the writer: one variant per kind.
+        pub(crate) enum Taken {
+            $($name(Vec<(Key, $op)>),)*
+        }
+
+        /// The writer's outcomes for a request, one per operation, in the request's order.
+        pub(crate) enum Decided {
+            $($name(Outcomes<<$op as Operation>::Outcome>),)*
+        }
+
+        impl Taken {
+            /// Decides every operation with `decider`.
+            pub(crate) fn decide(self, decider: &mut impl Decide) -> Result<Decided, Error> {
+                Ok(match self {
+                    $(Taken::$name(ops) => Decided::$name(decider.decide(ops)?),)*
+                })
+            }
+        }
+
+        impl Decided {
+            /// How many operations were decided.
+            pub(crate) fn len(&self) -> usize {
+                match self {
+                    $(Decided::$name(outcomes) => outcomes.len(),)*
+                }
+            }
+        }
+
+        $(impl Kind for $op {
+            fn taken(ops: Vec<(Key, Self)>) -> Taken {
+                Taken::$name(ops)
+            }
+            fn outcomes(decided: Decided) -> Option<Outcomes<Self::Outcome>> {
+                match decided {
+                    Decided::$name(outcomes) => Some(outcomes),
+                    #[allow(unreachable_patterns)]
+                    _ => None,
+                }
+            }
+        })*
+    };
+}
+
+kinds! {
+    Reserve: Reserve,
+    Complete: Complete,
+    Release: Release,
+    Extend: Extend,
+    MarkNeedsReview: MarkNeedsReview,
+    RecordStep: RecordStep,
+    Resolve: Resolve,
+    Observe: Observe,
+    Expire: Expire,
+    CompleteRetained: WithRetention<Complete>,
+    ResolveRetained: WithRetention<Resolve>,
 }
 
 impl Waiter {
@@ -91,7 +167,7 @@ impl Waiter {
     }
 }
 
-impl<O: Operation> Request<O> {
+impl<O: Kind> Request<O> {
     pub(super) fn new(
         ops: Vec<(Key, O)>,
         seen: Option<Known>,
@@ -124,7 +200,7 @@ impl<O: Operation> Request<O> {
     }
 }
 
-impl<O: Operation> Queued for Request<O> {
+impl<O: Kind> Queued for Request<O> {
     fn bytes(&self) -> usize {
         self.bytes
     }
@@ -137,13 +213,7 @@ impl<O: Operation> Queued for Request<O> {
         self.answer.lock().is_some()
     }
 
-    fn apply(
-        &self,
-        writer: &mut Writer,
-        tables: &mut dyn Target,
-        now: Millis,
-        written: &mut Vec<Written>,
-    ) -> Result<usize, Error> {
+    fn take(&self) -> (Taken, Option<Known>) {
         let Ops { ops, seen } = std::mem::replace(
             &mut *self.ops.lock(),
             Ops {
@@ -151,48 +221,11 @@ impl<O: Operation> Queued for Request<O> {
                 seen: None,
             },
         );
-        let count = ops.len();
-        // What the caller read is the state still, unless the epoch ended since (the writer
-        // committed to redb and forgot its own changes); a key changed within the epoch is in
-        // the writer's `latest`, which `Target::load_seen` looks at first.
-        let mut seen: Vec<Option<Option<Record>>> = match seen {
-            Some(seen)
-                if seen.epoch == writer.engine.overlay.epoch() && seen.states.len() == count =>
-            {
-                seen.states.into_iter().map(Some).collect()
-            }
-            _ => Vec::new(),
-        };
-        let mut seen_at = |index: usize| seen.get_mut(index).and_then(Option::take);
-        if count <= 1 {
-            let mut outcomes = Vec::with_capacity(count);
-            for (index, (key, op)) in ops.into_iter().enumerate() {
-                let seen = seen_at(index);
-                outcomes.push(writer.apply_seen(tables, key, op, seen, now, written)?);
-            }
-            *self.staged.lock() = Some(outcomes);
-            return Ok(count);
-        }
-        // Many keys: apply them in key order, so the B-tree inserts of the records and of
-        // both indexes (ordered by deadline, then key: one deadline per batch) walk each page
-        // once instead of jumping between random leaves. The sort is stable, so operations on
-        // one key keep their order; outcomes go back to the caller's order.
-        let mut order: Vec<usize> = (0..count).collect();
-        order.sort_by(|&a, &b| ops[a].0.encoded().cmp(ops[b].0.encoded()));
-        let mut slots: Vec<Option<(Key, O)>> = ops.into_iter().map(Some).collect();
-        let mut outcomes: Vec<Option<Result<O::Outcome, Error>>> =
-            (0..count).map(|_| None).collect();
-        for index in order {
-            let (key, op) = slots[index].take().expect("each index once");
-            let seen = seen_at(index);
-            outcomes[index] = Some(writer.apply_seen(tables, key, op, seen, now, written)?);
-        }
-        let outcomes = outcomes
-            .into_iter()
-            .map(|o| o.expect("every index applied"))
-            .collect();
-        *self.staged.lock() = Some(outcomes);
-        Ok(count)
+        (O::taken(ops), seen)
+    }
+
+    fn stage(&self, decided: Decided) {
+        *self.staged.lock() = O::outcomes(decided);
     }
 
     fn publish(&self) {

@@ -17,6 +17,7 @@ use crate::key::Key;
 use crate::record::{Millis, Record};
 
 use super::apply::{Applier, DeferredBatch, Deferring, Target};
+use super::request::{Decide, Known, Outcomes};
 use super::syncer::PendingBatch;
 use super::{Engine, Queued, Schedule, Syncer};
 use crate::engine::poison::error_copy;
@@ -161,7 +162,19 @@ impl Writer {
             let mut ops = 0;
             let mut written = Vec::new();
             for request in batch {
-                ops += request.apply(self, &mut target, now, &mut written)?;
+                // The request is data: its operations come out, are decided here, and their
+                // outcomes go back to wait for the sync.
+                let (taken, seen) = request.take();
+                let mut deciding = Deciding {
+                    writer: self,
+                    target: &mut target,
+                    seen,
+                    now,
+                    written: &mut written,
+                };
+                let decided = taken.decide(&mut deciding)?;
+                ops += decided.len();
+                request.stage(decided);
             }
             Ok((ops, written))
         })();
@@ -297,5 +310,61 @@ impl Writer {
             }
             Err(error) => Err(self.fail(error)),
         }
+    }
+}
+
+/// The writer deciding the operations of one queued request ([`Decide`]), against `target`,
+/// with what the request's caller read of its keys.
+struct Deciding<'a> {
+    writer: &'a mut Writer,
+    target: &'a mut dyn Target,
+    seen: Option<Known>,
+    now: Millis,
+    written: &'a mut Vec<Written>,
+}
+
+impl Decide for Deciding<'_> {
+    fn decide<O: Operation>(&mut self, ops: Vec<(Key, O)>) -> Result<Outcomes<O::Outcome>, Error> {
+        let count = ops.len();
+        // What the caller read is the state still, unless the epoch ended since (the writer
+        // committed to redb and forgot its own changes); a key changed within the epoch is in
+        // the writer's `latest`, which `Target::load_seen` looks at first.
+        let mut seen: Vec<Option<Option<Record>>> = match self.seen.take() {
+            Some(seen)
+                if seen.epoch == self.writer.engine.overlay.epoch()
+                    && seen.states.len() == count =>
+            {
+                seen.states.into_iter().map(Some).collect()
+            }
+            _ => Vec::new(),
+        };
+        let mut seen_at = |index: usize| seen.get_mut(index).and_then(Option::take);
+        let (now, writer, target) = (self.now, &mut *self.writer, &mut *self.target);
+        if count <= 1 {
+            let mut outcomes = Vec::with_capacity(count);
+            for (index, (key, op)) in ops.into_iter().enumerate() {
+                let seen = seen_at(index);
+                outcomes.push(writer.apply_seen(target, key, op, seen, now, self.written)?);
+            }
+            return Ok(outcomes);
+        }
+        // Many keys: apply them in key order, so the B-tree inserts of the records and of
+        // both indexes (ordered by deadline, then key: one deadline per batch) walk each page
+        // once instead of jumping between random leaves. The sort is stable, so operations on
+        // one key keep their order; outcomes go back to the caller's order.
+        let mut order: Vec<usize> = (0..count).collect();
+        order.sort_by(|&a, &b| ops[a].0.encoded().cmp(ops[b].0.encoded()));
+        let mut slots: Vec<Option<(Key, O)>> = ops.into_iter().map(Some).collect();
+        let mut outcomes: Vec<Option<Result<O::Outcome, Error>>> =
+            (0..count).map(|_| None).collect();
+        for index in order {
+            let (key, op) = slots[index].take().expect("each index once");
+            let seen = seen_at(index);
+            outcomes[index] = Some(writer.apply_seen(target, key, op, seen, now, self.written)?);
+        }
+        Ok(outcomes
+            .into_iter()
+            .map(|o| o.expect("every index applied"))
+            .collect())
     }
 }

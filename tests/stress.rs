@@ -35,6 +35,8 @@ const THREADS: usize = 8;
 /// Clock time: a lease is a few milliseconds of real time, a retention a few dozen.
 const LEASE: Duration = Duration::from_millis(100);
 const RETENTION: Duration = Duration::from_millis(400);
+/// Fewer acquisitions than this in a run test too little to mean anything.
+const MIN_ACQUIRED: u64 = 50;
 
 fn key(k: usize) -> Key {
     Key::new(SCOPES[k / IDS.len()], "stress", IDS[k % IDS.len()]).expect("valid key")
@@ -427,7 +429,19 @@ fn many_threads_on_few_keys_keep_one_owner_and_results_in_their_keys() {
                     seen: vec![0; KEYS],
                     observed: Vec::new(),
                 };
-                while started.elapsed() < duration {
+                // At least `duration`, and on a loaded machine until the run has done
+                // enough to mean something (the assertions below), within a minute.
+                let enough = |c: &Counts| {
+                    let load = |c: &AtomicU64| c.load(Ordering::Relaxed);
+                    load(&c.acquired) > 2 * MIN_ACQUIRED
+                        && load(&c.takeovers) > 0
+                        && load(&c.fenced) > 0
+                        && load(&c.completed) > 0
+                        && load(&c.replayed) > 0
+                };
+                while (started.elapsed() < duration || !enough(&worker.shared.counts))
+                    && started.elapsed() < Duration::from_secs(60)
+                {
                     worker.step();
                 }
                 worker.observed
@@ -454,7 +468,7 @@ fn many_threads_on_few_keys_keep_one_owner_and_results_in_their_keys() {
         load(&counts.fenced),
     );
     assert!(
-        load(&counts.acquired) > 50,
+        load(&counts.acquired) > MIN_ACQUIRED,
         "too few acquisitions to mean anything"
     );
     assert!(load(&counts.takeovers) > 0, "no lease ever went stale");

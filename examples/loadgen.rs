@@ -31,6 +31,9 @@
 //!   engine's `cycle-32` figure of the same pass.
 //!
 //! Engines: `idemstore` (`Store::open` defaults), `idemstore-prealloc` (`preallocate_log(true)`),
+//! `idemstore-nopages` (named only, never by default: the same defaults on a store file without
+//! the page checksums, through a hidden benchmark-only builder knob, so that
+//! `--engines idemstore,idemstore-nopages` measures the checksums' cost pass by pass),
 //! `redis` (`appendfsync always`; a `redis-server` the run starts and stops itself, skipped
 //! with a message when not installed: `apt-get install redis-server`), `redb`, `sqlite`,
 //! `fdatasync`, `grouplog` (the ceiling for callers that block until durable: a bare
@@ -68,7 +71,9 @@ use idemstore::{Fingerprint, Key, Reservation, Store};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use peers::{prefill, BenchKey, BenchResult, Driver, Engine, Fresh, Kind, Visit, Workload};
-use report::{add_ratios, latency_text, medians, table, thousands, Report, Row, Skipped};
+use report::{
+    add_ratios, latency_text, medians, page_costs, table, thousands, Report, Row, Skipped,
+};
 
 /// Run the idempotency workload against idemstore, Redis, redb, SQLite, raw fdatasync and a
 /// bare group-commit log.
@@ -81,7 +86,8 @@ struct Args {
     scenario: Vec<String>,
 
     /// Engines to run (each scenario runs those of its engines listed here): idemstore,
-    /// idemstore-prealloc, redis, redb, sqlite, fdatasync, grouplog [default: all]; etcd and etcd-bare with
+    /// idemstore-prealloc, redis, redb, sqlite, fdatasync, grouplog [default: all];
+    /// idemstore-nopages (named only); etcd and etcd-bare with
     /// `--features etcd` (never in the default: it starts a cluster).
     #[arg(long, value_delimiter = ',')]
     engines: Option<Vec<Kind>>,
@@ -176,11 +182,13 @@ const SCENARIOS: [&str; 7] = [
     "async-1000",
 ];
 
-/// Every engine this build can run: [`Kind::ALL`], and etcd when built with its feature (run
-/// only when `--engines` names it: it starts a cluster).
+/// Every engine this build can run: [`Kind::ALL`], the engines run only when `--engines` names
+/// them ([`Kind::BY_NAME`]), and etcd when built with its feature (also by name only: it starts
+/// a cluster).
 fn every_engine() -> Vec<Kind> {
     #[allow(unused_mut)]
     let mut engines = Kind::ALL.to_vec();
+    engines.extend(Kind::BY_NAME);
     #[cfg(feature = "etcd")]
     engines.extend([Kind::Etcd, Kind::EtcdBare]);
     engines
@@ -639,6 +647,7 @@ fn run(args: &Args) -> BenchResult<(Report, Vec<Scenario>)> {
         dir,
         skipped,
         medians: medians(&runs),
+        page_checksums: page_costs(&runs),
         runs,
     };
     Ok((report, scenarios))

@@ -70,6 +70,9 @@ pub struct Builder {
     pub(crate) limits: Limits,
     /// The admin socket ([`Builder::admin_socket`]).
     pub(crate) admin_socket: AdminSocket,
+    /// Whether the store file has the checksummed page layer (always, except for the
+    /// benchmark-only `Builder::__without_page_checksums`).
+    pub(crate) page_checksums: bool,
 }
 
 /// Whether and how a store serves its admin socket; see [`Builder::admin_socket`].
@@ -105,6 +108,7 @@ impl Default for Builder {
             clock: Arc::new(SystemClock),
             limits: Limits::default(),
             admin_socket: AdminSocket::ReadOnly,
+            page_checksums: true,
         }
     }
 }
@@ -595,6 +599,16 @@ impl Builder {
     /// How many async requests may wait in the commit queue.
     pub fn __queued_async(&mut self, requests: usize) -> &mut Self {
         self.limits.queued_async = requests;
+        self
+    }
+
+    /// Benchmarks only: [`open`](Builder::open) creates a store whose B-tree file is a plain
+    /// redb file, without the checksummed page layer (`format/pages.rs`), so the load
+    /// generator measures the layer's cost against the same engine without it. Only a new
+    /// store: opening an existing file this way is refused, and the file made is refused by
+    /// every normal open (it has no page-file header), so it is never taken for a real store.
+    pub fn __without_page_checksums(&mut self) -> &mut Self {
+        self.page_checksums = false;
         self
     }
 }

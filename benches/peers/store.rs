@@ -1,6 +1,8 @@
 //! idemstore itself: `reserve`, `complete` with the lease, and `reserve_many` (one shared
-//! commit per batch), with `Store::open`'s defaults (what users run) or with
-//! `preallocate_log(true)`.
+//! commit per batch), with `Store::open`'s defaults (what users run), with
+//! `preallocate_log(true)`, or without the page checksums (the hidden, benchmark-only
+//! `Builder::__without_page_checksums`: the same engine on a plain redb file, to measure the
+//! checksummed page layer's cost in the same run).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -10,19 +12,23 @@ use idemstore::{Error, Fingerprint, Key, Lease, Reservation, Store};
 use super::{context, BenchKey, BenchResult, Engine, Handle};
 
 /// The real crate, shared by all threads; `PREALLOCATE` sets `preallocate_log` (the log is
-/// then overwritten in place, as the fdatasync peer overwrites a preallocated block).
-pub struct IdemstoreWith<const PREALLOCATE: bool>(Arc<Store>);
+/// then overwritten in place, as the fdatasync peer overwrites a preallocated block); without
+/// `PAGES` the store file has no page checksums (benchmarks only).
+pub struct IdemstoreWith<const PREALLOCATE: bool, const PAGES: bool = true>(Arc<Store>);
 
 /// idemstore as `Store::open` opens it: the defaults users run.
 pub type Idemstore = IdemstoreWith<false>;
 /// idemstore with `preallocate_log(true)`.
 pub type IdemstorePrealloc = IdemstoreWith<true>;
+/// idemstore with `Store::open`'s defaults on a store file without the page checksums.
+pub type IdemstoreNoPages = IdemstoreWith<false, false>;
 
-impl<const PREALLOCATE: bool> Engine for IdemstoreWith<PREALLOCATE> {
-    const NAME: &'static str = if PREALLOCATE {
-        "idemstore-prealloc"
-    } else {
-        "idemstore"
+impl<const PREALLOCATE: bool, const PAGES: bool> Engine for IdemstoreWith<PREALLOCATE, PAGES> {
+    const NAME: &'static str = match (PREALLOCATE, PAGES) {
+        (true, true) => "idemstore-prealloc",
+        (false, true) => "idemstore",
+        (true, false) => "idemstore-prealloc-nopages",
+        (false, false) => "idemstore-nopages",
     };
     /// Concurrent batches share commits.
     const FILL_THREADS: usize = 4;
@@ -30,12 +36,14 @@ impl<const PREALLOCATE: bool> Engine for IdemstoreWith<PREALLOCATE> {
 
     fn open(dir: &Path) -> BenchResult<Self> {
         let path = dir.join("keys.idem");
-        let store = if PREALLOCATE {
-            Store::builder().preallocate_log(true).open(path)
-        } else {
-            Store::open(path)
+        let mut builder = Store::builder();
+        if PREALLOCATE {
+            builder.preallocate_log(true);
         }
-        .map_err(context("idemstore: open"))?;
+        if !PAGES {
+            builder.__without_page_checksums();
+        }
+        let store = builder.open(path).map_err(context("idemstore: open"))?;
         Ok(IdemstoreWith(Arc::new(store)))
     }
 

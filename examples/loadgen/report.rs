@@ -62,6 +62,65 @@ pub(crate) struct Report {
     pub(crate) medians: Vec<Row>,
     /// Every pass's figures.
     pub(crate) runs: Vec<Row>,
+    /// The page checksums' cost, per scenario where `idemstore` and `idemstore-nopages` both
+    /// ran.
+    pub(crate) page_checksums: Vec<PageCost>,
+}
+
+/// `idemstore` divided by `idemstore-nopages` in one scenario, pass by pass: what the
+/// checksummed page layer costs the same engine.
+#[derive(Serialize, Debug)]
+pub(crate) struct PageCost {
+    pub(crate) scenario: String,
+    /// ops/s ratio of each pass (below 1: the checksums cost throughput).
+    pub(crate) ops_ratio: Vec<f64>,
+    /// CPU/op ratio of each pass (above 1: the checksums cost CPU).
+    pub(crate) cpu_ratio: Vec<f64>,
+}
+
+/// The page checksums' cost in each scenario where both engines ran in the same passes.
+pub(crate) fn page_costs(runs: &[Row]) -> Vec<PageCost> {
+    let (with, without) = (Kind::Idemstore.name(), Kind::IdemstoreNoPages.name());
+    let mut out: Vec<PageCost> = Vec::new();
+    for r in runs.iter().filter(|r| r.engine == with) {
+        let Some(base) = runs
+            .iter()
+            .find(|o| o.scenario == r.scenario && o.pass == r.pass && o.engine == without)
+        else {
+            continue;
+        };
+        let at = match out.iter().position(|c| c.scenario == r.scenario) {
+            Some(at) => at,
+            None => {
+                out.push(PageCost {
+                    scenario: r.scenario.clone(),
+                    ops_ratio: Vec::new(),
+                    cpu_ratio: Vec::new(),
+                });
+                out.len() - 1
+            }
+        };
+        out[at].ops_ratio.push(r.ops_per_sec / base.ops_per_sec);
+        if let (Some(cpu), Some(base)) = (r.cpu_us_per_op, base.cpu_us_per_op) {
+            out[at].cpu_ratio.push(cpu / base);
+        }
+    }
+    out
+}
+
+/// `median 0.98x (0.95-1.01)`: a ratio's median and its spread over the passes.
+fn spread(ratios: &[f64]) -> String {
+    if ratios.is_empty() {
+        return "-".to_string();
+    }
+    let min = ratios.iter().copied().fold(f64::INFINITY, f64::min);
+    let max = ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    format!(
+        "median {:.3}x ({:.3}-{:.3})",
+        median(ratios.to_vec()),
+        min,
+        max
+    )
 }
 
 /// Fills in each row's ratios against the peers of its scenario and pass.
@@ -251,6 +310,24 @@ pub(crate) fn table(report: &Report, scenarios: &[Scenario]) -> String {
                 ));
             }
             out.push('\n');
+        }
+    }
+    if !report.page_checksums.is_empty() {
+        out.push_str(
+            "\npage checksums: idemstore / idemstore-nopages, pass by pass (median, min-max)\n",
+        );
+        for cost in &report.page_checksums {
+            let list = |ratios: &[f64]| {
+                let each: Vec<String> = ratios.iter().map(|v| format!("{v:.3}")).collect();
+                format!("{} [{}]", spread(ratios), each.join(" "))
+            };
+            out.push_str(&format!(
+                "{:<16} ops/s {}\n{:<16} CPU/op {}\n",
+                cost.scenario,
+                list(&cost.ops_ratio),
+                "",
+                list(&cost.cpu_ratio)
+            ));
         }
     }
     out

@@ -44,6 +44,37 @@ pub(crate) fn open_or_create(
     }
 }
 
+/// Creates a new store at `path` whose B-tree file is a plain redb file, without the page
+/// layer: for benchmarks only (`Builder::__without_page_checksums`, hidden feature
+/// `__whitebox`), to measure the layer against the same engine without it. Refuses a path that
+/// exists, so no store is ever opened this way; the file made starts with redb's signature, so
+/// every normal open refuses it (`open_existing`).
+pub(crate) fn create_without_pages(
+    path: &Path,
+    builder: &redb::Builder,
+) -> Result<Database, Error> {
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(path)
+        .map_err(|e| {
+            Error::io(
+                format!(
+                    "creating store {} without page checksums (a benchmark-only store is always a new file)",
+                    path.display()
+                ),
+                e,
+            )
+        })?;
+    let backend = FileBackend::new(file).map_err(|e| open_error(path, "creating", e))?;
+    let db = builder
+        .create_with_backend(backend)
+        .map_err(|e| open_error(path, "creating", e))?;
+    initialize(&db)?;
+    Ok(db)
+}
+
 fn not_a_store(path: &Path, reason: impl Into<String>) -> Error {
     Error::NotAStore {
         path: path.to_path_buf(),

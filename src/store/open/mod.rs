@@ -118,7 +118,11 @@ impl Store {
 
     pub(super) fn open_unguarded(builder: &Builder, path: &Path) -> Result<Store, Error> {
         let log_path = log_path(path);
-        let db = file::open_or_create(path, |verify| redb_builder(builder, verify))?;
+        let db = if builder.page_checksums {
+            file::open_or_create(path, |verify| redb_builder(builder, verify))?
+        } else {
+            file::create_without_pages(path, &redb_builder(builder, false))?
+        };
         let store_id = store_id(&db)?;
         let closed_clean = crate::engine::clean_close::recorded(&db)?;
         let refuse = !closed_clean && !builder.accept_log_loss;

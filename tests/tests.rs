@@ -37,6 +37,7 @@ mod live;
 mod log_identity;
 mod lost_log;
 mod model;
+mod no_pages;
 mod power;
 mod scenarios;
 mod stale_reads;

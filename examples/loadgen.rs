@@ -72,7 +72,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use peers::{prefill, BenchKey, BenchResult, Driver, Engine, Fresh, Kind, Visit, Workload};
 use report::{
-    add_ratios, latency_text, medians, page_costs, table, thousands, Report, Row, Skipped,
+    add_ratios, latency_text, medians, page_costs, table, thousands, PageWork, Report, Row, Skipped,
 };
 
 /// Run the idempotency workload against idemstore, Redis, redb, SQLite, raw fdatasync and a
@@ -240,6 +240,38 @@ struct Measured {
     /// CPU time (user + system) of this whole process while the clients ran: every thread of
     /// an in-process engine (its background threads too) and the clients' own loop.
     cpu: Duration,
+    /// The page layer's work (`idemstore::whitebox::page_work`: 4 KiB blocks checksummed,
+    /// sums blocks written) while the clients ran, and from their start through the store's
+    /// close (whose checkpoint writes every key of the run, and of its prefill, into the B-tree).
+    page_work: (u64, u64),
+    page_work_close: (u64, u64),
+}
+
+/// The page layer's work since `before` (`idemstore::whitebox::page_work`).
+fn page_work_since(before: (u64, u64)) -> (u64, u64) {
+    let now = idemstore::whitebox::page_work();
+    (now.0 - before.0, now.1 - before.1)
+}
+
+/// The CPU time of one page-layer checksum of a 4 KiB block, in µs: the median of 5 rounds
+/// of 100,000 (`idemstore::whitebox::page_sum`, the function the layer runs).
+fn crc_us_per_block() -> f64 {
+    let block: Vec<u8> = (0..4096u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
+        .collect();
+    let mut rounds: Vec<f64> = (0..5)
+        .map(|_| {
+            let before = cpu_time();
+            let mut acc = 0u32;
+            for i in 0..100_000u64 {
+                acc ^= idemstore::whitebox::page_sum(i, std::hint::black_box(&block));
+            }
+            std::hint::black_box(acc);
+            cpu_time().saturating_sub(before).as_secs_f64() * 1e6 / 100_000.0
+        })
+        .collect();
+    rounds.sort_by(f64::total_cmp);
+    rounds[2]
 }
 
 /// CPU time (user + system) used by this process so far, from `getrusage(RUSAGE_SELF)`.
@@ -343,6 +375,7 @@ impl Visit for &Cell<'_> {
         let done = AtomicU64::new(0);
         let failed = AtomicBool::new(false);
         let ready = Barrier::new(threads + 1);
+        let work_start = idemstore::whitebox::page_work();
         let measured = std::thread::scope(|scope| {
             let workers: Vec<_> = (0..threads)
                 .map(|t| {
@@ -377,15 +410,23 @@ impl Visit for &Cell<'_> {
                 .collect();
             ready.wait();
             let cpu_before = cpu_time();
+            let work_before = idemstore::whitebox::page_work();
             self.watch(&done, || workers.iter().all(|w| w.is_finished()));
             let measured = workers
                 .into_iter()
                 .map(|w| w.join().expect("a client thread panicked"))
                 .collect::<BenchResult<Vec<_>>>();
-            measured.map(|m| (m, cpu_time().saturating_sub(cpu_before)))
+            measured.map(|m| {
+                (
+                    m,
+                    cpu_time().saturating_sub(cpu_before),
+                    page_work_since(work_before),
+                )
+            })
         })?;
-        let (measured, cpu) = measured;
+        let (measured, cpu, page_work) = measured;
         drop(engine);
+        let page_work_close = page_work_since(work_start);
 
         let mut latency = histogram()?;
         for (histogram, _, _) in &measured {
@@ -400,6 +441,8 @@ impl Visit for &Cell<'_> {
             latency,
             seconds: (end - start).as_secs_f64(),
             cpu,
+            page_work,
+            page_work_close,
         })
     }
 }
@@ -426,6 +469,7 @@ fn run_async(cell: &Cell<'_>, preallocate: bool, engine: &'static str) -> BenchR
         .build()?;
     let start = Instant::now();
     let cpu_before = cpu_time();
+    let work_before = idemstore::whitebox::page_work();
     let deadline = cell.deadline(start);
     let tasks: Vec<_> = (0..cell.scenario.clients)
         .map(|_| {
@@ -466,6 +510,7 @@ fn run_async(cell: &Cell<'_>, preallocate: bool, engine: &'static str) -> BenchR
     cell.watch(&done, || tasks.iter().all(|t| t.is_finished()));
     let seconds = start.elapsed().as_secs_f64();
     let cpu = cpu_time().saturating_sub(cpu_before);
+    let page_work = page_work_since(work_before);
     let mut latency = histogram()?;
     for task in tasks {
         let histogram = runtime
@@ -476,11 +521,15 @@ fn run_async(cell: &Cell<'_>, preallocate: bool, engine: &'static str) -> BenchR
             .map_err(|e| format!("histogram: {e}"))?;
     }
     drop(runtime);
+    drop(store);
+    let page_work_close = page_work_since(work_before);
     Ok(Measured {
         ops: latency.len(),
         latency,
         seconds,
         cpu,
+        page_work,
+        page_work_close,
     })
 }
 
@@ -503,6 +552,15 @@ fn row(scenario: &Scenario, pass: u32, kind: Kind, m: &Measured) -> Row {
             .then(|| m.cpu.as_secs_f64() * 1e6 / m.ops as f64),
         vs: Vec::new(),
         p50_vs_fdatasync: None,
+        // The counters are the process's: only idemstore's engines have a page layer.
+        page_work_per_op: (engine.starts_with("idemstore") && m.ops > 0).then(|| {
+            let per_op = |n: u64| n as f64 / m.ops as f64;
+            PageWork {
+                summed: per_op(m.page_work.0),
+                summed_through_close: per_op(m.page_work_close.0),
+                sums_written_through_close: per_op(m.page_work_close.1),
+            }
+        }),
     }
 }
 
@@ -648,6 +706,10 @@ fn run(args: &Args) -> BenchResult<(Report, Vec<Scenario>)> {
         skipped,
         medians: medians(&runs),
         page_checksums: page_costs(&runs),
+        crc_us_per_block: runs
+            .iter()
+            .any(|r| r.engine == Kind::IdemstoreNoPages.name())
+            .then(crc_us_per_block),
         runs,
     };
     Ok((report, scenarios))

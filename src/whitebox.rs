@@ -73,3 +73,17 @@ pub fn format_version(db: impl redb::StorageBackend) -> Result<Option<u64>, crat
         .map_err(|e| crate::Error::storage("reading the format", e))?;
     Ok(version.map(|v| v.value()))
 }
+
+/// The page layer's work since the process started (the load generator divides it by the
+/// operations of a run): 4 KiB blocks checksummed, read or written, and sums blocks written.
+pub fn page_work() -> (u64, u64) {
+    use crate::format::pages::work;
+    use std::sync::atomic::Ordering::Relaxed;
+    (work::SUMMED.load(Relaxed), work::SUMS_WRITTEN.load(Relaxed))
+}
+
+/// The CRC-32 the page layer keeps for a data block: the block number, then its 4 KiB (the
+/// load generator times it).
+pub fn page_sum(index: u64, data: &[u8]) -> u32 {
+    crate::format::pages::sum(index, data)
+}

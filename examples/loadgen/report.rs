@@ -31,6 +31,21 @@ pub(crate) struct Row {
     /// p50 divided by fdatasync's p50 in the same scenario and pass (lower is better; the
     /// one-caller latency target is stated this way).
     pub(crate) p50_vs_fdatasync: Option<f64>,
+    /// The page layer's work per operation (idemstore's engines).
+    pub(crate) page_work_per_op: Option<PageWork>,
+}
+
+/// The page layer's work per operation (`idemstore::whitebox::page_work` over the operations).
+#[derive(Serialize, Debug, Clone, Copy)]
+pub(crate) struct PageWork {
+    /// 4 KiB blocks checksummed (read or written) while the clients ran.
+    pub(crate) summed: f64,
+    /// The same from the clients' start through the store's close, whose checkpoint writes
+    /// every key of the run and of its prefill into the B-tree (an upper bound of the work
+    /// one operation brings).
+    pub(crate) summed_through_close: f64,
+    /// Sums blocks written from the clients' start through the close.
+    pub(crate) sums_written_through_close: f64,
 }
 
 /// The peers each row is divided by, in column order.
@@ -65,6 +80,8 @@ pub(crate) struct Report {
     /// The page checksums' cost, per scenario where `idemstore` and `idemstore-nopages` both
     /// ran.
     pub(crate) page_checksums: Vec<PageCost>,
+    /// CPU time of one page-layer checksum of a 4 KiB block, in µs, timed in this run.
+    pub(crate) crc_us_per_block: Option<f64>,
 }
 
 /// `idemstore` divided by `idemstore-nopages` in one scenario, pass by pass: what the
@@ -76,6 +93,10 @@ pub(crate) struct PageCost {
     pub(crate) ops_ratio: Vec<f64>,
     /// CPU/op ratio of each pass (above 1: the checksums cost CPU).
     pub(crate) cpu_ratio: Vec<f64>,
+    /// idemstore's CPU/op of each pass, in µs.
+    pub(crate) cpu_us_per_op: Vec<f64>,
+    /// idemstore's page-layer work per operation, each pass.
+    pub(crate) work_per_op: Vec<PageWork>,
 }
 
 /// The page checksums' cost in each scenario where both engines ran in the same passes.
@@ -96,6 +117,8 @@ pub(crate) fn page_costs(runs: &[Row]) -> Vec<PageCost> {
                     scenario: r.scenario.clone(),
                     ops_ratio: Vec::new(),
                     cpu_ratio: Vec::new(),
+                    cpu_us_per_op: Vec::new(),
+                    work_per_op: Vec::new(),
                 });
                 out.len() - 1
             }
@@ -103,9 +126,25 @@ pub(crate) fn page_costs(runs: &[Row]) -> Vec<PageCost> {
         out[at].ops_ratio.push(r.ops_per_sec / base.ops_per_sec);
         if let (Some(cpu), Some(base)) = (r.cpu_us_per_op, base.cpu_us_per_op) {
             out[at].cpu_ratio.push(cpu / base);
+            out[at].cpu_us_per_op.push(cpu);
+        }
+        if let Some(work) = r.page_work_per_op {
+            out[at].work_per_op.push(work);
         }
     }
     out
+}
+
+impl PageWork {
+    /// Each figure's median over `work`.
+    fn median(work: &[PageWork]) -> PageWork {
+        let of = |f: fn(&PageWork) -> f64| median(work.iter().map(f).collect());
+        PageWork {
+            summed: of(|w| w.summed),
+            summed_through_close: of(|w| w.summed_through_close),
+            sums_written_through_close: of(|w| w.sums_written_through_close),
+        }
+    }
 }
 
 /// `median 0.98x (0.95-1.01)`: a ratio's median and its spread over the passes.
@@ -180,6 +219,7 @@ pub(crate) fn medians(runs: &[Row]) -> Vec<Row> {
         let of = |f: fn(&Row) -> f64| median(same.iter().map(|r| f(r)).collect());
         let p50_ratios: Vec<f64> = same.iter().filter_map(|r| r.p50_vs_fdatasync).collect();
         let cpu: Vec<f64> = same.iter().filter_map(|r| r.cpu_us_per_op).collect();
+        let work: Vec<PageWork> = same.iter().filter_map(|r| r.page_work_per_op).collect();
         let vs =
             r.vs.iter()
                 .map(|(peer, _)| {
@@ -200,6 +240,7 @@ pub(crate) fn medians(runs: &[Row]) -> Vec<Row> {
             cpu_us_per_op: (!cpu.is_empty()).then(|| median(cpu)),
             vs,
             p50_vs_fdatasync: (!p50_ratios.is_empty()).then(|| median(p50_ratios)),
+            page_work_per_op: (!work.is_empty()).then(|| PageWork::median(&work)),
             ..r.clone()
         });
     }
@@ -316,6 +357,11 @@ pub(crate) fn table(report: &Report, scenarios: &[Scenario]) -> String {
         out.push_str(
             "\npage checksums: idemstore / idemstore-nopages, pass by pass (median, min-max)\n",
         );
+        if let Some(crc) = report.crc_us_per_block {
+            out.push_str(&format!(
+                "one checksum of a 4 KiB block: {crc:.3} µs of CPU (timed in this run)\n"
+            ));
+        }
         for cost in &report.page_checksums {
             let list = |ratios: &[f64]| {
                 let each: Vec<String> = ratios.iter().map(|v| format!("{v:.3}")).collect();
@@ -328,6 +374,24 @@ pub(crate) fn table(report: &Report, scenarios: &[Scenario]) -> String {
                 "",
                 list(&cost.cpu_ratio)
             ));
+            if cost.work_per_op.is_empty() {
+                continue;
+            }
+            let work = PageWork::median(&cost.work_per_op);
+            out.push_str(&format!(
+                "{:<16} idemstore per op: {:.4} blocks checksummed while the clients ran, {:.4} through the close ({:.5} sums blocks written)",
+                "", work.summed, work.summed_through_close, work.sums_written_through_close,
+            ));
+            if let (Some(crc), false) = (report.crc_us_per_block, cost.cpu_us_per_op.is_empty()) {
+                let cpu = median(cost.cpu_us_per_op.clone());
+                let bound = work.summed_through_close * crc;
+                out.push_str(&format!(
+                    "\n{:<16} at {crc:.3} µs each: {bound:.4} µs of idemstore's {cpu:.2} µs CPU/op ({:.2}%)",
+                    "",
+                    100.0 * bound / cpu
+                ));
+            }
+            out.push('\n');
         }
     }
     out

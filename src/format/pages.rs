@@ -121,8 +121,29 @@ pub(crate) fn check_header(block: &[u8]) -> Result<(), String> {
     Ok(())
 }
 
+/// The layer's work since the process started, counted for the load generator only (hidden
+/// feature `__whitebox`; `whitebox::page_work`): 4 KiB blocks checksummed (read or written)
+/// and sums blocks written.
+#[cfg(feature = "__whitebox")]
+pub(crate) mod work {
+    use std::sync::atomic::AtomicU64;
+
+    /// CRC-32s of a 4 KiB block (data blocks and block 0).
+    pub(crate) static SUMMED: AtomicU64 = AtomicU64::new(0);
+    /// Sums blocks written (one per group changed, before each sync).
+    pub(crate) static SUMS_WRITTEN: AtomicU64 = AtomicU64::new(0);
+}
+
+/// Counts one unit of the layer's work.
+#[cfg(feature = "__whitebox")]
+fn count(what: &std::sync::atomic::AtomicU64) {
+    what.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// The sum of data block `index` holding `data`.
-fn sum(index: u64, data: &[u8]) -> u32 {
+pub(crate) fn sum(index: u64, data: &[u8]) -> u32 {
+    #[cfg(feature = "__whitebox")]
+    count(&work::SUMMED);
     let mut hasher = crc32fast::Hasher::new();
     hasher.update(&index.to_le_bytes());
     hasher.update(data);
@@ -131,6 +152,8 @@ fn sum(index: u64, data: &[u8]) -> u32 {
 
 /// The sum of block 0, over the block with its sum bytes zeroed.
 fn sum0(block: &[u8]) -> u32 {
+    #[cfg(feature = "__whitebox")]
+    count(&work::SUMMED);
     let mut hasher = crc32fast::Hasher::new();
     hasher.update(&0u64.to_le_bytes());
     hasher.update(&block[..HEADER_SUM.start]);
@@ -403,6 +426,8 @@ impl<B: StorageBackend> PageFile<B> {
             .collect();
         for (group, bytes) in dirty {
             self.inner.write(sums_offset(group), &bytes)?;
+            #[cfg(feature = "__whitebox")]
+            count(&work::SUMS_WRITTEN);
             state.groups.get_mut(&group).expect("listed").dirty = false;
         }
         Ok(())

@@ -22,7 +22,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Some(keep) => std::path::PathBuf::from(keep).join("space.idem"),
         None => dir.path().join("space.idem"),
     };
-    let store = Store::open(&path)?;
+    let mut builder = Store::builder();
+    // An experiment's knob: SPACE_CHECKPOINT_BYTES sets Builder::checkpoint_bytes.
+    if let Ok(bytes) = std::env::var("SPACE_CHECKPOINT_BYTES") {
+        builder.checkpoint_bytes(bytes.parse()?);
+    }
+    let store = builder.open(&path)?;
     let fp = Fingerprint::of(b"fill");
     let result = vec![b'r'; 64];
     let mut payload = 0u64;
@@ -73,5 +78,25 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             stats.stored_bytes() as f64 / n as f64
         );
     }
+    drop(txn);
+    drop(db);
+    // What redb's compact() gives back on the closed store, and what it costs.
+    let started = std::time::Instant::now();
+    let mut db = idemstore::open_redb(&path)?;
+    let compacted = db.compact()?;
+    drop(db);
+    let after = std::fs::metadata(&path)?.len();
+    println!(
+        "  after redb compact() ({}, {:.2} s): store file {after} bytes, {:.1} bytes per key \
+         (ratio {:.2})",
+        if compacted {
+            "compacted"
+        } else {
+            "nothing to do"
+        },
+        started.elapsed().as_secs_f64(),
+        after as f64 / n as f64,
+        after as f64 / payload as f64
+    );
     Ok(())
 }

@@ -143,7 +143,7 @@ pub use inspect::{
 pub use key::{Key, MAX_KEY_PART_LEN, MAX_NOTE_LEN};
 pub use record::{Progress, Record, RecordClass, Status};
 pub use reservations::Reservations;
-pub use store::{open_redb, open_redb_read_only, upgrade, Store};
+pub use store::{compact, open_redb, open_redb_read_only, upgrade, Store};
 
 /// The redb crate this store is built on, for [`Store::complete_with`] callers.
 pub use redb;

@@ -757,7 +757,7 @@ fn check_and_sweep_show_progress_on_a_terminal_only() {
 
 /// `idemstore recover` refuses a store that died without its log, naming `--accept-loss`, and
 /// with it opens the store and closes it cleanly; `idemstore upgrade` leaves a current store
-/// as it is.
+/// as it is; `idemstore compact` reports the file's size before and after.
 #[test]
 fn recover_accepts_a_lost_log_only_when_asked() {
     let dir = tempfile::tempdir().unwrap();
@@ -788,6 +788,13 @@ fn recover_accepts_a_lost_log_only_when_asked() {
     assert_eq!(
         run_json(&["--json", "upgrade", p], 0)["converted"].as_bool(),
         Some(false)
+    );
+    let size = std::fs::metadata(&path).unwrap().len();
+    assert!(run(&["compact", p], 0).contains(&format!("{size} bytes before")));
+    let compacted = run_json(&["--json", "compact", p], 0);
+    assert_eq!(
+        compacted["bytes_after"].as_u64(),
+        Some(std::fs::metadata(&path).unwrap().len())
     );
     run(&["stats", p], 0);
 }

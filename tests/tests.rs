@@ -11,6 +11,7 @@ mod bad_input;
 mod clean_close;
 #[cfg(feature = "cli")]
 mod cli;
+mod compact;
 mod complete_with;
 mod concurrency;
 mod crash;

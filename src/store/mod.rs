@@ -12,6 +12,7 @@
 //! - `answer.rs`: the mapping from each decision's outcome to the public answer.
 
 pub(crate) mod answer;
+mod compact;
 mod expire;
 mod lease;
 mod many;
@@ -29,6 +30,7 @@ use crate::engine::stats::Stats;
 use crate::error::Error;
 use crate::record::{Millis, TokenFloor};
 
+pub use compact::compact;
 pub use open::file::{open_redb, open_redb_read_only, upgrade};
 
 /// An open idempotency store: one file, owned by one process.

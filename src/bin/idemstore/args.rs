@@ -175,6 +175,12 @@ pub(crate) enum Command {
         /// The store file
         file: PathBuf,
     },
+    /// Give a closed store's free pages back to the file system: its pages are moved to the
+    /// start of the file, which is then shortened (the store must not be open)
+    Compact {
+        /// The store file
+        file: PathBuf,
+    },
 }
 
 /// A key, after the store file; with --etcd the key alone (its three parts then arrive in the

@@ -95,6 +95,23 @@ pub(crate) fn run(cli: Cli) -> Result<Option<ProblemsFound>> {
                 writeln!(out, "{}: opened and closed cleanly", file.display())?;
             }
         }
+        Command::Compact { file } => {
+            exists(&file)?;
+            let (before, after) = idemstore::compact(&file)?;
+            if json {
+                writeln!(
+                    out,
+                    "{:#}",
+                    json!({ "path": file, "bytes_before": before, "bytes_after": after })
+                )?;
+            } else {
+                writeln!(
+                    out,
+                    "{}: {before} bytes before, {after} after",
+                    file.display()
+                )?;
+            }
+        }
         Command::Upgrade { file } => {
             exists(&file)?;
             let converted = idemstore::upgrade(&file)?;

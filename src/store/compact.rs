@@ -1,0 +1,56 @@
+//! Giving a closed store's free pages back to the file system: [`compact`].
+
+use std::path::Path;
+
+use crate::error::Error;
+use crate::store::open::file::{check_format, open_redb};
+
+/// Moves the pages of the closed store at `path` towards the start of its file and shortens
+/// the file to what they need (redb's own compaction, a series of durable commits). Returns
+/// the file's size in bytes before and after.
+///
+/// Why a store holds free pages: its file is copy-on-write, and every page changed since the
+/// last durable commit (a checkpoint) exists twice, the durable copy and the current one, so a
+/// store under writes spread over the whole key space grows to about twice its live pages and
+/// keeps that room to reuse. Compacting gives the room back once (about half the file of a
+/// store filled with random keys; BENCHMARKS.md, "Growth"); writes after it take it again.
+/// This is why a store does not compact itself, at close or otherwise: it costs about 6 s per
+/// million keys and the room is needed again as soon as the store takes writes. Run it when
+/// the file's size matters more than that, for instance before copying or archiving a store.
+///
+/// What the store holds is not changed: records, indexes, the clean-close mark and the log
+/// (a store that was not closed cleanly replays its log at its next open, as before). A crash
+/// during compaction leaves a file that redb repairs at the next open. The store must not be
+/// open (it is refused with [`Error::AlreadyOpen`]).
+///
+/// ```
+/// # let dir = tempfile::tempdir()?;
+/// # let path = dir.path().join("orders.idem");
+/// drop(idemstore::Store::open(&path)?);
+/// let (before, after) = idemstore::compact(&path)?;
+/// assert!(after <= before);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// # Errors
+/// [`Error::AlreadyOpen`] while a store has the file open, [`Error::NotAStore`] for a file that
+/// is not an idemstore store (a foreign redb database is left untouched), [`Error::Io`],
+/// [`Error::Corruption`] naming a damaged block.
+pub fn compact(path: impl AsRef<Path>) -> Result<(u64, u64), Error> {
+    let path = path.as_ref();
+    let size = || {
+        std::fs::metadata(path)
+            .map(|m| m.len())
+            .map_err(|e| Error::io(format!("reading metadata of {}", path.display()), e))
+    };
+    let before = size()?;
+    let mut db = open_redb(path)?;
+    check_format(&db, path)?;
+    // redb compacts until nothing more moves; a second call finds nothing to do.
+    while db
+        .compact()
+        .map_err(|e| Error::storage("compacting the store file", e))?
+    {}
+    drop(db);
+    Ok((before, size()?))
+}

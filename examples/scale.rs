@@ -7,8 +7,8 @@
 //!
 //! ```text
 //! cargo run --release --example scale              # 1M keys: about 1 minute, 0.6 GB of disk
-//! cargo run --release --example scale -- 10000000  # long mode: about 15 minutes, 5 GB
-//! cargo run --release --example scale -- 100000000 # 100M: hours, ~45 GB (BENCHMARKS.md)
+//! cargo run --release --example scale -- 10000000  # long mode: about 17 minutes, 4.2 GB
+//! cargo run --release --example scale -- 100000000 # 100M: hours, ~45 GB (not run, BENCHMARKS.md)
 //! ```
 //!
 //! Run it on the disk being measured (the stores go to the system temp dir, `TMPDIR`).

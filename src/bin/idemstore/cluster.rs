@@ -57,13 +57,7 @@ mod with_etcd {
                 state,
                 older_than,
                 limit,
-            } => {
-                let mut filter = state.map_or_else(ScanFilter::any, |s| ScanFilter::of(s.into()));
-                if let Some(age) = older_than {
-                    filter = filter.older_than(age);
-                }
-                Ready::List(filter, limit)
-            }
+            } => Ready::List(commands::scan_filter(state, older_than), limit),
             Command::Sweep { .. }
             | Command::Check { .. }
             | Command::Recover { .. }

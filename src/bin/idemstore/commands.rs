@@ -25,10 +25,7 @@ pub(crate) fn run(cli: Cli) -> Result<Option<ProblemsFound>> {
             older_than,
             limit,
         } => {
-            let mut filter = state.map_or_else(ScanFilter::any, |s| ScanFilter::of(s.into()));
-            if let Some(age) = older_than {
-                filter = filter.older_than(age);
-            }
+            let filter = scan_filter(state, older_than);
             list(
                 &*open_view(&given(file)?, keep)?,
                 &filter,
@@ -155,6 +152,15 @@ fn exists(path: &Path) -> Result<()> {
 /// The store at `path` as the commands see it: the live store of the service that serves its
 /// admin socket, else the store opened by this tool (with `keep`, leases granted before the
 /// open last their time, as in a service with `Builder::leases_survive_restart`).
+/// The filter of `list --state S --older-than D`, for a file and for a cluster.
+pub(crate) fn scan_filter(state: Option<StateArg>, older_than: Option<Duration>) -> ScanFilter {
+    let filter = state.map_or_else(ScanFilter::any, |s| ScanFilter::of(s.into()));
+    match older_than {
+        Some(age) => filter.older_than(age),
+        None => filter,
+    }
+}
+
 pub(crate) fn open_view(path: &Path, keep: bool) -> Result<Box<dyn View>> {
     if std::fs::symlink_metadata(idemstore::admin::socket_path(path)).is_ok() {
         // A socket left by a service that died refuses the connection: open the file then.

@@ -716,3 +716,21 @@ fn model_runner_covers_expiry_and_retentions() {
         Op::Sweep { limit: 4 },
     ]);
 }
+
+/// Found by the model test: a reservation whose retention ran out, behind a stale one of a
+/// longer retention (key 1, refunds) in lease order, must be swept by a sweep of one record,
+/// since it is the earliest to expire (key 2, consume).
+#[test]
+fn a_sweep_finds_the_earliest_expiry_behind_stale_reservations_of_longer_retention() {
+    run(&[
+        Op::Reserve { key: 1, body: 0 },
+        Op::Reserve { key: 0, body: 1 },
+        Op::Advance { ms: 1000 },
+        Op::Reserve { key: 2, body: 0 },
+        Op::Advance { ms: 5000 },
+        Op::Reserve { key: 0, body: 0 },
+        Op::Sweep { limit: 1 },
+        Op::Sweep { limit: 1 },
+        Op::Sweep { limit: 1 },
+    ]);
+}

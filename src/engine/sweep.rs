@@ -5,6 +5,8 @@
 //! Expired records already read as absent (see [`decide`](crate::decide)); sweeping only
 //! reclaims their space, so it can run at any pace without changing any answer.
 
+use std::collections::BinaryHeap;
+use std::ops::Bound;
 use std::sync::Arc;
 
 use redb::{ReadOnlyTable, ReadableTable};
@@ -41,40 +43,41 @@ impl Writer {
 /// Deletes up to `limit` records that expired at or before `now`, earliest expiry first;
 /// returns their keys.
 ///
-/// Two ranges of the deadline index hold them: the `EXPIRY` entries due at `now` (records that
-/// are not pending), and, among the `LEASE` entries due at `now` (leases that ran out), the
-/// pending records whose own expiry has passed too. Up to `limit` of each are read, merged by
-/// expiry, and the first `limit` deleted. A stale reservation that has not expired yet is
-/// passed over; at most `limit` lease entries are read per sweep, so expired reservations
-/// behind more than `limit` unexpired stale ones wait until those expire (they read as absent
-/// meanwhile). A corrupt record found this way is left in place (and its index entry dropped,
-/// so sweeps do not stall on it); reading the key reports the corruption.
+/// Two ranges of the deadline index hold them. The `EXPIRY` entries due at `now` (records that
+/// are not pending) are in expiry order, so their first `limit` are read. The `LEASE` entries
+/// due at `now` (leases that ran out) hold the pending records whose own expiry has passed
+/// too; a pending record expires at its lease end plus its operation's retention, so these
+/// are not in expiry order. They are read in lease order until the next lease ends after the
+/// latest of the `limit` earliest expiries found (no record further on can expire before it),
+/// passing over stale reservations that have not expired yet: at most the leases that ran out
+/// within one retention. A corrupt record found this way is left in place (and its index entry
+/// dropped, so sweeps do not stall on it); reading the key reports the corruption.
 pub(crate) fn sweep_expired(
     tables: &mut Tables<'_>,
     now: Millis,
     limit: usize,
 ) -> Result<Vec<Key>, Error> {
-    let ctx = "sweeping expired records";
     let mut due = Vec::new();
-    for kind in [EXPIRY, LEASE] {
-        let range = (kind, 0, &[][..])..(kind, now.saturating_add(1), &[][..]);
-        let entries: Vec<(u64, Vec<u8>)> = tables
-            .deadlines
-            .range(range)
-            .map_err(|e| Error::storage(ctx, e))?
-            .take(limit)
-            .map(|entry| entry.map(|(k, _)| (k.value().1, k.value().2.to_vec())))
-            .collect::<Result<_, _>>()
-            .map_err(|e| Error::storage(ctx, e))?;
-        for (at, key) in entries {
-            match tables.load(&key)? {
-                Ok(Some(record)) if IndexEntries::of(&record).entry == Some((kind, at)) => {
-                    if record.expires_at <= now {
-                        due.push((record.expires_at, key, record));
-                    }
-                }
-                _ => tables.drop_deadline_entry(kind, at, &key)?,
+    if limit == 0 {
+        return Ok(Vec::new());
+    }
+    // The `limit` earliest expiries found so far; the top is the latest of them.
+    let mut earliest: BinaryHeap<Millis> = BinaryHeap::with_capacity(limit + 1);
+    for (at, key) in entries_after(tables, EXPIRY, None, now, limit)? {
+        consider(tables, EXPIRY, at, &key, now, &mut due, &mut earliest, limit)?;
+    }
+    let mut after: Option<(Millis, Vec<u8>)> = None;
+    'leases: loop {
+        let chunk = entries_after(tables, LEASE, after.as_ref(), now, limit.max(64))?;
+        if chunk.is_empty() {
+            break;
+        }
+        for (at, key) in chunk {
+            if earliest.len() >= limit && earliest.peek().is_some_and(|&latest| at > latest) {
+                break 'leases;
             }
+            consider(tables, LEASE, at, &key, now, &mut due, &mut earliest, limit)?;
+            after = Some((at, key));
         }
     }
     due.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
@@ -84,6 +87,60 @@ pub(crate) fn sweep_expired(
         deleted.extend(Key::decode(&key));
     }
     Ok(deleted)
+}
+
+/// Up to `n` entries of `kind` due at or before `now`, after the entry `after` (from the
+/// first when `None`).
+fn entries_after(
+    tables: &Tables<'_>,
+    kind: u8,
+    after: Option<&(Millis, Vec<u8>)>,
+    now: Millis,
+    n: usize,
+) -> Result<Vec<(Millis, Vec<u8>)>, Error> {
+    let ctx = "sweeping expired records";
+    let end = Bound::Excluded((kind, now.saturating_add(1), &[][..]));
+    let start = match after {
+        Some((at, key)) => Bound::Excluded((kind, *at, key.as_slice())),
+        None => Bound::Included((kind, 0, &[][..])),
+    };
+    tables
+        .deadlines
+        .range::<(u8, u64, &[u8])>((start, end))
+        .map_err(|e| Error::storage(ctx, e))?
+        .take(n)
+        .map(|entry| entry.map(|(k, _)| (k.value().1, k.value().2.to_vec())))
+        .collect::<Result<_, _>>()
+        .map_err(|e| Error::storage(ctx, e))
+}
+
+/// Looks at the record the entry (`kind`, `at`, `key`) speaks for: kept in `due` (and its
+/// expiry in `earliest`, at most `limit` of them) if it expired at or before `now`; the entry
+/// dropped if its record no longer has it.
+#[allow(clippy::too_many_arguments)]
+fn consider(
+    tables: &mut Tables<'_>,
+    kind: u8,
+    at: Millis,
+    key: &[u8],
+    now: Millis,
+    due: &mut Vec<(Millis, Vec<u8>, Record)>,
+    earliest: &mut BinaryHeap<Millis>,
+    limit: usize,
+) -> Result<(), Error> {
+    match tables.load(key)? {
+        Ok(Some(record)) if IndexEntries::of(&record).entry == Some((kind, at)) => {
+            if record.expires_at <= now {
+                earliest.push(record.expires_at);
+                if earliest.len() > limit {
+                    earliest.pop();
+                }
+                due.push((record.expires_at, key.to_vec(), record));
+            }
+        }
+        _ => tables.drop_deadline_entry(kind, at, key)?,
+    }
+    Ok(())
 }
 
 /// Up to `limit` pending reservations that are stale at `now` under `floor` (their lease ran

@@ -120,10 +120,10 @@ impl Store {
     /// by itself; call it when the sweeper is off, with a bound that keeps each call short,
     /// since it holds the writer while it runs.
     ///
-    /// Earliest expiry first. A call reads at most `limit` entries of each kind of the
-    /// deadline index (docs/format.md, "Sweeping"), so a reservation whose retention ran out
-    /// behind more than `limit` stale ones that have not expired yet is deleted once those
-    /// have (it reads as absent meanwhile); completed keys are never held up by reservations.
+    /// Earliest expiry first, exactly: the `limit` records that expired first are deleted.
+    /// A call reads the deadline index (docs/format.md, "Sweeping"): `limit` entries of
+    /// records that are not pending, and the entries of leases that ran out until none further
+    /// on can expire earlier, passing over stale reservations that have not expired yet.
     ///
     /// # Errors
     /// Storage errors; a failed sweep poisons the store like any failed write.

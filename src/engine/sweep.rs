@@ -57,14 +57,16 @@ pub(crate) fn sweep_expired(
     now: Millis,
     limit: usize,
 ) -> Result<Vec<Key>, Error> {
-    let mut due = Vec::new();
     if limit == 0 {
         return Ok(Vec::new());
     }
-    // The `limit` earliest expiries found so far; the top is the latest of them.
-    let mut earliest: BinaryHeap<Millis> = BinaryHeap::with_capacity(limit + 1);
+    let mut found = Found {
+        due: Vec::new(),
+        earliest: BinaryHeap::with_capacity(limit + 1),
+        limit,
+    };
     for (at, key) in entries_after(tables, EXPIRY, None, now, limit)? {
-        consider(tables, EXPIRY, at, &key, now, &mut due, &mut earliest, limit)?;
+        found.consider(tables, EXPIRY, at, &key, now)?;
     }
     let mut after: Option<(Millis, Vec<u8>)> = None;
     'leases: loop {
@@ -73,13 +75,14 @@ pub(crate) fn sweep_expired(
             break;
         }
         for (at, key) in chunk {
-            if earliest.len() >= limit && earliest.peek().is_some_and(|&latest| at > latest) {
+            if found.later_than_all(at) {
                 break 'leases;
             }
-            consider(tables, LEASE, at, &key, now, &mut due, &mut earliest, limit)?;
+            found.consider(tables, LEASE, at, &key, now)?;
             after = Some((at, key));
         }
     }
+    let mut due = found.due;
     due.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
     let mut deleted = Vec::new();
     for (_, key, record) in due.into_iter().take(limit) {
@@ -114,33 +117,44 @@ fn entries_after(
         .map_err(|e| Error::storage(ctx, e))
 }
 
-/// Looks at the record the entry (`kind`, `at`, `key`) speaks for: kept in `due` (and its
-/// expiry in `earliest`, at most `limit` of them) if it expired at or before `now`; the entry
-/// dropped if its record no longer has it.
-#[allow(clippy::too_many_arguments)]
-fn consider(
-    tables: &mut Tables<'_>,
-    kind: u8,
-    at: Millis,
-    key: &[u8],
-    now: Millis,
-    due: &mut Vec<(Millis, Vec<u8>, Record)>,
-    earliest: &mut BinaryHeap<Millis>,
+/// What a sweep has found so far: the expired records, and the `limit` earliest expiries
+/// among them (a max-heap: its top is the latest of those).
+struct Found {
+    due: Vec<(Millis, Vec<u8>, Record)>,
+    earliest: BinaryHeap<Millis>,
     limit: usize,
-) -> Result<(), Error> {
-    match tables.load(key)? {
-        Ok(Some(record)) if IndexEntries::of(&record).entry == Some((kind, at)) => {
-            if record.expires_at <= now {
-                earliest.push(record.expires_at);
-                if earliest.len() > limit {
-                    earliest.pop();
-                }
-                due.push((record.expires_at, key.to_vec(), record));
-            }
-        }
-        _ => tables.drop_deadline_entry(kind, at, key)?,
+}
+
+impl Found {
+    /// Whether `limit` expired records are known that all expire at or before `at`.
+    fn later_than_all(&self, at: Millis) -> bool {
+        self.earliest.len() >= self.limit && self.earliest.peek().is_some_and(|&last| at > last)
     }
-    Ok(())
+
+    /// Looks at the record the entry (`kind`, `at`, `key`) speaks for: kept if it expired at
+    /// or before `now`; the entry dropped if its record no longer has it.
+    fn consider(
+        &mut self,
+        tables: &mut Tables<'_>,
+        kind: u8,
+        at: Millis,
+        key: &[u8],
+        now: Millis,
+    ) -> Result<(), Error> {
+        match tables.load(key)? {
+            Ok(Some(record)) if IndexEntries::of(&record).entry == Some((kind, at)) => {
+                if record.expires_at <= now {
+                    self.earliest.push(record.expires_at);
+                    if self.earliest.len() > self.limit {
+                        self.earliest.pop();
+                    }
+                    self.due.push((record.expires_at, key.to_vec(), record));
+                }
+            }
+            _ => tables.drop_deadline_entry(kind, at, key)?,
+        }
+        Ok(())
+    }
 }
 
 /// Up to `limit` pending reservations that are stale at `now` under `floor` (their lease ran

@@ -840,14 +840,15 @@ fn a_full_disk_says_how_much_room_reopening_needs_and_that_is_enough() {
     }
 }
 
-/// A store left uncleanly by the previous log layout (`IDEMLOG\x02`: one copy of each frame,
-/// no spare copy of the last), as a killed process of that version left it
-/// (`tests/fixtures/log-v2-unclean`: 10 keys completed before a checkpoint, 10 completed and
-/// one reserved after it, only in the log), opens with every acknowledged operation.
-#[test]
-fn an_unclean_store_of_the_previous_log_layout_recovers() {
-    let fixture =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/log-v2-unclean");
+/// A store left uncleanly by an older log layout (`IDEMLOG\x02`: one copy of each frame, no
+/// spare copy of the last; `IDEMLOG\x03`: one region), as a killed process of that version
+/// left it (`tests/fixtures/log-v2-unclean`, `log-v3-unclean`: 10 keys completed before a
+/// checkpoint, 10 completed and one reserved after it, only in the log), opens with every
+/// acknowledged operation, and its log is then of the current layout.
+fn an_unclean_store_of_an_older_log_layout_recovers(fixture: &str) {
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(fixture);
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("store.idem");
     let log = dir.path().join("store.idem.wal");
@@ -875,7 +876,17 @@ fn an_unclean_store_of_the_previous_log_layout_recovers() {
         "the reserved key is lost"
     );
     drop(store);
-    // The log now carries the current layout, so a build that knows only the previous one
-    // refuses it rather than misread its spare copies.
-    assert_eq!(&std::fs::read(&log).unwrap()[..8], b"IDEMLOG\x03");
+    // The log now carries the current layout, so a build that knows only an older one
+    // refuses it rather than misread its spare copies or its regions.
+    assert_eq!(&std::fs::read(&log).unwrap()[..8], b"IDEMLOG\x04");
+}
+
+#[test]
+fn an_unclean_store_of_log_layout_2_recovers() {
+    an_unclean_store_of_an_older_log_layout_recovers("log-v2-unclean");
+}
+
+#[test]
+fn an_unclean_store_of_log_layout_3_recovers() {
+    an_unclean_store_of_an_older_log_layout_recovers("log-v3-unclean");
 }

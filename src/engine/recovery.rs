@@ -16,6 +16,7 @@ use redb::Database;
 use crate::engine::wal::{Frame, LogFile, Wal};
 use crate::error::Error;
 use crate::format::frame::{self, parse_header, HEADER_LEN};
+use crate::format::identity::LOG_HEADER_LEN;
 use crate::format::tables::{new_salt, IndexEntries, Tables};
 use crate::record::Record;
 
@@ -43,10 +44,22 @@ fn replay(
     let mut txn = db.begin_write().map_err(|e| Error::storage(ctx, e))?;
     // Record redb's allocator state with this commit, as checkpoints do (`commit/writer.rs`).
     txn.set_quick_repair(true);
-    let (checkpoint_seq, mut next_token, salt) = {
+    let (checkpoint_seq, mut next_token, salt, start, next_salt) = {
         let tables = Tables::open(&txn)?;
-        (tables.wal_seq()?, tables.next_token()?, tables.log_salt()?)
+        (
+            tables.wal_seq()?,
+            tables.next_token()?,
+            tables.log_salt()?,
+            tables.log_start()?,
+            tables.next_log_salt()?,
+        )
     };
+    // A store of the log layout before regions has neither: its frames start at the first
+    // frame's place, and the next region's salt is chosen and made durable now, before any
+    // frame can carry it.
+    let start = start.unwrap_or(LOG_HEADER_LEN);
+    let recorded_next = next_salt;
+    let next_salt = next_salt.unwrap_or_else(new_salt);
     // The log never shrinks; its length now lets a later open tell a truncated log
     // (`engine/lost_log.rs`).
     let log_len = log.len().map_err(|e| {
@@ -55,18 +68,30 @@ fn replay(
             e,
         )
     })?;
-    let len_changed = crate::engine::lost_log::record_len(&txn, log_len)?;
+    let mut changed = crate::engine::lost_log::record_len(&txn, log_len)?;
+    if recorded_next.is_none() {
+        Tables::open(&txn)?.set_log_region(start, salt, next_salt)?;
+        changed = true;
+    }
     if crate::engine::clean_close::take(&txn)? {
         // Closed cleanly: the checkpoint holds every frame, so the log is not read. The mark
         // is removed durably before any new frame can be written.
         txn.commit().map_err(|e| Error::storage(ctx, e))?;
-        return Ok((Wal::resume(log, log_path, checkpoint_seq, salt), next_token));
+        let mut wal = Wal::resume_at(log, log_path, checkpoint_seq, salt, start);
+        wal.set_next_salt(next_salt);
+        return Ok((wal, next_token));
     }
+    let position = LogPosition {
+        checkpoint_seq,
+        start,
+        salt,
+        next_salt: recorded_next,
+    };
     let Recovered {
         mut wal,
         frames,
         dropped_tail,
-    } = Wal::recover(log, log_path, checkpoint_seq, salt, strict)?;
+    } = Wal::recover_from(log, log_path, position, strict)?;
     #[cfg(feature = "tracing")]
     tracing::info!(
         checkpoint_seq,
@@ -75,22 +100,24 @@ fn replay(
         "idemstore recovery: replaying log frames newer than the checkpoint"
     );
     if frames.is_empty() && !dropped_tail {
-        // Nothing to replay or drop: the log is rewound under the same salt. Frames left from
-        // before have sequence numbers at or below the checkpoint, so they never extend the new
-        // run, and nothing can forge a frame without knowing the salt. (Only a changed log
-        // length is committed.)
-        if len_changed {
+        // Nothing to replay or drop: the region is started again under the same salt. Frames
+        // left from before have sequence numbers at or below the checkpoint, so they never
+        // extend the new run, and nothing can forge a frame without knowing the salt. (Only a
+        // changed log length or a new next salt is committed.)
+        if changed {
             txn.commit().map_err(|e| Error::storage(ctx, e))?;
         } else {
             txn.abort().map_err(|e| Error::storage(ctx, e))?;
         }
-        wal.rewind(salt);
+        wal.rewind_to(start, salt);
+        wal.set_next_salt(next_salt);
         return Ok((wal, next_token));
     }
-    // The replay and a new salt commit durably together; the log is then rewound. A dropped
-    // tail also takes a new salt: under the old one, a dropped frame could line up with the
-    // end of a new run and pass as its next frame.
-    let new_salt = new_salt();
+    // The replay and a new salt commit durably together; the log is then rewound to its
+    // first region (every frame is in the file then). A dropped tail also takes a new salt:
+    // under the old one, a dropped frame could line up with the end of a new run and pass as
+    // its next frame. The next region's salt is new too.
+    let (new_salt, next_salt) = (new_salt(), new_salt());
     {
         let mut tables = Tables::open(&txn)?;
         for frame in &frames {
@@ -114,11 +141,25 @@ fn replay(
         }
         tables.set_next_token(next_token)?;
         tables.set_wal_seq(wal.last_seq())?;
-        tables.set_log_salt(new_salt)?;
+        tables.set_log_region(LOG_HEADER_LEN, new_salt, next_salt)?;
     }
     txn.commit().map_err(|e| Error::storage(ctx, e))?;
     wal.rewind(new_salt);
+    wal.set_next_salt(next_salt);
     Ok((wal, next_token))
+}
+
+/// Where the frames after a checkpoint are, as its durable commit recorded them.
+#[derive(Debug, Clone, Copy)]
+pub struct LogPosition {
+    /// The last frame the checkpoint holds.
+    pub checkpoint_seq: u64,
+    /// Where the region of the frames after it starts.
+    pub start: u64,
+    /// Their salt.
+    pub salt: u64,
+    /// The salt of the region after it, if the writer may have moved there.
+    pub next_salt: Option<u64>,
 }
 
 /// What [`Wal::recover`] found.
@@ -156,10 +197,40 @@ impl Wal {
         salt: u64,
         strict: bool,
     ) -> Result<Recovered, Error> {
+        let position = LogPosition {
+            checkpoint_seq,
+            start: crate::format::identity::LOG_HEADER_LEN,
+            salt,
+            next_salt: None,
+        };
+        Wal::recover_from(file, path, position, strict)
+    }
+
+    /// [`recover`](Wal::recover) from the region and salt a checkpoint recorded, following the
+    /// run into the other region when its frames carry `next_salt` (the writer moved there
+    /// while a checkpoint was being made durable).
+    ///
+    /// Where the run ends in its region at frame `E`, the whole file is searched for a valid
+    /// frame under `next_salt` with `seq = E`: the first frame of the next region (or its
+    /// spare copy), where the run continues. Otherwise the frames judged after the run are
+    /// those of the current salt after it and those of `next_salt` anywhere: a frame of the
+    /// next region that records `E` as durable means frame `E` was lost.
+    pub fn recover_from(
+        file: Arc<dyn LogFile>,
+        path: PathBuf,
+        position: LogPosition,
+        strict: bool,
+    ) -> Result<Recovered, Error> {
+        let LogPosition {
+            checkpoint_seq,
+            start,
+            salt,
+            mut next_salt,
+        } = position;
         let len = file
             .len()
             .map_err(|e| Error::io(format!("reading the length of log {}", path.display()), e))?;
-        let mut wal = Wal::resume(file, path, checkpoint_seq, salt);
+        let mut wal = Wal::resume_at(file, path, checkpoint_seq, salt, start);
         let mut frames = Vec::new();
         let mut previous: Option<u64> = None;
         let later = loop {
@@ -184,14 +255,23 @@ impl Wal {
                 // whole: a valid frame of this salt with the expected sequence number is
                 // that frame. Otherwise the run ends here, and what lies beyond is judged
                 // below.
-                let later = wal.valid_frames_after(wal.offset, len, expected)?;
-                match later.iter().find(|(_, h)| h.seq == expected) {
-                    Some(&(copy, _)) => {
-                        wal.offset = copy;
+                let mut later = wal.valid_frames_after(wal.salt, wal.offset, len, expected)?;
+                if let Some(&(copy, _)) = later.iter().find(|(_, h)| h.seq == expected) {
+                    wal.offset = copy;
+                    continue;
+                }
+                if let Some(next) = next_salt {
+                    // The run may go on in the other region, under the next salt.
+                    let start = crate::format::identity::LOG_HEADER_LEN;
+                    let next_frames = wal.valid_frames_after(next, start, len, expected)?;
+                    if let Some(&(first, _)) = next_frames.iter().find(|(_, h)| h.seq == expected) {
+                        next_salt = None;
+                        wal.rewind_to(first, next);
                         continue;
                     }
-                    None => break later,
+                    later.extend(next_frames);
                 }
+                break later;
             };
             let frame = frame::decode_payload(&header, &payload, wal.offset)?;
             previous = Some(header.seq);
@@ -241,12 +321,22 @@ impl Wal {
 
     /// The checksum-valid frame at `offset`, or `None` if there is none (end of the log).
     fn read_frame(&self, offset: u64, len: u64) -> Result<Option<(frame::Header, Vec<u8>)>, Error> {
+        self.read_frame_under(self.salt, offset, len)
+    }
+
+    /// [`read_frame`](Wal::read_frame) under `salt`.
+    fn read_frame_under(
+        &self,
+        salt: u64,
+        offset: u64,
+        len: u64,
+    ) -> Result<Option<(frame::Header, Vec<u8>)>, Error> {
         if offset + HEADER_LEN as u64 > len {
             return Ok(None);
         }
         let mut header_bytes = [0u8; HEADER_LEN];
         self.read(&mut header_bytes, offset)?;
-        let Some(header) = parse_header(self.salt, &header_bytes) else {
+        let Some(header) = parse_header(salt, &header_bytes) else {
             return Ok(None);
         };
         let payload_start = offset + HEADER_LEN as u64;
@@ -261,10 +351,11 @@ impl Wal {
         Ok(Some((header, payload)))
     }
 
-    /// Every valid frame (of this salt) with seq ≥ `expected` that starts after `from`, with
+    /// Every valid frame under `salt` with seq ≥ `expected` that starts after `from`, with
     /// its offset.
     fn valid_frames_after(
         &self,
+        salt: u64,
         from: u64,
         len: u64,
         expected: u64,
@@ -279,9 +370,10 @@ impl Wal {
             self.read(&mut buf, start)?;
             let mut at = 0;
             while at + HEADER_LEN <= buf.len() && (at as u64) < CHUNK {
-                if let Some(header) = parse_header(self.salt, &buf[at..]) {
+                if let Some(header) = parse_header(salt, &buf[at..]) {
                     let offset = start + at as u64;
-                    if header.seq >= expected && self.read_frame(offset, len)?.is_some() {
+                    if header.seq >= expected && self.read_frame_under(salt, offset, len)?.is_some()
+                    {
                         found.push((offset, header));
                     }
                 }

@@ -2,13 +2,15 @@
 //! belongs to, so a store never replays another store's log.
 //!
 //! ```text
-//! identity = magic "IDEMLOG\x03" | store_id u64 | zero 12 bytes | crc32 u32   (32 bytes, LE)
+//! identity = magic "IDEMLOG\x04" | store_id u64 | zero 12 bytes | crc32 u32   (32 bytes, LE)
 //! ```
-//! The magic's last byte is the log's layout: 3, every frame followed by a spare copy
-//! (`engine/wal.rs`). A log of layout 2 (no spare copies) is read the same way, since a
-//! layout 3 reader skips copies and only uses one when a frame is damaged; opening upgrades
-//! its block ([`upgrade`]) before any new frame is written, so that a build that knows only
-//! layout 2 refuses it rather than misread the copies.
+//! The magic's last byte is the log's layout: 4, two regions (frames after a checkpoint may
+//! start at the offset redb's meta records, and continue in the other region under the next
+//! salt; `engine/wal.rs`), every frame followed by a spare copy. Layout 3 (one region, spare
+//! copies) and layout 2 (no spare copies) are read the same way: their frames all start at
+//! the first frame's place, and a reader skips copies and only uses one when a frame is
+//! damaged. Opening upgrades their block ([`upgrade`]) before any new frame is written, so
+//! that a build that knows only an older layout refuses the log rather than misread it.
 //! `store_id` is the random identity made durable in the store's meta table when the store is
 //! created. The block is written and synced when the log is created (or found empty) and never
 //! changes; frames start after it.
@@ -20,8 +22,9 @@ use super::log_file::LogFile;
 /// Bytes before the first frame.
 pub const LOG_HEADER_LEN: u64 = 32;
 
-const MAGIC: [u8; 8] = *b"IDEMLOG\x03";
-/// The magic of the previous layout, read and upgraded.
+const MAGIC: [u8; 8] = *b"IDEMLOG\x04";
+/// The magics of the previous layouts, read and upgraded.
+const MAGIC_V3: [u8; 8] = *b"IDEMLOG\x03";
 const MAGIC_V2: [u8; 8] = *b"IDEMLOG\x02";
 
 /// Whose log a log file is.
@@ -60,7 +63,8 @@ fn parse(block: &[u8; LOG_HEADER_LEN as usize], store_id: u64) -> Identity {
         return Identity::Fresh;
     }
     let stored = u32::from_le_bytes(block[28..32].try_into().expect("4 bytes"));
-    if (block[..8] != MAGIC && block[..8] != MAGIC_V2) || crc32fast::hash(&block[..28]) != stored {
+    let known = [MAGIC, MAGIC_V3, MAGIC_V2].iter().any(|m| block[..8] == *m);
+    if !known || crc32fast::hash(&block[..28]) != stored {
         return Identity::Damaged;
     }
     match u64::from_le_bytes(block[8..16].try_into().expect("8 bytes")) {
@@ -91,7 +95,7 @@ pub(crate) fn claim(
         .map_err(|e| Error::io(ctx(), e))
 }
 
-/// Rewrites (and syncs) the identity block of a layout 2 log as layout 3, keeping its
+/// Rewrites (and syncs) the identity block of a layout 2 or 3 log as layout 4, keeping its
 /// `store_id`; nothing to do for any other block. Only once the log is the store's own.
 pub(crate) fn upgrade(file: &dyn LogFile, path: &std::path::Path) -> Result<(), Error> {
     let ctx = || format!("upgrading the identity of log {}", path.display());
@@ -101,7 +105,7 @@ pub(crate) fn upgrade(file: &dyn LogFile, path: &std::path::Path) -> Result<(), 
     }
     file.read_exact_at(&mut old, 0)
         .map_err(|e| Error::io(ctx(), e))?;
-    if old[..8] != MAGIC_V2 {
+    if old[..8] != MAGIC_V2 && old[..8] != MAGIC_V3 {
         return Ok(());
     }
     let store_id = u64::from_le_bytes(old[8..16].try_into().expect("8 bytes"));
@@ -126,6 +130,11 @@ mod tests {
         v2[7] = 2;
         let crc = crc32fast::hash(&v2[..28]);
         v2[28..].copy_from_slice(&crc.to_le_bytes());
-        assert_eq!(parse(&v2, 7), Identity::Ours, "the previous layout is read");
+        assert_eq!(parse(&v2, 7), Identity::Ours, "layout 2 is read");
+        let mut v3 = block(7);
+        v3[7] = 3;
+        let crc = crc32fast::hash(&v3[..28]);
+        v3[28..].copy_from_slice(&crc.to_le_bytes());
+        assert_eq!(parse(&v3, 7), Identity::Ours, "layout 3 is read");
     }
 }

@@ -9,8 +9,10 @@
 //!   [`upgrade_to_current`] converts them.
 //! - `idemstore.meta`: "format" → format version, "next_token" → the next fencing token,
 //!   "wal_seq" → the last log frame whose changes this file holds, "log_salt" → the salt of the
-//!   log frames written since the last checkpoint, "store_id" → the store's random identity,
-//!   which its log carries.
+//!   log frames written since the last checkpoint, "log_start" → the offset of the log region
+//!   those frames start at (absent: the first frame's place), "next_log_salt" → the salt the
+//!   next region's frames will carry (chosen before any frame uses it), "store_id" → the
+//!   store's random identity, which its log carries.
 //!
 //! Tables whose names start with `idemstore.` belong to the store; a caller's own tables (see
 //! [`Store::complete_with`](crate::Store::complete_with)) must use other names.
@@ -39,6 +41,10 @@ pub(crate) const META_NEXT_TOKEN: &str = "next_token";
 pub(crate) const META_WAL_SEQ: &str = "wal_seq";
 pub(crate) const META_LOG_SALT: &str = "log_salt";
 pub(crate) const META_STORE_ID: &str = "store_id";
+/// Where the frames after `wal_seq` start (absent: right after the log's identity block).
+pub(crate) const META_LOG_START: &str = "log_start";
+/// The salt of the next log region's frames, durable before any frame carries it.
+pub(crate) const META_NEXT_LOG_SALT: &str = "next_log_salt";
 /// Present (value 1) while the store is closed cleanly: set by the last checkpoint on close,
 /// removed by the next open (`engine/clean_close.rs`).
 pub(crate) const META_CLOSED_CLEAN: &str = "closed_clean";
@@ -130,10 +136,43 @@ impl<'txn> Tables<'txn> {
         Ok(value.map_or(0, |v| v.value()))
     }
 
-    pub(crate) fn set_log_salt(&mut self, salt: u64) -> Result<(), Error> {
+    /// Where the frames after [`wal_seq`](Tables::wal_seq) start (`None`: at the log's first
+    /// frame, as in a store written before log regions).
+    pub(crate) fn log_start(&self) -> Result<Option<u64>, Error> {
+        let value = self
+            .meta
+            .get(META_LOG_START)
+            .map_err(|e| Error::storage("reading the log region", e))?;
+        Ok(value.map(|v| v.value()))
+    }
+
+    /// The salt of the next log region's frames (`None` in a store written before regions).
+    pub(crate) fn next_log_salt(&self) -> Result<Option<u64>, Error> {
+        let value = self
+            .meta
+            .get(META_NEXT_LOG_SALT)
+            .map_err(|e| Error::storage("reading the next log salt", e))?;
+        Ok(value.map(|v| v.value()))
+    }
+
+    /// Records where the frames after `wal_seq` are: the region starting at `start`, under
+    /// `salt`, and the salt the region after it will use.
+    pub(crate) fn set_log_region(
+        &mut self,
+        start: u64,
+        salt: u64,
+        next_salt: u64,
+    ) -> Result<(), Error> {
+        let ctx = "saving the log region";
+        self.meta
+            .insert(META_LOG_START, start)
+            .map_err(|e| Error::storage(ctx, e))?;
         self.meta
             .insert(META_LOG_SALT, salt)
-            .map_err(|e| Error::storage("saving the log salt", e))?;
+            .map_err(|e| Error::storage(ctx, e))?;
+        self.meta
+            .insert(META_NEXT_LOG_SALT, next_salt)
+            .map_err(|e| Error::storage(ctx, e))?;
         Ok(())
     }
 

@@ -219,4 +219,10 @@ impl Store {
     pub fn __clear_cache(&self) {
         self.engine.cache.clear();
     }
+
+    /// Runs `hook` once on the next background checkpoint's thread, just before its durable
+    /// commit (a test holds the commit there to work while it is in progress).
+    pub fn __before_checkpoint_commit(&self, hook: impl FnOnce() + Send + 'static) {
+        self.engine.checkpoint.arm(Box::new(hook));
+    }
 }

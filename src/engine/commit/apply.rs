@@ -321,6 +321,9 @@ impl Applier {
         }
         self.engine.poison.check()?;
         if txn.is_none() {
+            // Not while a checkpoint commits (`checkpoint.rs`); its failure poisons the store.
+            self.engine.checkpoint.wait_idle();
+            self.engine.poison.check()?;
             let ctx = "starting a write transaction";
             let mut opened = self
                 .engine

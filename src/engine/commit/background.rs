@@ -26,6 +26,9 @@ impl Writer {
         if self.engine.poison.check().is_err() {
             return;
         }
+        if self.finish_checkpoint(false).is_err() {
+            return;
+        }
         let txn_due = self
             .unflushed_since
             .is_some_and(|since| since.elapsed() >= TXN_SPAN);
@@ -33,6 +36,18 @@ impl Writer {
             Durability::Buffered { flush_interval } => self.last_sync.elapsed() >= flush_interval,
             Durability::Immediate => false,
         };
+        if self.checkpointing.is_some() {
+            // A checkpoint commits: the applier's transaction waits for it, so the writer does
+            // not commit (nor sweep) until it is durable; a buffered log is still synced.
+            if sync_due {
+                if let Err(error) = self.syncer.drive_all() {
+                    let _ = self.fail(error);
+                    return;
+                }
+                self.last_sync = Instant::now();
+            }
+            return;
+        }
         if txn_due || sync_due {
             let _ = self.flush();
         }
@@ -47,7 +62,7 @@ impl Writer {
         if logged >= self.schedule.checkpoint_bytes
             || (logged > 0 && self.last_checkpoint.elapsed() >= self.schedule.checkpoint_interval)
         {
-            let _ = self.checkpoint();
+            let _ = self.start_checkpoint();
         }
     }
 
@@ -58,7 +73,11 @@ impl Writer {
         }
         let mut due: Option<Duration> = None;
         let mut at = |d: Duration| due = Some(due.map_or(d, |x| x.min(d)));
-        if let Some(since) = self.unflushed_since {
+        if self.checkpointing.is_some() {
+            // Polled until its commit is durable (then the region it covers is free again and
+            // the transaction can be committed).
+            at(Duration::from_millis(2));
+        } else if let Some(since) = self.unflushed_since {
             at(TXN_SPAN.saturating_sub(since.elapsed()));
         }
         if let Some(interval) = self.schedule.sweep_interval {

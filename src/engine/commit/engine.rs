@@ -26,6 +26,8 @@ pub(crate) struct Engine {
     pub(crate) clock: Arc<dyn Clock>,
     /// The lease and retention of each key.
     pub(crate) policy: Policies,
+    /// Whether a background checkpoint commits (for the applier), and the tests' hook.
+    pub(crate) checkpoint: super::checkpoint::CheckpointState,
 }
 
 impl Engine {

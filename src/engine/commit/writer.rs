@@ -60,6 +60,8 @@ pub(crate) struct Writer {
     pub(super) last_sweep: Instant,
     /// The last background sweep slice was full: more expired records are waiting.
     pub(super) sweep_backlog: bool,
+    /// The background checkpoint whose durable commit runs now, if any (`checkpoint.rs`).
+    pub(super) checkpointing: Option<super::checkpoint::Running>,
 }
 
 impl Writer {
@@ -84,6 +86,7 @@ impl Writer {
             last_sync: Instant::now(),
             last_sweep: Instant::now(),
             sweep_backlog: false,
+            checkpointing: None,
         }
     }
 
@@ -186,7 +189,13 @@ impl Writer {
                 .iter()
                 .map(|w| (w.key.encoded(), w.encoded.as_deref()));
             let durable = self.syncer.synced_seq();
-            let seq = self.wal.append(self.next_token, durable, entries)?;
+            self.wal.encode(self.next_token, durable, entries);
+            if !self.wal.fits() {
+                // The frame would reach the region a running checkpoint still needs: wait
+                // for its commit (rare: the region left is as large as a checkpoint's worth).
+                self.finish_checkpoint(true)?;
+            }
+            let seq = self.wal.write_encoded()?;
             let deferred = DeferredBatch::logged(&mut written, seq, self.next_token);
             Ok((ops, written, seq, Some(deferred)))
         });
@@ -194,8 +203,10 @@ impl Writer {
         let (ops, written, seq, deferred) = logged?;
         if let Some(deferred) = deferred {
             self.unflushed_since.get_or_insert_with(Instant::now);
-            if self.applier.push(deferred) {
+            if self.applier.push(deferred) && self.checkpointing.is_none() {
                 // The applier fell behind: catch up here, so a flush never finds much left.
+                // (Not while a checkpoint commits: the applier's next transaction waits for
+                // that commit, and so would the writer.)
                 let mut txn = self.applier.txn.lock();
                 self.applier.apply_queued(&mut txn)?;
             }
@@ -280,8 +291,10 @@ impl Writer {
 
     /// Makes every written frame durable and answered, applies what the applier has not,
     /// commits the open transaction (non-durably), and moves the overlay into the cache.
+    /// Waits first for a background checkpoint, if one runs.
     pub(crate) fn flush(&mut self) -> Result<(), Error> {
         self.engine.poison.check()?;
+        self.finish_checkpoint(true)?;
         if let Err(error) = self.syncer.drive_all() {
             return Err(self.fail(error));
         }

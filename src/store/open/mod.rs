@@ -275,6 +275,7 @@ impl Store {
                 &builder.retention_by_operation,
                 floor,
             ),
+            checkpoint: Default::default(),
         });
         let writer = Writer::new(
             Arc::clone(&engine),

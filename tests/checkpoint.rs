@@ -1,0 +1,277 @@
+//! Background checkpoints: the writer moves new frames to the log's other region and goes on
+//! answering while the durable redb commit runs on another thread. These tests hold that
+//! commit (a hook on its thread, or the store disk's syncs) and check that operations are
+//! answered meanwhile, and that a power loss before, during or right after the commit keeps
+//! every acknowledged operation: recovery follows the frames into the other region, and the
+//! region the commit covers is not written again before the commit is durable.
+
+use std::ops::Range;
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crate::support::sim::{Rng, SimDisk};
+use idemstore::{Builder, Fingerprint, Key, Reservation, Status, Store};
+
+/// Checkpoints start as soon as anything is logged (the interval is tiny), and never for size.
+fn builder() -> Builder {
+    let mut builder = Store::builder();
+    builder
+        .sweep_interval(None)
+        .checkpoint_interval(Duration::from_millis(5))
+        .checkpoint_bytes(1 << 40)
+        .verify_on_open(false);
+    builder
+}
+
+fn open(db: &SimDisk, log: &SimDisk) -> Store {
+    builder()
+        .__open_unchecked(db.clone(), log.clone())
+        .expect("the store opens")
+}
+
+fn key(i: usize) -> Key {
+    Key::new("ckpt", "op", format!("k{i}")).unwrap()
+}
+
+fn complete(store: &Store, i: usize) {
+    match store.reserve(&key(i), Fingerprint::of(b"f")).unwrap() {
+        Reservation::Acquired(lease) => store.complete(&lease, format!("r{i}")).unwrap(),
+        other => panic!("key {i}: a new key is acquired, not {other:?}"),
+    }
+}
+
+/// Every key of `keys` reads as completed with its result.
+fn check(store: &Store, keys: Range<usize>, when: &str) {
+    for i in keys {
+        let record = store.get(&key(i)).unwrap();
+        match record.as_ref().map(|r| r.status()) {
+            Some(Status::Completed { result, .. }) => {
+                assert_eq!(result, format!("r{i}").as_bytes(), "key {i} {when}")
+            }
+            Some(other) => panic!("key {i} {when}: completed and acknowledged, reads {other:?}"),
+            None => panic!("key {i} {when}: completed and acknowledged, is lost"),
+        }
+    }
+}
+
+/// Holds the next background checkpoint just before its commit: returns a receiver told when
+/// it got there, and a sender that lets it go on.
+fn hold_next_checkpoint(store: &Store) -> (mpsc::Receiver<()>, mpsc::Sender<()>) {
+    let (entered_tx, entered) = mpsc::channel();
+    let (release, release_rx) = mpsc::channel::<()>();
+    store.__before_checkpoint_commit(move || {
+        let _ = entered_tx.send(());
+        let _ = release_rx.recv();
+    });
+    (entered, release)
+}
+
+/// Waits until the store counted `n` checkpoints.
+fn wait_checkpoints(store: &Store, n: u64) {
+    let start = Instant::now();
+    while store.stats().checkpoints < n {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "{} checkpoints after 20 s, waiting for {n}",
+            store.stats().checkpoints
+        );
+        thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Power-loss images of both disks (the log first: a redb commit after the log stopped can
+/// only add state), several per call.
+fn images(db: &SimDisk, log: &SimDisk, rng: &mut Rng, n: usize) -> Vec<(SimDisk, SimDisk)> {
+    (0..n)
+        .map(|_| {
+            let log = log.after_power_loss(rng);
+            (db.after_power_loss(rng), log)
+        })
+        .collect()
+}
+
+/// Each image opens with `keys` completed.
+fn reopen_and_check(images: Vec<(SimDisk, SimDisk)>, keys: Range<usize>, when: &str) {
+    for (n, (db, log)) in images.into_iter().enumerate() {
+        let store = builder()
+            .__open_unchecked(db, log)
+            .unwrap_or_else(|e| panic!("image {n} {when}: the store does not open: {e}"));
+        check(
+            &store,
+            keys.clone(),
+            &format!("after power loss {n} {when}"),
+        );
+    }
+}
+
+/// While a background checkpoint's commit is held, reserves and completions are answered and
+/// read back; a power loss then (after the switch, before the commit) keeps all of them: the
+/// store file still names the first region, and recovery follows into the second one.
+#[test]
+fn operations_are_answered_while_a_checkpoint_commits() {
+    let (db, log) = (SimDisk::new(), SimDisk::new());
+    let store = open(&db, &log);
+    let (entered, release) = hold_next_checkpoint(&store);
+    complete(&store, 0);
+    entered
+        .recv_timeout(Duration::from_secs(20))
+        .expect("a background checkpoint starts once something is logged");
+    let before = store.stats().checkpoints;
+    let mut rng = Rng(0x5eed);
+    let (done_tx, done) = mpsc::channel();
+    let held = thread::scope(|s| {
+        let store = &store;
+        s.spawn(move || {
+            for i in 1..40 {
+                complete(store, i);
+            }
+            let _ = done_tx.send(());
+        });
+        let answered = done.recv_timeout(Duration::from_secs(20));
+        let held = answered.is_ok().then(|| {
+            check(store, 0..40, "while the checkpoint commits");
+            images(&db, &log, &mut rng, 8)
+        });
+        release.send(()).unwrap();
+        answered.expect("operations are answered while a checkpoint's commit is held");
+        held.expect("taken while held")
+    });
+    assert_eq!(
+        store.stats().checkpoints,
+        before,
+        "the checkpoint was held all along"
+    );
+    wait_checkpoints(&store, before + 1);
+    check(&store, 0..40, "right after the checkpoint");
+    for i in 40..60 {
+        complete(&store, i);
+    }
+    check(&store, 0..60, "after the checkpoint");
+    drop(store);
+    reopen_and_check(held, 0..40, "between the switch and the commit");
+    let store = open(&db, &log);
+    check(&store, 0..60, "after a clean close");
+}
+
+/// A power loss while the checkpoint's commit is in the store file's sync (held there), and
+/// one right after the commit, keep every acknowledged operation, those logged in the region
+/// the commit covers and those logged in the other one meanwhile.
+#[test]
+fn a_power_loss_during_or_right_after_a_checkpoint_loses_nothing() {
+    for round in 0..4u64 {
+        let mut rng = Rng(0xc0ffee + round);
+        // During: the store file's syncs are held, so the commit stops in its first sync.
+        let (db, log) = (SimDisk::new(), SimDisk::new());
+        let store = open(&db, &log);
+        for i in 0..10 {
+            complete(&store, i);
+        }
+        wait_checkpoints(&store, 1);
+        let (entered_tx, entered) = mpsc::channel();
+        store.__before_checkpoint_commit(move || {
+            let _ = entered_tx.send(());
+        });
+        db.hold_syncs();
+        complete(&store, 10);
+        entered
+            .recv_timeout(Duration::from_secs(20))
+            .expect("a checkpoint starts");
+        let start = Instant::now();
+        while db.syncs_waiting() == 0 {
+            assert!(start.elapsed() < Duration::from_secs(20), "no commit syncs");
+            thread::sleep(Duration::from_millis(1));
+        }
+        for i in 11..30 {
+            complete(&store, i);
+        }
+        check(&store, 0..30, "during the commit");
+        log.freeze();
+        db.freeze();
+        let during = images(&db, &log, &mut rng, 6);
+        db.release_syncs();
+        drop(store);
+        reopen_and_check(during, 0..30, "during the commit");
+
+        // Right after: the commit is durable, the next frames are in the other region.
+        let (db, log) = (SimDisk::new(), SimDisk::new());
+        let store = open(&db, &log);
+        let mut next = 0;
+        for checkpoints in 1..4 {
+            for _ in 0..5 {
+                complete(&store, next);
+                next += 1;
+            }
+            wait_checkpoints(&store, checkpoints);
+        }
+        for _ in 0..5 {
+            complete(&store, next);
+            next += 1;
+        }
+        log.freeze();
+        db.freeze();
+        let after = images(&db, &log, &mut rng, 6);
+        drop(store);
+        reopen_and_check(after, 0..next, "right after a commit");
+    }
+}
+
+/// The region a running checkpoint covers is not written again before its commit is durable:
+/// with the commit held, the writer fills the other region up to it and then waits (no
+/// operation is answered from a frame that would overwrite it); a power loss then keeps every
+/// acknowledged operation.
+#[test]
+fn the_region_a_checkpoint_covers_is_kept_until_its_commit_is_durable() {
+    let (db, log) = (SimDisk::new(), SimDisk::new());
+    // Small checkpoints: the room before the second region is enough to go back there.
+    let store = builder()
+        .checkpoint_bytes(4 * 1024)
+        .__open_unchecked(db.clone(), log.clone())
+        .unwrap();
+    // First checkpoint (not held): the frames move to the second region, after the first.
+    for i in 0..20 {
+        complete(&store, i);
+    }
+    wait_checkpoints(&store, 1);
+    // A few frames there; the next checkpoint (held) moves the frames back to the first
+    // region, which may grow only up to the second one's start.
+    let (entered, release) = hold_next_checkpoint(&store);
+    complete(&store, 20);
+    entered
+        .recv_timeout(Duration::from_secs(20))
+        .expect("a second checkpoint starts");
+    let acked = std::sync::atomic::AtomicUsize::new(21);
+    let mut rng = Rng(0xfeed);
+    let held = thread::scope(|s| {
+        let (store, acked) = (&store, &acked);
+        s.spawn(move || {
+            for i in 21..2_000 {
+                complete(store, i);
+                acked.store(i + 1, std::sync::atomic::Ordering::SeqCst);
+            }
+        });
+        // Wait until the writer stops: the first region is full up to the second one.
+        let mut last = 0;
+        let mut still = Instant::now();
+        while still.elapsed() < Duration::from_millis(300) {
+            let now = acked.load(std::sync::atomic::Ordering::SeqCst);
+            if now != last {
+                (last, still) = (now, Instant::now());
+            }
+            thread::sleep(Duration::from_millis(5));
+        }
+        log.freeze();
+        db.freeze();
+        let held = images(&db, &log, &mut rng, 8);
+        let acked = acked.load(std::sync::atomic::Ordering::SeqCst);
+        release.send(()).unwrap();
+        (held, acked)
+    });
+    let (held, acked) = held;
+    drop(store);
+    reopen_and_check(held, 0..acked, "with the first region full");
+    assert!(
+        (22..2_000).contains(&acked),
+        "the writer waits for the held checkpoint once the first region is full ({acked} acknowledged)"
+    );
+}

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 
 pub use crate::clock::{from_millis, to_millis};
 pub use crate::engine::poison::reopen_room;
-pub use crate::engine::recovery::Recovered;
+pub use crate::engine::recovery::{LogPosition, Recovered};
 pub use crate::engine::wal::Wal;
 pub use crate::format::frame::{
     decode_payload, encode, header_crc, padded, parse_header, Entry, Frame, Header, HEADER_LEN,

@@ -35,8 +35,12 @@ fn key(i: usize) -> Key {
 }
 
 fn complete(store: &Store, i: usize) {
-    match store.reserve(&key(i), Fingerprint::of(b"f")).unwrap() {
-        Reservation::Acquired(lease) => store.complete(&lease, format!("r{i}")).unwrap(),
+    try_complete(store, i).unwrap()
+}
+
+fn try_complete(store: &Store, i: usize) -> Result<(), idemstore::Error> {
+    match store.reserve(&key(i), Fingerprint::of(b"f"))? {
+        Reservation::Acquired(lease) => store.complete(&lease, format!("r{i}")),
         other => panic!("key {i}: a new key is acquired, not {other:?}"),
     }
 }
@@ -241,13 +245,18 @@ fn the_region_a_checkpoint_covers_is_kept_until_its_commit_is_durable() {
         .recv_timeout(Duration::from_secs(20))
         .expect("a second checkpoint starts");
     let acked = std::sync::atomic::AtomicUsize::new(21);
+    let frozen = std::sync::atomic::AtomicBool::new(false);
     let mut rng = Rng(0xfeed);
     let held = thread::scope(|s| {
-        let (store, acked) = (&store, &acked);
+        let (store, acked, frozen) = (&store, &acked, &frozen);
         s.spawn(move || {
             for i in 21..2_000 {
-                complete(store, i);
-                acked.store(i + 1, std::sync::atomic::Ordering::SeqCst);
+                // Once the disks are frozen (the process "died"), what follows does not count.
+                match try_complete(store, i) {
+                    _ if frozen.load(std::sync::atomic::Ordering::SeqCst) => return,
+                    Ok(()) => acked.store(i + 1, std::sync::atomic::Ordering::SeqCst),
+                    Err(e) => panic!("key {i}: {e}"),
+                }
             }
         });
         // Wait until the writer stops: the first region is full up to the second one.
@@ -260,10 +269,16 @@ fn the_region_a_checkpoint_covers_is_kept_until_its_commit_is_durable() {
             }
             thread::sleep(Duration::from_millis(5));
         }
+        let acked_at_cut = acked.load(std::sync::atomic::Ordering::SeqCst);
+        frozen.store(true, std::sync::atomic::Ordering::SeqCst);
         log.freeze();
         db.freeze();
         let held = images(&db, &log, &mut rng, 8);
         let acked = acked.load(std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(
+            acked, acked_at_cut,
+            "nothing was answered while the writer waited"
+        );
         release.send(()).unwrap();
         (held, acked)
     });
@@ -273,5 +288,86 @@ fn the_region_a_checkpoint_covers_is_kept_until_its_commit_is_durable() {
     assert!(
         (22..2_000).contains(&acked),
         "the writer waits for the held checkpoint once the first region is full ({acked} acknowledged)"
+    );
+}
+
+/// The frames of the region left, written before the switch (and so synced: the switch
+/// follows a flush), are witnessed by the next region's frames: the last frame of the first
+/// region damaged, with its spare copy, is a lost acknowledged frame (the next region's first
+/// frame records it as durable), and recovery refuses to open rather than drop it and what
+/// follows. Undamaged, recovery reads across the switch.
+#[test]
+fn a_lost_frame_before_the_switch_is_told_by_the_frames_after_it() {
+    use idemstore::whitebox::{parse_header, LogPosition, Wal, LOG_HEADER_LEN};
+    use idemstore::LogFile;
+    let (salt, next) = (7, 9);
+    let disk = SimDisk::new();
+    let file: std::sync::Arc<dyn LogFile> = std::sync::Arc::new(disk.clone());
+    let mut wal = Wal::recover(file, "t.wal".into(), 0, salt, true)
+        .unwrap()
+        .wal;
+    wal.set_next_salt(next);
+    let append = |wal: &mut Wal, seq: u8, durable: u64| {
+        let key = vec![1, b'a', 1, b'b', 1, seq];
+        let record = vec![seq; 100];
+        wal.append(
+            u64::from(seq),
+            durable,
+            std::iter::once((key.as_slice(), Some(record.as_slice()))),
+        )
+        .unwrap();
+    };
+    // Frames 1-3 in the first region (3 not known durable when written: its copy stays).
+    for seq in 1..=3 {
+        append(&mut wal, seq, u64::from(seq) - 1);
+    }
+    let (start, switched_salt) = wal.switch(11, 1 << 20);
+    assert_eq!(switched_salt, next);
+    assert!(
+        start > LOG_HEADER_LEN,
+        "the second region follows the first"
+    );
+    // Frames 4-5 in the second region, written once 3 was synced.
+    append(&mut wal, 4, 3);
+    append(&mut wal, 5, 4);
+    let position = LogPosition {
+        checkpoint_seq: 0,
+        start: LOG_HEADER_LEN,
+        salt,
+        next_salt: Some(next),
+    };
+    let recover = |image: &[u8]| {
+        let disk = SimDisk::new();
+        disk.write_all_at(image, 0).unwrap();
+        Wal::recover_from(std::sync::Arc::new(disk), "t.wal".into(), position, true)
+    };
+    let bytes = disk.bytes();
+    let seqs: Vec<u64> = recover(&bytes)
+        .unwrap()
+        .frames
+        .iter()
+        .map(|f| f.seq)
+        .collect();
+    assert_eq!(
+        seqs,
+        vec![1, 2, 3, 4, 5],
+        "the run follows into the second region"
+    );
+    // Damage frame 3 and its spare copy.
+    let mut damaged = bytes.clone();
+    let mut hit = 0;
+    for at in (LOG_HEADER_LEN as usize..start as usize).step_by(8) {
+        if parse_header(salt, &bytes[at..]).is_some_and(|h| h.seq == 3) {
+            damaged[at + 2] ^= 0x40;
+            hit += 1;
+        }
+    }
+    assert_eq!(hit, 2, "frame 3 and its copy");
+    let error = recover(&damaged).expect_err("frame 3 was durable: its loss is refused");
+    assert!(
+        error
+            .to_string()
+            .contains("frame seq 3 is missing or damaged"),
+        "{error}"
     );
 }

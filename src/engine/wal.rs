@@ -227,7 +227,7 @@ impl Wal {
     /// last frame's spare copy. So the file grows to about twice `room` (a checkpoint's worth)
     /// plus what is written while a commit runs, and the writer waits for a commit only when
     /// a region before another fills up meanwhile.
-    pub(crate) fn switch(&mut self, following: u64, room: u64) -> (u64, u64) {
+    pub fn switch(&mut self, following: u64, room: u64) -> (u64, u64) {
         let salt = std::mem::replace(&mut self.next_salt, following);
         let (start, limit) = if self.start - LOG_HEADER_LEN >= room.max(1) {
             (LOG_HEADER_LEN, self.start)
@@ -246,7 +246,7 @@ impl Wal {
     }
 
     /// Sets the next region's salt, durable in redb's meta.
-    pub(crate) fn set_next_salt(&mut self, salt: u64) {
+    pub fn set_next_salt(&mut self, salt: u64) {
         self.next_salt = salt;
     }
 

@@ -190,6 +190,7 @@ impl Wal {
     /// nothing from `E` on was acknowledged (a sync covers every earlier write), and the tail
     /// is dropped. Without `strict` (a buffered log, whose answers precede their sync) the tail
     /// is always dropped.
+    #[cfg_attr(not(feature = "__whitebox"), allow(dead_code))] // tests and fuzz targets
     pub fn recover(
         file: Arc<dyn LogFile>,
         path: PathBuf,

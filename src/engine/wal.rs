@@ -115,6 +115,7 @@ impl Wal {
     /// copy, which stays. Frames may not reach past the region a running checkpoint still
     /// needs: the writer checks [`fits`](Wal::fits) between [`encode`](Wal::encode) and
     /// [`write_encoded`](Wal::write_encoded); this does both and fails if it does not fit.
+    #[cfg_attr(not(feature = "__whitebox"), allow(dead_code))] // tests and fuzz targets
     pub fn append<'a>(
         &mut self,
         next_token: u64,
@@ -160,6 +161,7 @@ impl Wal {
         self.pending_at + self.buf.len() as u64 <= self.limit
     }
 
+    #[cfg_attr(not(feature = "__whitebox"), allow(dead_code))]
     fn corrupt_limit(&self) -> Error {
         Error::Corruption {
             location: format!("log {}", self.path.display()),

@@ -3,15 +3,25 @@
 //! Fills one store with `N` completed keys (default 1,000,000; pass another count as the only
 //! argument) and a second one with 10,000, then measures durable first-time reserves from 32
 //! threads on each, in 5 interleaved rounds, and prints each round's ratio, their median, this
-//! process's resident memory (both stores open) and the big store's bytes per key on disk.
+//! process's resident memory (both stores open) beside the caches configured for the two
+//! stores, and the big store's bytes per key on disk.
+//!
+//! Memory is printed after the fill and after the rounds as resident (`VmRSS`), what the
+//! allocator hands out (`in use`: glibc's `mallinfo2`, live heap objects) and what it holds
+//! freed without returning it (`retained`), then resident again after `malloc_trim(0)` gives
+//! that back: what is left beyond the caches and the allocator's retention is the engine's.
 //!
 //! ```text
 //! cargo run --release --example scale              # 1M keys: about 1 minute, 0.6 GB of disk
+//! cargo run --release --example scale -- 1000000 16 8192  # caches of 16 MiB and 8,192 records
 //! cargo run --release --example scale -- 10000000  # long mode: about 17 minutes, 4.2 GB
 //! cargo run --release --example scale -- 100000000 # 100M: hours, ~45 GB (not run, BENCHMARKS.md)
 //! ```
 //!
-//! Run it on the disk being measured (the stores go to the system temp dir, `TMPDIR`).
+//! Arguments: the key count, then each store's `Builder::cache_size` in MiB (default 64) and
+//! `Builder::cache_records` (default 65,536). Run it on the disk being measured (the stores go
+//! to the system temp dir, `TMPDIR`); `MALLOC_ARENA_MAX=2` in the environment limits glibc's
+//! per-thread arenas, to tell their retention from the engine's memory.
 
 use std::sync::Arc;
 use std::thread;
@@ -22,6 +32,8 @@ use idemstore::{Fingerprint, Key, Reservation, Store};
 const THREADS: usize = 32;
 const PER_THREAD: usize = 600;
 const ROUNDS: usize = 5;
+/// Bytes one record cache entry takes for this example's records (measured: BENCHMARKS.md).
+const RECORD_CACHE_ENTRY: f64 = 300.0;
 
 /// This process's resident memory in MiB (Linux).
 fn rss_mib() -> f64 {
@@ -32,6 +44,27 @@ fn rss_mib() -> f64 {
             line.split_whitespace().nth(1)?.parse::<f64>().ok()
         })
         .map_or(f64::NAN, |kib| kib / 1024.0)
+}
+
+/// The allocator's live bytes and the free bytes it retains, in MiB (glibc's `mallinfo2`).
+fn heap_mib() -> (f64, f64) {
+    // SAFETY: mallinfo2 only reads the allocator's counters.
+    let info = unsafe { libc::mallinfo2() };
+    let mib = |bytes: usize| bytes as f64 / (1 << 20) as f64;
+    (mib(info.uordblks + info.hblkhd), mib(info.fordblks))
+}
+
+/// One line on this process's memory, then the resident memory once the allocator returned
+/// what it retains (which it does not do by itself on every free).
+fn memory(when: &str, configured_mib: f64) -> String {
+    let (rss, (in_use, retained)) = (rss_mib(), heap_mib());
+    // SAFETY: malloc_trim only returns free allocator memory to the system.
+    unsafe { libc::malloc_trim(0) };
+    format!(
+        "{when}: resident {rss:.0} MiB (allocator: {in_use:.0} MiB in use, {retained:.0} MiB \
+         retained free), {:.0} MiB after malloc_trim; configured caches {configured_mib:.0} MiB",
+        rss_mib()
+    )
 }
 
 /// Stores `n` completed keys, 1,000 per batch.
@@ -82,14 +115,29 @@ fn reserve_rate(store: &Arc<Store>, tag: &str) -> f64 {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let n: usize = match std::env::args().nth(1) {
-        Some(arg) => arg.parse()?,
-        None => 1_000_000,
+    let arg = |i: usize, default: usize| -> Result<usize, Box<dyn std::error::Error>> {
+        Ok(match std::env::args().nth(i) {
+            Some(arg) => arg.parse()?,
+            None => default,
+        })
     };
+    let n = arg(1, 1_000_000)?;
+    let cache_mib = arg(2, idemstore::DEFAULT_CACHE_SIZE >> 20)?;
+    let cache_records = arg(3, idemstore::DEFAULT_CACHE_RECORDS)?;
+    // Two stores, each with its page cache and its record cache (a record here: a 31-byte
+    // key and a 2-byte result; `Builder::cache_records` documents the bytes per entry).
+    let configured =
+        2.0 * (cache_mib as f64 + cache_records as f64 * RECORD_CACHE_ENTRY / (1 << 20) as f64);
+    println!(
+        "2 stores, each with a {cache_mib} MiB page cache and {cache_records} cached records: \
+         {configured:.0} MiB of caches configured"
+    );
     let dir = tempfile::tempdir()?;
     let open = |name: &str| {
         Store::builder()
             .preallocate_log(true)
+            .cache_size(cache_mib << 20)
+            .cache_records(cache_records)
             .open(dir.path().join(name))
     };
     let small = Arc::new(open("small.idem")?);
@@ -98,10 +146,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let started = Instant::now();
     fill(&big, n)?;
     println!(
-        "filled {n} keys in {:.1} s; resident memory {:.0} MiB",
-        started.elapsed().as_secs_f64(),
-        rss_mib()
+        "filled {n} keys in {:.1} s",
+        started.elapsed().as_secs_f64()
     );
+    println!("{}", memory("after the fill", configured));
     let mut ratios = Vec::new();
     for round in 1..=ROUNDS {
         let small_rate = reserve_rate(&small, &format!("s{round}"));
@@ -116,6 +164,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     ratios.sort_by(f64::total_cmp);
     println!("median ratio {:.2}", ratios[ROUNDS / 2]);
+    println!("{}", memory("after the rounds", configured));
     // The big store's file as it stands open (free pages included); the log is apart.
     let file = std::fs::metadata(dir.path().join("big.idem"))?.len();
     let keys = (n + ROUNDS * THREADS * PER_THREAD) as f64;

@@ -8,6 +8,7 @@ mod support;
 #[cfg(feature = "actix")]
 mod actix;
 mod bad_input;
+mod batches;
 mod checkpoint;
 mod clean_close;
 #[cfg(feature = "cli")]

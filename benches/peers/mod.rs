@@ -12,6 +12,7 @@
 //! | `idemstore` | `Store::reserve`, `Store::open` defaults (durable) | `Store::complete` with the lease | `Store::reserve_many` (one shared commit) |
 //! | `idemstore-prealloc` | same, with `preallocate_log(true)` | same | same |
 //! | `idemstore-nopages` (asked for by name only) | same as `idemstore`, on a store file without the page checksums (benchmark-only) | same | same |
+//! | `redb-ceiling`, `redb-ceiling-1g` (asked for by name only; page cache 64 MiB, 1 GiB) | not durable: the record and deadline inserts of a new key in a write transaction kept open and committed with `Durability::None` every 100 ms | same | same, for all the keys |
 //! | `redis` | `SET key fp NX` (+ `GET` on a duplicate), `appendfsync always` | `SET` | a pipeline |
 //! | `redb` | read transaction; if absent, one write transaction (`Durability::Immediate`) | one write transaction | one read transaction for all keys; one write transaction for the absent ones |
 //! | `sqlite` | `INSERT … ON CONFLICT DO NOTHING` in its own transaction, WAL, `synchronous=FULL` | `UPDATE` in its own transaction | one `BEGIN IMMEDIATE` transaction |
@@ -45,6 +46,7 @@ mod etcd;
 mod fdatasync;
 mod fjall;
 mod grouplog;
+mod redb_ceiling;
 mod redb_txn;
 mod redis;
 mod sqlite;
@@ -59,6 +61,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub use fdatasync::Fdatasync;
 pub use fjall::Fjall;
 pub use grouplog::GroupLog;
+pub use redb_ceiling::{RedbCeiling, RedbCeiling1g};
 pub use redb_txn::RedbTxn;
 pub use redis::Redis;
 pub use sqlite::Sqlite;
@@ -227,6 +230,10 @@ pub enum Kind {
     Redis,
     /// [`RedbTxn`].
     Redb,
+    /// [`RedbCeiling`] (by name only): redb's inserts alone, not durable.
+    RedbCeiling,
+    /// [`RedbCeiling1g`] (by name only): the same with redb's default page cache.
+    RedbCeiling1g,
     /// [`Sqlite`].
     Sqlite,
     /// [`Fdatasync`].
@@ -258,7 +265,11 @@ impl Kind {
     ];
 
     /// The engines run only when named (`--engines`), never by default.
-    pub const BY_NAME: [Kind; 1] = [Kind::IdemstoreNoPages];
+    pub const BY_NAME: [Kind; 3] = [
+        Kind::IdemstoreNoPages,
+        Kind::RedbCeiling,
+        Kind::RedbCeiling1g,
+    ];
 
     /// The engines the criterion benchmarks compare (idemstore with its defaults only).
     pub const BENCH: [Kind; 5] = [
@@ -277,6 +288,8 @@ impl Kind {
             Kind::IdemstoreNoPages => visitor.visit::<IdemstoreNoPages>(),
             Kind::Redis => visitor.visit::<Redis>(),
             Kind::Redb => visitor.visit::<RedbTxn>(),
+            Kind::RedbCeiling => visitor.visit::<RedbCeiling>(),
+            Kind::RedbCeiling1g => visitor.visit::<RedbCeiling1g>(),
             Kind::Sqlite => visitor.visit::<Sqlite>(),
             Kind::Fdatasync => visitor.visit::<Fdatasync>(),
             Kind::GroupLog => visitor.visit::<GroupLog>(),

@@ -49,9 +49,10 @@ pub(crate) struct PageWork {
 }
 
 /// The peers each row is divided by, in column order.
-pub(crate) const RATIO_PEERS: [Kind; 6] = [
+pub(crate) const RATIO_PEERS: [Kind; 7] = [
     Kind::Redis,
     Kind::Redb,
+    Kind::RedbCeiling,
     Kind::Fdatasync,
     Kind::Sqlite,
     Kind::GroupLog,

@@ -58,6 +58,52 @@ impl RecordCache {
         self.shard(key).read().map.get(key).cloned()
     }
 
+    /// The index of [`shard`](RecordCache::shard)'s shard.
+    fn shard_of(&self, key: &Key) -> usize {
+        FixedState::with_seed(0x5eed).hash_one(key) as usize % SHARDS
+    }
+
+    /// [`get`](RecordCache::get) for many keys: fills `found[i]` with `Some(Some(record))` for
+    /// each `keys[i]` cached and not found before (`found[i]` still `None`), taking each
+    /// shard's lock once for all its keys instead of once per key.
+    pub(crate) fn get_many(&self, keys: &[&Key], found: &mut [Option<Option<Record>>]) {
+        if self.per_shard == 0 {
+            return;
+        }
+        // The keys' indexes grouped by shard (a counting sort), to visit each shard once.
+        let mut starts = [0usize; SHARDS + 1];
+        let shards: Vec<u8> = keys
+            .iter()
+            .map(|key| {
+                let shard = self.shard_of(key);
+                starts[shard + 1] += 1;
+                shard as u8
+            })
+            .collect();
+        for shard in 0..SHARDS {
+            starts[shard + 1] += starts[shard];
+        }
+        let mut next = starts;
+        let mut order = vec![0u32; keys.len()];
+        for (i, &shard) in shards.iter().enumerate() {
+            order[next[shard as usize]] = i as u32;
+            next[shard as usize] += 1;
+        }
+        for shard in 0..SHARDS {
+            let members = &order[starts[shard]..starts[shard + 1]];
+            if members.iter().all(|&i| found[i as usize].is_some()) {
+                continue;
+            }
+            let shard = self.shards[shard].read();
+            for &i in members {
+                let i = i as usize;
+                if found[i].is_none() {
+                    found[i] = shard.map.get(keys[i]).cloned().map(Some);
+                }
+            }
+        }
+    }
+
     /// Records the committed state of `key`: `None` for a deletion.
     pub(crate) fn set(&self, key: &Key, record: Option<Record>) {
         if self.per_shard == 0 {
@@ -178,6 +224,18 @@ impl Overlay {
             return None;
         }
         map.get(key).cloned()
+    }
+
+    /// [`get`](Overlay::get) for many keys under one lock: fills `found[i]` with the state of
+    /// each `keys[i]` changed since the last redb commit.
+    pub(crate) fn get_many(&self, keys: &[&Key], found: &mut [Option<Option<Record>>]) {
+        let map = self.map.read();
+        if map.is_empty() {
+            return;
+        }
+        for (key, found) in keys.iter().zip(found) {
+            *found = map.get(*key).cloned();
+        }
     }
 
     /// Publishes acknowledged changes.

@@ -42,19 +42,38 @@ impl Store {
         self.read_one(key, &mut None)
     }
 
-    /// The stored records of `keys`, in order (see [`read`](Store::read)); the ones that are
-    /// neither in the overlay nor in the cache are read in one read transaction. Never an
-    /// older state than acknowledged: after the store is poisoned a record read from redb is
-    /// [`Error::Poisoned`] instead.
+    /// The stored records of `keys`, in order (see [`read`](Store::read)). Each source is
+    /// visited once for the batch: the overlay under one lock, the cache under one lock per
+    /// shard, and the keys in neither are read in one read transaction, in key order (the
+    /// B-tree pages of neighbouring keys are then read one after the other). Every key is
+    /// still looked up in the overlay before the cache and in the cache before redb, the
+    /// order [`read_one`](Store::read_one) keeps. Never an older state than acknowledged:
+    /// after the store is poisoned a record read from redb is [`Error::Poisoned`] instead.
     pub(super) fn read_many<'k>(
         &self,
         keys: impl IntoIterator<Item = &'k Key>,
     ) -> Vec<Result<Option<Record>, Error>> {
         self.read_hook();
+        let keys: Vec<&Key> = keys.into_iter().collect();
+        // `Some(state)` once a key's state is known.
+        let mut found: Vec<Option<Option<Record>>> = vec![None; keys.len()];
+        self.engine.overlay.get_many(&keys, &mut found);
+        self.engine.cache.get_many(&keys, &mut found);
+        let mut missing: Vec<usize> = (0..keys.len()).filter(|&i| found[i].is_none()).collect();
+        missing.sort_unstable_by(|&a, &b| keys[a].encoded().cmp(keys[b].encoded()));
+        let mut read = Vec::with_capacity(missing.len());
         let mut table = None;
-        keys.into_iter()
-            .map(|key| self.read_one(key, &mut table))
-            .collect()
+        for &i in &missing {
+            // Looks in the overlay and the cache again (a newer state may have been
+            // published since) before redb.
+            read.push((i, self.read_one(keys[i], &mut table)));
+        }
+        let mut answers: Vec<Result<Option<Record>, Error>> =
+            found.into_iter().map(|state| Ok(state.flatten())).collect();
+        for (i, state) in read {
+            answers[i] = state;
+        }
+        answers
     }
 
     /// Runs the test hook set to race a read against other work.

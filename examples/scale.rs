@@ -14,12 +14,14 @@
 //! ```text
 //! cargo run --release --example scale              # 1M keys: about 1 minute, 0.6 GB of disk
 //! cargo run --release --example scale -- 1000000 16 8192  # caches of 16 MiB and 8,192 records
+//! cargo run --release --example scale -- 50000 64 65536 8192  # 8 KiB results
 //! cargo run --release --example scale -- 10000000  # long mode: about 17 minutes, 4.2 GB
 //! cargo run --release --example scale -- 100000000 # 100M: hours, ~45 GB (not run, BENCHMARKS.md)
 //! ```
 //!
-//! Arguments: the key count, then each store's `Builder::cache_size` in MiB (default 64) and
-//! `Builder::cache_records` (default 65,536). Run it on the disk being measured (the stores go
+//! Arguments: the key count, then each store's `Builder::cache_size` in MiB (default 64),
+//! `Builder::cache_records` (default 65,536), the results' length in bytes (default 2) and
+//! `Builder::cache_record_bytes` in MiB (default 64). Run it on the disk being measured (the stores go
 //! to the system temp dir, `TMPDIR`); `MALLOC_ARENA_MAX=2` in the environment limits glibc's
 //! per-thread arenas, to tell their retention from the engine's memory.
 
@@ -32,8 +34,8 @@ use idemstore::{Fingerprint, Key, Reservation, Store};
 const THREADS: usize = 32;
 const PER_THREAD: usize = 600;
 const ROUNDS: usize = 5;
-/// Bytes one record cache entry takes for this example's records (measured: BENCHMARKS.md).
-const RECORD_CACHE_ENTRY: f64 = 300.0;
+/// Bytes one record cache entry takes besides its result (measured: BENCHMARKS.md).
+const RECORD_CACHE_ENTRY: usize = 350;
 
 /// This process's resident memory in MiB (Linux).
 fn rss_mib() -> f64 {
@@ -67,8 +69,8 @@ fn memory(when: &str, configured_mib: f64) -> String {
     )
 }
 
-/// Stores `n` completed keys, 1,000 per batch.
-fn fill(store: &Store, n: usize) -> Result<(), idemstore::Error> {
+/// Stores `n` completed keys with results of `result_len` bytes, 1,000 per batch.
+fn fill(store: &Store, n: usize, result_len: usize) -> Result<(), idemstore::Error> {
     let fp = Fingerprint::of(b"fill");
     for batch in 0..n.div_ceil(1000) {
         let items = (0..1000.min(n - batch * 1000))
@@ -85,7 +87,7 @@ fn fill(store: &Store, n: usize) -> Result<(), idemstore::Error> {
                 _ => None,
             })
             .collect();
-        store.complete_many(leases.iter().map(|l| (l, b"ok".to_vec())).collect())?;
+        store.complete_many(leases.iter().map(|l| (l, vec![b'k'; result_len])).collect())?;
     }
     store.checkpoint()
 }
@@ -124,13 +126,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let n = arg(1, 1_000_000)?;
     let cache_mib = arg(2, idemstore::DEFAULT_CACHE_SIZE >> 20)?;
     let cache_records = arg(3, idemstore::DEFAULT_CACHE_RECORDS)?;
-    // Two stores, each with its page cache and its record cache (a record here: a 31-byte
-    // key and a 2-byte result; `Builder::cache_records` documents the bytes per entry).
-    let configured =
-        2.0 * (cache_mib as f64 + cache_records as f64 * RECORD_CACHE_ENTRY / (1 << 20) as f64);
+    let result_len = arg(4, 2)?;
+    let record_mib = arg(5, idemstore::DEFAULT_CACHE_RECORD_BYTES >> 20)?;
+    // Two stores, each with its page cache and its record cache, which takes the lesser of
+    // its two limits (a record here: a 31-byte key and the result).
+    let records_mib = ((cache_records * (RECORD_CACHE_ENTRY + 31 + result_len)) as f64
+        / (1 << 20) as f64)
+        .min(record_mib as f64);
+    let configured = 2.0 * (cache_mib as f64 + records_mib);
     println!(
-        "2 stores, each with a {cache_mib} MiB page cache and {cache_records} cached records: \
-         {configured:.0} MiB of caches configured"
+        "2 stores, each with a {cache_mib} MiB page cache and {cache_records} cached records \
+         of {result_len}-byte results in at most {record_mib} MiB: {configured:.0} MiB of caches \
+         configured"
     );
     let dir = tempfile::tempdir()?;
     let open = |name: &str| {
@@ -138,13 +145,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .preallocate_log(true)
             .cache_size(cache_mib << 20)
             .cache_records(cache_records)
+            .cache_record_bytes(record_mib << 20)
             .open(dir.path().join(name))
     };
     let small = Arc::new(open("small.idem")?);
-    fill(&small, 10_000)?;
+    fill(&small, 10_000, result_len)?;
     let big = Arc::new(open("big.idem")?);
     let started = Instant::now();
-    fill(&big, n)?;
+    fill(&big, n, result_len)?;
     println!(
         "filled {n} keys in {:.1} s",
         started.elapsed().as_secs_f64()
@@ -168,8 +176,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // The big store's file as it stands open (free pages included); the log is apart.
     let file = std::fs::metadata(dir.path().join("big.idem"))?.len();
     let keys = (n + ROUNDS * THREADS * PER_THREAD) as f64;
-    // Key (three parts behind a length byte each), fingerprint, the 2-byte result, deadlines.
-    let payload = (3 + "tenant".len() + "op".len() + "fill-".len() + 16 + 32 + 2 + 16) as f64;
+    // Key (three parts behind a length byte each), fingerprint, the result, deadlines.
+    let payload =
+        (3 + "tenant".len() + "op".len() + "fill-".len() + 16 + 32 + result_len + 16) as f64;
     println!(
         "big store file {:.0} MiB, {:.1} bytes per key (payload {payload:.0} bytes per key, \
          ratio {:.2})",

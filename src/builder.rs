@@ -25,6 +25,8 @@ pub const MAX_RESULT_LEN_LIMIT: usize = 256 << 20;
 pub const DEFAULT_CACHE_SIZE: usize = 64 << 20;
 /// Default for [`Builder::cache_records`]: 65 536 records.
 pub const DEFAULT_CACHE_RECORDS: usize = 1 << 16;
+/// Default for [`Builder::cache_record_bytes`]: 64 MiB.
+pub const DEFAULT_CACHE_RECORD_BYTES: usize = 64 << 20;
 /// Default for [`Builder::checkpoint_bytes`]: 32 MiB of log.
 pub const DEFAULT_CHECKPOINT_BYTES: u64 = 32 << 20;
 /// Default for [`Builder::checkpoint_interval`]: 30 seconds.
@@ -60,6 +62,7 @@ pub struct Builder {
     pub(crate) max_result_len: usize,
     pub(crate) cache_size: usize,
     pub(crate) cache_records: usize,
+    pub(crate) cache_record_bytes: usize,
     pub(crate) checkpoint_bytes: u64,
     pub(crate) checkpoint_interval: Duration,
     pub(crate) sweep_interval: Option<Duration>,
@@ -99,6 +102,7 @@ impl Default for Builder {
             max_result_len: DEFAULT_MAX_RESULT_LEN,
             cache_size: DEFAULT_CACHE_SIZE,
             cache_records: DEFAULT_CACHE_RECORDS,
+            cache_record_bytes: DEFAULT_CACHE_RECORD_BYTES,
             checkpoint_bytes: DEFAULT_CHECKPOINT_BYTES,
             checkpoint_interval: DEFAULT_CHECKPOINT_INTERVAL,
             sweep_interval: Some(DEFAULT_SWEEP_INTERVAL),
@@ -124,6 +128,7 @@ impl fmt::Debug for Builder {
             .field("max_result_len", &self.max_result_len)
             .field("cache_size", &self.cache_size)
             .field("cache_records", &self.cache_records)
+            .field("cache_record_bytes", &self.cache_record_bytes)
             .field("checkpoint_bytes", &self.checkpoint_bytes)
             .field("checkpoint_interval", &self.checkpoint_interval)
             .field("sweep_interval", &self.sweep_interval)
@@ -275,6 +280,21 @@ impl Builder {
     /// off. Default = [`DEFAULT_CACHE_RECORDS`].
     pub fn cache_records(&mut self, records: usize) -> &mut Self {
         self.cache_records = records;
+        self
+    }
+
+    /// The most memory the record cache of [`cache_records`](Builder::cache_records) may
+    /// take, in bytes: each record counts its key, its result (or recovery point, or review
+    /// note) and about 320 bytes of bookkeeping, and the oldest records are evicted when either
+    /// limit is reached. With small results the record count binds first (65 536 records of
+    /// 64-byte results take about 27 MiB); with large ones this does, so that results up to
+    /// [`max_result_len`](Builder::max_result_len) cannot make the cache grow without bound.
+    /// Default = [`DEFAULT_CACHE_RECORD_BYTES`] (64 MiB).
+    ///
+    /// With [`cache_size`](Builder::cache_size) (redb's page cache) it bounds the memory the
+    /// store keeps; README.md ("What the defaults cost", "Memory") lists what else counts.
+    pub fn cache_record_bytes(&mut self, bytes: usize) -> &mut Self {
+        self.cache_record_bytes = bytes;
         self
     }
 

@@ -15,7 +15,7 @@ use parking_lot::RwLock;
 
 use crate::engine::wait::Waiters;
 use crate::key::Key;
-use crate::record::Record;
+use crate::record::{Record, State};
 
 const SHARDS: usize = 16;
 
@@ -27,6 +27,8 @@ type Hasher = FixedState;
 struct Shard {
     map: HashMap<Key, Record, Hasher>,
     order: VecDeque<Key>,
+    /// The [`entry_bytes`] of the entries in `map`.
+    bytes: usize,
 }
 
 /// See the module docs.
@@ -34,14 +36,34 @@ struct Shard {
 pub(crate) struct RecordCache {
     shards: Vec<RwLock<Shard>>,
     per_shard: usize,
+    bytes_per_shard: usize,
+}
+
+/// What one cached record costs besides its key's and its data's bytes: the map's slot (key
+/// handle and record, with the table's spare slots), the eviction queue's slot, and the
+/// allocator's headers of the key and the data (about 350 bytes measured per record of a
+/// 26-byte key and a 2-byte result, BENCHMARKS.md).
+const ENTRY_OVERHEAD: usize = 320;
+
+/// The memory a cached record is counted for: [`ENTRY_OVERHEAD`], the key, and the variable
+/// data (a result, a recovery point or a review note).
+fn entry_bytes(key: &Key, record: &Record) -> usize {
+    let data = match &record.state {
+        State::Pending { progress, .. } => progress.as_ref().map_or(0, |p| 4 + p.data.len()),
+        State::Completed { result, .. } => result.len(),
+        State::NeedsReview { note, .. } => note.len(),
+    };
+    ENTRY_OVERHEAD + key.encoded().len() + data
 }
 
 impl RecordCache {
-    /// A cache of about `capacity` records; 0 disables it.
-    pub(crate) fn new(capacity: usize) -> RecordCache {
+    /// A cache of about `capacity` records taking about `bytes` of memory at most (counted by
+    /// [`entry_bytes`]); the first limit reached evicts. 0 records disables it.
+    pub(crate) fn new(capacity: usize, bytes: usize) -> RecordCache {
         RecordCache {
             shards: (0..SHARDS).map(|_| RwLock::default()).collect(),
             per_shard: capacity.div_ceil(SHARDS),
+            bytes_per_shard: bytes.div_ceil(SHARDS),
         }
     }
 
@@ -112,23 +134,29 @@ impl RecordCache {
         let mut shard = self.shard(key).write();
         match record {
             None => {
-                shard.map.remove(key);
+                if let Some(old) = shard.map.remove(key) {
+                    shard.bytes -= entry_bytes(key, &old);
+                }
             }
             Some(record) => {
-                if shard.map.insert(key.clone(), record).is_none() {
-                    shard.order.push_back(key.clone());
+                shard.bytes += entry_bytes(key, &record);
+                match shard.map.insert(key.clone(), record) {
+                    Some(old) => shard.bytes -= entry_bytes(key, &old),
+                    None => shard.order.push_back(key.clone()),
                 }
-                while shard.map.len() > self.per_shard {
+                while shard.map.len() > self.per_shard || shard.bytes > self.bytes_per_shard {
                     match shard.order.pop_front() {
                         Some(old) => {
-                            shard.map.remove(&old);
+                            if let Some(record) = shard.map.remove(&old) {
+                                shard.bytes -= entry_bytes(&old, &record);
+                            }
                         }
                         None => break,
                     }
                 }
                 if shard.order.len() > 2 * self.per_shard {
                     // Drop queue entries of keys removed since they were queued.
-                    let Shard { map, order } = &mut *shard;
+                    let Shard { map, order, .. } = &mut *shard;
                     order.retain(|k| map.contains_key(k));
                 }
             }
@@ -141,6 +169,7 @@ impl RecordCache {
             let mut shard = shard.write();
             shard.map.clear();
             shard.order.clear();
+            shard.bytes = 0;
         }
     }
 }
@@ -166,7 +195,7 @@ mod tests {
 
     #[test]
     fn holds_at_most_its_capacity_and_forgets_deletions() {
-        let cache = RecordCache::new(32);
+        let cache = RecordCache::new(32, usize::MAX);
         let keys: Vec<Key> = (0..1000)
             .map(|i| Key::new("s", "op", format!("{i}")).unwrap())
             .collect();
@@ -179,9 +208,59 @@ mod tests {
         assert_eq!(cache.get(last).map(|r| r.token), Some(999));
         cache.set(last, None);
         assert_eq!(cache.get(last), None);
-        let disabled = RecordCache::new(0);
+        let disabled = RecordCache::new(0, usize::MAX);
         disabled.set(last, Some(record(1)));
         assert_eq!(disabled.get(last), None);
+    }
+
+    fn completed(result_len: usize) -> Record {
+        Record {
+            state: State::Completed {
+                completed_at: 1,
+                result: vec![7; result_len],
+            },
+            ..record(1)
+        }
+    }
+
+    #[test]
+    fn holds_at_most_its_byte_budget_however_large_the_results() {
+        let budget = 256 << 10;
+        let cache = RecordCache::new(10_000, budget);
+        let keys: Vec<Key> = (0..1000)
+            .map(|i| Key::new("s", "op", format!("{i:04}")).unwrap())
+            .collect();
+        for key in &keys {
+            cache.set(key, Some(completed(4096)));
+        }
+        let held: Vec<&Key> = keys.iter().filter(|k| cache.get(k).is_some()).collect();
+        let bytes: usize = held.iter().map(|k| entry_bytes(k, &completed(4096))).sum();
+        assert!(!held.is_empty(), "the newest records stay");
+        assert!(
+            bytes <= budget,
+            "{} records of {bytes} bytes held, over the {budget}-byte budget",
+            held.len()
+        );
+        // Each shard's count follows its replacements and removals too.
+        for key in &held {
+            cache.set(key, Some(completed(4096)));
+        }
+        for key in &held {
+            cache.set(key, None);
+        }
+        for shard in &cache.shards {
+            assert_eq!(shard.read().bytes, 0);
+        }
+        // A record larger than a shard's share is not kept.
+        cache.set(&keys[0], Some(completed(budget)));
+        assert_eq!(cache.get(&keys[0]), None);
+        // Small records: the count limit binds first.
+        let small = RecordCache::new(32, budget);
+        for key in &keys {
+            small.set(key, Some(record(1)));
+        }
+        let held = keys.iter().filter(|k| small.get(k).is_some()).count();
+        assert!(held <= 32 && held > 0, "{held}");
     }
 }
 

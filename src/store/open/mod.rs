@@ -264,7 +264,7 @@ impl Store {
         };
         let engine = Arc::new(Engine {
             db,
-            cache: RecordCache::new(builder.cache_records),
+            cache: RecordCache::new(builder.cache_records, builder.cache_record_bytes),
             overlay: Overlay::default(),
             counters: Counters::default(),
             poison: Poison::new(builder.checkpoint_bytes, path.clone()),

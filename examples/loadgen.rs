@@ -37,7 +37,10 @@
 //! `redis` (`appendfsync always`; a `redis-server` the run starts and stops itself, skipped
 //! with a message when not installed: `apt-get install redis-server`), `redb`, `sqlite`,
 //! `fdatasync`, `grouplog` (the ceiling for callers that block until durable: a bare
-//! group-commit log with nothing else); `benches/peers/mod.rs` says what each does.
+//! group-commit log with nothing else), `redb-ceiling` and `redb-ceiling-1g` (named only:
+//! redb's inserts of a new key's record and deadline entry alone, not durable, with a 64 MiB
+//! and a 1 GiB page cache: the bound of an engine that keeps every key in a redb B-tree);
+//! `benches/peers/mod.rs` says what each does.
 //!
 //! `CPU/op` is the CPU time (user + system, `getrusage(RUSAGE_SELF)` before and after the
 //! clients run) of the whole process divided by the operations (keys, for batches): the
@@ -87,7 +90,7 @@ struct Args {
 
     /// Engines to run (each scenario runs those of its engines listed here): idemstore,
     /// idemstore-prealloc, redis, redb, sqlite, fdatasync, grouplog [default: all];
-    /// idemstore-nopages (named only); etcd and etcd-bare with
+    /// idemstore-nopages, redb-ceiling, redb-ceiling-1g (named only); etcd and etcd-bare with
     /// `--features etcd` (never in the default: it starts a cluster).
     #[arg(long, value_delimiter = ',')]
     engines: Option<Vec<Kind>>,

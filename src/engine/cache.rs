@@ -14,10 +14,15 @@ use foldhash::fast::FixedState;
 use parking_lot::RwLock;
 
 use crate::engine::wait::Waiters;
+use crate::error::Error;
 use crate::key::Key;
 use crate::record::{Record, State};
 
 const SHARDS: usize = 16;
+
+/// A key's state as a batch read hands it back: the record (`None`: absent), or why it could
+/// not be read.
+pub(crate) type ReadState = Result<Option<Record>, Error>;
 
 /// The hasher of every in-memory map here (and of shard selection): fast, and fixed so that a
 /// key's shard never changes.
@@ -85,10 +90,10 @@ impl RecordCache {
         FixedState::with_seed(0x5eed).hash_one(key) as usize % SHARDS
     }
 
-    /// [`get`](RecordCache::get) for many keys: fills `found[i]` with `Some(Some(record))` for
-    /// each `keys[i]` cached and not found before (`found[i]` still `None`), taking each
-    /// shard's lock once for all its keys instead of once per key.
-    pub(crate) fn get_many(&self, keys: &[&Key], found: &mut [Option<Option<Record>>]) {
+    /// [`get`](RecordCache::get) for many keys: for each `keys[i]` not found before
+    /// (`found[i]` false) and cached, sets `states[i]` to its record and `found[i]`, taking
+    /// each shard's lock once for all its keys instead of once per key.
+    pub(crate) fn get_many(&self, keys: &[&Key], found: &mut [bool], states: &mut [ReadState]) {
         if self.per_shard == 0 {
             return;
         }
@@ -113,14 +118,17 @@ impl RecordCache {
         }
         for shard in 0..SHARDS {
             let members = &order[starts[shard]..starts[shard + 1]];
-            if members.iter().all(|&i| found[i as usize].is_some()) {
+            if members.iter().all(|&i| found[i as usize]) {
                 continue;
             }
             let shard = self.shards[shard].read();
             for &i in members {
                 let i = i as usize;
-                if found[i].is_none() {
-                    found[i] = shard.map.get(keys[i]).cloned().map(Some);
+                if !found[i] {
+                    if let Some(record) = shard.map.get(keys[i]) {
+                        states[i] = Ok(Some(record.clone()));
+                        found[i] = true;
+                    }
                 }
             }
         }
@@ -305,15 +313,18 @@ impl Overlay {
         map.get(key).cloned()
     }
 
-    /// [`get`](Overlay::get) for many keys under one lock: fills `found[i]` with the state of
-    /// each `keys[i]` changed since the last redb commit.
-    pub(crate) fn get_many(&self, keys: &[&Key], found: &mut [Option<Option<Record>>]) {
+    /// [`get`](Overlay::get) for many keys under one lock: for each `keys[i]` changed since the
+    /// last redb commit, sets `states[i]` to its state and `found[i]`.
+    pub(crate) fn get_many(&self, keys: &[&Key], found: &mut [bool], states: &mut [ReadState]) {
         let map = self.map.read();
         if map.is_empty() {
             return;
         }
-        for (key, found) in keys.iter().zip(found) {
-            *found = map.get(*key).cloned();
+        for (i, key) in keys.iter().enumerate() {
+            if let Some(state) = map.get(*key) {
+                states[i] = Ok(state.clone());
+                found[i] = true;
+            }
         }
     }
 

@@ -55,23 +55,20 @@ impl Store {
     ) -> Vec<Result<Option<Record>, Error>> {
         self.read_hook();
         let keys: Vec<&Key> = keys.into_iter().collect();
-        // `Some(state)` once a key's state is known.
-        let mut found: Vec<Option<Option<Record>>> = vec![None; keys.len()];
-        self.engine.overlay.get_many(&keys, &mut found);
-        self.engine.cache.get_many(&keys, &mut found);
-        let mut missing: Vec<usize> = (0..keys.len()).filter(|&i| found[i].is_none()).collect();
+        let mut found = vec![false; keys.len()];
+        let mut answers: Vec<Result<Option<Record>, Error>> =
+            keys.iter().map(|_| Ok(None)).collect();
+        self.engine
+            .overlay
+            .get_many(&keys, &mut found, &mut answers);
+        self.engine.cache.get_many(&keys, &mut found, &mut answers);
+        let mut missing: Vec<usize> = (0..keys.len()).filter(|&i| !found[i]).collect();
         missing.sort_unstable_by(|&a, &b| keys[a].encoded().cmp(keys[b].encoded()));
-        let mut read = Vec::with_capacity(missing.len());
         let mut table = None;
-        for &i in &missing {
+        for i in missing {
             // Looks in the overlay and the cache again (a newer state may have been
             // published since) before redb.
-            read.push((i, self.read_one(keys[i], &mut table)));
-        }
-        let mut answers: Vec<Result<Option<Record>, Error>> =
-            found.into_iter().map(|state| Ok(state.flatten())).collect();
-        for (i, state) in read {
-            answers[i] = state;
+            answers[i] = self.read_one(keys[i], &mut table);
         }
         answers
     }

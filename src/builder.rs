@@ -289,7 +289,7 @@ impl Builder {
     /// limit is reached. With small results the record count binds first (65 536 records of
     /// 64-byte results take about 27 MiB); with large ones this does, so that results up to
     /// [`max_result_len`](Builder::max_result_len) cannot make the cache grow without bound.
-    /// Default = [`DEFAULT_CACHE_RECORD_BYTES`] (64 MiB).
+    /// 0 keeps no record. Default = [`DEFAULT_CACHE_RECORD_BYTES`] (64 MiB).
     ///
     /// With [`cache_size`](Builder::cache_size) (redb's page cache) it bounds the memory the
     /// store keeps; README.md ("What the defaults cost", "Memory") lists what else counts.

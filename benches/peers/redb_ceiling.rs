@@ -73,8 +73,8 @@ impl<const MIB: usize> Engine for RedbCeilingWith<MIB> {
 pub struct CeilingHandle(Arc<Shared>);
 
 impl CeilingHandle {
-    /// Stores each key with `state` (a pending or completed value) and its deadline entry in
-    /// the open transaction; returns how many were new.
+    /// Stores each key (pending, or completed with `result`) and its deadline entry in the
+    /// open transaction; returns how many were new.
     fn put(&mut self, keys: &[BenchKey], result: Option<&[u8]>) -> BenchResult<usize> {
         let mut open = self.0.open.lock().expect("no panic holds this lock");
         if open.is_none() {

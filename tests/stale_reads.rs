@@ -122,3 +122,45 @@ fn a_new_key_is_acquired() {
         Reservation::InProgress { .. }
     ));
 }
+
+/// The readers of one writer epoch share one redb snapshot of the records
+/// (`engine/cache.rs`, `Overlay::committed`). Each way an epoch ends (the writer commits its
+/// open transaction and forgets its changes; `complete_with` commits outside the batch path),
+/// a read after it must not come from the snapshot of the epoch before, which lacks what the
+/// commit added. The record cache is off, so every read that misses the writer's changes goes
+/// to redb.
+#[test]
+fn a_read_after_a_commit_is_not_served_by_the_snapshot_of_the_epoch_before() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = builder(&ManualClock::new())
+        .cache_records(0)
+        .open(dir.path().join("snapshot.idem"))
+        .unwrap();
+    let other = Key::new("tenant", "op", "other").unwrap();
+    // Both reads miss: the epoch's snapshot is opened, without either key.
+    acquired(store.reserve(&other, fp()).unwrap());
+    let lease = acquired(store.reserve(&key(), fp()).unwrap());
+    // The writer's commit ends the epoch and forgets its changes: redb alone holds the key.
+    store.checkpoint().unwrap();
+    let read = store.get(&key()).unwrap();
+    assert_eq!(
+        read.map(|record| record.token()),
+        Some(lease.token()),
+        "a key acquired before a commit read as absent after it"
+    );
+    assert!(
+        matches!(
+            store.reserve(&key(), fp()).unwrap(),
+            Reservation::InProgress { .. }
+        ),
+        "a key acquired before a commit was acquired again after it"
+    );
+    // A completion committed outside the batch path (its own durable redb transaction).
+    store
+        .complete_with(&lease, b"done".to_vec(), |_| Ok::<(), std::io::Error>(()))
+        .unwrap();
+    match store.reserve(&key(), fp()).unwrap() {
+        Reservation::Completed(done) => assert_eq!(done.result, b"done"),
+        other => panic!("a key completed by complete_with then answered {other:?}"),
+    }
+}

@@ -8,6 +8,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use foldhash::fast::FixedState;
 
@@ -288,6 +289,28 @@ pub(crate) struct Overlay {
     /// Threads waiting for keys to change; woken on every publication.
     pub(crate) waiters: Waiters,
     epoch: AtomicU64,
+    /// The records table as redb held it when the current epoch began, shared by the readers
+    /// of the epoch ([`committed`](Overlay::committed)).
+    snapshot: SharedSnapshot,
+}
+
+/// The records table of one redb read transaction.
+pub(crate) type RecordsTable = redb::ReadOnlyTable<&'static [u8], &'static [u8]>;
+
+/// One read snapshot of the records table and the epoch it was opened in (see
+/// [`Overlay::committed`]).
+#[derive(Default)]
+struct SharedSnapshot {
+    slot: RwLock<Option<(u64, Arc<RecordsTable>)>>,
+}
+
+impl std::fmt::Debug for SharedSnapshot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let epoch = self.slot.read().as_ref().map(|(epoch, _)| *epoch);
+        f.debug_struct("SharedSnapshot")
+            .field("epoch", &epoch)
+            .finish()
+    }
 }
 
 impl Overlay {
@@ -302,6 +325,50 @@ impl Overlay {
     /// reset): every state read before this call is stale for the writer.
     pub(crate) fn next_epoch(&self) {
         self.epoch.fetch_add(1, Ordering::Release);
+        // The shared snapshot belongs to the epoch that ended: let redb free the pages it
+        // holds once its last reader is done (the next reader opens a new one).
+        let ended = self.snapshot.slot.write().take();
+        drop(ended);
+    }
+
+    /// The committed records table for a read of a key that is neither in the overlay nor in
+    /// the cache; call it only after looking there. Every reader of an epoch shares one redb
+    /// read transaction, opened (by `open`) on the first such read of the epoch, instead of
+    /// beginning its own: a transaction begun after the epoch began sees the redb commit that
+    /// began it (the epoch is read with acquire before `open` runs), and redb's records only
+    /// change again at the commit that ends the epoch. Changes the writer made since are in
+    /// the overlay, which the caller looked at first; a commit outside the overlay (a sweep,
+    /// a `complete_with`) is not acknowledged before the epoch it ends is over. A reader that
+    /// missed the overlay because the writer drained it has seen the epoch end (the overlay's
+    /// lock orders the two), so it gets a snapshot of the new epoch, never the old one.
+    ///
+    /// Returns the snapshot with the epoch it serves: a caller may keep it for more keys while
+    /// [`epoch`](Overlay::epoch) still returns that epoch.
+    pub(crate) fn committed<E>(
+        &self,
+        open: impl FnOnce() -> Result<RecordsTable, E>,
+    ) -> Result<(u64, Arc<RecordsTable>), E> {
+        let epoch = self.epoch();
+        if let Some((at, table)) = &*self.snapshot.slot.read() {
+            if *at == epoch {
+                return Ok((epoch, Arc::clone(table)));
+            }
+        }
+        // One reader opens the epoch's snapshot; the others wait for it rather than each
+        // beginning a transaction of their own.
+        let mut slot = self.snapshot.slot.write();
+        match &*slot {
+            // The epoch's, or a newer epoch's (this reader is late): that one sees every commit
+            // this one would, and more, so it serves too.
+            Some((at, table)) if *at >= epoch => Ok((*at, Arc::clone(table))),
+            _ => {
+                let table = Arc::new(open()?);
+                let old = slot.replace((epoch, Arc::clone(&table)));
+                drop(slot);
+                drop(old);
+                Ok((epoch, table))
+            }
+        }
     }
 
     /// `Some(state)` when `key` changed since the last redb commit.

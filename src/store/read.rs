@@ -1,7 +1,10 @@
 //! Reads: records by key, stale reservations, and snapshots for inspection.
 
+use std::sync::Arc;
+
 use redb::ReadableDatabase;
 
+use crate::engine::cache::RecordsTable;
 use crate::engine::sweep;
 use crate::error::Error;
 use crate::format::tables::{decode_record, DEADLINES, RECORDS};
@@ -78,33 +81,40 @@ impl Store {
         self.read_hook.run();
     }
 
-    /// One key of [`read_many`](Store::read_many): `table` is the records table of the read
-    /// transaction, opened on the first key that needs it.
+    /// One key of [`read_many`](Store::read_many): `table` is the records table the last key
+    /// was read from, with its epoch; it is reused while that epoch lasts.
     fn read_one(
         &self,
         key: &Key,
-        table: &mut Option<redb::ReadOnlyTable<&'static [u8], &'static [u8]>>,
+        table: &mut Option<(u64, Arc<RecordsTable>)>,
     ) -> Result<Option<Record>, Error> {
         let ctx = "reading a record";
-        if let Some(state) = self.engine.overlay.get(key) {
+        let overlay = &self.engine.overlay;
+        if let Some(state) = overlay.get(key) {
             return Ok(state);
         }
         if let Some(record) = self.engine.cache.get(key) {
             return Ok(Some(record));
         }
         self.guard_read(ctx, || {
-            if table.is_none() {
-                let txn = self
-                    .engine
-                    .db
-                    .begin_read()
-                    .map_err(|e| Error::storage(ctx, e))?;
-                let opened = txn
-                    .open_table(RECORDS)
-                    .map_err(|e| Error::storage(ctx, e))?;
-                *table = Some(opened);
-            }
-            let table = table.as_ref().expect("opened above");
+            // The epoch's shared snapshot (see `Overlay::committed`), its epoch checked again
+            // for each key (after the overlay missed): a batch that outlives an epoch must not
+            // read a key the writer has since drained from the overlay in the snapshot of the
+            // epoch before.
+            let table = match table {
+                Some((at, table)) if *at == overlay.epoch() => table,
+                _ => {
+                    let shared = overlay.committed(|| {
+                        let txn = self
+                            .engine
+                            .db
+                            .begin_read()
+                            .map_err(|e| Error::storage(ctx, e))?;
+                        txn.open_table(RECORDS).map_err(|e| Error::storage(ctx, e))
+                    })?;
+                    &table.insert(shared).1
+                }
+            };
             let value = table
                 .get(key.encoded())
                 .map_err(|e| Error::storage(ctx, e))?;

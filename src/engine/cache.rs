@@ -189,6 +189,48 @@ mod tests {
     use crate::fingerprint::Fingerprint;
     use crate::record::State;
 
+    #[test]
+    fn readers_of_one_epoch_share_a_snapshot_and_a_new_epoch_gets_a_new_one() {
+        use crate::format::tables::RECORDS;
+        use redb::ReadableDatabase;
+        let dir = tempfile::tempdir().unwrap();
+        let db = redb::Database::create(dir.path().join("snapshot.redb")).unwrap();
+        let write = |value: &[u8]| {
+            let txn = db.begin_write().unwrap();
+            txn.open_table(RECORDS)
+                .unwrap()
+                .insert(&b"k"[..], value)
+                .unwrap();
+            txn.commit().unwrap();
+        };
+        let opened = std::cell::Cell::new(0);
+        let open = || -> Result<RecordsTable, redb::Error> {
+            opened.set(opened.get() + 1);
+            Ok(db.begin_read()?.open_table(RECORDS)?)
+        };
+        let read = |table: &RecordsTable| table.get(&b"k"[..]).unwrap().unwrap().value().to_vec();
+        let overlay = Overlay::default();
+        write(b"1");
+        let (first_epoch, first) = overlay.committed(open).unwrap();
+        let (_, again) = overlay.committed(open).unwrap();
+        assert!(
+            Arc::ptr_eq(&first, &again),
+            "two readers of one epoch did not share"
+        );
+        assert_eq!(opened.get(), 1);
+        // The writer commits, then ends the epoch.
+        write(b"2");
+        overlay.next_epoch();
+        let (epoch, second) = overlay.committed(open).unwrap();
+        assert!(epoch > first_epoch);
+        assert_eq!(
+            read(&second),
+            b"2",
+            "a read in a new epoch was served by the snapshot of the epoch before"
+        );
+        assert_eq!(read(&first), b"1");
+    }
+
     fn record(token: u64) -> Record {
         Record {
             fingerprint: Fingerprint::of(b"x"),
@@ -363,7 +405,15 @@ impl Overlay {
             Some((at, table)) if *at >= epoch => Ok((*at, Arc::clone(table))),
             _ => {
                 let table = Arc::new(open()?);
-                let old = slot.replace((epoch, Arc::clone(&table)));
+                // Kept for the epoch's other readers only while the epoch lasts: if it ended
+                // meanwhile, `next_epoch` has emptied the slot (or will, once this lock is
+                // released), and a snapshot left there would hold redb's pages until the next
+                // read.
+                let old = if self.epoch() == epoch {
+                    slot.replace((epoch, Arc::clone(&table)))
+                } else {
+                    None
+                };
                 drop(slot);
                 drop(old);
                 Ok((epoch, table))

@@ -33,10 +33,45 @@ pub const MAX_NOTE_LEN: usize = 4096;
 ///
 /// A `Key` is cheap to clone: its bytes are shared (reference-counted), so the engine hands
 /// one key from the caller to the log, the overlay and the cache without copying it.
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone)]
 pub struct Key {
     /// The encoded form: `[len][scope][len][operation][len][id]`.
     encoded: Arc<[u8]>,
+    /// A hash of `encoded`, computed once: the engine's maps hash a key on every lookup.
+    hash: u64,
+}
+
+/// The hash a key carries (fixed, so equal keys hash equally in every process).
+fn hash_of(encoded: &[u8]) -> u64 {
+    use std::hash::BuildHasher;
+    foldhash::fast::FixedState::with_seed(0x1de5_7e0e).hash_one(encoded)
+}
+
+impl PartialEq for Key {
+    fn eq(&self, other: &Key) -> bool {
+        self.hash == other.hash && self.encoded == other.encoded
+    }
+}
+
+impl Eq for Key {}
+
+impl std::hash::Hash for Key {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write_u64(self.hash);
+    }
+}
+
+/// Keys sort by their encoded form, the order of the B-tree.
+impl Ord for Key {
+    fn cmp(&self, other: &Key) -> std::cmp::Ordering {
+        self.encoded.cmp(&other.encoded)
+    }
+}
+
+impl PartialOrd for Key {
+    fn partial_cmp(&self, other: &Key) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
 }
 
 impl Key {
@@ -72,6 +107,7 @@ impl Key {
         }
         Ok(Key {
             encoded: Arc::from(&encoded[..end]),
+            hash: hash_of(&encoded[..end]),
         })
     }
 
@@ -87,6 +123,7 @@ impl Key {
         }
         rest.is_empty().then(|| Key {
             encoded: bytes.into(),
+            hash: hash_of(bytes),
         })
     }
 
@@ -179,6 +216,20 @@ mod tests {
         assert!(Key::new("s", "op", "").is_err());
         let max = vec![b'y'; MAX_KEY_PART_LEN];
         assert!(Key::new(&max, &max, &max).is_ok());
+    }
+
+    #[test]
+    fn a_decoded_key_equals_and_hashes_as_the_key_it_was_encoded_from() {
+        use std::collections::HashSet;
+        let key = Key::new("tenant", "op", "id-1").unwrap();
+        let decoded = Key::decode(key.encoded()).unwrap();
+        assert_eq!(decoded, key);
+        let set: HashSet<Key> = [key.clone()].into_iter().collect();
+        assert!(set.contains(&decoded), "a decoded key missed its own entry");
+        let other = Key::new("tenant", "op", "id-2").unwrap();
+        assert_ne!(other, key);
+        assert!(!set.contains(&other));
+        assert!(key < other, "keys sort by their bytes");
     }
 
     #[test]

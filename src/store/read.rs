@@ -1,10 +1,7 @@
 //! Reads: records by key, stale reservations, and snapshots for inspection.
 
-use std::sync::Arc;
-
 use redb::ReadableDatabase;
 
-use crate::engine::cache::RecordsTable;
 use crate::engine::sweep;
 use crate::error::Error;
 use crate::format::tables::{decode_record, DEADLINES, RECORDS};
@@ -42,13 +39,14 @@ impl Store {
     /// (No vector for the one key: this is the duplicate path.)
     pub(super) fn read(&self, key: &Key) -> Result<Option<Record>, Error> {
         self.read_hook();
-        self.read_one(key, &mut None)
+        self.read_one(key)
     }
 
     /// The stored records of `keys`, in order (see [`read`](Store::read)). Each source is
     /// visited once for the batch: the overlay under one lock, the cache under one lock per
-    /// shard, and the keys in neither are read in one read transaction, in key order (the
-    /// B-tree pages of neighbouring keys are then read one after the other). Every key is
+    /// shard, and the keys in neither are read from the writer epoch's shared redb snapshot
+    /// (`Overlay::committed`, its epoch checked for each key), in key order (the B-tree pages
+    /// of neighbouring keys are then read one after the other). Every key is
     /// still looked up in the overlay before the cache and in the cache before redb, the
     /// order [`read_one`](Store::read_one) keeps. Never an older state than acknowledged:
     /// after the store is poisoned a record read from redb is [`Error::Poisoned`] instead.
@@ -67,11 +65,10 @@ impl Store {
         self.engine.cache.get_many(&keys, &mut found, &mut answers);
         let mut missing: Vec<usize> = (0..keys.len()).filter(|&i| !found[i]).collect();
         missing.sort_unstable_by(|&a, &b| keys[a].encoded().cmp(keys[b].encoded()));
-        let mut table = None;
         for i in missing {
             // Looks in the overlay and the cache again (a newer state may have been
             // published since) before redb.
-            answers[i] = self.read_one(keys[i], &mut table);
+            answers[i] = self.read_one(keys[i]);
         }
         answers
     }
@@ -81,13 +78,8 @@ impl Store {
         self.read_hook.run();
     }
 
-    /// One key of [`read_many`](Store::read_many): `table` is the records table the last key
-    /// was read from, with its epoch; it is reused while that epoch lasts.
-    fn read_one(
-        &self,
-        key: &Key,
-        table: &mut Option<(u64, Arc<RecordsTable>)>,
-    ) -> Result<Option<Record>, Error> {
+    /// One key of [`read_many`](Store::read_many).
+    fn read_one(&self, key: &Key) -> Result<Option<Record>, Error> {
         let ctx = "reading a record";
         let overlay = &self.engine.overlay;
         if let Some(state) = overlay.get(key) {
@@ -97,24 +89,17 @@ impl Store {
             return Ok(Some(record));
         }
         self.guard_read(ctx, || {
-            // The epoch's shared snapshot (see `Overlay::committed`), its epoch checked again
-            // for each key (after the overlay missed): a batch that outlives an epoch must not
-            // read a key the writer has since drained from the overlay in the snapshot of the
-            // epoch before.
-            let table = match table {
-                Some((at, table)) if *at == overlay.epoch() => table,
-                _ => {
-                    let shared = overlay.committed(|| {
-                        let txn = self
-                            .engine
-                            .db
-                            .begin_read()
-                            .map_err(|e| Error::storage(ctx, e))?;
-                        txn.open_table(RECORDS).map_err(|e| Error::storage(ctx, e))
-                    })?;
-                    &table.insert(shared).1
-                }
-            };
+            // The epoch's shared snapshot (see `Overlay::committed`), looked up for each key
+            // after the overlay missed: a batch that outlives an epoch must not read a key the
+            // writer has since drained from the overlay in the snapshot of the epoch before.
+            let (_, table) = overlay.committed(|| {
+                let txn = self
+                    .engine
+                    .db
+                    .begin_read()
+                    .map_err(|e| Error::storage(ctx, e))?;
+                txn.open_table(RECORDS).map_err(|e| Error::storage(ctx, e))
+            })?;
             let value = table
                 .get(key.encoded())
                 .map_err(|e| Error::storage(ctx, e))?;

@@ -108,11 +108,8 @@ impl<'txn> Tables<'txn> {
 
     /// The store's random identity, made at creation; the log carries it.
     pub(crate) fn store_id(&self) -> Result<u64, Error> {
-        let value = self
-            .meta
-            .get(META_STORE_ID)
-            .map_err(|e| Error::storage("reading the store's identity", e))?;
-        value.map(|v| v.value()).ok_or_else(|| Error::Corruption {
+        let value = self.meta_u64(META_STORE_ID, "reading the store's identity")?;
+        value.ok_or_else(|| Error::Corruption {
             location: "table idemstore.meta".into(),
             reason: "the store's identity is missing".into(),
         })
@@ -120,38 +117,32 @@ impl<'txn> Tables<'txn> {
 
     /// The last log frame whose changes this file holds.
     pub(crate) fn wal_seq(&self) -> Result<u64, Error> {
-        let value = self
-            .meta
-            .get(META_WAL_SEQ)
-            .map_err(|e| Error::storage("reading the log position", e))?;
-        Ok(value.map_or(0, |v| v.value()))
+        Ok(self
+            .meta_u64(META_WAL_SEQ, "reading the log position")?
+            .unwrap_or(0))
     }
 
     /// The salt of the log frames written since the last checkpoint (random from creation on).
     pub(crate) fn log_salt(&self) -> Result<u64, Error> {
-        let value = self
-            .meta
-            .get(META_LOG_SALT)
-            .map_err(|e| Error::storage("reading the log salt", e))?;
-        Ok(value.map_or(0, |v| v.value()))
+        Ok(self
+            .meta_u64(META_LOG_SALT, "reading the log salt")?
+            .unwrap_or(0))
     }
 
     /// Where the frames after [`wal_seq`](Tables::wal_seq) start (`None`: at the log's first
     /// frame, as in a store written before log regions).
     pub(crate) fn log_start(&self) -> Result<Option<u64>, Error> {
-        let value = self
-            .meta
-            .get(META_LOG_START)
-            .map_err(|e| Error::storage("reading the log region", e))?;
-        Ok(value.map(|v| v.value()))
+        self.meta_u64(META_LOG_START, "reading the log region")
     }
 
     /// The salt of the next log region's frames (`None` in a store written before regions).
     pub(crate) fn next_log_salt(&self) -> Result<Option<u64>, Error> {
-        let value = self
-            .meta
-            .get(META_NEXT_LOG_SALT)
-            .map_err(|e| Error::storage("reading the next log salt", e))?;
+        self.meta_u64(META_NEXT_LOG_SALT, "reading the next log salt")
+    }
+
+    /// The meta value `name`, if present (`doing` names the read in an error).
+    fn meta_u64(&self, name: &str, doing: &'static str) -> Result<Option<u64>, Error> {
+        let value = self.meta.get(name).map_err(|e| Error::storage(doing, e))?;
         Ok(value.map(|v| v.value()))
     }
 
@@ -184,11 +175,8 @@ impl<'txn> Tables<'txn> {
     }
 
     pub(crate) fn next_token(&self) -> Result<u64, Error> {
-        let value = self
-            .meta
-            .get(META_NEXT_TOKEN)
-            .map_err(|e| Error::storage("reading the next fencing token", e))?;
-        value.map(|v| v.value()).ok_or_else(|| Error::Corruption {
+        let value = self.meta_u64(META_NEXT_TOKEN, "reading the next fencing token")?;
+        value.ok_or_else(|| Error::Corruption {
             location: "table idemstore.meta".into(),
             reason: "the next fencing token is missing".into(),
         })

@@ -7,7 +7,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use foldhash::fast::FixedState;
@@ -328,6 +328,12 @@ mod tests {
 #[derive(Debug, Default)]
 pub(crate) struct Overlay {
     map: RwLock<HashMap<Key, Option<Record>, Hasher>>,
+    /// Whether `map` holds an entry: set under its write lock after the entries are in (with
+    /// release), cleared under it when it is emptied. A reader that finds it unset skips the
+    /// lock: a publication it misses is not acknowledged yet (changes are published before they
+    /// are answered), and an emptied map's entries are in the record cache or redb before it is
+    /// cleared. (The duplicate path of a store without writes then takes no lock here.)
+    occupied: AtomicBool,
     /// Threads waiting for keys to change; woken on every publication.
     pub(crate) waiters: Waiters,
     epoch: AtomicU64,
@@ -423,6 +429,9 @@ impl Overlay {
 
     /// `Some(state)` when `key` changed since the last redb commit.
     pub(crate) fn get(&self, key: &Key) -> Option<Option<Record>> {
+        if !self.occupied.load(Ordering::Acquire) {
+            return None;
+        }
         let map = self.map.read();
         if map.is_empty() {
             return None;
@@ -433,6 +442,9 @@ impl Overlay {
     /// [`get`](Overlay::get) for many keys under one lock: for each `keys[i]` changed since the
     /// last redb commit, sets `states[i]` to its state and `found[i]`.
     pub(crate) fn get_many(&self, keys: &[&Key], found: &mut [bool], states: &mut [ReadState]) {
+        if !self.occupied.load(Ordering::Acquire) {
+            return;
+        }
         let map = self.map.read();
         if map.is_empty() {
             return;
@@ -453,7 +465,10 @@ impl Overlay {
         } else {
             Vec::new()
         };
-        self.map.write().extend(changes);
+        let mut map = self.map.write();
+        map.extend(changes);
+        self.occupied.store(!map.is_empty(), Ordering::Release);
+        drop(map);
         self.waiters.notify(&keys);
     }
 
@@ -468,11 +483,13 @@ impl Overlay {
         for (key, record) in drained {
             cache.set(&key, record);
         }
-        self.map.write().clear();
+        self.clear();
     }
 
     /// Forgets everything (the store is poisoned).
     pub(crate) fn clear(&self) {
-        self.map.write().clear();
+        let mut map = self.map.write();
+        map.clear();
+        self.occupied.store(false, Ordering::Release);
     }
 }

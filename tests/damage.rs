@@ -16,14 +16,22 @@
 //!
 //! Wrong answers, panics, aborts, hangs, and errors that name neither file nor a key, must
 //! be zero.
-//! Twice: after a clean close, and after an unclean shutdown (the files as a killed process
-//! leaves them, with frames in the log past the last checkpoint). In the unclean case every key
-//! is checked, also the one in the last frame written before the kill (its spare copy stands
-//! in for it when it is damaged), and some of the flips land in the log's last two frames.
+//! Four times: after a clean close; after an unclean shutdown (the files as a killed process
+//! leaves them, with frames in the log past the last checkpoint); and twice after an unclean
+//! shutdown with both of the log's regions live (killed while a background checkpoint's
+//! durable commit was held: the store file still names the region the checkpoint covers,
+//! whose frames end where the writer moved to the other, which holds the frames written
+//! since), once with the other region after the first in the file and once with the frames
+//! gone back to the log's start (the checkpoint before moved them past it). Copy 0 of each
+//! sweep is the undamaged store, which must answer every key as stored. In the unclean
+//! cases every key is checked, also the one in the last frame written before the kill (its
+//! spare copy stands in for it when it is damaged), and some of the flips land in the log's
+//! last two frames; with two regions, some also land in the first region's last frames and
+//! in the second region's first ones.
 //!
 //! Short mode (the default, `cargo test`): every page of the store file once, 64 offsets of
-//! the log and (unclean) 32 in its last two frames. `IDEMSTORE_LONG=1`: every page at 8
-//! offsets, 1,000 offsets of the log and 200 in its last two frames.
+//! the log and (unclean) 32 in each of those frame ranges. `IDEMSTORE_LONG=1`: every page at
+//! 8 offsets, 1,000 offsets of the log and 200 in each range.
 //! `IDEMSTORE_DAMAGE_SEED=<n>` repeats a run's choice of offsets (the seed is printed).
 
 use std::fmt::Write as _;
@@ -82,14 +90,47 @@ fn request() -> Fingerprint {
     Fingerprint::of(b"amount=100")
 }
 
-/// Every completed key the store holds: those before the checkpoint, and in the unclean case
-/// those only in the log.
-fn completed_count(unclean: bool) -> usize {
-    COMPLETED + if unclean { LOGGED } else { 0 }
+/// How the pristine store is left.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// Closed cleanly.
+    Clean,
+    /// Killed with frames in the log past the last checkpoint.
+    Unclean,
+    /// Killed while a background checkpoint's commit was held: frames in both log regions
+    /// (the second one after the first in the file).
+    Regions,
+    /// The same a checkpoint later: the store file names the region after the first, and
+    /// the frames written since went back to the start of the log.
+    RegionsWrapped,
+}
+
+impl Kind {
+    fn word(self) -> &'static str {
+        match self {
+            Kind::Clean => "clean",
+            Kind::Unclean => "unclean",
+            Kind::Regions => "regions",
+            Kind::RegionsWrapped => "regions wrapped",
+        }
+    }
+}
+
+/// The byte range of the log that `write` changes.
+fn changed_by(log: &Path, write: impl FnOnce()) -> (usize, usize) {
+    let before = fs::read(log).unwrap();
+    write();
+    let after = fs::read(log).unwrap();
+    let changed: Vec<usize> = (0..after.len())
+        .filter(|&i| before.get(i) != Some(&after[i]))
+        .collect();
+    (changed[0], changed[changed.len() - 1] + 1)
 }
 
 /// Builds the store in `dir` and leaves it closed cleanly, or as a killed process leaves it.
-fn build(dir: &Path, unclean: bool) {
+/// Writes there how many completed keys it holds (`completed`) and the log's byte ranges the
+/// sweep aims at besides its random offsets (`targets`, a `first end` per line).
+fn build(dir: &Path, kind: Kind) {
     let scratch = tempfile::tempdir().unwrap();
     let path = scratch.path().join("store.idem");
     let store = builder().open(&path).unwrap();
@@ -116,31 +157,86 @@ fn build(dir: &Path, unclean: bool) {
         assert!(matches!(answer.unwrap(), Reservation::Acquired(_)));
     }
     let target = dir.join("store.idem");
-    if unclean {
+    let mut targets = Vec::new();
+    let mut next = COMPLETED;
+    let mut release = None;
+    if matches!(kind, Kind::Regions | Kind::RegionsWrapped) {
+        // Frames in the first region until a background checkpoint starts (held before its
+        // commit); the last completion before it is the first region's last frames, the
+        // first one after it the second region's first frames. Wrapped: one background
+        // checkpoint first (not held), so that the held one sends the frames back to the
+        // first region.
         store.checkpoint().unwrap();
-        for i in COMPLETED..COMPLETED + LOGGED - 1 {
+        if kind == Kind::RegionsWrapped {
+            let (entered_tx, entered) = mpsc::channel();
+            store.__before_checkpoint_commit(move || {
+                let _ = entered_tx.send(());
+            });
+            while entered.recv_timeout(Duration::from_millis(1)).is_err() {
+                assert!(next < COMPLETED + 5_000, "no background checkpoint started");
+                complete(vec![(next, completed_key(next))]);
+                next += 1;
+            }
+        }
+        let (entered_tx, entered) = mpsc::channel();
+        let (release_tx, release_rx) = mpsc::channel::<()>();
+        store.__before_checkpoint_commit(move || {
+            let _ = entered_tx.send(());
+            let _ = release_rx.recv();
+        });
+        release = Some(release_tx);
+        let mut last_before = None;
+        while entered.recv_timeout(Duration::from_millis(1)).is_err() {
+            assert!(next < COMPLETED + 5_000, "no background checkpoint started");
+            let i = next;
+            last_before = Some(changed_by(&log_of(&path), || {
+                complete(vec![(i, completed_key(i))])
+            }));
+            next += 1;
+        }
+        let last_before = last_before.expect("frames before the switch");
+        let i = next;
+        let first_after = changed_by(&log_of(&path), || complete(vec![(i, completed_key(i))]));
+        next += 1;
+        // The second region follows the first in the file, or (wrapped) the frames went back
+        // to the start of the log.
+        assert_eq!(
+            kind == Kind::RegionsWrapped,
+            first_after.0 < last_before.0,
+            "{kind:?}: the last frames before the switch at {last_before:?}, the first after it at {first_after:?}"
+        );
+        targets.extend([last_before, first_after]);
+    }
+    if kind != Kind::Clean {
+        if kind == Kind::Unclean {
+            store.checkpoint().unwrap();
+        }
+        for i in next..next + LOGGED - 1 {
             complete(vec![(i, completed_key(i))]);
         }
         // The last two frames (the last key's reserve and its completion, the last one
         // written before the kill) are where the log changed since this image.
-        let before = fs::read(log_of(&path)).unwrap();
-        let last = COMPLETED + LOGGED - 1;
-        complete(vec![(last, completed_key(last))]);
-        let after = fs::read(log_of(&path)).unwrap();
-        let changed: Vec<usize> = (0..after.len())
-            .filter(|&i| before.get(i) != Some(&after[i]))
-            .collect();
-        let (first, end) = (changed[0], changed[changed.len() - 1] + 1);
-        fs::write(dir.join("last-write"), format!("{first} {end}")).unwrap();
+        let last = next + LOGGED - 1;
+        targets.push(changed_by(&log_of(&path), || {
+            complete(vec![(last, completed_key(last))])
+        }));
+        next = last + 1;
         // What a kill leaves: every write the process made.
         fs::copy(&path, &target).unwrap();
         fs::copy(log_of(&path), log_of(&target)).unwrap();
+        drop(release);
         drop(store);
     } else {
         drop(store);
         fs::copy(&path, &target).unwrap();
         fs::copy(log_of(&path), log_of(&target)).unwrap();
     }
+    fs::write(dir.join("completed"), next.to_string()).unwrap();
+    let targets: String = targets
+        .iter()
+        .map(|(first, end)| format!("{first} {end}\n"))
+        .collect();
+    fs::write(dir.join("targets"), targets).unwrap();
 }
 
 /// How one damaged copy ended.
@@ -170,7 +266,7 @@ impl Outcome {
 }
 
 /// One copy, in the child: opens it, reads every key back and reserves it again.
-fn check_copy(path: &Path, unclean: bool) -> (Outcome, String) {
+fn check_copy(path: &Path, completed: usize) -> (Outcome, String) {
     let named = |e: &idemstore::Error| {
         let text = e.to_string();
         // The file, or the key of a damaged record.
@@ -191,7 +287,7 @@ fn check_copy(path: &Path, unclean: bool) -> (Outcome, String) {
             first_error = Some(named(&e));
         }
     };
-    for i in 0..completed_count(unclean) {
+    for i in 0..completed {
         match store.get(&completed_key(i)) {
             Ok(Some(record)) => match record.status() {
                 Status::Completed { result, .. } if result == result_of(i).as_slice() => {}
@@ -208,7 +304,7 @@ fn check_copy(path: &Path, unclean: bool) -> (Outcome, String) {
             Err(e) => note(e),
         }
     }
-    let items: Vec<_> = (0..completed_count(unclean))
+    let items: Vec<_> = (0..completed)
         .map(|i| (completed_key(i), request()))
         .chain((0..PENDING).map(|i| (pending_key(i), request())))
         .collect();
@@ -247,7 +343,10 @@ fn child() {
     let mut parts = spec.split(' ');
     let pristine = PathBuf::from(parts.next().expect("pristine dir"));
     let flips = PathBuf::from(parts.next().expect("spec file"));
-    let unclean = parts.next() == Some("unclean");
+    let completed: usize = fs::read_to_string(pristine.join("completed"))
+        .unwrap()
+        .parse()
+        .unwrap();
     std::panic::set_hook(Box::new(|info| {
         let mut out = std::io::stdout().lock();
         let _ = writeln!(out, "panic {}", info.to_string().replace('\n', " "));
@@ -273,7 +372,7 @@ fn child() {
         fs::write(&path, &store_copy).unwrap();
         fs::write(log_of(&path), &log_copy).unwrap();
         println!("start {n}");
-        let (outcome, detail) = check_copy(&path, unclean);
+        let (outcome, detail) = check_copy(&path, completed);
         let word = format!("{outcome:?}").to_lowercase();
         println!("done {n} {word} {}", detail.replace('\n', " "));
         std::io::stdout().flush().unwrap();
@@ -300,7 +399,7 @@ fn used_len(log: &[u8]) -> u64 {
 }
 
 /// Runs the sweep over the store built by `build(.., unclean)`; returns the counts.
-fn sweep(unclean: bool) -> std::collections::BTreeMap<Outcome, usize> {
+fn sweep(kind: Kind) -> std::collections::BTreeMap<Outcome, usize> {
     let seed = std::env::var("IDEMSTORE_DAMAGE_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -311,17 +410,22 @@ fn sweep(unclean: bool) -> std::collections::BTreeMap<Outcome, usize> {
                 .as_nanos() as u64
                 | 1
         });
-    println!("damage sweep (unclean: {unclean}): IDEMSTORE_DAMAGE_SEED={seed}");
+    println!(
+        "damage sweep ({}): IDEMSTORE_DAMAGE_SEED={seed}",
+        kind.word()
+    );
     let mut rng = Rng(seed);
     let pristine = tempfile::tempdir().unwrap();
-    build(pristine.path(), unclean);
+    build(pristine.path(), kind);
     let store_len = fs::metadata(pristine.path().join("store.idem"))
         .unwrap()
         .len();
     let log = fs::read(log_of(&pristine.path().join("store.idem"))).unwrap();
     let log_used = used_len(&log).max(64);
     let (per_page, log_flips) = if long_mode() { (8, 1000) } else { (1, 64) };
-    let mut flips = Vec::new();
+    // Copy 0 is the undamaged store (xor 0): it must answer every key as stored, or a
+    // sweep where every copy fails to open would pass.
+    let mut flips = vec![("log", 0)];
     for page in 0..store_len / PAGE {
         for _ in 0..per_page {
             flips.push(("store", page * PAGE + rng.below(PAGE)));
@@ -330,9 +434,11 @@ fn sweep(unclean: bool) -> std::collections::BTreeMap<Outcome, usize> {
     for _ in 0..log_flips {
         flips.push(("log", rng.below(log_used)));
     }
-    if unclean {
-        let last = fs::read_to_string(pristine.path().join("last-write")).unwrap();
-        let (first, end) = last.split_once(' ').unwrap();
+    for range in fs::read_to_string(pristine.path().join("targets"))
+        .unwrap()
+        .lines()
+    {
+        let (first, end) = range.split_once(' ').unwrap();
         let (first, end): (u64, u64) = (first.parse().unwrap(), end.parse().unwrap());
         for _ in 0..if long_mode() { 200 } else { 32 } {
             flips.push(("log", first + rng.below(end - first)));
@@ -340,7 +446,7 @@ fn sweep(unclean: bool) -> std::collections::BTreeMap<Outcome, usize> {
     }
     let mut spec = String::new();
     for (n, (file, offset)) in flips.iter().enumerate() {
-        let xor = 1 + rng.below(255) as u8;
+        let xor = if n == 0 { 0 } else { 1 + rng.below(255) as u8 };
         writeln!(spec, "{n} {file} {offset} {xor}").unwrap();
     }
     let mut counts = std::collections::BTreeMap::new();
@@ -359,12 +465,7 @@ fn sweep(unclean: bool) -> std::collections::BTreeMap<Outcome, usize> {
             ])
             .env(
                 CHILD_ENV,
-                format!(
-                    "{} {} {}",
-                    pristine.path().display(),
-                    spec_path.display(),
-                    if unclean { "unclean" } else { "clean" }
-                ),
+                format!("{} {}", pristine.path().display(), spec_path.display()),
             )
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -397,6 +498,9 @@ fn sweep(unclean: bool) -> std::collections::BTreeMap<Outcome, usize> {
                     let mut outcome = Outcome::parse(fields.next().unwrap());
                     if panicked {
                         outcome = Outcome::Panic;
+                    }
+                    if n == 0 && outcome != Outcome::Ok {
+                        bad.push(format!("the undamaged store: {line}"));
                     }
                     if !matches!(outcome, Outcome::Ok | Outcome::Error) {
                         bad.push(format!("{:?}: {line}", flips[n]));
@@ -431,7 +535,8 @@ fn sweep(unclean: bool) -> std::collections::BTreeMap<Outcome, usize> {
         }
     }
     println!(
-        "damage sweep (unclean: {unclean}): {} copies: {counts:?}",
+        "damage sweep ({}): {} copies: {counts:?}",
+        kind.word(),
         flips.len()
     );
     for line in bad.iter().take(20) {
@@ -452,7 +557,7 @@ fn damaged_copies_of_a_cleanly_closed_store_never_answer_wrongly() {
     if std::env::var_os(CHILD_ENV).is_some() {
         return;
     }
-    let counts = sweep(false);
+    let counts = sweep(Kind::Clean);
     assert!(
         counts.get(&Outcome::Error).copied().unwrap_or(0) > 0,
         "no damage was noticed at all: {counts:?}"
@@ -464,7 +569,31 @@ fn damaged_copies_after_an_unclean_shutdown_never_answer_wrongly() {
     if std::env::var_os(CHILD_ENV).is_some() {
         return;
     }
-    let counts = sweep(true);
+    let counts = sweep(Kind::Unclean);
+    assert!(
+        counts.get(&Outcome::Error).copied().unwrap_or(0) > 0,
+        "no damage was noticed at all: {counts:?}"
+    );
+}
+
+#[test]
+fn damaged_copies_with_both_log_regions_live_never_answer_wrongly() {
+    if std::env::var_os(CHILD_ENV).is_some() {
+        return;
+    }
+    let counts = sweep(Kind::Regions);
+    assert!(
+        counts.get(&Outcome::Error).copied().unwrap_or(0) > 0,
+        "no damage was noticed at all: {counts:?}"
+    );
+}
+
+#[test]
+fn damaged_copies_with_the_log_wrapped_to_its_start_never_answer_wrongly() {
+    if std::env::var_os(CHILD_ENV).is_some() {
+        return;
+    }
+    let counts = sweep(Kind::RegionsWrapped);
     assert!(
         counts.get(&Outcome::Error).copied().unwrap_or(0) > 0,
         "no damage was noticed at all: {counts:?}"

@@ -820,7 +820,7 @@ fn a_full_disk_says_how_much_room_reopening_needs_and_that_is_enough() {
         .unwrap_or_else(|| panic!("the message does not say how much room: {message}"));
     assert_eq!(
         needed,
-        idemstore::whitebox::reopen_room(64 * 1024),
+        idemstore::whitebox::reopen_room(idemstore::whitebox::replay_bound(64 * 1024)),
         "{message}"
     );
     db.freeze();

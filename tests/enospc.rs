@@ -441,7 +441,8 @@ fn scenario(dir: &Path, index: usize) {
     // The failing calls (every caller of the batch that met the full disk): a full disk,
     // naming the file and the room reopening needs.
     assert!(!report.errors.is_empty(), "no call failed");
-    let needed = idemstore::whitebox::reopen_room(case.checkpoint_bytes);
+    let bound = idemstore::whitebox::replay_bound(case.checkpoint_bytes);
+    let needed = idemstore::whitebox::reopen_room(bound);
     for error in &report.errors {
         assert!(
             error.starts_with("Some(StorageFull) "),
@@ -474,11 +475,11 @@ fn scenario(dir: &Path, index: usize) {
     let filler = fill_the_rest(dir);
     let (used, free) = used_and_free(dir);
     assert!(free < 4096, "{free} bytes still free");
-    // An open replays at most the log's file, and a checkpoint's worth.
+    // An open replays at most the log's file, and two regions' worth.
     let log_len = std::fs::metadata(dir.join("store.idem.wal"))
         .expect("the log is there")
         .len();
-    let needed = idemstore::whitebox::reopen_room(log_len.min(case.checkpoint_bytes));
+    let needed = idemstore::whitebox::reopen_room(log_len.min(bound));
     let reopened = builder(case).open(&path);
     let full_reopen = match reopened {
         Ok(store) => {

@@ -17,6 +17,15 @@ pub(crate) struct Poison(
     PathBuf,
 );
 
+/// The most log a reopen may replay for a store checkpointed every `checkpoint_bytes`: two
+/// regions' worth (while a background checkpoint's durable commit runs, the region it covers
+/// and the frames written meanwhile in the other one are both still to replay; the writer
+/// starts no other checkpoint, and so lets the other region grow past `checkpoint_bytes`
+/// only by a batch, before that commit is durable).
+pub fn replay_bound(checkpoint_bytes: u64) -> u64 {
+    checkpoint_bytes.saturating_mul(2)
+}
+
 /// The free space a reopen needs on the store file's disk after a failure, when it replays
 /// `replay` bytes of log: the B-tree pages it rewrites (copy on write: up to about 4 bytes of
 /// pages per byte of log, with the crash model's 1 KiB results) and 2 MiB for redb's growth

@@ -11,7 +11,7 @@ use crate::builder::Builder;
 use crate::decide::policy::Policies;
 use crate::engine::cache::{Overlay, RecordCache};
 use crate::engine::commit::{Committer, Engine, Schedule, Writer};
-use crate::engine::poison::{full_disk_at_open, Poison};
+use crate::engine::poison::{full_disk_at_open, replay_bound, Poison};
 use crate::engine::recovery;
 use crate::engine::settings::Durability;
 use crate::engine::stats::Counters;
@@ -109,10 +109,9 @@ impl Store {
     }
 
     pub(crate) fn open_with(builder: &Builder, path: &Path) -> Result<Store, Error> {
-        // The log a reopen replays is at most its file (and a checkpoint's worth).
-        let replay = std::fs::metadata(log_path(path)).map_or(builder.checkpoint_bytes, |log| {
-            log.len().min(builder.checkpoint_bytes)
-        });
+        // The log a reopen replays is at most its file (and two regions' worth).
+        let bound = replay_bound(builder.checkpoint_bytes);
+        let replay = std::fs::metadata(log_path(path)).map_or(bound, |log| log.len().min(bound));
         guard_open(path, replay, || Store::open_unguarded(builder, path))
     }
 
@@ -187,26 +186,30 @@ impl Store {
         let mut builder = builder.clone();
         builder.admin_socket(crate::AdminSocket::Off);
         let builder = &builder;
-        guard_open(&path.clone(), builder.checkpoint_bytes, || {
-            // The clean-close mark, read as `file::open_or_create` reads it.
-            // Every page checksummed, as on a file (`format/pages.rs`).
-            let pages = |disk: &B| {
-                crate::format::pages::PageFile::new(disk.clone(), STORAGE_NAME)
-                    .map_err(|e| file::open_error(&path, "opening", e.into()))
-            };
-            let closed_clean =
-                match redb_builder(builder, false).open_read_only_with_backend(pages(&db)?) {
-                    Ok(read_only) => crate::engine::clean_close::recorded(&read_only)?,
-                    Err(_) => false,
+        guard_open(
+            &path.clone(),
+            replay_bound(builder.checkpoint_bytes),
+            || {
+                // The clean-close mark, read as `file::open_or_create` reads it.
+                // Every page checksummed, as on a file (`format/pages.rs`).
+                let pages = |disk: &B| {
+                    crate::format::pages::PageFile::new(disk.clone(), STORAGE_NAME)
+                        .map_err(|e| file::open_error(&path, "opening", e.into()))
                 };
-            let db = redb_builder(builder, !closed_clean)
-                .create_with_backend(pages(&db)?)
-                .map_err(|e| file::open_error(&path, "opening", e))?;
-            file::initialize_if_new(&db)?;
-            file::check_format(&db, &path)?;
-            file::upgrade_format(&db)?;
-            Store::from_parts(db, log, log_path(&path), builder, path)
-        })
+                let closed_clean =
+                    match redb_builder(builder, false).open_read_only_with_backend(pages(&db)?) {
+                        Ok(read_only) => crate::engine::clean_close::recorded(&read_only)?,
+                        Err(_) => false,
+                    };
+                let db = redb_builder(builder, !closed_clean)
+                    .create_with_backend(pages(&db)?)
+                    .map_err(|e| file::open_error(&path, "opening", e))?;
+                file::initialize_if_new(&db)?;
+                file::check_format(&db, &path)?;
+                file::upgrade_format(&db)?;
+                Store::from_parts(db, log, log_path(&path), builder, path)
+            },
+        )
     }
 
     pub(crate) fn from_parts(
@@ -267,7 +270,7 @@ impl Store {
             cache: RecordCache::new(builder.cache_records, builder.cache_record_bytes),
             overlay: Overlay::default(),
             counters: Counters::default(),
-            poison: Poison::new(builder.checkpoint_bytes, path.clone()),
+            poison: Poison::new(replay_bound(builder.checkpoint_bytes), path.clone()),
             clock: Arc::clone(&builder.clock),
             policy: Policies::new(
                 builder.lease,

@@ -10,7 +10,7 @@
 use std::path::PathBuf;
 
 pub use crate::clock::{from_millis, to_millis};
-pub use crate::engine::poison::{reopen_room, replay_bound};
+pub use crate::engine::poison::reopen_room;
 pub use crate::engine::recovery::{LogPosition, Recovered};
 pub use crate::engine::wal::Wal;
 pub use crate::format::frame::{

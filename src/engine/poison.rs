@@ -2,6 +2,7 @@
 //! [`Error::Poisoned`] until the store is reopened.
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 use crate::error::Error;
@@ -10,20 +11,25 @@ use crate::error::Error;
 #[derive(Debug, Default)]
 pub(crate) struct Poison(
     OnceLock<(String, Option<std::io::ErrorKind>)>,
-    /// The log a reopen may replay (checkpoint bytes), for the full-disk message.
-    u64,
+    /// The log a reopen would replay now (the writer keeps it current, see
+    /// [`set_replay`](Poison::set_replay)), for the full-disk message.
+    AtomicU64,
     /// The store file, whose disk needs the room: named by the full-disk message (a failed
     /// B-tree commit's own error does not name it).
     PathBuf,
 );
 
-/// The most log a reopen may replay for a store checkpointed every `checkpoint_bytes`: two
-/// regions' worth (while a background checkpoint's durable commit runs, the region it covers
-/// and the frames written meanwhile in the other one are both still to replay; the writer
-/// starts no other checkpoint, and so lets the other region grow past `checkpoint_bytes`
-/// only by a batch, before that commit is durable).
-pub fn replay_bound(checkpoint_bytes: u64) -> u64 {
-    checkpoint_bytes.saturating_mul(2)
+/// The most log a reopen may replay for a store checkpointed every `checkpoint_bytes` whose
+/// frames hold up to `frame_bytes`: two regions' worth (while a background checkpoint's
+/// durable commit runs, the region it covers and the frames written meanwhile in the other
+/// are both still to replay; the writer starts no other checkpoint before that commit is
+/// durable), each past `checkpoint_bytes` by at most its last frame and that frame's spare
+/// copy. Before the writer runs, the open's full-disk message asks for the room to replay
+/// this much (or the log file, when smaller); after, the writer keeps the figure exact.
+pub(crate) fn replay_bound(checkpoint_bytes: u64, frame_bytes: u64) -> u64 {
+    checkpoint_bytes
+        .saturating_add(frame_bytes.saturating_mul(2))
+        .saturating_mul(2)
 }
 
 /// The free space a reopen needs on the store file's disk after a failure, when it replays
@@ -69,9 +75,17 @@ pub(crate) fn full_disk_at_open(error: Error, store: &Path, replay: u64) -> Erro
 
 impl Poison {
     /// A latch whose full-disk message says how much room a reopen needs to replay up to
-    /// `replay` bytes of log, on the disk of the store file `store`.
+    /// `replay` bytes of log (until the writer says how much it holds), on the disk of the
+    /// store file `store`.
     pub(crate) fn new(replay: u64, store: PathBuf) -> Poison {
-        Poison(OnceLock::new(), replay, store)
+        Poison(OnceLock::new(), AtomicU64::new(replay), store)
+    }
+
+    /// The log a reopen would replay now: the frames since the last durable checkpoint, in
+    /// both regions while a background checkpoint's commit runs. Set by the writer after
+    /// each frame and checkpoint.
+    pub(crate) fn set_replay(&self, bytes: u64) {
+        self.1.store(bytes, Ordering::Relaxed);
     }
 
     pub(crate) fn check(&self) -> Result<(), Error> {
@@ -96,12 +110,13 @@ impl Poison {
 
     pub(crate) fn set(&self, error: &Error) {
         let mut cause = error.to_string();
-        if error.io_kind() == Some(std::io::ErrorKind::StorageFull) && self.1 > 0 {
+        if error.io_kind() == Some(std::io::ErrorKind::StorageFull) {
+            let replay = self.1.load(Ordering::Relaxed);
             cause.push_str(&format!(
                 "; the disk is full: free at least {} bytes on the disk of store file {} before reopening (a reopen replays up to {} bytes of log into it)",
-                reopen_room(self.1),
+                reopen_room(replay),
                 self.2.display(),
-                self.1
+                replay
             ));
         }
         if self.0.set((cause, error.io_kind())).is_ok() {

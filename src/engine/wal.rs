@@ -64,6 +64,9 @@ pub struct Wal {
     /// The salt of the next region's frames, durable in redb's meta (set by recovery; a
     /// switch takes it and leaves the one its checkpoint records).
     pub(super) next_salt: u64,
+    /// The bytes of the region left at the last switch, still to replay after a crash until
+    /// the checkpoint covering them is durable ([`release`](Wal::release)).
+    pub(super) left: u64,
     /// The largest frame payload (see [`Limits`](crate::engine::settings::Limits)).
     pub(super) max_payload: usize,
     pub(super) buf: Vec<u8>,
@@ -100,6 +103,7 @@ impl Wal {
             next_seq: checkpoint_seq + 1,
             salt,
             next_salt: 0,
+            left: 0,
             max_payload: u32::MAX as usize,
             buf: Vec::new(),
             pending_at: start,
@@ -208,6 +212,7 @@ impl Wal {
     /// durable checkpoint that covers every frame appended so far and recorded `salt`.
     pub fn rewind(&mut self, salt: u64) {
         self.rewind_to(LOG_HEADER_LEN, salt);
+        self.left = 0;
     }
 
     /// Starts a region at `start` under `salt`. Only where nothing still needed lies.
@@ -231,6 +236,7 @@ impl Wal {
     /// a region before another fills up meanwhile.
     pub fn switch(&mut self, following: u64, room: u64) -> (u64, u64) {
         let salt = std::mem::replace(&mut self.next_salt, following);
+        self.left = self.end - self.start;
         let (start, limit) = if self.start - LOG_HEADER_LEN >= room.max(1) {
             (LOG_HEADER_LEN, self.start)
         } else {
@@ -255,6 +261,14 @@ impl Wal {
     /// The checkpoint covering the other region is durable: frames may overwrite it.
     pub(crate) fn release(&mut self) {
         self.limit = u64::MAX;
+        self.left = 0;
+    }
+
+    /// The bytes of log a reopen after a crash now would replay: this region's frames (with
+    /// the last one's spare copy) and, while the checkpoint covering it is not durable, the
+    /// region left.
+    pub(crate) fn unreplayed(&self) -> u64 {
+        self.end - self.start + self.left
     }
 
     /// Bytes appended since the last rewind or switch (the last frame's spare copy excepted).

@@ -156,6 +156,7 @@ impl Writer {
             );
             // Every frame so far is now in the durable redb file.
             self.wal.rewind(new_salt);
+            self.engine.poison.set_replay(self.wal.unreplayed());
             self.last_checkpoint = Instant::now();
         }
         self.engine
@@ -264,6 +265,7 @@ impl Writer {
                 self.engine.counters.add(Counter::Commits, 1);
                 self.engine.counters.add(Counter::Checkpoints, 1);
                 self.wal.release();
+                self.engine.poison.set_replay(self.wal.unreplayed());
                 Ok(())
             }
             Err(error) => Err(self.fail(error)),

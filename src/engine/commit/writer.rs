@@ -73,6 +73,7 @@ impl Writer {
     ) -> Writer {
         let syncer = Arc::new(Syncer::new(&wal, Arc::clone(&engine)));
         let applier = Arc::new(Applier::new(Arc::clone(&engine)));
+        engine.poison.set_replay(wal.unreplayed());
         Writer {
             engine,
             wal,
@@ -196,6 +197,7 @@ impl Writer {
                 self.finish_checkpoint(true)?;
             }
             let seq = self.wal.write_encoded()?;
+            self.engine.poison.set_replay(self.wal.unreplayed());
             let deferred = DeferredBatch::logged(&mut written, seq, self.next_token);
             Ok((ops, written, seq, Some(deferred)))
         });

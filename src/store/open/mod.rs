@@ -110,7 +110,7 @@ impl Store {
 
     pub(crate) fn open_with(builder: &Builder, path: &Path) -> Result<Store, Error> {
         // The log a reopen replays is at most its file (and two regions' worth).
-        let bound = replay_bound(builder.checkpoint_bytes);
+        let bound = replay_bound(builder.checkpoint_bytes, builder.limits.frame_bytes as u64);
         let replay = std::fs::metadata(log_path(path)).map_or(bound, |log| log.len().min(bound));
         guard_open(path, replay, || Store::open_unguarded(builder, path))
     }
@@ -188,7 +188,7 @@ impl Store {
         let builder = &builder;
         guard_open(
             &path.clone(),
-            replay_bound(builder.checkpoint_bytes),
+            replay_bound(builder.checkpoint_bytes, builder.limits.frame_bytes as u64),
             || {
                 // The clean-close mark, read as `file::open_or_create` reads it.
                 // Every page checksummed, as on a file (`format/pages.rs`).
@@ -270,7 +270,10 @@ impl Store {
             cache: RecordCache::new(builder.cache_records, builder.cache_record_bytes),
             overlay: Overlay::default(),
             counters: Counters::default(),
-            poison: Poison::new(replay_bound(builder.checkpoint_bytes), path.clone()),
+            poison: Poison::new(
+                replay_bound(builder.checkpoint_bytes, builder.limits.frame_bytes as u64),
+                path.clone(),
+            ),
             clock: Arc::clone(&builder.clock),
             policy: Policies::new(
                 builder.lease,

@@ -110,18 +110,10 @@ fn reserve_or_wait_returns_the_result_when_the_holder_completes() {
     assert!(matches!(got, Reservation::InProgress { .. }), "{got:?}");
 }
 
-#[test]
-fn background_sweeper_deletes_expired_records_in_slices() {
-    let dir = tempfile::tempdir().unwrap();
-    let clock = ManualClock::new();
-    let store = Store::builder()
-        .clock(clock.clone())
-        .retention(Duration::from_secs(60))
-        .sweep_interval(Some(Duration::from_millis(20)))
-        .open(dir.path().join("sweep.idem"))
-        .unwrap();
-    let keys: Vec<(Key, Fingerprint)> = (0..2_500)
-        .map(|i| (key(&format!("e{i}")), Fingerprint::of(b"x")))
+/// `n` fresh keys named `prefix{i}`, reserved and completed in one batch each.
+fn completed_keys(store: &Store, prefix: &str, n: usize) -> Vec<(Key, Fingerprint)> {
+    let keys: Vec<(Key, Fingerprint)> = (0..n)
+        .map(|i| (key(&format!("{prefix}{i}")), Fingerprint::of(b"x")))
         .collect();
     let leases: Vec<_> = store
         .reserve_many(&keys)
@@ -136,6 +128,20 @@ fn background_sweeper_deletes_expired_records_in_slices() {
         .complete_many(leases.iter().map(|l| (l, b"ok".to_vec())).collect())
         .unwrap();
     assert!(results.iter().all(Result::is_ok));
+    keys
+}
+
+#[test]
+fn background_sweeper_deletes_expired_records_in_slices() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new();
+    let store = Store::builder()
+        .clock(clock.clone())
+        .retention(Duration::from_secs(60))
+        .sweep_interval(Some(Duration::from_millis(20)))
+        .open(dir.path().join("sweep.idem"))
+        .unwrap();
+    let keys = completed_keys(&store, "e", 2_500);
     assert_eq!(store.stats().swept, 0);
     clock.advance(Duration::from_secs(61));
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -144,6 +150,55 @@ fn background_sweeper_deletes_expired_records_in_slices() {
     }
     assert_eq!(store.stats().swept, 2_500);
     assert!(store.get(&keys[0].0).unwrap().is_none());
+}
+
+/// A background sweep with nothing to delete commits nothing: it looks at the deadline index
+/// through a read transaction first, so it neither commits the applier's transaction nor holds
+/// the writer for it. Stale reservations that have not expired are nothing to delete either.
+/// Once something expires, it is swept.
+#[test]
+fn a_background_sweep_with_nothing_expired_commits_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new();
+    let store = Store::builder()
+        .clock(clock.clone())
+        .lease(Duration::from_secs(30))
+        .retention(Duration::from_secs(60))
+        .sweep_interval(Some(Duration::from_millis(5)))
+        .open(dir.path().join("idle.idem"))
+        .unwrap();
+    completed_keys(&store, "i", 40);
+    // Ten left pending: their leases run out below, their records expire 60 s later.
+    let pending: Vec<(Key, Fingerprint)> = (0..10)
+        .map(|i| (key(&format!("p{i}")), Fingerprint::of(b"x")))
+        .collect();
+    for answer in store.reserve_many(&pending).unwrap() {
+        assert!(matches!(answer.unwrap(), Reservation::Acquired(_)));
+    }
+    clock.advance(Duration::from_secs(31));
+    // Let the applier commit what it holds, then count over many sweep intervals.
+    thread::sleep(Duration::from_millis(300));
+    let before = store.stats();
+    thread::sleep(Duration::from_millis(300));
+    let after = store.stats();
+    assert_eq!(after.swept, 0);
+    assert_eq!(
+        after.commits, before.commits,
+        "background sweeps with nothing expired committed"
+    );
+    // Expired: the completed keys now, the pending ones 30 s later.
+    clock.advance(Duration::from_secs(30));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while store.stats().swept < 40 && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(store.stats().swept, 40, "the completed keys expired");
+    clock.advance(Duration::from_secs(31));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while store.stats().swept < 50 && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(store.stats().swept, 50, "the stale reservations expired");
 }
 
 /// `Store::open`'s defaults serve a service: the log is preallocated, and expired records are
@@ -164,21 +219,7 @@ fn a_default_store_sweeps_by_itself_and_preallocates_its_log() {
         .len();
     assert_eq!(log_len, idemstore::DEFAULT_CHECKPOINT_BYTES + (1 << 20));
     let n = idemstore::SWEEP_SLICE_RECORDS + 50;
-    let keys: Vec<(Key, Fingerprint)> = (0..n)
-        .map(|i| (key(&format!("d{i}")), Fingerprint::of(b"x")))
-        .collect();
-    let leases: Vec<_> = store
-        .reserve_many(&keys)
-        .unwrap()
-        .into_iter()
-        .map(|r| match r.unwrap() {
-            Reservation::Acquired(lease) => lease,
-            other => panic!("{other:?}"),
-        })
-        .collect();
-    store
-        .complete_many(leases.iter().map(|l| (l, b"ok".to_vec())).collect())
-        .unwrap();
+    completed_keys(&store, "d", n);
     clock.advance(Duration::from_secs(61));
     let deadline = Instant::now() + idemstore::DEFAULT_SWEEP_INTERVAL * 10;
     while store.stats().swept < n as u64 && Instant::now() < deadline {

@@ -315,10 +315,11 @@ mod tests {
     }
 }
 
-/// Records acknowledged but not yet committed to redb: the committer keeps one redb write
+/// Records acknowledged but not yet committed to redb: the applier keeps one redb write
 /// transaction open across several batches, so readers must see these first. Every entry is
-/// the latest acknowledged state of its key; `None` is a deletion. Not bounded by a capacity:
-/// it is emptied each time the open transaction commits (every 100 ms at most, `TXN_SPAN`).
+/// the latest acknowledged state of its key (`None` is a deletion), with the log frame that
+/// logged it. Not bounded by a capacity: the entries a redb commit covers move to the record
+/// cache after each commit (every 100 ms at most, `TXN_SPAN`).
 ///
 /// It also counts the writer's *epochs* ([`epoch`](Overlay::epoch)): an epoch ends each time
 /// the writer commits to redb (and forgets the changes it kept since the last commit), and
@@ -327,7 +328,7 @@ mod tests {
 /// reserve hands the state it read to the writer instead of the writer reading it again.
 #[derive(Debug, Default)]
 pub(crate) struct Overlay {
-    map: RwLock<HashMap<Key, Option<Record>, Hasher>>,
+    map: RwLock<HashMap<Key, (Option<Record>, u64), Hasher>>,
     /// Whether `map` holds an entry: set under its write lock after the entries are in (with
     /// release), cleared under it when it is emptied. A reader that finds it unset skips the
     /// lock: a publication it misses is not acknowledged yet (changes are published before they
@@ -340,6 +341,8 @@ pub(crate) struct Overlay {
     /// The records table as redb held it when the current epoch began, shared by the readers
     /// of the epoch ([`committed`](Overlay::committed)).
     snapshot: SharedSnapshot,
+    /// Held by a drain ([`drain_through`](Overlay::drain_through)) from start to end.
+    draining: parking_lot::Mutex<()>,
 }
 
 /// The records table of one redb read transaction.
@@ -436,7 +439,7 @@ impl Overlay {
         if map.is_empty() {
             return None;
         }
-        map.get(key).cloned()
+        map.get(key).map(|(state, _)| state.clone())
     }
 
     /// [`get`](Overlay::get) for many keys under one lock: for each `keys[i]` changed since the
@@ -450,15 +453,15 @@ impl Overlay {
             return;
         }
         for (i, key) in keys.iter().enumerate() {
-            if let Some(state) = map.get(*key) {
+            if let Some((state, _)) = map.get(*key) {
                 states[i] = Ok(state.clone());
                 found[i] = true;
             }
         }
     }
 
-    /// Publishes acknowledged changes.
-    pub(crate) fn publish(&self, changes: Vec<(Key, Option<Record>)>) {
+    /// Publishes acknowledged changes, logged by frame `seq`.
+    pub(crate) fn publish(&self, changes: Vec<(Key, Option<Record>)>, seq: u64) {
         // Waiters are woken after the change is visible, or they would read the old state.
         let keys: Vec<Key> = if self.waiters.any() {
             changes.iter().map(|(key, _)| key.clone()).collect()
@@ -466,7 +469,7 @@ impl Overlay {
             Vec::new()
         };
         let mut map = self.map.write();
-        map.extend(changes);
+        map.extend(changes.into_iter().map(|(key, state)| (key, (state, seq))));
         self.occupied.store(!map.is_empty(), Ordering::Release);
         drop(map);
         self.waiters.notify(&keys);
@@ -474,16 +477,41 @@ impl Overlay {
 
     /// After the open transaction committed: hands every entry to `cache` and empties itself.
     pub(crate) fn drain_into(&self, cache: &RecordCache) {
-        let drained: Vec<_> = self
+        self.drain_through(u64::MAX, cache);
+    }
+
+    /// After a redb commit that holds every frame up to `seq`, and after the epoch it ended:
+    /// hands the entries logged by those frames to `cache`, then forgets them. Entries of later
+    /// frames stay: redb does not hold them yet.
+    ///
+    /// Into the cache first, while the overlay still answers for them, and out of the overlay
+    /// after, each only if no later frame changed its key meanwhile: so a reader that no
+    /// longer finds a key here finds its state in the cache (or, evicted, in a redb snapshot of
+    /// the new epoch), never an older state the cache still held. Drains run one at a time
+    /// (the writer's and the applier's), so a slower one never puts back a state a later one
+    /// replaced.
+    pub(crate) fn drain_through(&self, seq: u64, cache: &RecordCache) {
+        let _one_at_a_time = self.draining.lock();
+        let moving: Vec<(Key, Option<Record>, u64)> = self
             .map
             .read()
             .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
+            .filter(|(_, (_, logged))| *logged <= seq)
+            .map(|(key, (state, logged))| (key.clone(), state.clone(), *logged))
             .collect();
-        for (key, record) in drained {
-            cache.set(&key, record);
+        if moving.is_empty() {
+            return;
         }
-        self.clear();
+        for (key, state, _) in &moving {
+            cache.set(key, state.clone());
+        }
+        let mut map = self.map.write();
+        for (key, _, logged) in &moving {
+            if map.get(key).is_some_and(|(_, now)| now == logged) {
+                map.remove(key);
+            }
+        }
+        self.occupied.store(!map.is_empty(), Ordering::Release);
     }
 
     /// Forgets everything (the store is poisoned).

@@ -9,12 +9,14 @@ use std::collections::BinaryHeap;
 use std::ops::Bound;
 use std::sync::Arc;
 
-use redb::{ReadOnlyTable, ReadableTable};
+use redb::{Database, ReadOnlyTable, ReadableDatabase, ReadableTable};
 
 use crate::engine::commit::{CommitKind, Writer};
 use crate::engine::stats::Counter;
 use crate::error::Error;
-use crate::format::tables::{decode_record, IndexEntries, Tables, EXPIRY, LEASE};
+use crate::format::tables::{
+    decode_record, IndexEntries, Tables, DEADLINES, EXPIRY, LEASE, RECORDS,
+};
 use crate::key::Key;
 use crate::record::{Millis, Record, RecordClass, TokenFloor};
 
@@ -38,6 +40,50 @@ impl Writer {
             Ok(Ok(count))
         })
     }
+}
+
+/// How many due lease entries [`may_find_expired`] reads before it answers "maybe".
+const LEASES_CHECKED: usize = 256;
+
+/// Whether a sweep at `now` may find something to delete, judged on redb's last commit through
+/// a read transaction: a background sweep first commits the applier's transaction and holds
+/// the writer meanwhile, which a sweep with nothing to delete need not. Errs on "yes": an
+/// entry due in the expiry range; a due lease entry whose record expired, is gone or no longer
+/// has that entry (a sweep drops such an entry); more due lease entries than
+/// [`LEASES_CHECKED`] (stale reservations that have not expired); any error or panic (the
+/// sweep then meets and reports it). Records changed since redb's last commit are judged by a
+/// later sweep, as skipping a sweep changes no answer.
+pub(crate) fn may_find_expired(db: &Database, now: Millis) -> bool {
+    let check = || -> Result<bool, Box<dyn std::error::Error>> {
+        let txn = db.begin_read()?;
+        let records = txn.open_table(RECORDS)?;
+        let deadlines = txn.open_table(DEADLINES)?;
+        let due = |kind: u8| {
+            deadlines.range::<(u8, u64, &[u8])>(
+                (kind, 0, &[][..])..(kind, now.saturating_add(1), &[][..]),
+            )
+        };
+        if due(EXPIRY)?.next().is_some() {
+            return Ok(true);
+        }
+        for (n, entry) in due(LEASE)?.enumerate() {
+            if n >= LEASES_CHECKED {
+                return Ok(true);
+            }
+            let (index_key, _) = entry?;
+            let (_, at, key) = index_key.value();
+            let Some(bytes) = records.get(key)? else {
+                return Ok(true);
+            };
+            let record = decode_record(key, bytes.value())?;
+            if IndexEntries::of(&record).entry != Some((LEASE, at)) || record.expires_at <= now {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    };
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(check))
+        .map_or(true, |checked| checked.unwrap_or(true))
 }
 
 /// Deletes up to `limit` records that expired at or before `now`, earliest expiry first;

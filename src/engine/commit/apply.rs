@@ -1,29 +1,42 @@
 //! Applying logged batches to redb off the batch path.
 //!
 //! The log is what makes a batch durable, so its B-tree writes need not come before the
-//! answer. The writer decides each batch against [`Deferring`]: the changes since the last
-//! redb commit (its `latest` map), then the record cache, then the last committed redb state;
-//! it appends the frame and queues the batch's changes here. The applier thread applies them,
-//! in order, to the write transaction it keeps open; [`Writer::flush`](super::Writer::flush)
-//! applies whatever is left, commits, and only then forgets `latest`. So the serial stage
-//! before a sync is deciding and framing, and the three B-tree inserts per new key run on
-//! another thread while callers wait for the sync.
+//! answer. The writer decides each batch against [`Deferring`]: the changes it has made since
+//! redb last committed them (its `latest` map, each change with the frame that logged it),
+//! then the record cache, then the committed redb state; it appends the frame and queues the
+//! batch's changes here. The applier thread applies them, in order and once their frame is
+//! durable, to the write transaction it keeps open, and commits that transaction itself
+//! (non-durably) when it is [`TXN_SPAN`] old. The writer then forgets the changes that commit
+//! holds ([`Writer::drain_committed`](super::Writer::drain_committed)), keeping those of
+//! later frames. So neither the B-tree inserts nor the periodic commit hold the writer;
+//! [`Writer::flush`](super::Writer::flush) still applies and commits everything on the
+//! writer where a transaction outside the batch path (a checkpoint, a sweep) needs it.
+//!
+//! Only frames known durable are applied, so a commit (which new readers of redb see) never
+//! holds a change that a crash could still take back.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 use redb::{Database, ReadOnlyTable, ReadableDatabase, WriteTransaction};
 
 use crate::engine::cache::RecordCache;
+use crate::engine::stats::Counter;
 use crate::error::Error;
 use crate::format::tables::{decode_record, IndexEntries, Tables, RECORDS};
 use crate::key::Key;
 use crate::record::Record;
 
-use super::{Engine, Written};
+use super::writer::TXN_SPAN;
+use super::{Engine, Syncer, Written};
+
+/// The writer's changes since redb last committed them: each key's latest state, with the
+/// log frame that logged it.
+pub(super) type Latest = HashMap<Key, (Option<Record>, u64)>;
 
 /// Where an operation reads the state it is decided against and writes the new one: a write
 /// transaction's tables directly ([`Tables`]), or the batch path's [`Deferring`].
@@ -114,7 +127,9 @@ impl DeferredBatch {
 /// then the cache, then committed redb) and keeps each change in `latest`; the applier gets
 /// the changes from the writer's record of them ([`DeferredBatch::logged`]).
 pub(super) struct Deferring<'w> {
-    latest: &'w mut HashMap<Key, Option<Record>>,
+    latest: &'w mut Latest,
+    /// The frame that will log the changes made through this target.
+    seq: u64,
     cache: &'w RecordCache,
     db: &'w Database,
     /// The committed records, opened on the first key neither in `latest` nor in the cache.
@@ -123,12 +138,14 @@ pub(super) struct Deferring<'w> {
 
 impl<'w> Deferring<'w> {
     pub(super) fn new(
-        latest: &'w mut HashMap<Key, Option<Record>>,
+        latest: &'w mut Latest,
+        seq: u64,
         cache: &'w RecordCache,
         db: &'w Database,
     ) -> Deferring<'w> {
         Deferring {
             latest,
+            seq,
             cache,
             db,
             committed: None,
@@ -144,7 +161,7 @@ impl Target for Deferring<'_> {
         key: &Key,
         seen: Option<Option<Record>>,
     ) -> Result<Result<Option<Record>, Error>, Error> {
-        if let Some(state) = self.latest.get(key) {
+        if let Some((state, _)) = self.latest.get(key) {
             return Ok(Ok(state.clone()));
         }
         match seen {
@@ -154,7 +171,7 @@ impl Target for Deferring<'_> {
     }
 
     fn load(&mut self, key: &Key) -> Result<Result<Option<Record>, Error>, Error> {
-        if let Some(state) = self.latest.get(key) {
+        if let Some((state, _)) = self.latest.get(key) {
             return Ok(Ok(state.clone()));
         }
         if let Some(record) = self.cache.get(key) {
@@ -184,12 +201,13 @@ impl Target for Deferring<'_> {
         record: &Record,
         _encoded: &[u8],
     ) -> Result<(), Error> {
-        self.latest.insert(key.clone(), Some(record.clone()));
+        self.latest
+            .insert(key.clone(), (Some(record.clone()), self.seq));
         Ok(())
     }
 
     fn delete(&mut self, key: &Key, _old: Option<IndexEntries>) -> Result<(), Error> {
-        self.latest.insert(key.clone(), None);
+        self.latest.insert(key.clone(), (None, self.seq));
         Ok(())
     }
 }
@@ -231,13 +249,35 @@ struct Queue {
 }
 
 /// The most changes queued for the applier before the writer applies them itself: this
-/// bounds the work a flush (every 100 ms, under the writer) may find left over when the
-/// applier falls behind, such as under a stream of large `reserve_many` batches.
-const MAX_QUEUED: usize = 4096;
+/// bounds the work a flush may find left over when the applier falls behind, such as under a
+/// stream of large `reserve_many` batches.
+const MAX_QUEUED: usize = 65536;
+
+/// How long the applier waits before looking again when the first queued frame is not yet
+/// known durable (a sync normally ends well within it).
+const SYNC_POLL: Duration = Duration::from_millis(1);
 
 /// Applies queued batches to the open write transaction, on its own thread.
 pub(crate) struct Applier {
     engine: Arc<Engine>,
+    /// Tells which frames are durable: only those are applied.
+    syncer: Arc<Syncer>,
+    /// Whether frames are applied before they are durable (buffered durability, where a
+    /// batch is answered before its sync anyway).
+    apply_unsynced: bool,
+    /// The last frame applied to a transaction.
+    applied: AtomicU64,
+    /// The last frame held by a redb commit the applier made itself, for the writer to forget
+    /// ([`Writer::drain_committed`](super::Writer::drain_committed)).
+    committed: AtomicU64,
+    /// The last frame whose overlay entries may leave the overlay (the writer ended the epoch
+    /// after the commit that holds it), and the last frame whose entries have left: the
+    /// applier moves them to the record cache, off the writer.
+    drain_to: AtomicU64,
+    drained: AtomicU64,
+    /// While a background checkpoint is to commit the frames up to this one (and no later),
+    /// later frames wait in the queue (`u64::MAX`: none does).
+    hold_after: AtomicU64,
     /// Held while applying, committing, or reading when the transaction was opened. A batch is
     /// taken from `queue` only while holding it, so that a flush never misses one.
     pub(super) txn: Mutex<OpenTxn>,
@@ -247,9 +287,16 @@ pub(crate) struct Applier {
 }
 
 impl Applier {
-    pub(super) fn new(engine: Arc<Engine>) -> Applier {
+    pub(super) fn new(engine: Arc<Engine>, syncer: Arc<Syncer>, apply_unsynced: bool) -> Applier {
         Applier {
             engine,
+            syncer,
+            apply_unsynced,
+            applied: AtomicU64::new(0),
+            committed: AtomicU64::new(0),
+            drain_to: AtomicU64::new(0),
+            drained: AtomicU64::new(0),
+            hold_after: AtomicU64::new(u64::MAX),
             txn: Mutex::new(None),
             queue: Mutex::new(Queue::default()),
             more: Condvar::new(),
@@ -290,40 +337,136 @@ impl Applier {
         queue.changes > MAX_QUEUED
     }
 
+    /// The last frame a redb commit of the applier's own holds (0: none yet).
+    pub(super) fn committed(&self) -> u64 {
+        self.committed.load(Ordering::Acquire)
+    }
+
+    /// The last frame applied to a transaction (0: none yet).
+    pub(super) fn applied(&self) -> u64 {
+        self.applied.load(Ordering::Acquire)
+    }
+
+    /// Asks the applier thread to move the overlay entries of frames up to `seq` to the record
+    /// cache (the writer ended the epoch after the commit that holds them).
+    pub(super) fn drain_overlay(&self, seq: u64) {
+        self.drain_to.fetch_max(seq, Ordering::AcqRel);
+        let _queue = self.queue.lock();
+        self.more.notify_one();
+    }
+
+    /// Moves the overlay entries the writer allowed to the record cache.
+    fn drain_overlay_now(&self) {
+        let to = self.drain_to.load(Ordering::Acquire);
+        if to > self.drained.load(Ordering::Acquire) {
+            self.engine.overlay.drain_through(to, &self.engine.cache);
+            self.drained.store(to, Ordering::Release);
+        }
+    }
+
+    /// Records that a commit (the writer's flush) holds every frame applied so far.
+    pub(super) fn committed_all(&self) {
+        self.committed.store(self.applied(), Ordering::Release);
+    }
+
+    /// The last frame that may be applied now: the last durable one (any, when frames are
+    /// answered before their sync), and none after the frame a pending checkpoint covers.
+    fn applicable(&self) -> u64 {
+        let durable = if self.apply_unsynced {
+            u64::MAX
+        } else {
+            self.syncer.synced_seq()
+        };
+        durable.min(self.hold_after.load(Ordering::Acquire))
+    }
+
+    /// Applies no frame after `seq` until [`release_hold`](Applier::release_hold): the
+    /// background checkpoint covering the frames up to `seq` commits the applier's transaction
+    /// with exactly those.
+    pub(super) fn hold_after(&self, seq: u64) {
+        self.hold_after.store(seq, Ordering::Release);
+    }
+
+    /// Ends [`hold_after`](Applier::hold_after).
+    pub(super) fn release_hold(&self) {
+        self.hold_after.store(u64::MAX, Ordering::Release);
+        let _queue = self.queue.lock();
+        self.more.notify_one();
+    }
+
     fn run(&self) {
         loop {
+            self.drain_overlay_now();
+            let opened = self.txn.lock().as_ref().map(|(_, at)| *at);
+            let durable = self.applicable();
             {
                 let mut queue = self.queue.lock();
-                while queue.batches.is_empty() && !queue.shutdown {
-                    self.more.wait(&mut queue);
-                }
                 if queue.shutdown {
                     return;
                 }
+                let ready = queue.batches.first().is_some_and(|b| b.seq <= durable);
+                let due = opened.is_some_and(|at| at.elapsed() >= TXN_SPAN);
+                let drain =
+                    self.drain_to.load(Ordering::Acquire) > self.drained.load(Ordering::Acquire);
+                if !ready && !due && !drain {
+                    // Wait for a batch, for its frame's sync, or for the open transaction's
+                    // commit to be due, whichever comes first.
+                    let mut wait = opened.map(|at| TXN_SPAN.saturating_sub(at.elapsed()));
+                    if !queue.batches.is_empty() {
+                        wait = Some(wait.map_or(SYNC_POLL, |w| w.min(SYNC_POLL)));
+                    }
+                    match wait {
+                        Some(wait) => {
+                            self.more.wait_for(&mut queue, wait);
+                        }
+                        None => self.more.wait(&mut queue),
+                    }
+                    continue;
+                }
             }
             let mut txn = self.txn.lock();
-            if let Err(error) = self.apply_queued(&mut txn) {
+            let done = self
+                .apply_queued(&mut txn)
+                .and_then(|()| self.commit_if_due(&mut txn));
+            if let Err(error) = done {
                 self.fail(&mut txn, &error);
             }
         }
     }
 
+    /// Commits the open transaction (non-durably) when it is [`TXN_SPAN`] old, and records
+    /// the last frame it holds for the writer. The caller holds `txn`.
+    fn commit_if_due(&self, txn: &mut OpenTxn) -> Result<(), Error> {
+        if txn.as_ref().is_none_or(|(_, at)| at.elapsed() < TXN_SPAN) {
+            return Ok(());
+        }
+        let (open, _) = txn.take().expect("checked above");
+        open.commit()
+            .map_err(|e| Error::storage("committing a write transaction", e))?;
+        self.engine.counters.add(Counter::Commits, 1);
+        self.committed_all();
+        Ok(())
+    }
+
     /// Applies every queued batch to the open transaction (opening one if needed). The caller
     /// holds `txn`.
+    ///
+    /// Only batches whose frame is durable are taken (see the module docs); the rest stay
+    /// queued for the next call.
     pub(super) fn apply_queued(&self, txn: &mut OpenTxn) -> Result<(), Error> {
+        let durable = self.applicable();
         let batches = {
             let mut queue = self.queue.lock();
-            queue.changes = 0;
-            std::mem::take(&mut queue.batches)
+            let ready = queue.batches.partition_point(|b| b.seq <= durable);
+            let batches: Vec<DeferredBatch> = queue.batches.drain(..ready).collect();
+            queue.changes -= batches.iter().map(|b| b.changes.len()).sum::<usize>();
+            batches
         };
         if batches.is_empty() {
             return Ok(());
         }
         self.engine.poison.check()?;
         if txn.is_none() {
-            // Not while a checkpoint commits (`checkpoint.rs`); its failure poisons the store.
-            self.engine.checkpoint.wait_idle();
-            self.engine.poison.check()?;
             let ctx = "starting a write transaction";
             let mut opened = self
                 .engine
@@ -348,6 +491,7 @@ impl Applier {
         if let Some((seq, next_token)) = last {
             tables.set_wal_seq(seq)?;
             tables.set_next_token(next_token)?;
+            self.applied.store(seq, Ordering::Release);
         }
         Ok(())
     }

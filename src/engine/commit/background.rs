@@ -1,13 +1,19 @@
-//! Background work between batches: committing the open transaction, syncing a buffered
-//! log, sweeping expired records in slices, checkpointing when the log is large or old.
+//! Background work between batches: forgetting what the applier's commits hold, syncing a
+//! buffered log, sweeping expired records in slices, checkpointing when the log is large or
+//! old.
 
 use std::time::{Duration, Instant};
 
 use crate::engine::settings::Durability;
-use crate::engine::sweep::SWEEP_SLICE_RECORDS;
+use crate::engine::sweep::{may_find_expired, SWEEP_SLICE_RECORDS};
 
 use super::writer::TXN_SPAN;
 use super::Writer;
+
+/// How old the first change no redb commit holds may grow before the writer commits it
+/// itself: the applier commits every [`TXN_SPAN`], so this is reached only when it could not
+/// (it fell far behind).
+const STALE_SPAN: Duration = Duration::from_millis(4 * TXN_SPAN.as_millis() as u64);
 
 /// Background-work settings.
 #[derive(Debug, Clone, Copy)]
@@ -20,8 +26,9 @@ pub(crate) struct Schedule {
 }
 
 impl Writer {
-    /// Commits the open transaction when it is old, syncs a buffered log when its interval
-    /// passed, and checkpoints when the log is large or old.
+    /// Forgets what the applier's commits hold, commits itself only when the applier has not
+    /// for long, syncs a buffered log when its interval passed, and checkpoints when the log
+    /// is large or old.
     pub(super) fn background_work(&mut self) {
         if self.engine.poison.check().is_err() {
             return;
@@ -29,16 +36,18 @@ impl Writer {
         if self.finish_checkpoint(false).is_err() {
             return;
         }
-        let txn_due = self
+        self.drain_committed();
+        let stale = self
             .unflushed_since
-            .is_some_and(|since| since.elapsed() >= TXN_SPAN);
+            .is_some_and(|since| since.elapsed() >= STALE_SPAN);
         let sync_due = match self.schedule.durability {
             Durability::Buffered { flush_interval } => self.last_sync.elapsed() >= flush_interval,
             Durability::Immediate => false,
         };
-        if self.checkpointing.is_some() {
-            // A checkpoint commits: the applier's transaction waits for it, so the writer does
-            // not commit (nor sweep) until it is durable; a buffered log is still synced.
+        if self.checkpointing.is_some() || !stale {
+            // While a checkpoint commits, the applier's transaction waits for it, so the
+            // writer does not commit (nor sweep) until it is durable. Otherwise the applier
+            // commits its own transaction. A buffered log is synced either way.
             if sync_due {
                 if let Err(error) = self.syncer.drive_all() {
                     let _ = self.fail(error);
@@ -46,16 +55,19 @@ impl Writer {
                 }
                 self.last_sync = Instant::now();
             }
-            return;
-        }
-        if txn_due || sync_due {
+            if self.checkpointing.is_some() {
+                return;
+            }
+        } else {
             let _ = self.flush();
         }
         if let Some(interval) = self.schedule.sweep_interval {
             if self.sweep_backlog || self.last_sweep.elapsed() >= interval {
                 self.last_sweep = Instant::now();
-                self.sweep_backlog =
-                    matches!(self.sweep(SWEEP_SLICE_RECORDS), Ok(n) if n == SWEEP_SLICE_RECORDS);
+                // A backlog is known; otherwise look first, without holding a transaction.
+                self.sweep_backlog = (self.sweep_backlog
+                    || may_find_expired(&self.engine.db, self.engine.now()))
+                    && matches!(self.sweep(SWEEP_SLICE_RECORDS), Ok(n) if n == SWEEP_SLICE_RECORDS);
             }
         }
         let logged = self.wal.len_since_rewind();
@@ -78,7 +90,14 @@ impl Writer {
             // the transaction can be committed).
             at(Duration::from_millis(2));
         } else if let Some(since) = self.unflushed_since {
-            at(TXN_SPAN.saturating_sub(since.elapsed()));
+            // The applier's commit is due about TXN_SPAN after the first change: look for it
+            // then, and every few milliseconds until it came (or the writer must commit).
+            let elapsed = since.elapsed();
+            at(if elapsed < TXN_SPAN {
+                TXN_SPAN - elapsed
+            } else {
+                Duration::from_millis(5).min(STALE_SPAN.saturating_sub(elapsed))
+            });
         }
         if let Some(interval) = self.schedule.sweep_interval {
             at(if self.sweep_backlog {

@@ -6,36 +6,35 @@
 //! [`Builder::checkpoint_bytes`](crate::Builder::checkpoint_bytes) and when the oldest
 //! un-checkpointed frame is older than
 //! [`Builder::checkpoint_interval`](crate::Builder::checkpoint_interval), in the background
-//! ([`Writer::start_checkpoint`]): the writer commits the applier's transaction
-//! (non-durably, as every 100 ms), moves new frames to the log's other region
-//! ([`Wal::switch`](crate::engine::wal::Wal::switch)), and hands a durable commit of the meta
-//! table to a checkpoint thread; it goes on deciding and logging batches meanwhile. The region
-//! left is written again only once the commit is durable ([`Writer::finish_checkpoint`]).
+//! ([`Writer::start_checkpoint`]): the writer syncs the log, moves new frames to its other
+//! region ([`Wal::switch`](crate::engine::wal::Wal::switch)), and hands the rest to a
+//! checkpoint thread, which applies the region left to the applier's transaction and commits
+//! it durably; the writer goes on deciding and logging batches meanwhile. The region left is
+//! written again only once the commit is durable ([`Writer::finish_checkpoint`]).
 //! [`Store::checkpoint`](crate::Store::checkpoint), `complete_with` and close commit durably
 //! on the writer and rewind the log to its first region; sweeps commit unlogged.
 
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Mutex;
 use redb::WriteTransaction;
 
-use super::{Writer, Written};
+use super::apply::{Applier, OpenTxn};
+use super::{Engine, Writer, Written};
 use crate::engine::stats::Counter;
 use crate::error::Error;
 use crate::format::identity::LOG_HEADER_LEN;
 use crate::format::tables::{new_salt, Tables};
 use crate::record::Millis;
 
-/// What the applier and a background checkpoint's thread share: whether a checkpoint's
-/// durable commit runs (the applier opens no transaction meanwhile: redb would make it wait
-/// anyway, and it must see a failed commit's error as the store's poison, not the error redb
-/// gives every transaction after it), and a closure the crate's tests run on the thread just
-/// before the commit (to hold it, feature `__whitebox`).
+/// A closure the crate's tests run on a background checkpoint's thread before it takes the
+/// applier's transaction (to hold the checkpoint, feature `__whitebox`). (The applier needs no
+/// other word from the thread: the thread holds the applier's transaction while it applies
+/// and commits, and latches a failed commit's error as the store's poison before it lets go,
+/// so the applier sees that poison rather than the error redb gives every transaction after.)
 #[derive(Default)]
 pub(crate) struct CheckpointState {
-    committing: Mutex<bool>,
-    done: Condvar,
     hook: Mutex<Option<Box<dyn FnOnce() + Send>>>,
 }
 
@@ -44,23 +43,6 @@ impl CheckpointState {
     #[cfg(feature = "__whitebox")]
     pub(crate) fn arm(&self, hook: Box<dyn FnOnce() + Send>) {
         *self.hook.lock() = Some(hook);
-    }
-
-    /// Waits until no checkpoint's commit runs.
-    pub(crate) fn wait_idle(&self) {
-        let mut committing = self.committing.lock();
-        while *committing {
-            self.done.wait(&mut committing);
-        }
-    }
-
-    fn begin(&self) {
-        *self.committing.lock() = true;
-    }
-
-    fn end(&self) {
-        *self.committing.lock() = false;
-        self.done.notify_all();
     }
 
     fn run_hook(&self) {
@@ -73,6 +55,53 @@ impl CheckpointState {
 
 /// A background checkpoint: its thread, which returns the commit's outcome.
 pub(crate) type Running = JoinHandle<Result<(), Error>>;
+
+/// What a background checkpoint records in the meta table: the last frame it covers, the
+/// next fencing token then, and where the frames after it are (the other region's start, its
+/// salt, and the salt of the region after).
+struct CheckpointMeta {
+    last: u64,
+    next_token: u64,
+    start: u64,
+    salt: u64,
+    following: u64,
+}
+
+/// A background checkpoint's commit, on its thread: applies the queued frames up to
+/// `meta.last` (all durable, none after it: the applier holds those back) to the applier's
+/// open transaction, records `meta` there and commits it durably. The applier's thread waits
+/// meanwhile (the caller holds `txn`); the writer does not.
+fn commit_checkpoint(
+    engine: &Engine,
+    applier: &Applier,
+    txn: &mut OpenTxn,
+    meta: CheckpointMeta,
+) -> Result<(), Error> {
+    engine.poison.check()?;
+    if txn.is_none() {
+        let ctx = "starting a checkpoint";
+        let opened = engine
+            .db
+            .begin_write()
+            .map_err(|e| Error::storage(ctx, e))?;
+        *txn = Some((opened, Instant::now()));
+    }
+    applier.apply_queued(txn)?;
+    let (mut open, _) = txn.take().expect("opened above");
+    let ctx = "committing a checkpoint";
+    open.set_durability(redb::Durability::Immediate)
+        .map_err(|e| Error::storage(ctx, e))?;
+    // As `Writer::begin` does for every durable commit.
+    open.set_quick_repair(true);
+    let mut tables = Tables::open(&open)?;
+    tables.set_wal_seq(meta.last)?;
+    tables.set_next_token(meta.next_token)?;
+    tables.set_log_region(meta.start, meta.salt, meta.following)?;
+    drop(tables);
+    open.commit().map_err(|e| Error::storage(ctx, e))?;
+    applier.committed_all();
+    Ok(())
+}
 
 /// How a transaction outside the batch path is made durable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -181,46 +210,56 @@ impl Writer {
     /// Starts a checkpoint whose durable commit runs on its own thread (waiting first for the
     /// previous one, if it still runs: the only time the writer waits for a checkpoint).
     ///
-    /// The writer syncs and answers every frame written, applies them and commits the
-    /// applier's transaction (as every flush does: the overlay moves to the cache), so redb's
-    /// last commit holds exactly the frames of the current region. It then opens the
-    /// checkpoint's transaction (no other can be open: the applier's next one waits for it),
-    /// records there the last frame, the next fencing token, and where the frames after it
-    /// go (the other region, under the next salt, durable since the last checkpoint) with a
-    /// new next salt, and moves new frames to that region. The thread makes it durable;
-    /// batches after the switch are decided against the writer's `latest` and the overlay,
-    /// which keep them until the first flush after the commit.
+    /// The writer syncs and answers every frame written, moves new frames to the other region
+    /// (under the next salt, durable since the last checkpoint) and tells the applier to
+    /// apply no frame after the last one of the region left. The thread then applies what the
+    /// applier has not of that region to the applier's open transaction, records there the
+    /// last frame, the next fencing token, and where the frames after it go with a new next
+    /// salt, and commits it durably; so the commit holds exactly the frames of the region
+    /// left. Neither the applying nor the commit holds the writer: batches after the switch
+    /// are decided against the writer's `latest` and the overlay, which keep them until a
+    /// commit holds them ([`drain_committed`](Writer::drain_committed)).
     pub(crate) fn start_checkpoint(&mut self) -> Result<(), Error> {
-        self.flush()?;
-        let txn = match self.begin(redb::Durability::Immediate) {
-            Ok(txn) => txn,
-            Err(error) => return Err(self.fail(error)),
-        };
-        let last = self.wal.last_seq();
-        let following = new_salt();
-        let (start, salt) = self.wal.switch(following, self.schedule.checkpoint_bytes);
-        let recorded = Tables::open(&txn).and_then(|mut t| {
-            t.set_wal_seq(last)?;
-            t.set_next_token(self.next_token)?;
-            t.set_log_region(start, salt, following)
-        });
-        if let Err(error) = recorded {
+        self.engine.poison.check()?;
+        self.finish_checkpoint(true)?;
+        // Every frame of the region left durable: the applier may then apply them all.
+        if let Err(error) = self.syncer.drive_all() {
             return Err(self.fail(error));
         }
+        self.last_sync = Instant::now();
+        let last = self.wal.last_seq();
+        let next_token = self.next_token;
+        let following = new_salt();
+        let (start, salt) = self.wal.switch(following, self.schedule.checkpoint_bytes);
+        self.applier.hold_after(last);
         let engine = std::sync::Arc::clone(&self.engine);
-        self.engine.checkpoint.begin();
+        let applier = std::sync::Arc::clone(&self.applier);
         let spawned = std::thread::Builder::new()
             .name("idemstore-checkpoint".into())
             .spawn(move || {
                 engine.checkpoint.run_hook();
-                let committed = txn
-                    .commit()
-                    .map_err(|e| Error::storage("committing a checkpoint", e));
-                if let Err(error) = &committed {
-                    // Before the applier may open a transaction (which redb then refuses).
-                    engine.poison.set(error);
-                }
-                engine.checkpoint.end();
+                let committed = {
+                    let mut txn = applier.txn.lock();
+                    let committed = commit_checkpoint(
+                        &engine,
+                        &applier,
+                        &mut txn,
+                        CheckpointMeta {
+                            last,
+                            next_token,
+                            start,
+                            salt,
+                            following,
+                        },
+                    );
+                    if let Err(error) = &committed {
+                        // Before the applier may open a transaction (which redb then refuses).
+                        engine.poison.set(error);
+                        *txn = None;
+                    }
+                    committed
+                };
+                applier.release_hold();
                 committed
             });
         match spawned {
@@ -236,7 +275,7 @@ impl Writer {
                 Ok(())
             }
             Err(e) => {
-                self.engine.checkpoint.end();
+                self.applier.release_hold();
                 Err(self.fail(Error::io("starting a checkpoint thread", e)))
             }
         }

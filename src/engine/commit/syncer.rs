@@ -82,7 +82,7 @@ impl Syncer {
     }
 
     fn answer(&self, batch: PendingBatch) {
-        self.engine.overlay.publish(batch.changes);
+        self.engine.overlay.publish(batch.changes, batch.seq);
         for request in &batch.requests {
             request.publish();
         }

@@ -16,19 +16,19 @@ use crate::format::tables::IndexEntries;
 use crate::key::Key;
 use crate::record::{Millis, Record};
 
-use super::apply::{Applier, DeferredBatch, Deferring, Target};
+use super::apply::{Applier, DeferredBatch, Deferring, Latest, Target};
 use super::request::{Decide, Known, Outcomes};
 use super::syncer::PendingBatch;
 use super::{Engine, Queued, Schedule, Syncer};
 use crate::engine::poison::error_copy;
 
-/// How long one redb write transaction (the applier's) stays open across batches.
+/// How long one redb write transaction (the applier's) stays open across batches before the
+/// applier commits it (non-durably).
 ///
-/// Each (non-durable) commit of it holds the writer for a moment while redb finalizes its
-/// dirty pages, and callers queue behind it, so a longer span pauses them less often (the
-/// figures behind 100 ms: BENCHMARKS.md, "How long the applier's transaction stays open").
-/// The overlay and the writer's `latest` hold what the open transaction has not committed, so
-/// their size is bounded by this span times the write rate (~10k records at 100k writes/s).
+/// The overlay and the writer's `latest` hold what redb has not committed, so their size is
+/// bounded by about this span times the write rate (~10k records at 100k writes/s); a longer
+/// span commits less often (the figures behind 100 ms: BENCHMARKS.md, "How long the applier's
+/// transaction stays open").
 pub(super) const TXN_SPAN: Duration = Duration::from_millis(100);
 
 /// A change made by a transaction: for the log, the overlay and the cache.
@@ -48,9 +48,11 @@ pub(crate) struct Writer {
     pub(super) syncer: Arc<Syncer>,
     /// Applies logged batches to the write transaction it keeps open across batches.
     pub(super) applier: Arc<Applier>,
-    /// Every change since the last redb commit (applied to the open transaction or still
-    /// queued for the applier): what the next batch is decided against first.
-    pub(super) latest: HashMap<Key, Option<Record>>,
+    /// Every change no redb commit holds yet (applied to the open transaction or still
+    /// queued for the applier), with its frame: what the next batch is decided against first.
+    pub(super) latest: Latest,
+    /// The last frame whose changes were forgotten from `latest` (a redb commit holds them).
+    pub(super) drained: u64,
     /// When the first change since the last redb commit was logged (the transaction's age).
     pub(super) unflushed_since: Option<Instant>,
     pub(super) next_token: u64,
@@ -72,14 +74,20 @@ impl Writer {
         schedule: Schedule,
     ) -> Writer {
         let syncer = Arc::new(Syncer::new(&wal, Arc::clone(&engine)));
-        let applier = Arc::new(Applier::new(Arc::clone(&engine)));
         engine.poison.set_replay(wal.unreplayed());
+        let apply_unsynced = matches!(schedule.durability, Durability::Buffered { .. });
+        let applier = Arc::new(Applier::new(
+            Arc::clone(&engine),
+            Arc::clone(&syncer),
+            apply_unsynced,
+        ));
         Writer {
             engine,
             wal,
             syncer,
             applier,
             latest: HashMap::new(),
+            drained: 0,
             unflushed_since: None,
             next_token,
             schedule,
@@ -159,9 +167,11 @@ impl Writer {
         batch: &[Arc<dyn Queued>],
     ) -> Result<(usize, Vec<Written>, u64), Error> {
         let now = self.engine.now();
+        self.drain_committed();
         let mut latest = std::mem::take(&mut self.latest);
         let engine = Arc::clone(&self.engine);
-        let mut target = Deferring::new(&mut latest, &engine.cache, &engine.db);
+        let next_seq = self.wal.last_seq() + 1;
+        let mut target = Deferring::new(&mut latest, next_seq, &engine.cache, &engine.db);
         let result = (|| {
             let mut ops = 0;
             let mut written = Vec::new();
@@ -198,6 +208,10 @@ impl Writer {
             }
             let seq = self.wal.write_encoded()?;
             self.engine.poison.set_replay(self.wal.unreplayed());
+            debug_assert_eq!(
+                seq, next_seq,
+                "the changes were recorded under another frame"
+            );
             let deferred = DeferredBatch::logged(&mut written, seq, self.next_token);
             Ok((ops, written, seq, Some(deferred)))
         });
@@ -316,6 +330,8 @@ impl Writer {
                 if committed {
                     self.engine.counters.add(Counter::Commits, 1);
                 }
+                self.applier.committed_all();
+                self.drained = self.applier.committed();
                 self.latest.clear();
                 // States read before this commit may predate changes `latest` no longer holds.
                 self.engine.overlay.next_epoch();
@@ -325,6 +341,27 @@ impl Writer {
             }
             Err(error) => Err(self.fail(error)),
         }
+    }
+
+    /// Forgets the changes a redb commit of the applier's holds, keeping those of later
+    /// frames, and ends the epoch; the applier then moves their overlay entries to the record
+    /// cache. Cheap when there is nothing new: called before every batch.
+    pub(super) fn drain_committed(&mut self) {
+        let committed = self.applier.committed();
+        if committed <= self.drained {
+            return;
+        }
+        self.drained = committed;
+        self.latest.retain(|_, (_, seq)| *seq > committed);
+        // States read before now may predate changes `latest` no longer holds.
+        self.engine.overlay.next_epoch();
+        // After the epoch ended; moving them to the record cache is the applier's.
+        self.applier.drain_overlay(committed);
+        self.unflushed_since = if self.latest.is_empty() {
+            None
+        } else {
+            Some(Instant::now())
+        };
     }
 }
 

@@ -24,7 +24,7 @@
 //!
 //! - `get` never waits for the writer.
 //! - `stats` and `list` take the writer once, between two batches, for what the committer
-//!   does by itself every 100 ms: a commit of its open redb transaction, in memory, no sync.
+//!   does by itself every 250 ms: a commit of its open redb transaction, in memory, no sync.
 //!   That is the bound on how long a writer waits for an admin read. They then read a
 //!   snapshot that blocks no one, though reading every record of a large store takes CPU
 //!   time: asked nonstop, it costs the service the admin thread's share of the CPU

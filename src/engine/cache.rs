@@ -319,7 +319,7 @@ mod tests {
 /// transaction open across several batches, so readers must see these first. Every entry is
 /// the latest acknowledged state of its key (`None` is a deletion), with the log frame that
 /// logged it. Not bounded by a capacity: the entries a redb commit covers move to the record
-/// cache after each commit (every 100 ms at most, `TXN_SPAN`).
+/// cache after each commit (every 250 ms at most, `TXN_SPAN`).
 ///
 /// It also counts the writer's *epochs* ([`epoch`](Overlay::epoch)): an epoch ends each time
 /// the writer commits to redb (and forgets the changes it kept since the last commit), and

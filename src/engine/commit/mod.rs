@@ -18,11 +18,12 @@
 //! while callers only wait to be woken with their answer: each sync covers everything queued
 //! while the previous one ran, as in a bare group-commit log.
 //!
-//! Every 100 ms at most, once every written frame is synced, whatever the applier has not
-//! applied yet is applied, the open redb transaction is committed (non-durably; the log is
-//! what makes it durable), the in-memory changes are forgotten (which ends the epoch) and the
-//! overlay is emptied into the record cache. Checkpoints, [`Store::complete_with`](crate::Store::complete_with) and
-//! sweeps take the writer between batches.
+//! The applier applies each batch once its frame is synced and commits its open redb
+//! transaction every 250 ms (non-durably; the log is what makes it durable); the writer then
+//! forgets the changes that commit holds (which ends the epoch), and their overlay entries
+//! move to the record cache. A background checkpoint applies and commits on its own thread.
+//! [`Store::checkpoint`](crate::Store::checkpoint), [`Store::complete_with`](crate::Store::complete_with)
+//! and sweeps with something to delete take the writer between batches.
 //!
 //! Any failure of a write poisons the store: the failing batches are answered with the error
 //! and every later call is refused until the store is reopened.

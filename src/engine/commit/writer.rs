@@ -26,10 +26,10 @@ use crate::engine::poison::error_copy;
 /// applier commits it (non-durably).
 ///
 /// The overlay and the writer's `latest` hold what redb has not committed, so their size is
-/// bounded by about this span times the write rate (~10k records at 100k writes/s); a longer
-/// span commits less often (the figures behind 100 ms: BENCHMARKS.md, "How long the applier's
-/// transaction stays open").
-pub(super) const TXN_SPAN: Duration = Duration::from_millis(100);
+/// bounded by about this span times the write rate (~25k records at 100k writes/s); a longer
+/// span commits less often, and each page a span changes many times is written once (the
+/// figures behind 250 ms: BENCHMARKS.md, "How long the applier's transaction stays open").
+pub(super) const TXN_SPAN: Duration = Duration::from_millis(250);
 
 /// A change made by a transaction: for the log, the overlay and the cache.
 pub(crate) struct Written {

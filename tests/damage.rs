@@ -185,26 +185,41 @@ fn build(dir: &Path, kind: Kind) {
             let _ = release_rx.recv();
         });
         release = Some(release_tx);
-        let mut last_before = None;
+        // The completions' log ranges, in order. The hook tells of the switch a little after
+        // it (it runs on the checkpoint's thread): a completion or two may land in the new
+        // region before the loop sees it, so the switch is found in the ranges.
+        let mut ranges = Vec::new();
         while entered.recv_timeout(Duration::from_millis(1)).is_err() {
             assert!(next < COMPLETED + 5_000, "no background checkpoint started");
             let i = next;
-            last_before = Some(changed_by(&log_of(&path), || {
+            ranges.push(changed_by(&log_of(&path), || {
                 complete(vec![(i, completed_key(i))])
             }));
             next += 1;
         }
-        let last_before = last_before.expect("frames before the switch");
         let i = next;
-        let first_after = changed_by(&log_of(&path), || complete(vec![(i, completed_key(i))]));
+        ranges.push(changed_by(&log_of(&path), || {
+            complete(vec![(i, completed_key(i))])
+        }));
         next += 1;
-        // The second region follows the first in the file, or (wrapped) the frames went back
-        // to the start of the log.
-        assert_eq!(
-            kind == Kind::RegionsWrapped,
-            first_after.0 < last_before.0,
-            "{kind:?}: the last frames before the switch at {last_before:?}, the first after it at {first_after:?}"
-        );
+        let (last_before, first_after) = if kind == Kind::RegionsWrapped {
+            // The frames went back to the log's start: the first range that starts before
+            // the one ahead of it.
+            let at = (1..ranges.len())
+                .find(|&n| ranges[n].0 < ranges[n - 1].0)
+                .unwrap_or_else(|| panic!("the frames never went back to the start: {ranges:?}"));
+            (ranges[at - 1], ranges[at])
+        } else {
+            // The second region follows the first in the file: the switch is among the last
+            // ranges, which lie next to each other.
+            let n = ranges.len();
+            assert!(n >= 2, "frames before the switch");
+            assert!(
+                ranges.windows(2).all(|w| w[1].0 > w[0].0),
+                "the frames went back in the file: {ranges:?}"
+            );
+            (ranges[n - 2], ranges[n - 1])
+        };
         targets.extend([last_before, first_after]);
     }
     if kind != Kind::Clean {

@@ -812,19 +812,18 @@ fn a_full_disk_says_how_much_room_reopening_needs_and_that_is_enough() {
         )
         .unwrap_err();
     let message = later.to_string();
-    let needed: u64 = message
-        .split("free at least ")
-        .nth(1)
-        .and_then(|rest| rest.split(' ').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("the message does not say how much room: {message}"));
+    // The number the message gives after `words`.
+    let number_after = |words: &str| -> u64 {
+        message
+            .split(words)
+            .nth(1)
+            .and_then(|rest| rest.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("the message gives no number after {words:?}: {message}"))
+    };
+    let needed = number_after("free at least ");
     // The log the store held when it failed (both regions while a checkpoint committed).
-    let replay: u64 = message
-        .split("replays up to ")
-        .nth(1)
-        .and_then(|rest| rest.split(' ').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("the message does not say how much log: {message}"));
+    let replay = number_after("replays up to ");
     assert_eq!(
         needed,
         idemstore::whitebox::reopen_room(replay),

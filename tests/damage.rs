@@ -567,50 +567,35 @@ fn sweep(kind: Kind) -> std::collections::BTreeMap<Outcome, usize> {
     counts
 }
 
-#[test]
-fn damaged_copies_of_a_cleanly_closed_store_never_answer_wrongly() {
+/// Runs the sweep of `kind` (unless this process is a child) and checks that some damage was
+/// noticed.
+fn sweep_noticing_damage(kind: Kind) {
     if std::env::var_os(CHILD_ENV).is_some() {
         return;
     }
-    let counts = sweep(Kind::Clean);
+    let counts = sweep(kind);
     assert!(
         counts.get(&Outcome::Error).copied().unwrap_or(0) > 0,
         "no damage was noticed at all: {counts:?}"
     );
+}
+
+#[test]
+fn damaged_copies_of_a_cleanly_closed_store_never_answer_wrongly() {
+    sweep_noticing_damage(Kind::Clean);
 }
 
 #[test]
 fn damaged_copies_after_an_unclean_shutdown_never_answer_wrongly() {
-    if std::env::var_os(CHILD_ENV).is_some() {
-        return;
-    }
-    let counts = sweep(Kind::Unclean);
-    assert!(
-        counts.get(&Outcome::Error).copied().unwrap_or(0) > 0,
-        "no damage was noticed at all: {counts:?}"
-    );
+    sweep_noticing_damage(Kind::Unclean);
 }
 
 #[test]
 fn damaged_copies_with_both_log_regions_live_never_answer_wrongly() {
-    if std::env::var_os(CHILD_ENV).is_some() {
-        return;
-    }
-    let counts = sweep(Kind::Regions);
-    assert!(
-        counts.get(&Outcome::Error).copied().unwrap_or(0) > 0,
-        "no damage was noticed at all: {counts:?}"
-    );
+    sweep_noticing_damage(Kind::Regions);
 }
 
 #[test]
 fn damaged_copies_with_the_log_wrapped_to_its_start_never_answer_wrongly() {
-    if std::env::var_os(CHILD_ENV).is_some() {
-        return;
-    }
-    let counts = sweep(Kind::RegionsWrapped);
-    assert!(
-        counts.get(&Outcome::Error).copied().unwrap_or(0) > 0,
-        "no damage was noticed at all: {counts:?}"
-    );
+    sweep_noticing_damage(Kind::RegionsWrapped);
 }

@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, UNIX_EPOCH};
 
 use proptest::prelude::*;
 
@@ -852,7 +852,11 @@ fn a_full_disk_says_how_much_room_reopening_needs_and_that_is_enough() {
 /// left it (`tests/fixtures/log-v2-unclean`, `log-v3-unclean`: 10 keys completed before a
 /// checkpoint, 10 completed and one reserved after it, only in the log), opens with every
 /// acknowledged operation, and its log is then of the current layout.
-fn an_unclean_store_of_an_older_log_layout_recovers(fixture: &str) {
+///
+/// The store is opened through a [`ManualClock`] at `written_at`, the fixture's own time
+/// (`tests/fixtures/README.md`), never the system clock: its completed keys have a 24 h
+/// retention, and they must read the same on any date.
+fn an_unclean_store_of_an_older_log_layout_recovers(fixture: &str, written_at: u64) {
     let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/fixtures")
         .join(fixture);
@@ -862,7 +866,12 @@ fn an_unclean_store_of_an_older_log_layout_recovers(fixture: &str) {
     std::fs::copy(fixture.join("store.idem"), &path).unwrap();
     std::fs::copy(fixture.join("store.idem.wal"), &log).unwrap();
     let fixture_key = |id: String| Key::new("fixture", "op", id).unwrap();
-    let store = Store::builder().sweep_interval(None).open(&path).unwrap();
+    let clock = ManualClock::starting_at(UNIX_EPOCH + Duration::from_millis(written_at));
+    let store = Store::builder()
+        .clock(clock)
+        .sweep_interval(None)
+        .open(&path)
+        .unwrap();
     for (prefix, result) in [("before", "result"), ("logged", "logged result")] {
         for i in 0..10 {
             let record = store
@@ -890,10 +899,12 @@ fn an_unclean_store_of_an_older_log_layout_recovers(fixture: &str) {
 
 #[test]
 fn an_unclean_store_of_log_layout_2_recovers() {
-    an_unclean_store_of_an_older_log_layout_recovers("log-v2-unclean");
+    // 2026-12-02T00:02:37Z, a second after its last operation.
+    an_unclean_store_of_an_older_log_layout_recovers("log-v2-unclean", 1_796_169_757_491);
 }
 
 #[test]
 fn an_unclean_store_of_log_layout_3_recovers() {
-    an_unclean_store_of_an_older_log_layout_recovers("log-v3-unclean");
+    // 2026-12-02T03:10:59Z, a second after its last operation.
+    an_unclean_store_of_an_older_log_layout_recovers("log-v3-unclean", 1_796_181_059_782);
 }

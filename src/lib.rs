@@ -49,9 +49,8 @@
 //! - Expired keys swept in the background by default, in bounded slices through an expiry
 //!   index ([`Builder::sweep_interval`], [`Store::sweep`]).
 //! - Per-record checksums: damage is reported with the key, never returned as data.
-//! - [`http::IdempotencyLayer`] (feature `http`, on by default): the `Idempotency-Key` header
-//!   for any tower HTTP service, in one `.layer(...)`, on any [`Reservations`] backend; its
-//!   decisions are the framework-neutral [`guard`], for adapters to other servers.
+//! - An `Idempotency-Key` guard for HTTP (tower, axum), gRPC (tonic) and actix-web services,
+//!   on any [`Reservations`] backend (features below).
 //! - [`Store::expire`] deletes a key now (a wrong stored response, a data-deletion request,
 //!   reprocessing on purpose); a live lease is refused unless [`Store::expire_forced`].
 //! - Retention per operation ([`Builder::retention_for`]) and per completion
@@ -62,29 +61,25 @@
 //!
 //! The on-disk format is described in `docs/format.md`.
 //!
-//! # Layout: floors
-//! The crate reads from the bottom up: each floor imports only from the floors below it
-//! (`docs/DESIGN.md` gives the contract the floors build on).
+//! # Features
+//! The store alone needs none; each integration is off by default:
 //!
-//! 1. **Vocabulary** (files at the root): `clock` (time, milliseconds, the time formatter),
-//!    `fingerprint`, `key` (with the input limits), `error`, `record` (a [`Record`], its
-//!    stored state, its public view [`Status`] and its one state type [`RecordClass`]), and
-//!    `answers` (what callers get: [`Reservation`], [`Lease`], [`Completed`], [`Seen`]).
-//! 2. **`decide/`**: the pure state machine, one type per operation, and the per-operation
-//!    policy; no I/O, no key-to-answer mapping.
-//! 3. **`format/`**: every byte on disk: the redb tables and meta keys, the record codec, the
-//!    log's frames and identity block, the log's file (`docs/format.md` describes them).
-//! 4. **`engine/`**: the commit path (`commit/`), the log (`wal`), recovery, the clean-close
-//!    mark, the cache and overlay, waiters, the poison latch, sweeping, counters and the
-//!    settings the engine runs under.
-//! 5. **Surface**: [`Builder`] (every setting and default), `store/` ([`Store`]'s operations
-//!    and the mapping from decisions to public answers), `inspect/`, and [`Reservations`], the
-//!    trait every backend implements.
-//! 6. **Adapters**: [`guard`] (the framework-neutral decisions of the `Idempotency-Key`
-//!    layer) and [`http`] over it, `grpc` (a tonic layer) and `actix` (an actix-web
-//!    middleware) over it too, `etcd`, [`admin`] and the `idemstore` command-line tool
-//!    (`src/bin/idemstore/`).
+//! | feature | what it adds |
+//! |---|---|
+//! | `http` | `http::IdempotencyLayer`, the `Idempotency-Key` header for any tower HTTP service (axum), and `guard`, its framework-neutral decisions for adapters to other servers |
+//! | `grpc` | `grpc::GrpcIdempotencyLayer`, the guard for tonic servers, answering in gRPC statuses (implies `http`) |
+//! | `actix` | `actix::Idempotency`, the guard as an actix-web middleware (implies `http`) |
+//! | `etcd` | `EtcdStore`, the same reservations on an etcd v3 cluster, shared by several processes |
+//! | `metrics` | every counter of [`Store::stats`] reported to the `metrics` facade |
+//! | `tracing` | `tracing` events: recovery, checkpoints, poisoning, batches |
+//!
+//! The `idemstore` command-line tool is its own package, `idemstore-cli`.
+//!
+//! # Layout
+//! The crate reads from the bottom up, in floors that import only from the floors below;
+//! `CONTRIBUTING.md` ("The floors") describes them, with the walk of one reserve.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 #![warn(clippy::host_endian_bytes)]

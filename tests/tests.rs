@@ -11,8 +11,6 @@ mod bad_input;
 mod batches;
 mod checkpoint;
 mod clean_close;
-#[cfg(feature = "cli")]
-mod cli;
 mod compact;
 mod complete_with;
 mod concurrency;
@@ -35,8 +33,6 @@ mod http_kill;
 #[cfg(feature = "http")]
 mod http_knobs;
 mod kill;
-#[cfg(feature = "cli")]
-mod live;
 mod log_identity;
 mod lost_log;
 mod model;

@@ -1,6 +1,6 @@
 //! An `Idempotency-Key` layer for tower HTTP services (axum, or any tower stack whose request
 //! body can be built from `Bytes`), on any [`Reservations`](crate::Reservations) backend.
-//! Feature `http`, on by default.
+//! Feature `http`, off by default.
 //!
 //! A service adds it in one line:
 //!

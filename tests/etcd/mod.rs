@@ -2,8 +2,6 @@
 //! `etcd` binary. The scenarios shared with the local store are in `scenarios.rs`.
 
 mod ambiguous;
-#[cfg(feature = "cli")]
-mod cli;
 pub mod cluster;
 mod fault;
 mod store;

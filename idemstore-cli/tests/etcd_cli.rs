@@ -19,7 +19,7 @@ use idemstore::{
 };
 use serde_json::Value;
 
-use super::cluster::Cluster;
+use crate::cluster::Cluster;
 use crate::common::{encoded, fp, key};
 
 const HOUR: Duration = Duration::from_secs(3600);

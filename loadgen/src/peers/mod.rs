@@ -1,8 +1,8 @@
 //! The engines a user would pick instead of idemstore, behind one small trait (after redb's
 //! `BenchDatabase` in `crates/redb-bench-compare`), and the workloads run against them.
 //!
-//! Shared by `benches/engine.rs` (criterion) and `examples/loadgen.rs` (which includes it with
-//! `#[path = "../benches/peers/mod.rs"] mod peers;`), so both measure exactly the same code.
+//! Shared by `benches/engine.rs` (criterion, which includes it with `#[path]`) and the load
+//! generator (`src/main.rs`), so both measure exactly the same code.
 //!
 //! The workload everywhere: a durable insert-if-absent ("reserve") of a ~24-byte key with a
 //! 32-byte request fingerprint, and a completion that stores a 64-byte result.
@@ -38,7 +38,7 @@
 
 #![allow(
     dead_code,
-    reason = "included by both benches/engine.rs and examples/loadgen.rs, which each use a part"
+    reason = "included by both `benches/engine.rs` and the load generator (`src/main.rs`), which each use a part"
 )]
 
 #[cfg(feature = "etcd")]

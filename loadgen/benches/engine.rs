@@ -1,13 +1,14 @@
 //! idemstore against the engines a user would pick instead, on the idempotency workload:
 //! durable insert-if-absent of a ~24-byte key with a 32-byte fingerprint, and completion with
-//! a 64-byte result. The engines and what each operation does are in `peers/mod.rs`, shared
-//! with `examples/loadgen.rs` (which prints latency percentiles and ratios instead).
+//! a 64-byte result. The engines and what each operation does are in `src/peers/mod.rs`, shared
+//! with the load generator (`src/main.rs`, which prints latency percentiles and ratios instead).
+//! The store's own benchmarks, with no peer, are the library's `benches/store.rs`.
 //!
 //! ```text
-//! cargo bench --bench engine                    # everything, ~5 minutes on 2 cores
-//! cargo bench --bench engine -- reserve_new     # one group
-//! cargo bench --bench engine -- 'idemstore'     # one engine
-//! IDEMSTORE_BENCH_LONG=1 cargo bench --bench engine -- prefilled
+//! cargo bench -p idemstore-loadgen --bench engine                    # everything, ~5 minutes on 2 cores
+//! cargo bench -p idemstore-loadgen --bench engine -- reserve_new     # one group
+//! cargo bench -p idemstore-loadgen --bench engine -- 'idemstore'     # one engine
+//! IDEMSTORE_BENCH_LONG=1 cargo bench -p idemstore-loadgen --bench engine -- prefilled
 //! ```
 //!
 //! `IDEMSTORE_BENCH_LONG=1` prefills the `prefilled` group's stores with 1,000,000 keys instead
@@ -20,8 +21,8 @@
 //!
 //! Engines: idemstore (`Store::open` defaults), Redis (`appendfsync always`, a `redis-server`
 //! the bench starts on a loopback port and kills at the end; skipped with a message when not
-//! installed), redb, SQLite, fdatasync (see `peers/mod.rs`). Percentiles, ratios per pass and
-//! `idemstore-prealloc` are in the load generator (`examples/loadgen.rs`).
+//! installed), redb, SQLite, fdatasync (see `src/peers/mod.rs`). Percentiles, ratios per pass and
+//! `idemstore-prealloc` are in the load generator (`src/main.rs`).
 //!
 //! Groups (throughput is keys per second):
 //! - `reserve_new/{engine}/{threads}`: first-time reserves at 1 and 32 threads;
@@ -34,7 +35,7 @@
 //! - `prefilled_10k` (`prefilled_1m` when long): new, then duplicate reserves on a store that
 //!   already holds the keys (1 thread); the two share one store per engine, filled once.
 
-#[path = "peers/mod.rs"]
+#[path = "../src/peers/mod.rs"]
 mod peers;
 
 use std::ops::Range;

@@ -5,17 +5,17 @@
 //!
 //! ```text
 //! # Every scenario of the hot-path targets, every engine, 3 interleaved passes (~7 minutes):
-//! cargo run --release --example loadgen -- --scenario all --passes 3
+//! cargo run --release -p idemstore-loadgen -- --scenario all --passes 3
 //! # The same as JSON on stdout (per pass and medians), no progress bar:
-//! cargo run --release --example loadgen -- --scenario all --passes 3 --json > run.json
+//! cargo run --release -p idemstore-loadgen -- --scenario all --passes 3 --json > run.json
 //! # The table on stdout and the JSON in a file:
-//! cargo run --release --example loadgen -- --scenario all --passes 3 --save run.json
+//! cargo run --release -p idemstore-loadgen -- --scenario all --passes 3 --save run.json
 //! # Some scenarios, some engines, shorter cells:
-//! cargo run --release --example loadgen -- --scenario reserve-32,cycle-32 \
+//! cargo run --release -p idemstore-loadgen -- --scenario reserve-32,cycle-32 \
 //!     --engines idemstore,redis --seconds 2
 //! # A custom workload at chosen thread counts (reserve, duplicate, mixed, complete, batch,
 //! # batch-duplicate):
-//! cargo run --release --example loadgen -- --workload mixed --threads 1,4,32
+//! cargo run --release -p idemstore-loadgen -- --workload mixed --threads 1,4,32
 //! ```
 //!
 //! Scenarios (`--scenario all` runs them in this order; engines: every one unless said):
@@ -40,7 +40,7 @@
 //! group-commit log with nothing else), `redb-ceiling` and `redb-ceiling-1g` (named only:
 //! redb's inserts of a new key's record and deadline entry alone, not durable, with a 64 MiB
 //! and a 1 GiB page cache: the bound of an engine that keeps every key in a redb B-tree);
-//! `benches/peers/mod.rs` says what each does.
+//! `src/peers/mod.rs` says what each does.
 //!
 //! `CPU/op` is the CPU time (user + system, `getrusage(RUSAGE_SELF)` before and after the
 //! clients run) of the whole process divided by the operations (keys, for batches): the
@@ -56,9 +56,7 @@
 //! batches, per reserve + complete for cycles). The disk is shared and noisy: compare ratios
 //! within one run, not absolute figures across runs.
 
-#[path = "../benches/peers/mod.rs"]
 mod peers;
-#[path = "loadgen/report.rs"]
 mod report;
 
 use std::io::{self, Write};

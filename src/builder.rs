@@ -292,7 +292,7 @@ impl Builder {
     /// 0 keeps no record. Default = [`DEFAULT_CACHE_RECORD_BYTES`] (64 MiB).
     ///
     /// With [`cache_size`](Builder::cache_size) (redb's page cache) it bounds the memory the
-    /// store keeps; README.md ("What the defaults cost", "Memory") lists what else counts.
+    /// store keeps; docs/4-configuration.md ("What the defaults cost", "Memory") lists what else counts.
     pub fn cache_record_bytes(&mut self, bytes: usize) -> &mut Self {
         self.cache_record_bytes = bytes;
         self
@@ -404,7 +404,7 @@ impl Builder {
     /// at its store (`idemstore stats FILE`) without restarting it with another setting, and
     /// cannot change it through the socket. The socket file has mode 0600: only the
     /// service's user (and root) can connect. Its cost is one mostly idle thread, a file
-    /// descriptor and the socket file (README, "What the defaults cost").
+    /// descriptor and the socket file (docs/4-configuration.md, "What the defaults cost").
     /// [`AdminSocket::Off`] serves nothing (a test suite opening many stores, a file system
     /// without Unix sockets).
     ///

@@ -64,6 +64,7 @@
 //! that panics, or an RPC the client cancels, releases the key so a retry runs again.
 
 mod config;
+mod key;
 mod service;
 mod status;
 

@@ -69,6 +69,9 @@ fn out_of_stock() -> Status {
     status
 }
 
+/// The `date` the handler sets on the orders of item `dated`.
+const OLD_DATE: &str = "Thu, 01 Jan 2015 00:00:00 GMT";
+
 /// An INVALID_ARGUMENT with a `BadRequest` and a trailer, as a handler refuses a request.
 fn bad_quantity() -> Status {
     let mut details = tonic_types::ErrorDetails::new();
@@ -86,7 +89,8 @@ impl Orders for Arc<Shop> {
     /// By item: `panic` panics on its first run; `fail` is UNAVAILABLE on its first run;
     /// `internal` is INTERNAL on its first run; `refuse` is FAILED_PRECONDITION with details
     /// and metadata; `invalid` is INVALID_ARGUMENT with a `BadRequest` and an `x-field`
-    /// trailer; `slow` works 1.5 s; anything else works for `work`, then creates an order.
+    /// trailer; `slow` works 1.5 s; anything else works for `work`, then creates an order
+    /// (`dated` with a `date` of its own, [`OLD_DATE`]).
     async fn create_order(
         &self,
         request: Request<CreateOrderRequest>,
@@ -107,6 +111,7 @@ impl Orders for Arc<Shop> {
         }
         tokio::time::sleep(self.work).await;
         let id = self.orders.fetch_add(1, Ordering::SeqCst) + 1;
+        let dated = request.item == "dated";
         let mut response = Response::new(Order {
             id,
             item: request.item,
@@ -114,6 +119,11 @@ impl Orders for Arc<Shop> {
         });
         let value = format!("orders/{id}").parse().expect("ASCII");
         response.metadata_mut().insert("x-order", value);
+        if dated {
+            // An answer whose service sets its own `date`.
+            let date = OLD_DATE.parse().expect("ASCII");
+            response.metadata_mut().insert("date", date);
+        }
         let bin = tonic::metadata::MetadataValue::from_bytes(&[
             0,
             0xff,
@@ -608,10 +618,22 @@ struct Frames {
     trailers_only: bool,
     /// The response headers, sorted; the value of `date` (one per answer) left out.
     headers: Vec<(String, Vec<u8>)>,
+    /// The values of `date`.
+    dates: Dates,
     /// The bytes of the DATA frames.
     data: Vec<u8>,
     /// The trailers, sorted, if a HEADERS frame followed the data.
     trailers: Option<Vec<(String, Vec<u8>)>>,
+}
+
+/// The `date` values of an answer, which two answers need not share: equal to any other.
+#[derive(Debug, Clone)]
+struct Dates(Vec<Vec<u8>>);
+
+impl PartialEq for Dates {
+    fn eq(&self, _: &Dates) -> bool {
+        true
+    }
 }
 
 fn sorted(map: &http::HeaderMap) -> Vec<(String, Vec<u8>)> {
@@ -659,6 +681,14 @@ async fn h2_call(addr: SocketAddr, path: &str, message: Vec<u8>) -> Frames {
     Frames {
         trailers_only,
         headers: sorted(&parts.headers),
+        dates: Dates(
+            parts
+                .headers
+                .get_all("date")
+                .iter()
+                .map(|v| v.as_bytes().to_vec())
+                .collect(),
+        ),
         data,
         trailers: trailers.as_ref().map(sorted),
     }
@@ -720,16 +750,25 @@ async fn guarded_answers_are_framed_as_a_plain_tonic_service_frames_them() {
         marked_replayed(&first),
         "stored error: replay against first"
     );
-    // Neither a `content-length` nor a second `date` on any of them.
+    // No `content-length` on any of them (the comparisons above also say so).
     for frames in [&ok, &replay] {
         let names: Vec<&str> = frames.headers.iter().map(|(n, _)| n.as_str()).collect();
         assert!(!names.contains(&"content-length"), "{names:?}");
-        assert_eq!(
-            names.iter().filter(|n| **n == "date").count(),
-            1,
-            "{names:?}"
-        );
     }
+    // A `date` the service set itself is sent as a plain service sends it, and a replay gets
+    // the server's own (one `date`, not the first answer's).
+    let old = vec![OLD_DATE.as_bytes().to_vec()];
+    let plain_dated = call(&plain, "h-4", "dated").await;
+    assert_eq!(plain_dated.dates.0, old, "{plain_dated:?}");
+    let first = call(&guarded, "h-4", "dated").await;
+    assert_eq!((&first, &first.dates.0), (&plain_dated, &old));
+    let replay = call(&guarded, "h-4", "dated").await;
+    assert_eq!(replay, marked_replayed(&first));
+    assert!(
+        replay.dates.0.len() == 1 && replay.dates.0 != old,
+        "a replay repeats a stale date: {:?}",
+        replay.dates
+    );
 }
 
 /// A store that fails every reservation of the client key `store-down` (as a store whose disk

@@ -169,7 +169,8 @@ where
         }
     };
     let (mut parts, body) = response.into_parts();
-    strip_per_answer(&mut parts.headers);
+    // A plain tonic answer has none; the layer sends the data in a body of its own.
+    parts.headers.remove(CONTENT_LENGTH);
     let Ok(collected) = running.work(body.collect()).await else {
         running.release(Release::Failed).await;
         let refused = Refused::new(Refusal::ResponseUnreadable);
@@ -187,7 +188,12 @@ where
         Some(_) if !guard.stores_body(Some(data.len() as u64)) => {
             drop(running.complete_not_stored(parts.status.as_u16()).await);
         }
-        Some(_) => match encode(parts.status, &parts.headers, trailers.as_ref(), &data) {
+        Some(_) => match encode(
+            parts.status,
+            &stored(&parts.headers),
+            trailers.as_ref(),
+            &data,
+        ) {
             // Not stored (too large, lease lost): this client still gets its answer, and
             // the key is released so a retry runs the handler again.
             Some(encoded) => drop(running.complete(encoded).await),
@@ -198,12 +204,14 @@ where
     Ok(Response::from_parts(parts, Answer::body(data, trailers)))
 }
 
-/// Removes the headers that belong to one answer on one connection, not to the answer itself:
-/// `date` (the server adds a fresh one to each answer, a replay's included) and
-/// `content-length` (a plain tonic answer has none; gRPC frames its messages itself).
-fn strip_per_answer(headers: &mut HeaderMap) {
+/// The headers of an answer as stored: without those that belong to one answer on one
+/// connection, not to the answer itself: `date` (a replay gets a fresh one from the server, as
+/// any answer does) and `content-length` (a plain tonic answer has none).
+fn stored(headers: &HeaderMap) -> HeaderMap {
+    let mut headers = headers.clone();
     headers.remove(DATE);
     headers.remove(CONTENT_LENGTH);
+    headers
 }
 
 /// Reads the request stream, up to the limit.
@@ -273,7 +281,6 @@ fn replay(bytes: &[u8], source: &KeySource) -> Response<Body> {
         let refused = Refused::new(Refusal::StoredResponseUnreadable);
         return refusal_response(&refused, source);
     };
-    strip_per_answer(&mut headers);
     headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
     let mut response = Response::new(Answer::body(data, trailers));
     *response.status_mut() = status;

@@ -80,11 +80,11 @@ def details(call):
 
 
 def error(callable_, request, **kw):
-    """The RpcError of a call that must fail."""
+    """The RpcError of a call that must fail (each scenario checks its code first, then
+    its metadata with `clean_metadata`)."""
     try:
         callable_.with_call(request, **kw)
     except grpc.RpcError as e:
-        clean_metadata(e)
         return e
     raise AssertionError("the call succeeded")
 
@@ -108,6 +108,7 @@ def refusal(e, code, reason, *, mentions=(), avoids=("Idempotency-Key", "Idempot
     for word in avoids:
         check(word not in e.details(), f"message {e.details()!r} speaks of {word!r}")
     check("idempotent-replayed" not in md(e.trailing_metadata()), "a refusal marked as replayed")
+    clean_metadata(e)
     return d
 
 
@@ -219,6 +220,7 @@ def main():
         check(e.code() == grpc.StatusCode.UNAVAILABLE, f"{e.code()}: {e.details()}")
         check(e.details() == "gateway unavailable", f"message {e.details()!r}")
         check("idempotent-replayed" not in md(e.trailing_metadata()), "marked as replayed")
+        clean_metadata(e)
         paid, call = ok(stub.Pay, pb.PayRequest(order_id=7, cents=100), metadata=pay_md("p-1"))
         check(paid.attempt == 2, f"{paid}")
         check("idempotent-replayed" not in md(call.initial_metadata()), "the retry marked as replayed")
@@ -230,6 +232,7 @@ def main():
         e = error(stub.CreateOrder, order("c-int", "internal"), metadata=[AUTH])
         check(e.code() == grpc.StatusCode.INTERNAL, f"{e.code()}: {e.details()}")
         check(e.details() == "a bug", f"message {e.details()!r}")
+        clean_metadata(e)
         response, call = ok(stub.CreateOrder, order("c-int", "internal"), metadata=[AUTH])
         check("idempotent-replayed" not in md(call.initial_metadata()), "the retry marked as replayed")
 
@@ -250,6 +253,8 @@ def main():
         check(replayed.get("x-field") == ["quantity"], f"trailing metadata {replayed}")
         check(not r.initial_metadata(), f"initial metadata {r.initial_metadata()}")
         check(details(r) == d, "the replayed details differ")
+        clean_metadata(e)
+        clean_metadata(r)
 
     def answer_over_the_stored_limit_is_never_run_again():
         big = "b" * 300

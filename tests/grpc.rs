@@ -576,6 +576,11 @@ async fn keys_are_required_and_unguarded_rpcs_pass() {
         status.message()
     );
     assert_eq!(service.shop.runs(""), 0, "no handler ran");
+    // A key is taken as sent: gRPC has no HTTP quoting, so `"q-1"` and `q-1` are two keys.
+    let quoted = service.order("\"q-1\"", "book").await.expect("created");
+    let bare = service.order("q-1", "book").await.expect("another key");
+    assert!(!replayed(bare.metadata()));
+    assert_ne!(quoted.into_inner().id, bare.into_inner().id);
     // The streaming RPC is not guarded: no key needed, and it runs every time.
     for _ in 0..2 {
         let mut stream = service

@@ -9,8 +9,9 @@
 //! as Google's AIP-155 asks, `Pay`, keyed by the `idempotency-key` metadata entry, and
 //! `WatchOrders`, a server-streaming RPC that is not guarded. The demo starts it on a free port
 //! of 127.0.0.1 with a store in a temporary directory, calls it with the generated client and
-//! prints one line per call: the status (or the message), `idempotent-replayed`, and the
-//! refusal's details (`ErrorInfo` reason, `RetryInfo` delay). The first order is created; its
+//! prints one line per call: the status (or the message), `idempotent-replayed` (in the initial
+//! metadata of an `OK`, in the trailing metadata of an error), and the refusal's details
+//! (`ErrorInfo` reason, `RetryInfo` delay). The first order is created; its
 //! retry is replayed; the same request id with another item is FAILED_PRECONDITION; of two
 //! calls sent at once, one runs and the other is ABORTED with a retry delay; a call without a
 //! request id is INVALID_ARGUMENT; a payment whose first attempt fails with UNAVAILABLE runs
@@ -120,6 +121,10 @@ fn line<T: std::fmt::Debug>(result: Result<Response<T>, Status>) -> String {
         }
         Err(status) => {
             let mut out = format!("{:?}: {}", status.code(), status.message());
+            // An error's metadata, a replay's marker among it, is its trailing metadata.
+            if let Some(v) = status.metadata().get("idempotent-replayed") {
+                out += &format!("  idempotent-replayed: {}", v.to_str().unwrap_or("?"));
+            }
             if let Some(info) = status.get_details_error_info() {
                 out += &format!("  reason: {}", info.reason);
             }

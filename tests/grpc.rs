@@ -4,13 +4,17 @@
 //! byte-for-byte checks.
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::{Buf, BufMut};
 use idemstore::grpc::GrpcIdempotencyLayer;
-use idemstore::Store;
+use idemstore::{
+    Error, Fingerprint, Key, Lease, LiveLease, Record, RecordClass, Reservation, Reservations,
+    Resolution, Seen, Store,
+};
 use prost::Message;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::codegen::tokio_stream;
@@ -65,11 +69,28 @@ fn out_of_stock() -> Status {
     status
 }
 
+/// The `date` the handler sets on the orders of item `dated`.
+const OLD_DATE: &str = "Thu, 01 Jan 2015 00:00:00 GMT";
+
+/// An INVALID_ARGUMENT with a `BadRequest` and a trailer, as a handler refuses a request.
+fn bad_quantity() -> Status {
+    let mut details = tonic_types::ErrorDetails::new();
+    details.add_bad_request_violation("quantity", "must be positive");
+    let mut status =
+        Status::with_error_details(Code::InvalidArgument, "quantity must be positive", details);
+    status
+        .metadata_mut()
+        .insert("x-field", "quantity".parse().expect("ASCII"));
+    status
+}
+
 #[tonic::async_trait]
 impl Orders for Arc<Shop> {
     /// By item: `panic` panics on its first run; `fail` is UNAVAILABLE on its first run;
     /// `internal` is INTERNAL on its first run; `refuse` is FAILED_PRECONDITION with details
-    /// and metadata; anything else works for `work`, then creates an order.
+    /// and metadata; `invalid` is INVALID_ARGUMENT with a `BadRequest` and an `x-field`
+    /// trailer; `slow` works 1.5 s; anything else works for `work`, then creates an order
+    /// (`dated` with a `date` of its own, [`OLD_DATE`]).
     async fn create_order(
         &self,
         request: Request<CreateOrderRequest>,
@@ -84,10 +105,13 @@ impl Orders for Arc<Shop> {
             "fail" if run == 1 => return Err(Status::unavailable("gateway unavailable")),
             "internal" if run == 1 => return Err(Status::internal("a bug")),
             "refuse" => return Err(out_of_stock()),
+            "invalid" => return Err(bad_quantity()),
+            "slow" => tokio::time::sleep(Duration::from_millis(1500)).await,
             _ => {}
         }
         tokio::time::sleep(self.work).await;
         let id = self.orders.fetch_add(1, Ordering::SeqCst) + 1;
+        let dated = request.item == "dated";
         let mut response = Response::new(Order {
             id,
             item: request.item,
@@ -95,6 +119,11 @@ impl Orders for Arc<Shop> {
         });
         let value = format!("orders/{id}").parse().expect("ASCII");
         response.metadata_mut().insert("x-order", value);
+        if dated {
+            // An answer whose service sets its own `date`.
+            let date = OLD_DATE.parse().expect("ASCII");
+            response.metadata_mut().insert("date", date);
+        }
         let bin = tonic::metadata::MetadataValue::from_bytes(&[
             0,
             0xff,
@@ -146,6 +175,7 @@ impl Orders for Arc<Shop> {
 struct Service {
     _dir: tempfile::TempDir,
     shop: Arc<Shop>,
+    addr: SocketAddr,
     channel: Channel,
 }
 
@@ -167,10 +197,22 @@ impl Service {
             .lease(Duration::from_secs(3600))
             .open(dir.path().join("grpc.idem"))
             .expect("open store");
-        let layer = GrpcIdempotencyLayer::new(Arc::new(store))
-            .method_with_request_id(CREATE, |m: &CreateOrderRequest| &m.request_id)
-            .method(PAY);
-        let layer = configure(layer);
+        let layer = configure(guarding(Arc::new(store)));
+        Service::serve(dir, work, Some(layer)).await
+    }
+
+    /// The same handlers served by a plain tonic server, without the layer.
+    async fn start_unguarded() -> Service {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        Service::serve(dir, Duration::ZERO, None::<GrpcIdempotencyLayer<Store>>).await
+    }
+
+    /// Serves the shop on a free port of 127.0.0.1, behind `layer` when there is one.
+    async fn serve<R: Reservations + 'static>(
+        dir: tempfile::TempDir,
+        work: Duration,
+        layer: Option<GrpcIdempotencyLayer<R>>,
+    ) -> Service {
         let shop = Arc::new(Shop {
             work,
             ..Shop::default()
@@ -179,10 +221,21 @@ impl Service {
             .await
             .expect("bind");
         let addr = listener.local_addr().expect("bound address");
-        let server = Server::builder()
-            .layer(layer)
-            .add_service(OrdersServer::new(Arc::clone(&shop)));
-        tokio::spawn(server.serve_with_incoming(TcpIncoming::from(listener)));
+        let routes = OrdersServer::new(Arc::clone(&shop));
+        let incoming = TcpIncoming::from(listener);
+        match layer {
+            Some(layer) => tokio::spawn(
+                Server::builder()
+                    .layer(layer)
+                    .add_service(routes)
+                    .serve_with_incoming(incoming),
+            ),
+            None => tokio::spawn(
+                Server::builder()
+                    .add_service(routes)
+                    .serve_with_incoming(incoming),
+            ),
+        };
         let channel = Channel::from_shared(format!("http://{addr}"))
             .expect("uri")
             .connect()
@@ -191,6 +244,7 @@ impl Service {
         Service {
             _dir: dir,
             shop,
+            addr,
             channel,
         }
     }
@@ -228,6 +282,14 @@ impl Service {
         let path = http::uri::PathAndQuery::from_static(path);
         grpc.unary(Request::new(message), path, RawCodec).await
     }
+}
+
+/// The layer as every test server has it: CreateOrder keyed by its request id, Pay by the
+/// `idempotency-key` metadata entry.
+fn guarding<R: Reservations + 'static>(store: Arc<R>) -> GrpcIdempotencyLayer<R> {
+    GrpcIdempotencyLayer::new(store)
+        .method_with_request_id(CREATE, |m: &CreateOrderRequest| &m.request_id)
+        .method(PAY)
 }
 
 /// A codec that passes message bytes through, so a test sees what was on the wire.
@@ -514,6 +576,11 @@ async fn keys_are_required_and_unguarded_rpcs_pass() {
         status.message()
     );
     assert_eq!(service.shop.runs(""), 0, "no handler ran");
+    // A key is taken as sent: gRPC has no HTTP quoting, so `"q-1"` and `q-1` are two keys.
+    let quoted = service.order("\"q-1\"", "book").await.expect("created");
+    let bare = service.order("q-1", "book").await.expect("another key");
+    assert!(!replayed(bare.metadata()));
+    assert_ne!(quoted.into_inner().id, bare.into_inner().id);
     // The streaming RPC is not guarded: no key needed, and it runs every time.
     for _ in 0..2 {
         let mut stream = service
@@ -547,4 +614,374 @@ async fn an_answer_over_the_stored_limit_is_sent_and_never_run_again() {
     assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
     assert_eq!(reason(&status), "RESPONSE_NOT_STORED");
     assert_eq!(service.shop.runs("big-1"), 1, "the work is not run again");
+}
+
+/// What an HTTP/2 client receives for one unary call.
+#[derive(Debug, Clone, PartialEq)]
+struct Frames {
+    /// The response's HEADERS frame ended the stream: gRPC's Trailers-Only answer.
+    trailers_only: bool,
+    /// The response headers, sorted; the value of `date` (one per answer) left out.
+    headers: Vec<(String, Vec<u8>)>,
+    /// The values of `date`.
+    dates: Dates,
+    /// The bytes of the DATA frames.
+    data: Vec<u8>,
+    /// The trailers, sorted, if a HEADERS frame followed the data.
+    trailers: Option<Vec<(String, Vec<u8>)>>,
+}
+
+/// The `date` values of an answer, which two answers need not share: equal to any other.
+#[derive(Debug, Clone)]
+struct Dates(Vec<Vec<u8>>);
+
+impl PartialEq for Dates {
+    fn eq(&self, _: &Dates) -> bool {
+        true
+    }
+}
+
+fn sorted(map: &http::HeaderMap) -> Vec<(String, Vec<u8>)> {
+    let mut out: Vec<(String, Vec<u8>)> = map
+        .iter()
+        .map(|(name, value)| {
+            let value = if name == "date" {
+                b"*"
+            } else {
+                value.as_bytes()
+            };
+            (name.as_str().to_owned(), value.to_vec())
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// One unary call of `message` over a raw HTTP/2 connection (the `h2` crate, below tonic and
+/// hyper), with what came back frame by frame.
+async fn h2_call(addr: SocketAddr, path: &str, message: Vec<u8>) -> Frames {
+    let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let (client, connection) = h2::client::handshake(tcp).await.expect("handshake");
+    tokio::spawn(connection);
+    let mut client = client.ready().await.expect("ready");
+    let request = http::Request::post(format!("http://{addr}{path}"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .expect("request");
+    let (response, mut send) = client.send_request(request, false).expect("send");
+    let mut framed = vec![0];
+    framed.extend_from_slice(&u32::try_from(message.len()).expect("small").to_be_bytes());
+    framed.extend_from_slice(&message);
+    send.send_data(framed.into(), true).expect("data");
+    let (parts, mut body) = response.await.expect("response").into_parts();
+    let trailers_only = body.is_end_stream();
+    let mut data = Vec::new();
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk.expect("data frame");
+        let _ = body.flow_control().release_capacity(chunk.len());
+        data.extend_from_slice(&chunk);
+    }
+    let trailers = body.trailers().await.expect("trailers");
+    Frames {
+        trailers_only,
+        headers: sorted(&parts.headers),
+        dates: Dates(
+            parts
+                .headers
+                .get_all("date")
+                .iter()
+                .map(|v| v.as_bytes().to_vec())
+                .collect(),
+        ),
+        data,
+        trailers: trailers.as_ref().map(sorted),
+    }
+}
+
+/// `frames` with `idempotent-replayed: true` added where the layer documents it: the
+/// initial metadata (headers) of an answer with messages, the trailing metadata of a
+/// Trailers-Only one (whose one HEADERS frame is the trailers).
+fn marked_replayed(frames: &Frames) -> Frames {
+    let mut out = frames.clone();
+    out.headers
+        .push(("idempotent-replayed".into(), b"true".to_vec()));
+    out.headers.sort();
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn guarded_answers_are_framed_as_a_plain_tonic_service_frames_them() {
+    let guarded = Service::start(Duration::ZERO).await;
+    let plain = Service::start_unguarded().await;
+    let call = |service: &Service, id: &str, item: &str| {
+        let message = CreateOrderRequest {
+            request_id: id.into(),
+            item: item.into(),
+            quantity: 2,
+        }
+        .encode_to_vec();
+        h2_call(service.addr, CREATE, message)
+    };
+    // An answer with a message (the first order of each server: the same order id).
+    let ok = call(&plain, "h-1", "book").await;
+    assert!(
+        !ok.trailers_only && ok.trailers.is_some() && !ok.data.is_empty(),
+        "{ok:?}"
+    );
+    let first = call(&guarded, "h-1", "book").await;
+    assert_eq!(first, ok, "OK: guarded against plain");
+    let replay = call(&guarded, "h-1", "book").await;
+    assert_eq!(replay, marked_replayed(&first), "OK: replay against first");
+    // A handler's error that is not stored (UNAVAILABLE), and one that is stored
+    // (FAILED_PRECONDITION with details and metadata), first and replayed.
+    for (id, item) in [("h-2", "fail"), ("h-3", "refuse")] {
+        let error = call(&plain, id, item).await;
+        assert!(
+            error.trailers_only,
+            "a plain error is Trailers-Only: {error:?}"
+        );
+        assert!(
+            error.data.is_empty() && error.trailers.is_none(),
+            "{error:?}"
+        );
+        let first = call(&guarded, id, item).await;
+        assert_eq!(first, error, "{item}: guarded against plain");
+    }
+    let replay = call(&guarded, "h-3", "refuse").await;
+    let first = call(&plain, "h-3", "refuse").await;
+    assert_eq!(
+        replay,
+        marked_replayed(&first),
+        "stored error: replay against first"
+    );
+    // No `content-length` on any of them (the comparisons above also say so).
+    for frames in [&ok, &replay] {
+        let names: Vec<&str> = frames.headers.iter().map(|(n, _)| n.as_str()).collect();
+        assert!(!names.contains(&"content-length"), "{names:?}");
+    }
+    // A `date` the service set itself is sent as a plain service sends it, and a replay gets
+    // the server's own (one `date`, not the first answer's).
+    let old = vec![OLD_DATE.as_bytes().to_vec()];
+    let plain_dated = call(&plain, "h-4", "dated").await;
+    assert_eq!(plain_dated.dates.0, old, "{plain_dated:?}");
+    let first = call(&guarded, "h-4", "dated").await;
+    assert_eq!((&first, &first.dates.0), (&plain_dated, &old));
+    let replay = call(&guarded, "h-4", "dated").await;
+    assert_eq!(replay, marked_replayed(&first));
+    assert!(
+        replay.dates.0.len() == 1 && replay.dates.0 != old,
+        "a replay repeats a stale date: {:?}",
+        replay.dates
+    );
+}
+
+/// A store that fails every reservation of the client key `store-down` (as a store whose disk
+/// failed would), and is a [`Store`] for every other key.
+struct FailsFor(Store);
+
+impl FailsFor {
+    fn check(key: &Key) -> Result<(), Error> {
+        if key.id() == b"store-down" {
+            return Err(Error::InvalidConfig {
+                setting: "test",
+                reason: "the store fails for this key (deliberately)".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+impl Reservations for FailsFor {
+    async fn reserve(&self, key: &Key, fingerprint: Fingerprint) -> Result<Reservation, Error> {
+        FailsFor::check(key)?;
+        Reservations::reserve(&self.0, key, fingerprint).await
+    }
+    async fn reserve_many(
+        &self,
+        items: &[(Key, Fingerprint)],
+    ) -> Result<Vec<Result<Reservation, Error>>, Error> {
+        Reservations::reserve_many(&self.0, items).await
+    }
+    async fn complete(&self, lease: &Lease, result: Vec<u8>) -> Result<(), Error> {
+        Reservations::complete(&self.0, lease, result).await
+    }
+    async fn release_if_pending(&self, lease: &Lease) -> Result<bool, Error> {
+        Reservations::release_if_pending(&self.0, lease).await
+    }
+    async fn extend(&self, lease: &Lease) -> Result<Lease, Error> {
+        Reservations::extend(&self.0, lease).await
+    }
+    async fn mark_needs_review(&self, lease: &Lease, note: &str) -> Result<(), Error> {
+        Reservations::mark_needs_review(&self.0, lease, note).await
+    }
+    async fn resolve(&self, key: &Key, resolution: Resolution) -> Result<(), Error> {
+        Reservations::resolve(&self.0, key, resolution).await
+    }
+    async fn get(&self, key: &Key) -> Result<Option<Record>, Error> {
+        Reservations::get(&self.0, key).await
+    }
+    async fn stale(&self, limit: usize) -> Result<Vec<(Key, Record)>, Error> {
+        Reservations::stale(&self.0, limit).await
+    }
+    async fn sweep(&self, limit: usize) -> Result<usize, Error> {
+        Reservations::sweep(&self.0, limit).await
+    }
+    async fn expire(&self, key: &Key, live: LiveLease) -> Result<Option<RecordClass>, Error> {
+        Reservations::expire(&self.0, key, live).await
+    }
+    async fn record_step(&self, lease: &Lease, step: u32, data: &[u8]) -> Result<(), Error> {
+        Reservations::record_step(&self.0, lease, step, data).await
+    }
+    async fn observe(&self, key: &Key, window: Duration) -> Result<Seen, Error> {
+        Reservations::observe(&self.0, key, window).await
+    }
+    async fn observe_many(
+        &self,
+        keys: &[Key],
+        window: Duration,
+    ) -> Result<Vec<Result<Seen, Error>>, Error> {
+        Reservations::observe_many(&self.0, keys, window).await
+    }
+    async fn reserve_or_wait(
+        &self,
+        key: &Key,
+        fingerprint: Fingerprint,
+        timeout: Duration,
+    ) -> Result<Reservation, Error> {
+        FailsFor::check(key)?;
+        Reservations::reserve_or_wait(&self.0, key, fingerprint, timeout).await
+    }
+    async fn complete_many(
+        &self,
+        items: Vec<(&Lease, Vec<u8>)>,
+    ) -> Result<Vec<Result<(), Error>>, Error> {
+        Reservations::complete_many(&self.0, items).await
+    }
+    async fn release_if_pending_many(
+        &self,
+        leases: &[&Lease],
+    ) -> Result<Vec<Result<bool, Error>>, Error> {
+        Reservations::release_if_pending_many(&self.0, leases).await
+    }
+    async fn extend_many(&self, leases: &[&Lease]) -> Result<Vec<Result<Lease, Error>>, Error> {
+        Reservations::extend_many(&self.0, leases).await
+    }
+    async fn expire_many(
+        &self,
+        keys: &[Key],
+        live: LiveLease,
+    ) -> Result<Vec<Result<Option<RecordClass>, Error>>, Error> {
+        Reservations::expire_many(&self.0, keys, live).await
+    }
+    async fn complete_with_retention(
+        &self,
+        lease: &Lease,
+        result: Vec<u8>,
+        retention: Duration,
+    ) -> Result<(), Error> {
+        Reservations::complete_with_retention(&self.0, lease, result, retention).await
+    }
+    async fn resolve_with_retention(
+        &self,
+        key: &Key,
+        resolution: Resolution,
+        retention: Duration,
+    ) -> Result<(), Error> {
+        Reservations::resolve_with_retention(&self.0, key, resolution, retention).await
+    }
+}
+
+/// The variable that names the Python interpreter of a virtualenv with `grpcio`,
+/// `grpcio-status` and `grpcio-tools` (tests/grpc_python/requirements.txt).
+const PYTHON: &str = "IDEMSTORE_GRPC_PYTHON";
+
+/// Python's official gRPC client, which nobody in this project wrote, against the layer: every
+/// answer of the layer's table, handler errors first and replayed, and the metadata names
+/// (tests/grpc_python/client.py says what it checks).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_client_sees_every_answer() {
+    let Some(python) = std::env::var_os(PYTHON) else {
+        panic!(
+            "{PYTHON} is not set: it names the python of a virtualenv with Python's gRPC \
+             client. `bash .ci/run rpc` makes one and sets it; by hand: `python3 -m venv \
+             target/grpc-venv && target/grpc-venv/bin/pip install -r \
+             tests/grpc_python/requirements.txt`, then run the tests with \
+             {PYTHON}=target/grpc-venv/bin/python (on Debian, `python3 -m venv` needs the \
+             python3-venv package)"
+        );
+    };
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let store = Store::builder()
+        .lease(Duration::from_secs(3600))
+        .open(dir.path().join("grpc.idem"))
+        .expect("open store");
+    // The key held for review, reserved for the request the client sends (the fingerprint is
+    // of the encoded stream: a 5-byte prefix and the message) and marked as an operator's
+    // tool does.
+    let review = Key::new("Bearer py", CREATE, "review-1").expect("key");
+    let message = CreateOrderRequest {
+        request_id: "review-1".into(),
+        item: "book".into(),
+        quantity: 2,
+    }
+    .encode_to_vec();
+    let mut stream = vec![0];
+    stream.extend_from_slice(&u32::try_from(message.len()).expect("small").to_be_bytes());
+    stream.extend_from_slice(&message);
+    let Reservation::Acquired(lease) = store
+        .reserve(&review, Fingerprint::of(&stream))
+        .expect("reserve")
+    else {
+        panic!("the review key is new");
+    };
+    store
+        .mark_needs_review(&lease, "checked by hand")
+        .expect("mark");
+    let layer = guarding(Arc::new(FailsFor(store)))
+        .scope(|request| Some(request.headers.get("authorization")?.as_bytes().to_vec()))
+        .max_message(1024)
+        .max_stored_response(256);
+    let service = Service::serve(dir, Duration::ZERO, Some(layer)).await;
+    let stubs = tempfile::tempdir().expect("temporary directory");
+    let root = env!("CARGO_MANIFEST_DIR");
+    let mut command = std::process::Command::new(&python);
+    command
+        .arg(format!("{root}/tests/grpc_python/client.py"))
+        .arg("--addr")
+        .arg(service.addr.to_string())
+        .arg("--proto")
+        .arg(format!("{root}/examples/proto/shop.proto"))
+        .arg("--out")
+        .arg(stubs.path());
+    let output = tokio::task::spawn_blocking(move || command.output())
+        .await
+        .expect("task")
+        .unwrap_or_else(|error| {
+            panic!("{PYTHON}={python:?} could not be run ({error}); see tests/grpc_python/")
+        });
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success() && stdout.contains(" 0 failed"),
+        "Python's gRPC client ({}):\n{stdout}\n{stderr}",
+        output.status
+    );
+    // What the handlers saw: each ran as the answers say.
+    let runs = |key: &str| service.shop.runs(key);
+    assert_eq!(
+        [runs("c-1"), runs("c-slow"), runs("c-inv"), runs("c-big")],
+        [1, 1, 1, 1],
+        "stored answers ran once"
+    );
+    assert_eq!(
+        [runs("p-1"), runs("c-int")],
+        [2, 2],
+        "released keys ran again"
+    );
+    assert_eq!(
+        [runs(""), runs("review-1"), runs("store-down"), runs("c-4")],
+        [0, 0, 0, 0],
+        "refused requests ran no handler"
+    );
 }

@@ -42,6 +42,14 @@ impl KeySource {
             KeySource::RequestId(_) => "request_id",
         }
     }
+
+    /// What carried the key, for messages: the metadata entry or the message field.
+    pub(crate) fn carrier(&self) -> String {
+        match self {
+            KeySource::Metadata => format!("{IDEMPOTENCY_KEY} metadata entry"),
+            KeySource::RequestId(_) => "request_id field".to_owned(),
+        }
+    }
 }
 
 /// What the service reads on every request. Cloned only while the layer is configured.

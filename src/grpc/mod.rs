@@ -29,7 +29,9 @@
 //! of the request message, Google's AIP-155 `request_id`) are guarded. Every other RPC passes
 //! through untouched: streaming RPCs are not guarded unless named (a named streaming RPC is
 //! guarded as a whole: both streams are buffered). The key is (scope, the RPC's path, the
-//! client's key); the fingerprint is the request's encoded messages, as sent.
+//! client's key); the fingerprint is the request's encoded messages, as sent. The client's key
+//! is the metadata entry's or the field's value as it is: gRPC metadata has no quoting, so
+//! unlike the HTTP layer's `Idempotency-Key` header a value in double quotes keeps them.
 //!
 //! # What it answers
 //! A refusal is a status whose details (`grpc-status-details-bin`, a `google.rpc.Status`)
@@ -46,11 +48,36 @@
 //! | a request id that cannot be read (not one uncompressed message, or it does not decode) | `INVALID_ARGUMENT` |
 //! | a new key | the handler runs; its answer is stored if [`store_code`](GrpcIdempotencyLayer::store_code) says so (default: `OK` and the codes that blame the request), else the key is released so a retry runs the handler again |
 //! | the same key, the first request still running | `ABORTED` with a `RetryInfo` (the delay: the lease left, at most [`max_retry_after`](GrpcIdempotencyLayer::max_retry_after)) |
-//! | the same key, the first request done | its stored answer: the headers (initial metadata), the messages byte for byte and the trailers (`grpc-status`, `grpc-message`, details, trailing metadata), with `idempotent-replayed: true` added to the initial metadata |
+//! | the same key, the first request done | its stored answer: the headers (initial metadata), the messages byte for byte and the trailers (`grpc-status`, `grpc-message`, details, trailing metadata), with `idempotent-replayed: true` added: to the initial metadata of an answer with messages (an `OK`), to the trailing metadata of an error (see below) |
 //! | the same key with another request | `FAILED_PRECONDITION` with a `PreconditionFailure`, also while the first runs |
 //! | the same key, the first answer done but over [`max_stored_response`](GrpcIdempotencyLayer::max_stored_response) (so not stored) | `FAILED_PRECONDITION`, reason `RESPONSE_NOT_STORED`: the work is done and is not run again |
 //! | a key parked for review ([`mark_needs_review`](crate::Store::mark_needs_review)) | `FAILED_PRECONDITION` |
 //! | the store fails | `UNAVAILABLE` with a `RetryInfo` of 1 s |
+//!
+//! The messages of refusals name what carried the key: the `request_id` field (e.g. "this
+//! request_id was already used with a different request to this RPC; a new request needs a
+//! new request_id") or the `idempotency-key` metadata entry.
+//!
+//! # On the wire, and what each client sees
+//! Every answer of a guarded RPC is framed as a plain tonic service frames it, so any gRPC
+//! client (tonic, the gRPC C core under Python, C++, Ruby, C# and PHP, grpc-go, grpc-java)
+//! reads it the same way:
+//!
+//! - An error, the handler's or the layer's, first time or replayed, is a *Trailers-Only*
+//!   answer: one HTTP/2 HEADERS frame that ends the stream and carries `grpc-status`,
+//!   `grpc-message`, `grpc-status-details-bin` and the error's metadata. Clients read all of
+//!   it as the status and its **trailing** metadata (Python: `e.code()`, `e.details()`,
+//!   `rpc_status.from_call(e)`, `e.trailing_metadata()`; tonic: `Status::metadata()`), so a
+//!   replayed error has `idempotent-replayed: true` there, beside the handler's own entries.
+//! - An answer with messages is HEADERS (the **initial** metadata), DATA, then the trailers
+//!   (`grpc-status: 0` and the trailing metadata); a replayed one has
+//!   `idempotent-replayed: true` in its initial metadata (Python: `call.initial_metadata()`
+//!   of `with_call`; tonic: `Response::metadata()`).
+//! - No `content-length` (a plain tonic answer has none). `date` is the server's, fresh on a
+//!   replay: a stored answer keeps no `date`.
+//!
+//! `tests/grpc.rs` compares a guarded and a plain service's answers frame by frame, and runs
+//! Python's `grpcio` client through every row of the table above.
 //!
 //! Choices: `ABORTED` for a request in progress, because it is what gRPC names a concurrency
 //! conflict the client retries at a higher level; `UNAVAILABLE` would make clients with a
@@ -64,6 +91,7 @@
 //! that panics, or an RPC the client cancels, releases the key so a retry runs again.
 
 mod config;
+mod key;
 mod service;
 mod status;
 
@@ -73,5 +101,6 @@ pub use status::{code_of, ERROR_DOMAIN};
 
 /// The metadata entry that carries the client's key.
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
-/// Set to `true` in the initial metadata of an answer replayed from the store.
+/// Set to `true` on an answer replayed from the store: in its initial metadata when it has
+/// messages, in its trailing metadata (with the status) when it is an error.
 pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";

@@ -1,23 +1,25 @@
 //! [`GrpcIdempotency`]: the service the layer wraps a tonic server in, and what it does per RPC.
 
 use std::convert::Infallible;
-use std::future::{ready, Future};
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
+use http::header::{CONTENT_LENGTH, DATE};
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode};
+use http_body::Frame;
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use tonic::body::Body;
 use tonic::Code;
 
 use crate::grpc::config::{KeySource, Options};
+use crate::grpc::key::{metadata_key, request_id_key};
 use crate::grpc::status::refusal_response;
 use crate::grpc::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
 use crate::guard::{
-    client_key, encode_stored, request_key, Begin, Guard, Refusal, Refused, Release, Running,
-    StoredResponse,
+    encode_stored, request_key, Begin, Guard, Refusal, Refused, Release, Running, StoredResponse,
 };
 use crate::{Fingerprint, Reservations};
 
@@ -96,16 +98,15 @@ where
     let (parts, body) = request.into_parts();
     let body = match read_request(&o, body).await {
         Ok(body) => body,
-        Err(refused) => return Ok(refusal_response(&refused, source.field())),
+        Err(refused) => return Ok(refusal_response(&refused, &source)),
     };
     let id = match &source {
         KeySource::Metadata => {
             let values = parts.headers.get_all(IDEMPOTENCY_KEY);
-            client_key(values.iter().map(HeaderValue::as_bytes))
+            metadata_key(values.iter().map(HeaderValue::as_bytes))
         }
         KeySource::RequestId(read) => match single_message(&body).and_then(|m| read(m)) {
-            Ok(Some(id)) => client_key([&id[..]]),
-            Ok(None) => Ok(None),
+            Ok(id) => request_id_key(id, source.field()),
             Err(detail) => Err(Refused::with_detail(Refusal::BodyUnreadable, detail)),
         },
     };
@@ -117,17 +118,21 @@ where
         }
         Ok(None) => {
             let detail = match source {
-                KeySource::Metadata => "send an idempotency-key metadata entry",
-                KeySource::RequestId(_) => "set the request id of the request message",
+                KeySource::Metadata => {
+                    "this RPC is idempotent: send its key in an idempotency-key metadata entry"
+                }
+                KeySource::RequestId(_) => {
+                    "this RPC is idempotent: set the request_id field of the request message"
+                }
             };
             let refused = Refused::with_detail(Refusal::KeyMissing, detail);
-            return Ok(refusal_response(&refused, source.field()));
+            return Ok(refusal_response(&refused, &source));
         }
-        Err(refused) => return Ok(refusal_response(&refused, source.field())),
+        Err(refused) => return Ok(refusal_response(&refused, &source)),
     };
     let key = match request_key((o.scope)(&parts), parts.uri.path().as_bytes(), &id) {
         Ok(key) => key,
-        Err(refused) => return Ok(refusal_response(&refused, source.field())),
+        Err(refused) => return Ok(refusal_response(&refused, &source)),
     };
     match guard.begin(&key, Fingerprint::of(&body)).await {
         Begin::Run(running) => {
@@ -135,7 +140,7 @@ where
             run(inner, &guard, &o, &source, running, request).await
         }
         Begin::Replay(stored) => Ok(replay(&stored, &source)),
-        Begin::Refuse(refused) => Ok(refusal_response(&refused, source.field())),
+        Begin::Refuse(refused) => Ok(refusal_response(&refused, &source)),
     }
 }
 
@@ -163,11 +168,13 @@ where
             return Err(error);
         }
     };
-    let (parts, body) = response.into_parts();
+    let (mut parts, body) = response.into_parts();
+    // A plain tonic answer has none; the layer sends the data in a body of its own.
+    parts.headers.remove(CONTENT_LENGTH);
     let Ok(collected) = running.work(body.collect()).await else {
         running.release(Release::Failed).await;
         let refused = Refused::new(Refusal::ResponseUnreadable);
-        return Ok(refusal_response(&refused, source.field()));
+        return Ok(refusal_response(&refused, source));
     };
     let trailers = collected.trailers().cloned();
     let data = collected.to_bytes();
@@ -181,7 +188,12 @@ where
         Some(_) if !guard.stores_body(Some(data.len() as u64)) => {
             drop(running.complete_not_stored(parts.status.as_u16()).await);
         }
-        Some(_) => match encode(parts.status, &parts.headers, trailers.as_ref(), &data) {
+        Some(_) => match encode(
+            parts.status,
+            &stored(&parts.headers),
+            trailers.as_ref(),
+            &data,
+        ) {
             // Not stored (too large, lease lost): this client still gets its answer, and
             // the key is released so a retry runs the handler again.
             Some(encoded) => drop(running.complete(encoded).await),
@@ -189,7 +201,17 @@ where
         },
         None => running.release(Release::NotStored).await,
     }
-    Ok(Response::from_parts(parts, grpc_body(data, trailers)))
+    Ok(Response::from_parts(parts, Answer::body(data, trailers)))
+}
+
+/// The headers of an answer as stored: without those that belong to one answer on one
+/// connection, not to the answer itself: `date` (a replay gets a fresh one from the server, as
+/// any answer does) and `content-length` (a plain tonic answer has none).
+fn stored(headers: &HeaderMap) -> HeaderMap {
+    let mut headers = headers.clone();
+    headers.remove(DATE);
+    headers.remove(CONTENT_LENGTH);
+    headers
 }
 
 /// Reads the request stream, up to the limit.
@@ -252,14 +274,15 @@ fn encode(
     fits.then(|| encode_stored(status.as_u16(), entries, data))
 }
 
-/// The stored answer, marked as a replay in its headers (initial metadata).
+/// The stored answer, marked as a replay in its headers: the initial metadata of an answer
+/// with messages, the trailing metadata (with the status) of a Trailers-Only one.
 fn replay(bytes: &[u8], source: &KeySource) -> Response<Body> {
     let Some((status, mut headers, trailers, data)) = decode(bytes) else {
         let refused = Refused::new(Refusal::StoredResponseUnreadable);
-        return refusal_response(&refused, source.field());
+        return refusal_response(&refused, source);
     };
     headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
-    let mut response = Response::new(grpc_body(data, trailers));
+    let mut response = Response::new(Answer::body(data, trailers));
     *response.status_mut() = status;
     *response.headers_mut() = headers;
     response
@@ -286,10 +309,44 @@ fn decode(bytes: &[u8]) -> Option<(StatusCode, HeaderMap, Option<HeaderMap>, Byt
     Some((status, headers, trailers, Bytes::from(stored.body)))
 }
 
-/// A body of the data frames as one frame, then the trailers (if any).
-fn grpc_body(data: Bytes, trailers: Option<HeaderMap>) -> Body {
-    let trailers = ready(trailers.map(Ok::<_, Infallible>));
-    Body::new(Full::new(data).with_trailers(trailers))
+/// The body of an answer the layer read whole (from the handler, or from the store): its data
+/// frames as one frame, then its trailers.
+///
+/// Framed as a plain tonic answer is. With neither data nor trailers (an error status in the
+/// headers) it is at its end before it is polled, so the server ends the stream with the
+/// headers: gRPC's Trailers-Only answer, one HEADERS frame with END_STREAM, which every gRPC
+/// client reads as the status (an empty DATA frame after it makes clients on the gRPC C core
+/// report `UNKNOWN`). It tells no exact size, so the server adds no `content-length`.
+struct Answer {
+    data: Option<Bytes>,
+    trailers: Option<HeaderMap>,
+}
+
+impl Answer {
+    fn body(data: Bytes, trailers: Option<HeaderMap>) -> Body {
+        let data = (!data.is_empty()).then_some(data);
+        Body::new(Answer { data, trailers })
+    }
+}
+
+impl http_body::Body for Answer {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let this = self.get_mut();
+        if let Some(data) = this.data.take() {
+            return Poll::Ready(Some(Ok(Frame::data(data))));
+        }
+        Poll::Ready(this.trailers.take().map(|t| Ok(Frame::trailers(t))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.data.is_none() && self.trailers.is_none()
+    }
 }
 
 #[cfg(test)]

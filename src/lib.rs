@@ -110,6 +110,8 @@ pub mod guard;
 pub mod http;
 mod inspect;
 mod key;
+#[cfg(feature = "postgres")]
+mod postgres;
 mod record;
 mod reservations;
 mod store;
@@ -141,6 +143,11 @@ pub use inspect::{
     FileInfo, Problem, ProblemKind, ScanFilter, StateCounts, Verification, VERIFY_PROGRESS_STEP,
 };
 pub use key::{Key, MAX_KEY_PART_LEN, MAX_NOTE_LEN};
+#[cfg(feature = "postgres")]
+pub use postgres::{
+    PgBuilder, PgStore, PgWork, DEFAULT_PG_OP_DEADLINE, DEFAULT_PG_POOL_SIZE,
+    DEFAULT_PG_STATEMENT_TIMEOUT, DEFAULT_PG_TABLE,
+};
 pub use record::{Progress, Record, RecordClass, Status};
 pub use reservations::Reservations;
 pub use store::{compact, open_redb, open_redb_read_only, upgrade, Store};
@@ -151,3 +158,7 @@ pub use redb;
 /// The etcd client crate, for [`EtcdStore::complete_with`] callers' own operations.
 #[cfg(feature = "etcd")]
 pub use etcd_client;
+
+/// The PostgreSQL client crate, for [`PgStore::complete_with`] callers' own statements.
+#[cfg(feature = "postgres")]
+pub use tokio_postgres;

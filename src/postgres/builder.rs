@@ -250,6 +250,7 @@ impl PgBuilder {
             nonce_base: random_id(),
             writes: AtomicU64::new(0),
             resends: AtomicU64::new(0),
+            hints: parking_lot::Mutex::new(std::collections::HashMap::new()),
         }))
     }
 }

@@ -328,6 +328,7 @@ impl PgStore {
                 "the locked row changed".into(),
             ));
         }
+        inner.note(&keys[0], None);
         tx.commit().await.map_err(|source| Error::Cluster {
             context: format!(
                 "committing the completion of key {key} and the caller's statements on \

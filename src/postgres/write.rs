@@ -39,7 +39,14 @@ pub(crate) struct Inner {
     pub(crate) writes: AtomicU64,
     /// Statements sent again after an error that applied nothing or may have applied.
     pub(crate) resends: AtomicU64,
+    /// The pending rows this process wrote last, by key: a holder's next write (complete,
+    /// extend, release) is decided on it and sent at once under its nonce, with no read; a
+    /// wrong guess costs only the compare that matches nothing, then a read.
+    pub(crate) hints: parking_lot::Mutex<HashMap<Vec<u8>, Row>>,
 }
+
+/// Most pending rows remembered as hints; the map is emptied when full.
+const MAX_HINTS: usize = 65_536;
 
 /// A row as read: the record (its token from the column), and the nonce of the write that
 /// made it.
@@ -175,6 +182,23 @@ impl Inner {
         self.nonce_base
             .wrapping_add(self.writes.fetch_add(1, Ordering::Relaxed))
             .cast_signed()
+    }
+
+    /// Remembers what this process wrote to `key`: a pending row as a hint, anything else
+    /// forgets the key.
+    pub(crate) fn note(&self, key: &[u8], row: Option<&Row>) {
+        let mut hints = self.hints.lock();
+        match row.filter(|row| row.record.lease_until().is_some()) {
+            Some(row) => {
+                if hints.len() >= MAX_HINTS {
+                    hints.clear();
+                }
+                hints.insert(key.to_vec(), row.clone());
+            }
+            None => {
+                hints.remove(key);
+            }
+        }
     }
 
     /// Runs one statement once, on a pooled connection.
@@ -360,11 +384,26 @@ impl Inner {
                 .map(|&item| ops[item].0.encoded().to_vec())
                 .filter(|key| !known.contains_key(key))
                 .collect();
-            if absent_first && first_round {
-                for key in to_read {
-                    known.insert(key, (None, true));
-                }
-            } else if !to_read.is_empty() {
+            let to_read: Vec<Vec<u8>> = if first_round {
+                let hints = self.hints.lock();
+                to_read
+                    .into_iter()
+                    .filter(|key| match hints.get(key) {
+                        Some(row) => {
+                            known.insert(key.clone(), (Some(row.clone()), true));
+                            false
+                        }
+                        None if absent_first => {
+                            known.insert(key.clone(), (None, true));
+                            false
+                        }
+                        None => true,
+                    })
+                    .collect()
+            } else {
+                to_read
+            };
+            if !to_read.is_empty() {
                 let mut rows = self.read_rows(&to_read).await?;
                 for key in to_read {
                     match rows.remove(&key) {
@@ -587,21 +626,18 @@ impl Inner {
                             let token = token.cast_unsigned();
                             let mut record = sending.record.expect("a put has a record");
                             record.token = token;
-                            known.insert(
-                                key,
-                                (
-                                    Some(Row {
-                                        record,
-                                        nonce: sending.nonce,
-                                    }),
-                                    false,
-                                ),
-                            );
+                            let row = Row {
+                                record,
+                                nonce: sending.nonce,
+                            };
+                            self.note(&key, Some(&row));
+                            known.insert(key, (Some(row), false));
                             results[sending.item] = Some(Ok(sending.outcome.with_token(token)));
                             unsettled.remove(&sending.item);
                         }
                         None => {
                             // The row changed (or exists) since it was decided on.
+                            self.note(&key, None);
                             known.remove(&key);
                             again.push(sending.item);
                         }
@@ -619,6 +655,7 @@ impl Inner {
             }
             Err(Failure::Unknown(error)) => {
                 for (sending, _) in puts {
+                    self.note(ops[sending.item].0.encoded(), None);
                     known.remove(ops[sending.item].0.encoded());
                     unsettled.entry(sending.item).or_default().push(Unsettled {
                         outcome: sending.outcome,
@@ -660,6 +697,7 @@ impl Inner {
                     rows.iter().map(|row| row.get::<_, Vec<u8>>(0)).collect();
                 for (sending, _) in deletes {
                     let key = ops[sending.item].0.encoded().to_vec();
+                    self.note(&key, None);
                     if gone.contains(&key) {
                         known.insert(key, (None, false));
                         results[sending.item] = Some(Ok(sending.outcome));
@@ -681,6 +719,7 @@ impl Inner {
             }
             Err(Failure::Unknown(error)) => {
                 for (sending, _) in deletes {
+                    self.note(ops[sending.item].0.encoded(), None);
                     known.remove(ops[sending.item].0.encoded());
                     unsettled.entry(sending.item).or_default().push(Unsettled {
                         outcome: sending.outcome,

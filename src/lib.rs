@@ -69,6 +69,7 @@
 //! | `http` | `http::IdempotencyLayer`, the `Idempotency-Key` header for any tower HTTP service (axum), and `guard`, its framework-neutral decisions for adapters to other servers |
 //! | `grpc` | `grpc::GrpcIdempotencyLayer`, the guard for tonic servers, answering in gRPC statuses (implies `http`) |
 //! | `actix` | `actix::Idempotency`, the guard as an actix-web middleware (implies `http`) |
+//! | `postgres` | `PgStore`, the same reservations on a PostgreSQL table, shared by several processes; `complete_with` runs the caller's SQL in the completion's transaction |
 //! | `etcd` | `EtcdStore`, the same reservations on an etcd v3 cluster, shared by several processes |
 //! | `metrics` | every counter of [`Store::stats`] reported to the `metrics` facade |
 //! | `tracing` | `tracing` events: recovery, checkpoints, poisoning, batches |
@@ -105,6 +106,8 @@ pub mod guard;
 pub mod http;
 mod inspect;
 mod key;
+#[cfg(feature = "postgres")]
+mod postgres;
 mod record;
 mod reservations;
 mod store;
@@ -136,6 +139,11 @@ pub use inspect::{
     FileInfo, Problem, ProblemKind, ScanFilter, StateCounts, Verification, VERIFY_PROGRESS_STEP,
 };
 pub use key::{Key, MAX_KEY_PART_LEN, MAX_NOTE_LEN};
+#[cfg(feature = "postgres")]
+pub use postgres::{
+    PgBuilder, PgStore, PgWork, DEFAULT_PG_OP_DEADLINE, DEFAULT_PG_POOL_SIZE,
+    DEFAULT_PG_STATEMENT_TIMEOUT, DEFAULT_PG_TABLE,
+};
 pub use record::{Progress, Record, RecordClass, Status};
 pub use reservations::Reservations;
 pub use store::{compact, open_redb, open_redb_read_only, upgrade, Store};
@@ -146,3 +154,7 @@ pub use redb;
 /// The etcd client crate, for [`EtcdStore::complete_with`] callers' own operations.
 #[cfg(feature = "etcd")]
 pub use etcd_client;
+
+/// The PostgreSQL client crate, for [`PgStore::complete_with`] callers' own statements.
+#[cfg(feature = "postgres")]
+pub use tokio_postgres;

@@ -2,6 +2,7 @@
 //! docs/DESIGN.md), each a small story on a manual clock. Written once against the
 //! [`Reservations`] trait and run on both backends: each on its own local `Store` always, and
 //! all of them on an etcd cluster under the `etcd` feature (one cluster, one key prefix per
+//! scenario) and on PostgreSQL under the `postgres` feature (one server, one table per
 //! scenario). The stories told on the local store alone, through its synchronous API and its
 //! file (reopens, retentions per operation in one store, `get` of each state), are in
 //! [`local`].
@@ -953,6 +954,32 @@ macro_rules! on_both_backends {
                         .await
                         .expect("connect to the test cluster");
                     eprintln!("scenario {} on etcd", stringify!($name));
+                    $name(Ctx { store: &store, clock: &clock }).await;
+                )*
+            });
+        }
+
+        /// Every scenario on one throwaway PostgreSQL server, each in its own table.
+        #[cfg(feature = "postgres")]
+        #[test]
+        fn all_on_postgres() {
+            let server = crate::postgres::server::Server::start();
+            let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+            runtime.block_on(async {
+                $(
+                    let clock = crate::common::Env::new().clock;
+                    // PostgreSQL names are short: the scenario's name cut to 40 bytes.
+                    let name = stringify!($name);
+                    let store = idemstore::PgStore::builder()
+                        .table(format!("scenario_{}", &name[..name.len().min(40)]))
+                        .lease(LEASE)
+                        .retention(RETENTION)
+                        .retention_for(SHORT_OP, SHORT)
+                        .clock(clock.clone())
+                        .connect(&server.config())
+                        .await
+                        .expect("connect to the test server");
+                    eprintln!("scenario {} on PostgreSQL", stringify!($name));
                     $name(Ctx { store: &store, clock: &clock }).await;
                 )*
             });

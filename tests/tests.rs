@@ -37,6 +37,8 @@ mod log_identity;
 mod lost_log;
 mod model;
 mod no_pages;
+#[cfg(feature = "postgres")]
+mod postgres;
 mod power;
 mod scenarios;
 mod stale_reads;

@@ -1,0 +1,357 @@
+//! PgStore against bare SQL on the same server, the same client library (tokio-postgres) and
+//! the same number of connections, in one run (BENCHMARKS.md, "PostgreSQL").
+//!
+//! ```text
+//! cargo run --release --example pg_bench --features postgres -- \
+//!     --config "host=127.0.0.1 port=5432 user=postgres dbname=postgres" --secs 10
+//! ```
+//!
+//! Cells: reserve (new keys) at `--conns` connections against a bare `INSERT ... ON CONFLICT
+//! DO NOTHING`; reserve then complete against a bare insert then update; batches of 1000 new
+//! keys (`reserve_many`) against a bare multi-row insert; then the steady state: reserve +
+//! complete with a retention of `--retention` seconds and a sweeper, for two turnovers,
+//! against the same cycle on the empty table, with the table's size per live key.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use idemstore::tokio_postgres::{self, NoTls};
+use idemstore::{Fingerprint, Key, PgStore, Reservation};
+
+#[derive(Parser)]
+struct Args {
+    /// The server's connection string.
+    #[arg(long)]
+    config: String,
+    /// Connections (and tasks) per cell.
+    #[arg(long, default_value_t = 32)]
+    conns: usize,
+    /// Seconds per cell.
+    #[arg(long, default_value_t = 10)]
+    secs: u64,
+    /// Retention of the steady-state cell, seconds (it runs two of them).
+    #[arg(long, default_value_t = 30)]
+    retention: u64,
+    /// Result bytes stored per completion.
+    #[arg(long, default_value_t = 64)]
+    result: usize,
+}
+
+/// CPU time of this process (user + system), seconds.
+fn cpu() -> f64 {
+    let usage = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let fields: Vec<&str> = usage
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // utime and stime are fields 14 and 15 (11 and 12 after the state field), in clock ticks.
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+fn load() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+struct Cell {
+    ops: u64,
+    secs: f64,
+    cpu: f64,
+}
+
+impl Cell {
+    fn rate(&self) -> f64 {
+        self.ops as f64 / self.secs
+    }
+    fn show(&self, name: &str, per: &str) {
+        println!(
+            "{name:<34} {:>9.0} {per}/s  client CPU {:>6.1} us/{per}",
+            self.rate(),
+            self.cpu / self.ops.max(1) as f64 * 1e6
+        );
+    }
+}
+
+/// Runs `tasks` copies of `body` for `secs`; each returns how many operations it did.
+async fn timed<F, Fut>(tasks: usize, secs: u64, body: F) -> Cell
+where
+    F: Fn(usize, Arc<AtomicBool>) -> Fut,
+    Fut: std::future::Future<Output = u64> + Send + 'static,
+{
+    let stop = Arc::new(AtomicBool::new(false));
+    let cpu0 = cpu();
+    let started = Instant::now();
+    let handles: Vec<_> = (0..tasks)
+        .map(|t| tokio::spawn(body(t, stop.clone())))
+        .collect();
+    tokio::time::sleep(Duration::from_secs(secs)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut ops = 0;
+    for handle in handles {
+        ops += handle.await.expect("task");
+    }
+    Cell {
+        ops,
+        secs: started.elapsed().as_secs_f64(),
+        cpu: cpu() - cpu0,
+    }
+}
+
+async fn client(config: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(config, NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(connection);
+    client
+}
+
+static RUN: AtomicU64 = AtomicU64::new(0);
+
+fn key(run: u64, task: usize, i: u64) -> Key {
+    Key::new("bench", "POST /charges", format!("r{run}-t{task}-{i}")).expect("key")
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let args = Args::parse();
+    let admin = client(&args.config).await;
+    admin
+        .batch_execute(
+            "DROP TABLE IF EXISTS bare; CREATE TABLE bare (key bytea PRIMARY KEY, \
+             body bytea NOT NULL)",
+        )
+        .await
+        .expect("bare table");
+    for table in ["bench_store", "bench_steady"] {
+        admin
+            .batch_execute(&format!(
+                "DROP TABLE IF EXISTS {table}, {table}_meta; DROP SEQUENCE IF EXISTS {table}_tokens"
+            ))
+            .await
+            .expect("drop");
+    }
+    let store = PgStore::builder()
+        .table("bench_store")
+        .pool_size(args.conns)
+        .connect(&args.config)
+        .await
+        .expect("connect the store");
+    let result = vec![7u8; args.result];
+    let body = vec![1u8; 60];
+    let fp = Fingerprint::of(b"amount=100");
+    println!("load average before: {}", load());
+
+    // Bare INSERT ... ON CONFLICT DO NOTHING, one client per task.
+    let mut clients = Vec::new();
+    for _ in 0..args.conns {
+        clients.push(Arc::new(client(&args.config).await));
+    }
+    let run = RUN.fetch_add(1, Ordering::Relaxed);
+    let bare_insert = timed(args.conns, args.secs, |t, stop| {
+        let c = clients[t].clone();
+        let body = body.clone();
+        async move {
+            let stmt = c
+                .prepare("INSERT INTO bare (key, body) VALUES ($1, $2) ON CONFLICT DO NOTHING")
+                .await
+                .unwrap();
+            let mut n = 0;
+            while !stop.load(Ordering::Relaxed) {
+                let k = key(run, t, n);
+                c.execute(&stmt, &[&k.to_string().into_bytes(), &body])
+                    .await
+                    .unwrap();
+                n += 1;
+            }
+            n
+        }
+    })
+    .await;
+    let run = RUN.fetch_add(1, Ordering::Relaxed);
+    let reserve = timed(args.conns, args.secs, |t, stop| {
+        let store = store.clone();
+        async move {
+            let mut n = 0;
+            while !stop.load(Ordering::Relaxed) {
+                match store.reserve(&key(run, t, n), fp).await.unwrap() {
+                    Reservation::Acquired(_) => {}
+                    other => panic!("{other:?}"),
+                }
+                n += 1;
+            }
+            n
+        }
+    })
+    .await;
+    bare_insert.show("bare INSERT ON CONFLICT DO NOTHING", "op");
+    reserve.show("PgStore reserve", "op");
+    println!(
+        "reserve / bare: {:.2}x",
+        reserve.rate() / bare_insert.rate()
+    );
+
+    // Insert then update, against reserve then complete.
+    let run = RUN.fetch_add(1, Ordering::Relaxed);
+    let bare_cycle = timed(args.conns, args.secs, |t, stop| {
+        let c = clients[t].clone();
+        let (body, result) = (body.clone(), result.clone());
+        async move {
+            let insert = c
+                .prepare("INSERT INTO bare (key, body) VALUES ($1, $2) ON CONFLICT DO NOTHING")
+                .await
+                .unwrap();
+            let update = c
+                .prepare("UPDATE bare SET body = $2 WHERE key = $1")
+                .await
+                .unwrap();
+            let mut n = 0;
+            while !stop.load(Ordering::Relaxed) {
+                let k = key(run, t, n).to_string().into_bytes();
+                c.execute(&insert, &[&k, &body]).await.unwrap();
+                c.execute(&update, &[&k, &result]).await.unwrap();
+                n += 1;
+            }
+            n
+        }
+    })
+    .await;
+    let run = RUN.fetch_add(1, Ordering::Relaxed);
+    let cycle = timed(args.conns, args.secs, |t, stop| {
+        let store = store.clone();
+        let result = result.clone();
+        async move {
+            let mut n = 0;
+            while !stop.load(Ordering::Relaxed) {
+                let Reservation::Acquired(lease) =
+                    store.reserve(&key(run, t, n), fp).await.unwrap()
+                else {
+                    panic!("not acquired")
+                };
+                store.complete(&lease, result.clone()).await.unwrap();
+                n += 1;
+            }
+            n
+        }
+    })
+    .await;
+    bare_cycle.show("bare insert + update", "cycle");
+    cycle.show("PgStore reserve + complete", "cycle");
+    println!("cycle / bare: {:.2}x", cycle.rate() / bare_cycle.rate());
+
+    // Batches of 1000 new keys.
+    let batch_tasks = 4.min(args.conns);
+    let run = RUN.fetch_add(1, Ordering::Relaxed);
+    let bare_batch = timed(batch_tasks, args.secs, |t, stop| {
+        let c = clients[t].clone();
+        let body = body.clone();
+        async move {
+            let stmt = c
+                .prepare(
+                    "INSERT INTO bare (key, body) SELECT * FROM unnest($1::bytea[], $2::bytea[]) \
+                     ON CONFLICT DO NOTHING",
+                )
+                .await
+                .unwrap();
+            let mut n = 0;
+            while !stop.load(Ordering::Relaxed) {
+                let keys: Vec<Vec<u8>> = (0..1000)
+                    .map(|i| key(run, t, n + i).to_string().into_bytes())
+                    .collect();
+                let bodies = vec![body.clone(); 1000];
+                c.execute(&stmt, &[&keys, &bodies]).await.unwrap();
+                n += 1000;
+            }
+            n
+        }
+    })
+    .await;
+    let run = RUN.fetch_add(1, Ordering::Relaxed);
+    let batch = timed(batch_tasks, args.secs, |t, stop| {
+        let store = store.clone();
+        async move {
+            let mut n = 0;
+            while !stop.load(Ordering::Relaxed) {
+                let items: Vec<(Key, Fingerprint)> =
+                    (0..1000).map(|i| (key(run, t, n + i), fp)).collect();
+                for r in store.reserve_many(&items).await.unwrap() {
+                    assert!(matches!(r, Ok(Reservation::Acquired(_))));
+                }
+                n += 1000;
+            }
+            n
+        }
+    })
+    .await;
+    bare_batch.show("bare multi-row insert (1000)", "key");
+    batch.show("PgStore reserve_many (1000)", "key");
+    println!("batch / bare: {:.2}x", batch.rate() / bare_batch.rate());
+
+    // Steady state: a retention window, a sweeper, two turnovers, against the empty table.
+    let steady = PgStore::builder()
+        .table("bench_steady")
+        .pool_size(args.conns + 1)
+        .lease(Duration::from_secs(5))
+        .retention(Duration::from_secs(args.retention))
+        .connect(&args.config)
+        .await
+        .expect("connect the steady store");
+    let cycle_cell = |store: PgStore, secs: u64| {
+        let result = result.clone();
+        let run = RUN.fetch_add(1, Ordering::Relaxed);
+        timed(args.conns, secs, move |t, stop| {
+            let store = store.clone();
+            let result = result.clone();
+            async move {
+                let mut n = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    let Reservation::Acquired(lease) =
+                        store.reserve(&key(run, t, n), fp).await.unwrap()
+                    else {
+                        panic!("not acquired")
+                    };
+                    store.complete(&lease, result.clone()).await.unwrap();
+                    n += 1;
+                }
+                n
+            }
+        })
+    };
+    let empty = cycle_cell(steady.clone(), args.secs).await;
+    let sweeper = steady.spawn_sweeper(Duration::from_millis(200), 5000);
+    // Fill a window, then measure over the next two.
+    let _fill = cycle_cell(steady.clone(), args.retention).await;
+    let full = cycle_cell(steady.clone(), 2 * args.retention).await;
+    sweeper.abort();
+    let row = admin
+        .query_one(
+            "SELECT count(*), pg_total_relation_size('bench_steady'), \
+             pg_relation_size('bench_steady'), pg_indexes_size('bench_steady') FROM bench_steady",
+            &[],
+        )
+        .await
+        .unwrap();
+    let (live, total, heap, indexes): (i64, i64, i64, i64) =
+        (row.get(0), row.get(1), row.get(2), row.get(3));
+    // The payload of a live key: its three parts, the fingerprint (32 bytes) and the result.
+    let sample = key(0, 0, 1_000_000);
+    let payload = sample.to_string().len() + 32 + args.result;
+    empty.show("steady: cycle on the empty table", "cycle");
+    full.show("steady: cycle at a full window", "cycle");
+    println!(
+        "steady / empty: {:.2}x; {live} live keys, table {heap} B + indexes {indexes} B \
+         (total with TOAST and maps {total} B) = {:.0} B per live key, payload {payload} B: {:.2}x",
+        full.rate() / empty.rate(),
+        total as f64 / live.max(1) as f64,
+        total as f64 / live.max(1) as f64 / payload as f64
+    );
+    println!("load average after: {}", load());
+}

@@ -1,0 +1,270 @@
+//! [`PgBuilder`]: the settings of a [`PgStore`], checked when it connects.
+
+use std::str::FromStr;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use tokio_postgres::NoTls;
+
+use super::schema::{self, Sql};
+use super::store::PgStore;
+use super::write::Inner;
+use crate::builder::{DEFAULT_LEASE, DEFAULT_MAX_RESULT_LEN, DEFAULT_RETENTION};
+use crate::clock::{Clock, SystemClock};
+use crate::decide::policy::Policies;
+use crate::error::Error;
+use crate::record::TokenFloor;
+
+/// Default table name of a [`PgStore`].
+pub const DEFAULT_PG_TABLE: &str = "idemstore";
+/// Default most connections a [`PgStore`] opens.
+pub const DEFAULT_PG_POOL_SIZE: usize = 32;
+/// Default time an operation keeps retrying while PostgreSQL gives no answer (a restart or a
+/// failover to a standby takes seconds).
+pub const DEFAULT_PG_OP_DEADLINE: Duration = Duration::from_secs(15);
+/// Default time one statement (or waiting for a pooled connection) may take before it counts
+/// as unanswered.
+pub const DEFAULT_PG_STATEMENT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Largest result this store accepts: a `bytea` can hold 1 GB, but a result is sent in every
+/// replay; the local store's limit.
+const MAX_PG_RESULT_LEN: usize = crate::builder::MAX_RESULT_LEN_LIMIT;
+
+/// Settings for [`PgStore::connect`]. Get one from [`PgStore::builder`].
+#[derive(Clone)]
+pub struct PgBuilder {
+    table: String,
+    lease: Duration,
+    retention: Duration,
+    retention_by_operation: Vec<(Vec<u8>, Duration)>,
+    max_result_len: usize,
+    pool_size: usize,
+    op_deadline: Duration,
+    statement_timeout: Duration,
+    clock: Arc<dyn Clock>,
+}
+
+impl Default for PgBuilder {
+    fn default() -> Self {
+        PgBuilder {
+            table: DEFAULT_PG_TABLE.to_string(),
+            lease: DEFAULT_LEASE,
+            retention: DEFAULT_RETENTION,
+            retention_by_operation: Vec::new(),
+            max_result_len: DEFAULT_MAX_RESULT_LEN,
+            pool_size: DEFAULT_PG_POOL_SIZE,
+            op_deadline: DEFAULT_PG_OP_DEADLINE,
+            statement_timeout: DEFAULT_PG_STATEMENT_TIMEOUT,
+            clock: Arc::new(SystemClock),
+        }
+    }
+}
+
+impl PgBuilder {
+    /// The table that holds this store's keys (also the prefix of its index, sequence and
+    /// version table names); stores with different tables share nothing. Lower-case ASCII
+    /// letters, digits and `_`, at most 55 bytes; it may name a schema's search path table
+    /// only (no `schema.` part). Default = [`DEFAULT_PG_TABLE`].
+    pub fn table(&mut self, table: impl Into<String>) -> &mut Self {
+        self.table = table.into();
+        self
+    }
+
+    /// How long a completed key is kept, as [`Builder::retention`](crate::Builder::retention).
+    /// Every instance sharing a table should use the same. Default = 24 h.
+    pub fn retention(&mut self, retention: Duration) -> &mut Self {
+        self.retention = retention;
+        self
+    }
+
+    /// How long completed keys of `operation` are kept instead of
+    /// [`retention`](PgBuilder::retention), as
+    /// [`Builder::retention_for`](crate::Builder::retention_for): each row carries its own
+    /// deadline. Setting an operation again replaces its retention. At least 1 ms.
+    pub fn retention_for(&mut self, operation: impl AsRef<[u8]>, retention: Duration) -> &mut Self {
+        let operation = operation.as_ref().to_vec();
+        self.retention_by_operation
+            .retain(|(name, _)| *name != operation);
+        self.retention_by_operation.push((operation, retention));
+        self
+    }
+
+    /// How long an acquisition owns a key, as [`Builder::lease`](crate::Builder::lease).
+    /// Default = 60 s.
+    pub fn lease(&mut self, lease: Duration) -> &mut Self {
+        self.lease = lease;
+        self
+    }
+
+    /// The largest result accepted, in bytes, at most the local store's limit. Default =
+    /// 1 MiB.
+    pub fn max_result_len(&mut self, bytes: usize) -> &mut Self {
+        self.max_result_len = bytes;
+        self
+    }
+
+    /// The most connections this store opens (1 to 1024). Default = [`DEFAULT_PG_POOL_SIZE`].
+    pub fn pool_size(&mut self, connections: usize) -> &mut Self {
+        self.pool_size = connections;
+        self
+    }
+
+    /// How long an operation keeps retrying while PostgreSQL gives no definite answer (down,
+    /// restarting, failing over) before it returns [`Error::Cluster`]. Default =
+    /// [`DEFAULT_PG_OP_DEADLINE`].
+    pub fn op_deadline(&mut self, deadline: Duration) -> &mut Self {
+        self.op_deadline = deadline;
+        self
+    }
+
+    /// How long one statement, or the wait for a pooled connection, may take before it counts
+    /// as unanswered (also the server's `statement_timeout` on the store's connections).
+    /// Default = [`DEFAULT_PG_STATEMENT_TIMEOUT`].
+    pub fn statement_timeout(&mut self, timeout: Duration) -> &mut Self {
+        self.statement_timeout = timeout;
+        self
+    }
+
+    /// Where leases and retention deadlines get the time. Default = the system clock. Every
+    /// instance's clock should agree within a small part of the lease (NTP).
+    pub fn clock(&mut self, clock: impl Clock) -> &mut Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    fn check(&self) -> Result<(), Error> {
+        let invalid = |setting, reason: String| Err(Error::InvalidConfig { setting, reason });
+        schema::check_table(&self.table)?;
+        if self.lease < Duration::from_millis(1) {
+            return invalid("lease", "it must be at least 1 ms".into());
+        }
+        if self.retention < Duration::from_millis(1) {
+            return invalid("retention", "it must be at least 1 ms".into());
+        }
+        crate::builder::validate_retentions(&self.retention_by_operation)?;
+        if self.max_result_len > MAX_PG_RESULT_LEN {
+            return invalid(
+                "max_result_len",
+                format!(
+                    "{} bytes is over the limit of {MAX_PG_RESULT_LEN}",
+                    self.max_result_len
+                ),
+            );
+        }
+        if !(1..=1024).contains(&self.pool_size) {
+            return invalid(
+                "pool_size",
+                format!("{} connections is outside 1..=1024", self.pool_size),
+            );
+        }
+        if self.op_deadline.is_zero() || self.statement_timeout < Duration::from_millis(1) {
+            return invalid(
+                "op_deadline",
+                "the deadline and the statement timeout must be at least 1 ms".into(),
+            );
+        }
+        Ok(())
+    }
+
+    /// Connects to PostgreSQL at `config`, a connection string in libpq's key=value form
+    /// (`"host=127.0.0.1 port=5432 user=app dbname=app"`) or a URL
+    /// (`"postgresql://app@127.0.0.1/app"`), creating the store's table on first use and
+    /// checking its schema version otherwise.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for a setting out of range, a connection string that does not
+    /// parse, or a table of another schema version (naming both); [`Error::Cluster`] when
+    /// PostgreSQL cannot be reached.
+    pub async fn connect(&self, config: &str) -> Result<PgStore, Error> {
+        let config =
+            tokio_postgres::Config::from_str(config).map_err(|error| Error::InvalidConfig {
+                setting: "config",
+                reason: format!("the connection string does not parse: {error}"),
+            })?;
+        self.connect_with(config).await
+    }
+
+    /// [`connect`](PgBuilder::connect) with a parsed `tokio_postgres::Config`.
+    ///
+    /// # Errors
+    /// As for [`connect`](PgBuilder::connect).
+    pub async fn connect_with(&self, mut config: tokio_postgres::Config) -> Result<PgStore, Error> {
+        self.check()?;
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(self.statement_timeout);
+        }
+        let millis = self.statement_timeout.as_millis();
+        let options = match config.get_options() {
+            Some(options) => format!("{options} -c statement_timeout={millis}"),
+            None => format!("-c statement_timeout={millis}"),
+        };
+        config.options(&options);
+        if config.get_application_name().is_none() {
+            config.application_name("idemstore");
+        }
+        let sql = Sql::new(&self.table);
+        // One connection of its own for the schema, so that a wrong address or a refused
+        // version fails here rather than at the first reserve.
+        let (mut client, connection) =
+            config
+                .connect(NoTls)
+                .await
+                .map_err(|source| Error::Cluster {
+                    context: "connecting to PostgreSQL".to_string(),
+                    source: Box::new(source),
+                })?;
+        let driver = tokio::spawn(connection);
+        let checked = schema::connect_schema(&mut client, &sql).await;
+        drop(client);
+        let _ = driver.await;
+        checked?;
+        let manager = Manager::from_config(
+            config,
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(self.pool_size)
+            .build()
+            .map_err(|error| Error::InvalidConfig {
+                setting: "pool_size",
+                reason: error.to_string(),
+            })?;
+        Ok(PgStore::from_inner(Inner {
+            pool,
+            sql,
+            // Several processes share one database: a lease outlives a process that stopped.
+            policies: Policies::new(
+                self.lease,
+                self.retention,
+                &self.retention_by_operation,
+                TokenFloor::NONE,
+            ),
+            clock: self.clock.clone(),
+            max_result_len: self.max_result_len,
+            op_deadline: self.op_deadline,
+            statement_timeout: self.statement_timeout,
+            nonce_base: random_id(),
+            writes: AtomicU64::new(0),
+            resends: AtomicU64::new(0),
+            hints: parking_lot::Mutex::new(std::collections::HashMap::new()),
+        }))
+    }
+}
+
+/// A random 64-bit base for this store handle's write nonces: the standard library's randomly
+/// keyed hasher, fed the time and the process id.
+fn random_id() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    hasher.write_u32(std::process::id());
+    hasher.finish()
+}

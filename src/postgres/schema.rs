@@ -1,0 +1,212 @@
+//! The PostgreSQL data model: the table of records, its indexes, the token sequence and the
+//! schema version row, created when a store first connects and checked at every connect.
+//! `docs/postgres.md` describes it for operators.
+//!
+//! For a store named `T` (the builder's [`table`](super::PgBuilder::table)):
+//! - `T`: one row per key. `key` is [`Key`](crate::Key)'s own length-prefixed encoding (the
+//!   primary key), `token` the fencing token of the acquisition that made the state, `nonce`
+//!   a value unique to the write that made the row as it is (every conditional write compares
+//!   on it, and after a lost answer it tells a writer whether its write landed), `expires_at`
+//!   when the row reads as absent (milliseconds since the epoch), `lease_until` the lease end
+//!   of a pending row (NULL otherwise), `body` the record in the local store's encoding
+//!   (`docs/format.md`) with its token field zero: the column is the token.
+//! - `T_expires`: an index on `expires_at`, which sweeping walks; `T_leases`: a partial index
+//!   on `lease_until` of pending rows, which `stale` walks.
+//! - `T_tokens`: the sequence tokens come from (no cache: a later acquisition always gets a
+//!   higher token, whichever connection asks).
+//! - `T_meta`: `schema_version` = [`SCHEMA_VERSION`].
+
+use crate::error::Error;
+
+/// The schema version this build reads and writes.
+pub(crate) const SCHEMA_VERSION: i32 = 1;
+/// The longest table name accepted: PostgreSQL's identifiers are at most 63 bytes, and the
+/// longest derived name adds 8.
+pub(crate) const MAX_TABLE_LEN: usize = 55;
+
+/// Checks a table name: lower-case ASCII letters, digits and `_`, starting with a letter or
+/// `_`, at most [`MAX_TABLE_LEN`] bytes, so it needs no quoting in any statement.
+pub(crate) fn check_table(name: &str) -> Result<(), Error> {
+    let ok_first = name
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_lowercase() || c == '_');
+    let ok_rest = name
+        .chars()
+        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if !ok_first || !ok_rest || name.len() > MAX_TABLE_LEN {
+        return Err(Error::InvalidConfig {
+            setting: "table",
+            reason: format!(
+                "table name `{}` must be 1 to {MAX_TABLE_LEN} bytes of lower-case ASCII letters, \
+                 digits and `_`, not starting with a digit",
+                name.escape_debug()
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// The statements of one store, with its table name filled in.
+#[derive(Debug, Clone)]
+pub(crate) struct Sql {
+    pub(crate) table: String,
+    pub(crate) read: String,
+    pub(crate) insert: String,
+    pub(crate) update: String,
+    pub(crate) delete: String,
+    pub(crate) read_for_update: String,
+    pub(crate) sweep: String,
+    pub(crate) stale: String,
+}
+
+impl Sql {
+    pub(crate) fn new(table: &str) -> Sql {
+        let t = table;
+        Sql {
+            table: t.to_string(),
+            read: format!("SELECT key, token, nonce, body FROM {t} WHERE key = ANY($1::bytea[])"),
+            insert: format!(
+                "INSERT INTO {t} (key, token, nonce, expires_at, lease_until, body) \
+                 SELECT k, CASE WHEN nt THEN nextval('{t}_tokens') ELSE tk END, n, e, l, b \
+                 FROM unnest($1::bytea[], $2::bool[], $3::int8[], $4::int8[], $5::int8[], \
+                 $6::int8[], $7::bytea[]) AS u(k, nt, tk, n, e, l, b) \
+                 ON CONFLICT (key) DO NOTHING RETURNING key, token"
+            ),
+            update: format!(
+                "UPDATE {t} SET token = CASE WHEN u.nt THEN nextval('{t}_tokens') ELSE u.tk END, \
+                 nonce = u.n, expires_at = u.e, lease_until = u.l, body = u.b \
+                 FROM unnest($1::bytea[], $2::int8[], $3::bool[], $4::int8[], $5::int8[], \
+                 $6::int8[], $7::int8[], $8::bytea[]) AS u(k, o, nt, tk, n, e, l, b) \
+                 WHERE {t}.key = u.k AND {t}.nonce = u.o RETURNING {t}.key, {t}.token"
+            ),
+            delete: format!(
+                "DELETE FROM {t} USING unnest($1::bytea[], $2::int8[]) AS u(k, o) \
+                 WHERE {t}.key = u.k AND {t}.nonce = u.o RETURNING {t}.key"
+            ),
+            read_for_update: format!(
+                "SELECT key, token, nonce, body FROM {t} WHERE key = ANY($1::bytea[]) FOR UPDATE"
+            ),
+            // The inner select walks the deadline index; the outer condition is checked again
+            // on a row a concurrent write changed meanwhile.
+            sweep: format!(
+                "DELETE FROM {t} WHERE key IN (SELECT key FROM {t} WHERE expires_at <= $1 \
+                 ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED) AND expires_at <= $1"
+            ),
+            stale: format!(
+                "SELECT key, token, nonce, body FROM {t} WHERE lease_until IS NOT NULL \
+                 AND lease_until <= $1 AND expires_at > $1 ORDER BY lease_until, key LIMIT $2"
+            ),
+        }
+    }
+
+    /// The statements that create the schema, in order.
+    pub(crate) fn create(&self) -> Vec<String> {
+        let t = &self.table;
+        vec![
+            format!("CREATE SEQUENCE {t}_tokens AS bigint MINVALUE 1 NO CYCLE CACHE 1"),
+            format!(
+                "CREATE TABLE {t} (key bytea PRIMARY KEY, token bigint NOT NULL, \
+                 nonce bigint NOT NULL, expires_at bigint NOT NULL, lease_until bigint, \
+                 body bytea NOT NULL)"
+            ),
+            format!("CREATE INDEX {t}_expires ON {t} (expires_at)"),
+            format!("CREATE INDEX {t}_leases ON {t} (lease_until) WHERE lease_until IS NOT NULL"),
+            format!("CREATE TABLE {t}_meta (name text PRIMARY KEY, value text NOT NULL)"),
+            format!(
+                "INSERT INTO {t}_meta (name, value) VALUES ('schema_version', '{SCHEMA_VERSION}')"
+            ),
+        ]
+    }
+}
+
+/// The advisory lock key that serializes schema creation among stores connecting at once.
+pub(crate) fn lock_key(table: &str) -> i64 {
+    // FNV-1a: stable across builds and processes, unlike the standard library's hasher.
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in b"idemstore:".iter().chain(table.as_bytes()) {
+        hash ^= u64::from(*byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    hash as i64
+}
+
+/// Connects the schema: creates it when neither the table nor its version row exists, checks
+/// the version otherwise.
+///
+/// # Errors
+/// [`Error::InvalidConfig`] naming the table and both versions when it holds another schema
+/// version, or when a table of that name exists without idemstore's version row;
+/// [`Error::Cluster`] when PostgreSQL refuses.
+pub(crate) async fn connect_schema(
+    client: &mut tokio_postgres::Client,
+    sql: &Sql,
+) -> Result<(), Error> {
+    let t = &sql.table;
+    let failed = |what: &str, source: tokio_postgres::Error| Error::Cluster {
+        context: format!("{what} of table `{t}` on PostgreSQL"),
+        source: Box::new(source),
+    };
+    let tx = client
+        .transaction()
+        .await
+        .map_err(|e| failed("checking the schema", e))?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&lock_key(t)])
+        .await
+        .map_err(|e| failed("locking the schema", e))?;
+    let exists = |name: String| {
+        let tx = &tx;
+        async move {
+            tx.query_one("SELECT to_regclass($1) IS NOT NULL", &[&name])
+                .await
+                .map(|row| row.get::<_, bool>(0))
+        }
+    };
+    let has_meta = exists(format!("{t}_meta"))
+        .await
+        .map_err(|e| failed("checking the schema", e))?;
+    let has_table = exists(t.to_string())
+        .await
+        .map_err(|e| failed("checking the schema", e))?;
+    if !has_meta {
+        if has_table {
+            return Err(Error::InvalidConfig {
+                setting: "table",
+                reason: format!(
+                    "a table `{t}` exists without idemstore's `{t}_meta` version row: it was \
+                     not made by idemstore; choose another table name"
+                ),
+            });
+        }
+        for statement in sql.create() {
+            tx.batch_execute(&statement)
+                .await
+                .map_err(|e| failed("creating the schema", e))?;
+        }
+        return tx
+            .commit()
+            .await
+            .map_err(|e| failed("creating the schema", e));
+    }
+    let found: Option<String> = tx
+        .query_opt(
+            &format!("SELECT value FROM {t}_meta WHERE name = 'schema_version'"),
+            &[],
+        )
+        .await
+        .map_err(|e| failed("reading the schema version", e))?
+        .map(|row| row.get(0));
+    match found {
+        Some(version) if version == SCHEMA_VERSION.to_string() => Ok(()),
+        found => Err(Error::InvalidConfig {
+            setting: "table",
+            reason: format!(
+                "table `{t}` holds idemstore's PostgreSQL schema version {}; this build reads \
+                 and writes version {SCHEMA_VERSION}: drain the keys with the build that wrote \
+                 them, then drop the table (docs/postgres.md, \"Schema versions\"), or use \
+                 another table name",
+                found.as_deref().unwrap_or("(none)")
+            ),
+        }),
+    }
+}

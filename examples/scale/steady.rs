@@ -346,7 +346,7 @@ pub fn reserve32(
                     if !matches!(got, Reservation::Acquired(_)) {
                         return Err(format!("new key {n} answered {got:?}").into());
                     }
-                    if (done.fetch_add(1, Ordering::Relaxed) + 1) % BATCH == 0 {
+                    if (done.fetch_add(1, Ordering::Relaxed) + 1).is_multiple_of(BATCH) {
                         clock.advance(step);
                     }
                 }
@@ -413,7 +413,7 @@ pub fn run_store(
     turnovers: u64,
     report: &mut dyn FnMut(&Segment),
 ) -> Result<StoreRun, BoxError> {
-    if window % BATCH != 0 || window < 10 * BATCH {
+    if !window.is_multiple_of(BATCH) || window < 10 * BATCH {
         return Err(format!(
             "a window of {window} keys: it must be a multiple of {BATCH} and at least {}",
             10 * BATCH

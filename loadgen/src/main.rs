@@ -785,7 +785,7 @@ fn main() -> ExitCode {
 /// Writes the JSON to `--save`, and the JSON (`--json`) or the table to stdout.
 fn emit(args: &Args, json: &str, table: String) -> ExitCode {
     if let Some(path) = &args.save {
-        if let Err(e) = std::fs::write(path, &json) {
+        if let Err(e) = std::fs::write(path, json) {
             eprintln!("loadgen: writing {}: {e}", path.display());
             return ExitCode::FAILURE;
         }

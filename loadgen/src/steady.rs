@@ -540,7 +540,7 @@ pub fn run(
     turnovers: u64,
     engines: &[SteadyEngine],
 ) -> BenchResult<(Json, Vec<String>)> {
-    if window % BATCH != 0 || window < 10 * BATCH || turnovers == 0 {
+    if !window.is_multiple_of(BATCH) || window < 10 * BATCH || turnovers == 0 {
         return Err(format!(
             "steady: --keys {window} must be a multiple of {BATCH} and at least {}, and \
              --turnovers at least 1",

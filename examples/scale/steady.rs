@@ -291,7 +291,8 @@ impl SweepWatch {
             let now = store.stats().swept;
             if now != last {
                 let delta = now - last;
-                self.slices.fetch_add(delta.div_ceil(slice), Ordering::Relaxed);
+                self.slices
+                    .fetch_add(delta.div_ceil(slice), Ordering::Relaxed);
                 self.full.fetch_add(delta / slice, Ordering::Relaxed);
                 last = now;
             }
@@ -558,8 +559,7 @@ pub fn run_store(
     while store.stats().swept < target && started.elapsed() < DRAIN_LIMIT {
         thread::sleep(Duration::from_millis(20));
     }
-    run.drain_seconds =
-        (store.stats().swept >= target).then(|| started.elapsed().as_secs_f64());
+    run.drain_seconds = (store.stats().swept >= target).then(|| started.elapsed().as_secs_f64());
     watch.stop.store(true, Ordering::Relaxed);
     watcher.join().map_err(|_| "the sweep watcher panicked")?;
     run.sweep_slices = watch.slices.load(Ordering::Relaxed);
@@ -629,10 +629,10 @@ pub fn summary(run: &StoreRun) -> Vec<String> {
             "after the writes: the sweeper deleted the rest in {}; {} slices in the whole run, {} \
              full; file {:.0} MiB + log {:.0} MiB for {} live keys ({:.0} B/key, payload {PAYLOAD} \
              B); resident {:.0} MiB (peak at segment ends {:.0} MiB)",
-            run.drain_seconds
-                .map_or(format!("more than {} s", DRAIN_LIMIT.as_secs()), |s| format!(
-                    "{s:.1} s"
-                )),
+            run.drain_seconds.map_or(
+                format!("more than {} s", DRAIN_LIMIT.as_secs()),
+                |s| format!("{s:.1} s")
+            ),
             run.sweep_slices,
             run.full_slices,
             mib(run.file_bytes_drained),

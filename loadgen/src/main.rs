@@ -735,7 +735,11 @@ fn run_steady(args: &Args) -> BenchResult<(String, String)> {
     if args.scenario.len() != 1 {
         return Err("the steady scenario runs alone: --scenario steady".into());
     }
-    let wanted = |kind: Kind| args.engines.as_ref().is_none_or(|only| only.contains(&kind));
+    let wanted = |kind: Kind| {
+        args.engines
+            .as_ref()
+            .is_none_or(|only| only.contains(&kind))
+    };
     let mut engines = Vec::new();
     if wanted(Kind::Idemstore) {
         engines.push(SteadyEngine::Idemstore);

@@ -114,7 +114,8 @@ fn run_peer(
         }
         let seconds = started.elapsed().as_secs_f64();
         let sample = peer.sample()?;
-        let cpu = cpu_time().saturating_sub(cpu) + sample.server_cpu.saturating_sub(last.server_cpu);
+        let cpu =
+            cpu_time().saturating_sub(cpu) + sample.server_cpu.saturating_sub(last.server_cpu);
         let live = peer.live(b);
         let mut segment = Segment {
             phase: if first < per_window { "fill" } else { "steady" },
@@ -130,7 +131,12 @@ fn run_peer(
             load: load_average(),
             ..Segment::default()
         };
-        fill_segment(&mut segment, &latency[first as usize..b as usize], seconds, cpu);
+        fill_segment(
+            &mut segment,
+            &latency[first as usize..b as usize],
+            seconds,
+            cpu,
+        );
         if first >= per_window {
             steady_cpu += cpu;
             steady_seconds += seconds;
@@ -144,13 +150,23 @@ fn run_peer(
         keys_written: empty_batches * BATCH,
         ..segments[0].clone()
     };
-    fill_segment(&mut empty, &latency[..empty_batches as usize], empty_seconds, empty_cpu);
+    fill_segment(
+        &mut empty,
+        &latency[..empty_batches as usize],
+        empty_seconds,
+        empty_cpu,
+    );
     let mut steady = Segment {
         phase: "steady",
         windows: turnovers as f64,
         ..segments.last().cloned().unwrap_or_default()
     };
-    fill_segment(&mut steady, &latency[per_window as usize..], steady_seconds, steady_cpu);
+    fill_segment(
+        &mut steady,
+        &latency[per_window as usize..],
+        steady_seconds,
+        steady_cpu,
+    );
     steady.expired_deleted = segments
         .iter()
         .filter(|s| s.phase == "steady")
@@ -197,11 +213,15 @@ struct TtlFilter {
 }
 
 impl CompactionFilter for TtlFilter {
-    fn filter_item(&mut self, item: ItemAccessor<'_>, _: &Context) -> fjall::compaction::filter::CompactionFilterResult {
+    fn filter_item(
+        &mut self,
+        item: ItemAccessor<'_>,
+        _: &Context,
+    ) -> fjall::compaction::filter::CompactionFilterResult {
         let value = item.value()?;
-        let expiry = value
-            .get(..8)
-            .map_or(u64::MAX, |b| u64::from_be_bytes(b.try_into().expect("8 bytes")));
+        let expiry = value.get(..8).map_or(u64::MAX, |b| {
+            u64::from_be_bytes(b.try_into().expect("8 bytes"))
+        });
         if expiry <= self.now.load(Ordering::Relaxed) {
             self.dropped.fetch_add(1, Ordering::Relaxed);
             Ok(Verdict::Destroy)
@@ -286,7 +306,8 @@ impl FjallPeer {
         let got = self.keys.get(flat(n)).map_err(context("fjall: get"))?;
         Ok(got.filter(|v| {
             v.get(..8).is_some_and(|b| {
-                u64::from_be_bytes(b.try_into().expect("8 bytes")) > self.now.load(Ordering::Relaxed)
+                u64::from_be_bytes(b.try_into().expect("8 bytes"))
+                    > self.now.load(Ordering::Relaxed)
             })
         }))
     }
@@ -408,7 +429,12 @@ impl Peer for RedisPeer {
         for n in b * BATCH..(b + 1) * BATCH {
             let mut value = fingerprint(n).to_vec();
             value.push(0);
-            pipe.cmd("SET").arg(flat(n)).arg(value).arg("NX").arg("PX").arg(ttl);
+            pipe.cmd("SET")
+                .arg(flat(n))
+                .arg(value)
+                .arg("NX")
+                .arg("PX")
+                .arg(ttl);
         }
         self.pipeline(&pipe, "redis: SET NX PX")?;
         let mut pipe = redis::pipe();
@@ -564,7 +590,11 @@ pub fn run(
         match engine {
             SteadyEngine::Idemstore => {
                 let run = core::run_store(tmp.path(), window, turnovers, &mut print("idemstore"))?;
-                lines.extend(core::summary(&run).into_iter().map(|l| format!("idemstore: {l}")));
+                lines.extend(
+                    core::summary(&run)
+                        .into_iter()
+                        .map(|l| format!("idemstore: {l}")),
+                );
                 results.push(json!({
                     "engine": "idemstore",
                     "segments": run.segments.iter().map(segment_json).collect::<Vec<_>>(),
@@ -590,7 +620,10 @@ pub fn run(
                 let per_window = window / BATCH;
                 let (name, run) = if engine == SteadyEngine::Fjall {
                     let mut peer = FjallPeer::open(tmp.path(), per_window)?;
-                    ("fjall", run_peer(&mut peer, window, turnovers, &mut print("fjall"))?)
+                    (
+                        "fjall",
+                        run_peer(&mut peer, window, turnovers, &mut print("fjall"))?,
+                    )
                 } else {
                     let mut peer = RedisPeer::open(tmp.path(), per_window)?;
                     let mut run = run_peer(&mut peer, window, turnovers, &mut print("redis"))?;

@@ -29,7 +29,7 @@ use std::time::Instant;
 use idemstore::{Builder, Fingerprint, Key, Reservation, Store};
 
 /// Stores `n` completed keys named after `tag` (spread at random, or in ascending order),
-/// 1,000 per batch, with 2-byte results (as `examples/scale.rs` does).
+/// 1,000 per batch, with 2-byte results (as `examples/scale/main.rs` does).
 fn fill(store: &Store, tag: &str, n: usize, ascending: bool) -> Result<(), idemstore::Error> {
     let fp = Fingerprint::of(b"fill");
     let mut started = Instant::now();

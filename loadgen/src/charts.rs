@@ -64,11 +64,12 @@ fn main() -> Result<()> {
     let Some(json) = args.next().map(PathBuf::from) else {
         return Err("usage: charts RUN.json [WORKSPACE_ROOT] (RUN.json from the load generator's --save or --json)".into());
     };
-    let root = args
-        .next()
-        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".."), PathBuf::from);
-    let text = std::fs::read_to_string(&json)
-        .map_err(|e| format!("reading {}: {e}", json.display()))?;
+    let root = args.next().map_or_else(
+        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".."),
+        PathBuf::from,
+    );
+    let text =
+        std::fs::read_to_string(&json).map_err(|e| format!("reading {}: {e}", json.display()))?;
     let report: Report = serde_json::from_str(&text)
         .map_err(|e| format!("{} is not a load generator report: {e}", json.display()))?;
     let scenarios: Vec<(&str, &str, Vec<Row>)> = SCENARIOS
@@ -270,7 +271,9 @@ fn write_tables(path: &Path, report: &Report, scenarios: &[(&str, &str, Vec<Row>
                 Some(i) if r.ops_per_sec > 0.0 => format!("{:.2}x", i.ops_per_sec / r.ops_per_sec),
                 _ => "-".to_string(),
             };
-            let cpu = r.cpu_us_per_op.map_or("-".to_string(), |c| format!("{c:.1}"));
+            let cpu = r
+                .cpu_us_per_op
+                .map_or("-".to_string(), |c| format!("{c:.1}"));
             let _ = writeln!(
                 tables,
                 "| {} | {} | {:.0} | {ratio} | {:.0} | {:.0} | {cpu} |",

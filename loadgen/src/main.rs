@@ -58,6 +58,7 @@
 
 mod peers;
 mod report;
+mod steady;
 
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
@@ -83,6 +84,8 @@ use report::{
 struct Args {
     /// Scenarios, comma-separated, or `all`: reserve-1, reserve-32, cycle-32, batch-new,
     /// batch-duplicate, duplicate-1, async-1000. Without it, --workload at --threads runs.
+    /// `steady` (not in `all`, and run alone): idemstore, fjall and Redis at steady state
+    /// (--keys, --turnovers).
     #[arg(long, value_delimiter = ',', conflicts_with = "workload")]
     scenario: Vec<String>,
 
@@ -128,6 +131,15 @@ struct Args {
     /// Where the stores are created (in a fresh directory per run) [default: the temp dir].
     #[arg(long)]
     dir: Option<PathBuf>,
+
+    /// The `steady` scenario: keys in a retention window (a multiple of 1000, at least
+    /// 10,000). The long mode is `--keys 10000000`.
+    #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(10_000..=1_000_000_000))]
+    keys: u64,
+
+    /// The `steady` scenario: windows written at steady state after the fill.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=100))]
+    turnovers: u64,
 
     /// Print JSON instead of the table, and no progress bar.
     #[arg(long)]
@@ -716,8 +728,52 @@ fn run(args: &Args) -> BenchResult<(Report, Vec<Scenario>)> {
     Ok((report, scenarios))
 }
 
+/// The `steady` scenario: idemstore, fjall and Redis (those of `--engines`, Redis when
+/// installed) at steady state; the JSON has every engine's per-segment series.
+fn run_steady(args: &Args) -> BenchResult<(String, String)> {
+    use steady::SteadyEngine;
+    if args.scenario.len() != 1 {
+        return Err("the steady scenario runs alone: --scenario steady".into());
+    }
+    let wanted = |kind: Kind| {
+        args.engines
+            .as_ref()
+            .is_none_or(|only| only.contains(&kind))
+    };
+    let mut engines = Vec::new();
+    if wanted(Kind::Idemstore) {
+        engines.push(SteadyEngine::Idemstore);
+    }
+    if wanted(Kind::Fjall) {
+        engines.push(SteadyEngine::Fjall);
+    }
+    if wanted(Kind::Redis) {
+        match Kind::Redis.available() {
+            Ok(()) => engines.push(SteadyEngine::Redis),
+            Err(reason) => eprintln!("loadgen: skipping redis: {reason}"),
+        }
+    }
+    if engines.is_empty() {
+        return Err("steady: no engine to run (it runs idemstore, fjall and redis)".into());
+    }
+    let dir = args.dir.clone().unwrap_or_else(std::env::temp_dir);
+    let (report, lines) = steady::run(&dir, args.keys, args.turnovers, &engines)?;
+    let json = serde_json::to_string_pretty(&report).expect("the report serializes") + "\n";
+    Ok((json, lines.join("\n") + "\n"))
+}
+
 fn main() -> ExitCode {
     let args = Args::parse();
+    if args.scenario.iter().any(|s| s == "steady") {
+        let (json, table) = match run_steady(&args) {
+            Ok(done) => done,
+            Err(e) => {
+                eprintln!("loadgen: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        return emit(&args, &json, table);
+    }
     let (report, scenarios) = match run(&args) {
         Ok(done) => done,
         Err(e) => {
@@ -726,17 +782,19 @@ fn main() -> ExitCode {
         }
     };
     let json = serde_json::to_string_pretty(&report).expect("the report serializes") + "\n";
+    let table = table(&report, &scenarios);
+    emit(&args, &json, table)
+}
+
+/// Writes the JSON to `--save`, and the JSON (`--json`) or the table to stdout.
+fn emit(args: &Args, json: &str, table: String) -> ExitCode {
     if let Some(path) = &args.save {
-        if let Err(e) = std::fs::write(path, &json) {
+        if let Err(e) = std::fs::write(path, json) {
             eprintln!("loadgen: writing {}: {e}", path.display());
             return ExitCode::FAILURE;
         }
     }
-    let text = if args.json {
-        json
-    } else {
-        table(&report, &scenarios)
-    };
+    let text = if args.json { json.to_string() } else { table };
     let mut stdout = io::stdout().lock();
     match stdout
         .write_all(text.as_bytes())

@@ -115,6 +115,16 @@ fn start(dir: &Path, port: u16) -> BenchResult<Redis> {
     }
 }
 
+impl Redis {
+    /// A new connection to the server (the steady-state scenario's own commands).
+    pub fn connection(&self) -> BenchResult<redis::Connection> {
+        redis::Client::open(self.url.as_str())
+            .map_err(context("redis: client"))?
+            .get_connection()
+            .map_err(context("redis: connect"))
+    }
+}
+
 impl Engine for Redis {
     const NAME: &'static str = "redis";
     /// Pipelines from several connections share the server's syncs.

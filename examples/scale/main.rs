@@ -19,6 +19,20 @@
 //! cargo run --release --example scale -- 100000000 # 100M: hours, ~45 GB (not run, BENCHMARKS.md)
 //! ```
 //!
+//! Steady state (`steady.rs`, shared with the load generator's `steady` scenario): a store with
+//! a `ManualClock` fills one retention window with `N` keys in batches of 1,000 (reserve_many,
+//! then complete_many), then runs `T` more windows (default 2) with each new batch meeting one
+//! expiring batch, and prints each tenth of a window: keys/s, CPU per key, batch p50/p99/max,
+//! expired records still stored, file + log bytes per live key, resident memory; then 32
+//! threads and duplicates at steady state against an empty store, and how long the sweeper
+//! takes to catch up once writes stop:
+//!
+//! ```text
+//! cargo run --release --example scale -- steady            # 1M keys, 2 turnovers: ~5 minutes
+//! cargo run --release --example scale -- steady 100000     # quick: ~20 s
+//! cargo run --release --example scale -- steady 10000000 2 # long mode: 10M live keys, hours
+//! ```
+//!
 //! Arguments: the key count, then each store's `Builder::cache_size` in MiB (default 64),
 //! `Builder::cache_records` (default 65,536), the results' length in bytes (default 2) and
 //! `Builder::cache_record_bytes` in MiB (default 64). Run it on the disk being measured (the stores go
@@ -30,6 +44,8 @@ use std::thread;
 use std::time::Instant;
 
 use idemstore::{Fingerprint, Key, Reservation, Store};
+
+mod steady;
 
 const THREADS: usize = 32;
 const PER_THREAD: usize = 600;
@@ -116,7 +132,35 @@ fn reserve_rate(store: &Arc<Store>, tag: &str) -> f64 {
     (THREADS * PER_THREAD) as f64 / started.elapsed().as_secs_f64()
 }
 
+/// `steady [KEYS] [TURNOVERS]`: the steady-state scenario.
+fn steady_main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let arg = |i: usize, default: u64| -> Result<u64, Box<dyn std::error::Error + Send + Sync>> {
+        Ok(match std::env::args().nth(i) {
+            Some(arg) => arg.parse()?,
+            None => default,
+        })
+    };
+    let (window, turnovers) = (arg(2, 1_000_000)?, arg(3, 2)?);
+    println!(
+        "steady state: a window of {window} keys, {turnovers} turnovers, batches of {}; load \
+         average {:.1}",
+        steady::BATCH,
+        steady::load_average()
+    );
+    let dir = tempfile::tempdir()?;
+    let run = steady::run_store(dir.path(), window, turnovers, &mut |segment| {
+        println!("{}", segment.line());
+    })?;
+    for line in steady::summary(&run) {
+        println!("{line}");
+    }
+    Ok(())
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
+    if std::env::args().nth(1).as_deref() == Some("steady") {
+        return steady_main().map_err(|e| e as Box<dyn std::error::Error>);
+    }
     let arg = |i: usize, default: usize| -> Result<usize, Box<dyn std::error::Error>> {
         Ok(match std::env::args().nth(i) {
             Some(arg) => arg.parse()?,

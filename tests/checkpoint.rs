@@ -188,12 +188,17 @@ fn a_power_loss_during_or_right_after_a_checkpoint_loses_nothing() {
         });
         db.hold_syncs();
         complete(&store, 10);
-        entered
-            .recv_timeout(Duration::from_secs(20))
-            .expect("a checkpoint starts");
+        // A checkpoint's commit stops in the held sync: the next one's, or one that had
+        // already started before the syncs were held (the interval is 5 ms, so one can be
+        // running when the first is counted), which stops there just the same and starts no
+        // other meanwhile.
         let start = Instant::now();
         while db.syncs_waiting() == 0 {
-            assert!(start.elapsed() < Duration::from_secs(20), "no commit syncs");
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "no checkpoint commit reached the store file's sync in 20 s (entered the hook: {})",
+                entered.try_recv().is_ok()
+            );
             thread::sleep(Duration::from_millis(1));
         }
         for i in 11..30 {
@@ -272,6 +277,16 @@ fn the_region_a_checkpoint_covers_is_kept_until_its_commit_is_durable() {
         // Wait until the writer stops: the first region is full up to the second one. (A
         // whole second without an answer: a loaded machine can pause a running writer for a
         // few hundred milliseconds.)
+        // First the writer answers at least one more operation (a loaded machine may not
+        // have run the client thread yet: a quiet second then would prove nothing).
+        let start = Instant::now();
+        while acked.load(std::sync::atomic::Ordering::SeqCst) == 21 {
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "no operation answered in 20 s after the checkpoint was held"
+            );
+            thread::sleep(Duration::from_millis(1));
+        }
         let mut last = 0;
         let mut still = Instant::now();
         while still.elapsed() < Duration::from_millis(1000) {

@@ -5,12 +5,16 @@
 //! ```text
 //! cargo run --release -p idemstore-loadgen -- --scenario all --passes 3 --save run.json
 //! cargo run --release -p idemstore-loadgen --bin charts -- run.json
+//! # the steady-state run over time (docs/charts/steady.svg):
+//! cargo run --release -p idemstore-loadgen -- --scenario steady --save steady.json
+//! cargo run --release -p idemstore-loadgen --bin charts -- steady.json
 //! ```
 //!
 //! Writes `docs/charts/throughput.svg` (operations per second of every engine, one panel per
 //! scenario) and `docs/charts/latency.svg` (p50 and p99 of every engine in the scenarios where
-//! one operation waits for its own durability), relative to the workspace root, or to the
-//! directory given as the second argument.
+//! one operation waits for its own durability), and from a steady run `docs/charts/steady.svg`
+//! (rate, batch p99 and expired records still stored over the run), under the workspace root
+//! or the directory given with `--root`.
 
 use std::error::Error;
 use std::fmt::Write as _;
@@ -57,43 +61,163 @@ const LATENCY: [&str; 3] = ["reserve-1", "reserve-32", "cycle-32"];
 
 const IDEMSTORE: RGBColor = RGBColor(0xd9, 0x48, 0x1c);
 const PEER: RGBColor = RGBColor(0x5b, 0x7f, 0xa6);
-const P99: RGBColor = RGBColor(0xb8, 0xc9, 0xdc);
+
+const USAGE: &str = "usage: charts [--root WORKSPACE_ROOT] REPORT.json... (reports from the \
+    load generator's --save or --json: the scenarios' run, and the steady scenario's)";
 
 fn main() -> Result<()> {
+    let mut root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut reports = Vec::new();
     let mut args = std::env::args_os().skip(1);
-    let Some(json) = args.next().map(PathBuf::from) else {
-        return Err("usage: charts RUN.json [WORKSPACE_ROOT] (RUN.json from the load generator's --save or --json)".into());
-    };
-    let root = args.next().map_or_else(
-        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".."),
-        PathBuf::from,
-    );
-    let text =
-        std::fs::read_to_string(&json).map_err(|e| format!("reading {}: {e}", json.display()))?;
-    let report: Report = serde_json::from_str(&text)
-        .map_err(|e| format!("{} is not a load generator report: {e}", json.display()))?;
-    let scenarios: Vec<(&str, &str, Vec<Row>)> = SCENARIOS
-        .iter()
-        .map(|&(name, what)| (name, what, rows(&report, name)))
-        .filter(|(_, _, rows)| !rows.is_empty())
-        .collect();
-    if scenarios.is_empty() {
-        return Err(format!("{} has no rows of the known scenarios", json.display()).into());
+    while let Some(arg) = args.next() {
+        if arg == "--root" {
+            root = args.next().map(PathBuf::from).ok_or(USAGE)?;
+        } else {
+            reports.push(PathBuf::from(arg));
+        }
+    }
+    if reports.is_empty() {
+        return Err(USAGE.into());
     }
     let charts = root.join("docs/charts");
     std::fs::create_dir_all(&charts).map_err(|e| format!("creating {}: {e}", charts.display()))?;
-    throughput(&charts.join("throughput.svg"), &scenarios)?;
-    latency(&charts.join("latency.svg"), &scenarios)?;
-    let benchmarks = root.join("BENCHMARKS.md");
-    write_tables(&benchmarks, &report, &scenarios)?;
-    println!(
-        "wrote {}, {} and the tables of {}",
-        charts.join("throughput.svg").display(),
-        charts.join("latency.svg").display(),
-        benchmarks.display()
-    );
+    for json in reports {
+        let text = std::fs::read_to_string(&json)
+            .map_err(|e| format!("reading {}: {e}", json.display()))?;
+        if let Ok(steady) = serde_json::from_str::<SteadyReport>(&text) {
+            let path = charts.join("steady.svg");
+            steady_chart(&path, &steady)?;
+            println!("wrote {}", path.display());
+            continue;
+        }
+        let report: Report = serde_json::from_str(&text)
+            .map_err(|e| format!("{} is not a load generator report: {e}", json.display()))?;
+        let scenarios: Vec<(&str, &str, Vec<Row>)> = SCENARIOS
+            .iter()
+            .map(|&(name, what)| (name, what, rows(&report, name)))
+            .filter(|(_, _, rows)| !rows.is_empty())
+            .collect();
+        if scenarios.is_empty() {
+            return Err(format!("{} has no rows of the known scenarios", json.display()).into());
+        }
+        throughput(&charts.join("throughput.svg"), &scenarios)?;
+        latency(&charts.join("latency.svg"), &scenarios)?;
+        let benchmarks = root.join("BENCHMARKS.md");
+        write_tables(&benchmarks, &report, &scenarios)?;
+        println!(
+            "wrote {}, {} and the tables of {}",
+            charts.join("throughput.svg").display(),
+            charts.join("latency.svg").display(),
+            benchmarks.display()
+        );
+    }
     Ok(())
 }
+
+/// The steady scenario's report (`--scenario steady`): per engine, one segment per tenth of a
+/// retention window.
+#[derive(Deserialize)]
+struct SteadyReport {
+    engines: Vec<SteadyEngine>,
+}
+
+#[derive(Deserialize)]
+struct SteadyEngine {
+    engine: String,
+    segments: Vec<Segment>,
+}
+
+#[derive(Deserialize)]
+struct Segment {
+    windows: f64,
+    keys_per_sec: f64,
+    p99_ms: f64,
+    live: f64,
+    expired_present: f64,
+}
+
+/// One figure of a segment.
+type Measure = fn(&Segment) -> f64;
+
+/// Rate, batch p99 and expired-but-stored records over the run, one line per engine, with the
+/// window turnovers on the x axis.
+fn steady_chart(path: &Path, report: &SteadyReport) -> Result<()> {
+    let panels: [(&str, Measure); 3] = [
+        (
+            "keys per second (batches of 1000: reserve_many, then complete_many)",
+            |s| s.keys_per_sec,
+        ),
+        ("batch p99, ms", |s| s.p99_ms),
+        ("expired records still stored, % of live keys", |s| {
+            if s.live > 0.0 {
+                100.0 * s.expired_present / s.live
+            } else {
+                0.0
+            }
+        }),
+    ];
+    let area = SVGBackend::new(path, (1100, 900)).into_drawing_area();
+    area.fill(&WHITE)?;
+    let (title, body) = area.split_vertically(36);
+    title.titled(
+        "At steady state: the first window fills the store, then each new batch meets an expiring one",
+        ("sans-serif", 18),
+    )?;
+    let last = report
+        .engines
+        .iter()
+        .flat_map(|e| e.segments.iter().map(|s| s.windows))
+        .fold(1.0, f64::max);
+    for (panel, (caption, value)) in body.split_evenly((panels.len(), 1)).iter().zip(panels) {
+        let max = report
+            .engines
+            .iter()
+            .flat_map(|e| e.segments.iter().map(value))
+            .fold(0.0, f64::max)
+            .max(1.0);
+        let mut chart = ChartBuilder::on(panel)
+            .caption(caption, ("sans-serif", 15))
+            .margin(10)
+            .x_label_area_size(28)
+            .y_label_area_size(70)
+            .build_cartesian_2d(0.0..last, 0.0..max * 1.1)?;
+        chart
+            .configure_mesh()
+            .x_desc("retention windows written")
+            .y_label_formatter(&|v| short(*v))
+            .draw()?;
+        for (i, engine) in report.engines.iter().enumerate() {
+            let color = if engine.engine.starts_with("idemstore") {
+                IDEMSTORE
+            } else {
+                PALETTE[i % PALETTE.len()]
+            };
+            chart
+                .draw_series(LineSeries::new(
+                    engine.segments.iter().map(|s| (s.windows, value(s))),
+                    color.stroke_width(2),
+                ))?
+                .label(engine.engine.clone())
+                .legend(move |(x, y)| {
+                    PathElement::new([(x, y), (x + 18, y)], color.stroke_width(2))
+                });
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()?;
+    }
+    area.present()?;
+    Ok(())
+}
+
+/// The peers' lines in the steady chart.
+const PALETTE: [RGBColor; 3] = [
+    RGBColor(0x5b, 0x7f, 0xa6),
+    RGBColor(0x3a, 0x9a, 0x5b),
+    RGBColor(0x8a, 0x5a, 0xa8),
+];
 
 /// The medians of one scenario, fastest first.
 fn rows(report: &Report, scenario: &str) -> Vec<Row> {
@@ -142,7 +266,6 @@ fn throughput(path: &Path, scenarios: &[(&str, &str, Vec<Row>)]) -> Result<()> {
             rows.iter()
                 .map(|r| (r.engine.as_str(), vec![(r.ops_per_sec, color(&r.engine))]))
                 .collect(),
-            "ops/s",
         )?;
     }
     area.present()?;
@@ -157,41 +280,41 @@ fn latency(path: &Path, scenarios: &[(&str, &str, Vec<Row>)]) -> Result<()> {
     if shown.is_empty() {
         return Ok(());
     }
-    let area = SVGBackend::new(path, (1100, 300 * shown.len() as u32)).into_drawing_area();
+    let area = SVGBackend::new(path, (1100, 280 * shown.len() as u32)).into_drawing_area();
     area.fill(&WHITE)?;
     let (title, body) = area.split_vertically(36);
     title.titled(
-        "Latency of one durable operation, µs: p50 (dark) and p99 (light), lower is better",
+        "Latency of one durable operation in µs, p50 (left) and p99 (right): lower is better",
         ("sans-serif", 18),
     )?;
-    for (panel, (name, what, rows)) in body.split_evenly((shown.len(), 1)).iter().zip(shown) {
+    for (row, (name, what, rows)) in body.split_evenly((shown.len(), 1)).iter().zip(shown) {
         let mut rows = rows.clone();
-        rows.sort_by(|a, b| a.p50_us.total_cmp(&b.p50_us));
+        rows.sort_by(|a, b| b.p50_us.total_cmp(&a.p50_us));
+        let (p50, p99) = row.split_horizontally(row.dim_in_pixel().0 / 2);
         bars(
-            panel,
-            &format!("{name}: {what}"),
+            &p50,
+            &format!("{name}, p50: {what}"),
             rows.iter()
-                .map(|r| {
-                    (
-                        r.engine.as_str(),
-                        vec![(r.p99_us, P99), (r.p50_us, color(&r.engine))],
-                    )
-                })
+                .map(|r| (r.engine.as_str(), vec![(r.p50_us, color(&r.engine))]))
                 .collect(),
-            "µs",
+        )?;
+        bars(
+            &p99,
+            &format!("{name}, p99"),
+            rows.iter()
+                .map(|r| (r.engine.as_str(), vec![(r.p99_us, color(&r.engine))]))
+                .collect(),
         )?;
     }
     area.present()?;
     Ok(())
 }
 
-/// Horizontal bars, one row per engine; each row's bars are drawn over each other in order
-/// (the widest first), and the last one's value is written after it.
+/// Horizontal bars, one row per engine, the first at the top, each with its value after it.
 fn bars(
     panel: &DrawingArea<SVGBackend<'_>, Shift>,
     caption: &str,
     rows: Vec<(&str, Vec<(f64, RGBColor)>)>,
-    unit: &str,
 ) -> Result<()> {
     let max = rows
         .iter()
@@ -220,29 +343,21 @@ fn bars(
         .y_label_offset(-12)
         .x_labels(5)
         .x_label_formatter(&|v| short(*v))
-        .x_desc(unit)
         .draw()?;
     for (i, (_, bars)) in rows.iter().enumerate() {
         let y = n - 1 - i as i32;
         for &(value, color) in bars {
-            chart.draw_series(std::iter::once(Rectangle::new(
-                [(0.0, y), (value, y + 1)],
-                color.filled(),
-            )))?;
+            chart.draw_series([
+                Rectangle::new([(0.0, y), (value, y + 1)], color.filled()),
+                // A white edge parts the bars of neighbouring rows.
+                Rectangle::new([(0.0, y), (value, y + 1)], WHITE.stroke_width(3)),
+            ])?;
         }
-        if let Some(&(value, _)) = bars.last() {
-            let widest = bars.iter().map(|b| b.0).fold(0.0, f64::max);
-            let label = if bars.len() > 1 {
-                format!("{} / {}", short(value), short(widest))
-            } else {
-                short(value)
-            };
-            chart.draw_series(std::iter::once(Text::new(
-                label,
-                (widest + max * 0.01, y + 1),
-                ("sans-serif", 12),
-            )))?;
-        }
+        let widest = bars.iter().map(|b| b.0).fold(0.0, f64::max);
+        chart.draw_series(std::iter::once(
+            EmptyElement::at((widest + max * 0.01, y + 1))
+                + Text::new(short(widest), (0, 10), ("sans-serif", 12)),
+        ))?;
     }
     Ok(())
 }
@@ -257,7 +372,7 @@ fn write_tables(path: &Path, report: &Report, scenarios: &[(&str, &str, Vec<Row>
         return Err(format!("{} has no {BEGIN} ... {END} marks", path.display()).into());
     };
     let mut tables = format!(
-        "{BEGIN}\n<!-- written by the charts tool from the load generator's JSON; edit the tool, not this -->\n\nMedians of {} passes.\n",
+        "{BEGIN}\n<!-- written by the charts tool from the load generator's JSON; edit the tool, not this -->\n\nMedians of {} passes (the command and the machine's load are given above).\n",
         report.passes
     );
     for (name, what, rows) in scenarios {

@@ -85,14 +85,6 @@ fn wait_checkpoints(store: &Store, n: u64) {
 }
 
 /// Releases the disk's held syncs when dropped (also when a test panics).
-struct ReleaseSyncs(SimDisk);
-
-impl Drop for ReleaseSyncs {
-    fn drop(&mut self) {
-        self.0.release_syncs();
-    }
-}
-
 /// Power-loss images of both disks (the log first: a redb commit after the log stopped can
 /// only add state), several per call.
 fn images(db: &SimDisk, log: &SimDisk, rng: &mut Rng, n: usize) -> Vec<(SimDisk, SimDisk)> {
@@ -177,7 +169,7 @@ fn a_power_loss_during_or_right_after_a_checkpoint_loses_nothing() {
         let store = open(&db, &log);
         // On a failed assertion, let the held sync go (declared after the store, so dropped
         // before it: dropping the store waits for the sync).
-        let _release = ReleaseSyncs(db.clone());
+        let _release = db.release_syncs_on_drop();
         for i in 0..10 {
             complete(&store, i);
         }

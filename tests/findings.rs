@@ -53,6 +53,9 @@ fn power_loss_keeping_a_later_unacknowledged_frame_still_opens() {
     ));
     log.hold_syncs();
     thread::scope(|s| {
+        // A failed wait below lets the held sync go as it unwinds, so the scope's threads end
+        // and the test fails instead of hanging.
+        let _release = log.release_syncs_on_drop();
         let store = &store;
         let unsynced_before = log.unsynced_writes();
         s.spawn(move || store.reserve(&key("k2"), fp()));

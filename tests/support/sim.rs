@@ -202,6 +202,14 @@ impl SimDisk {
         self.0.released.notify_all();
     }
 
+    /// A guard that lets held syncs go when dropped: a test that holds syncs declares it
+    /// before its assertions, so a failed one unwinds into a failure instead of a hang (the
+    /// store's threads, or a scope's, wait in the held sync forever otherwise).
+    #[cfg(test)]
+    pub(crate) fn release_syncs_on_drop(&self) -> ReleaseSyncs {
+        ReleaseSyncs(self.clone())
+    }
+
     /// How many syncs are waiting at the gate of [`hold_syncs`](Self::hold_syncs).
     #[cfg(test)]
     pub(crate) fn syncs_waiting(&self) -> usize {
@@ -360,5 +368,16 @@ impl LogFile for SimDisk {
     }
     fn sync_data(&self) -> io::Result<()> {
         self.do_sync()
+    }
+}
+
+/// Lets a disk's held syncs go when dropped ([`SimDisk::release_syncs_on_drop`]).
+#[cfg(test)]
+pub(crate) struct ReleaseSyncs(SimDisk);
+
+#[cfg(test)]
+impl Drop for ReleaseSyncs {
+    fn drop(&mut self) {
+        self.0.release_syncs();
     }
 }

@@ -66,7 +66,8 @@ const USAGE: &str = "usage: charts [--root WORKSPACE_ROOT] REPORT.json... (repor
     load generator's --save or --json: the scenarios' run, and the steady scenario's)";
 
 fn main() -> Result<()> {
-    let mut root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let workspace = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut root = workspace.canonicalize().unwrap_or(workspace);
     let mut reports = Vec::new();
     let mut args = std::env::args_os().skip(1);
     while let Some(arg) = args.next() {

@@ -548,3 +548,39 @@ async fn an_answer_over_the_stored_limit_is_sent_and_never_run_again() {
     assert_eq!(reason(&status), "RESPONSE_NOT_STORED");
     assert_eq!(service.shop.runs("big-1"), 1, "the work is not run again");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_metadata_keys_are_invalid_argument_naming_the_rule() {
+    let service = Service::start(Duration::ZERO).await;
+    let mut sent = 0;
+    for (value, rule) in crate::http::MALFORMED_KEYS {
+        // Metadata carries visible ASCII only: the others cannot be sent.
+        let Ok(value) = tonic::metadata::AsciiMetadataValue::try_from(*value) else {
+            continue;
+        };
+        let mut request = Request::new(PayRequest {
+            order_id: 7,
+            cents: 100,
+        });
+        request
+            .metadata_mut()
+            .insert("idempotency-key", value.clone());
+        let status = service.client().pay(request).await.expect_err("refused");
+        assert_eq!(
+            (status.code(), reason(&status).as_str()),
+            (Code::InvalidArgument, "KEY_INVALID"),
+            "{value:?}"
+        );
+        assert!(
+            status.message().contains(rule),
+            "{value:?}: {}",
+            status.message()
+        );
+        sent += 1;
+    }
+    assert!(sent >= 12, "only {sent} malformed values could be sent");
+    assert!(
+        service.shop.runs.lock().expect("not poisoned").is_empty(),
+        "no handler ran"
+    );
+}

@@ -16,8 +16,8 @@ use crate::grpc::config::{KeySource, Options};
 use crate::grpc::status::refusal_response;
 use crate::grpc::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
 use crate::guard::{
-    client_key, encode_stored, request_key, Begin, Guard, Refusal, Refused, Release, Running,
-    StoredResponse,
+    client_key, encode_stored, plain_key, request_key, Begin, Guard, Refusal, Refused, Release,
+    Running, StoredResponse,
 };
 use crate::{Fingerprint, Reservations};
 
@@ -104,7 +104,7 @@ where
             client_key(values.iter().map(HeaderValue::as_bytes))
         }
         KeySource::RequestId(read) => match single_message(&body).and_then(|m| read(m)) {
-            Ok(Some(id)) => client_key([&id[..]]),
+            Ok(Some(id)) => plain_key(&id).map(Some),
             Ok(None) => Ok(None),
             Err(detail) => Err(Refused::with_detail(Refusal::BodyUnreadable, detail)),
         },

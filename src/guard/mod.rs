@@ -114,7 +114,7 @@ use std::time::Duration;
 use events::{count, Event};
 use waiting::Runs;
 
-pub use key::{client_key, request_key};
+pub use key::{client_key, plain_key, request_key};
 pub use refusal::{Refusal, Refused};
 pub use running::{Release, Running};
 pub(crate) use stored::encode as encode_stored;

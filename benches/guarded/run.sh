@@ -13,7 +13,7 @@
 # (getrusage) and of redis-server. Debian's wrk and redis-server are installed when missing.
 #
 # Settings (environment): DURATION=10 PASSES=3 CONNECTIONS=64 THREADS=2 PORT=8088
-# REDIS_PORT=6390 RAW=<file for the per-run lines>.
+# REDIS_PORT=6390 RAW=<file for the per-run lines> SERVER_BIN=<a server built before>.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
@@ -30,9 +30,13 @@ if ! command -v wrk >/dev/null || ! command -v redis-server >/dev/null; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y wrk redis-server
 fi
 
-cargo build --release --example guarded_service
 target=$(cargo metadata --format-version 1 --no-deps | sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
-server_bin="$target/release/examples/guarded_service"
+if [ -n "${SERVER_BIN:-}" ]; then
+    server_bin=$SERVER_BIN # another build of the server (to compare two versions of the layer)
+else
+    cargo build --release --example guarded_service
+    server_bin="$target/release/examples/guarded_service"
+fi
 
 work=$(mktemp -d)
 raw=${RAW:-$target/guarded-bench-raw.txt}

@@ -1,5 +1,7 @@
 //! Reading the client's key and building the stored [`Key`] from it, its scope and operation.
 
+use std::borrow::Cow;
+
 use crate::guard::{Refusal, Refused};
 use crate::{Fingerprint, Key, MAX_KEY_PART_LEN};
 
@@ -169,20 +171,20 @@ pub fn request_key(scope: Option<Vec<u8>>, operation: &[u8], id: &[u8]) -> Resul
     let Some(scope) = scope.filter(|scope| !scope.is_empty()) else {
         return Err(Refused::new(Refusal::NoScope));
     };
-    Key::new(bounded(scope), bounded(operation.to_vec()), id)
+    Key::new(bounded(&scope), bounded(operation), id)
         .map_err(|error| Refused::with_detail(Refusal::KeyInvalid, error.to_string()))
 }
 
 /// `part` itself when it fits in a key, else `#` and the hex of its BLAKE3 digest.
-fn bounded(part: Vec<u8>) -> Vec<u8> {
+fn bounded(part: &[u8]) -> Cow<'_, [u8]> {
     if part.len() <= MAX_KEY_PART_LEN {
-        return part;
+        return Cow::Borrowed(part);
     }
     let mut out = b"#".to_vec();
-    for byte in Fingerprint::of(&part).as_bytes() {
+    for byte in Fingerprint::of(part).as_bytes() {
         out.extend_from_slice(format!("{byte:02x}").as_bytes());
     }
-    out
+    Cow::Owned(out)
 }
 
 #[cfg(test)]
@@ -213,12 +215,12 @@ mod tests {
     #[test]
     fn long_parts_are_replaced_by_their_digest() {
         let short = b"POST /orders".to_vec();
-        assert_eq!(bounded(short.clone()), short);
-        let a = bounded(vec![b'a'; 300]);
-        let b = bounded([vec![b'a'; 299], vec![b'b']].concat());
+        assert_eq!(bounded(&short), &short[..]);
+        let a = bounded(&[b'a'; 300]);
+        let b = bounded(&[vec![b'a'; 299], vec![b'b']].concat()).into_owned();
         assert_eq!((a.len(), a[0]), (65, b'#'));
-        assert_ne!(a, b, "distinct long parts stay distinct");
-        assert!(Key::new(&a, "op", "id").is_ok());
+        assert_ne!(&a[..], &b[..], "distinct long parts stay distinct");
+        assert!(Key::new(&a[..], "op", "id").is_ok());
     }
 
     #[test]

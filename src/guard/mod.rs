@@ -294,7 +294,8 @@ impl<R: Reservations + 'static> Guard<R> {
     /// | an error | `Refuse`, [`Refusal::StoreUnavailable`]; the error goes to the logs (feature `tracing`), never to the client |
     pub async fn begin(&self, key: &Key, fingerprint: Fingerprint) -> Begin<R> {
         let wait = self.options.wait_for_first;
-        let deadline = tokio::time::Instant::now() + wait;
+        // The clock is read only by a guard that waits.
+        let mut deadline = None;
         let mut waited = false;
         loop {
             let reservation = match self.store.reserve(key, fingerprint).await {
@@ -310,6 +311,7 @@ impl<R: Reservations + 'static> Guard<R> {
                 other => return self.decided(key, other),
             };
             let now = tokio::time::Instant::now();
+            let deadline = *deadline.get_or_insert(now + wait);
             let running = (!wait.is_zero() && now < deadline)
                 .then(|| self.runs.running(key))
                 .flatten();

@@ -117,8 +117,8 @@ use waiting::Runs;
 pub use key::{client_key, plain_key, request_key};
 pub use refusal::{Refusal, Refused};
 pub use running::{Release, Running};
-pub(crate) use stored::encode as encode_stored;
 pub use stored::StoredResponse;
+pub(crate) use stored::{encode as encode_stored, walk as walk_stored};
 
 use crate::{Fingerprint, Key, Reservation, Reservations};
 

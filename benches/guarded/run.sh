@@ -118,20 +118,26 @@ for pass in $(seq "$PASSES"); do
             tag="p$pass-$run"; [ "$keys" = dup ] && tag="dup$run"
             line=$(cell "$mode" "$keys" "$tag" "$DURATION")
             echo "pass $pass: $line" >&2
-            echo "$line" >>"$raw"
+            echo "$line $pass" >>"$raw"
         done
     done
 done
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 
-# Medians per cell; ratios against plain's median.
+# Medians per cell. "vs plain" is the median of each pass's ratio to the plain run of the
+# same pass (steadier than a ratio of medians when the machine's load changes between passes).
 echo
 echo "| route | keys | requests/s | p50 | p99 | vs plain | server CPU/request | redis-server CPU/request | non-2xx | orders run |"
 echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"
 median() { sort -n | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 col() { awk -v m="$1" -v k="$2" -v c="$3" '$1 == m && $2 == k { print $c }' "$raw" | median; }
+# The median over passes of this cell's requests/s over plain's in the same pass.
+ratio() {
+    awk -v m="$1" -v k="$2" '$1 == "plain" && $2 == "unique" { plain[$11] = $3 }
+        $1 == m && $2 == k { mine[$11] = $3 }
+        END { for (p in mine) if (plain[p] > 0) print mine[p] / plain[p] }' "$raw" | median
+}
 sum() { awk -v m="$1" -v k="$2" -v c="$3" '$1 == m && $2 == k { s += $c } END { print s + 0 }' "$raw"; }
-plain=$(col plain unique 3)
 plain_p99=$(col plain unique 5)
 for mode in "${modes[@]}"; do
     for keys in unique dup; do
@@ -140,10 +146,13 @@ for mode in "${modes[@]}"; do
         awk -v m="$mode" -v k="$keys" -v r="$rps" -v p50="$(col "$mode" "$keys" 4)" \
             -v p99="$(col "$mode" "$keys" 5)" -v c="$(col "$mode" "$keys" 6)" \
             -v rc="$(col "$mode" "$keys" 7)" -v n="$(sum "$mode" "$keys" 8)" \
-            -v o="$(sum "$mode" "$keys" 10)" -v base="$plain" -v bp99="$plain_p99" \
+            -v o="$(sum "$mode" "$keys" 10)" -v x="$(ratio "$mode" "$keys")" -v bp99="$plain_p99" \
             'BEGIN { printf "| %s | %s | %d | %.2f ms | %.2f ms (%.1fx plain) | %.2f | %.1f µs | %.1f µs | %d | %d |\n",
-                m, k, r, p50 / 1000, p99 / 1000, p99 / bp99, r / base, c, rc, n, o }'
+                m, k, r, p50 / 1000, p99 / 1000, p99 / bp99, x, c, rc, n, o }'
     done
 done
+vs_redis=$(awk '$2 == "unique" && $1 == "layer" { l[$11] = $3 } $2 == "unique" && $1 == "redis" { r[$11] = $3 }
+    END { for (p in l) if (r[p] > 0) print l[p] / r[p] }' "$raw" | median)
 echo
+echo "layer (defaults) against the Redis guard, unique keys: ${vs_redis}x (median of the passes' ratios)"
 echo "passes: $PASSES x ${DURATION}s per cell, wrk -t$THREADS -c$CONNECTIONS; per-run lines: $raw"

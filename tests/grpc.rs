@@ -584,3 +584,26 @@ async fn malformed_metadata_keys_are_invalid_argument_naming_the_rule() {
         "no handler ran"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_id_from_the_message_is_taken_as_it_is_not_as_a_header() {
+    let service = Service::start(Duration::ZERO).await;
+    // Commas, spaces and quotes are not structured-field syntax in a message field.
+    let id = r#"order 7, "blue""#;
+    let first = service.order(id, "book").await.expect("created");
+    let retry = service.order(id, "book").await.expect("replayed");
+    assert!(!replayed(first.metadata()) && replayed(retry.metadata()));
+    assert_eq!(first.get_ref().id, retry.get_ref().id);
+    assert_eq!(service.shop.runs(id), 1);
+    let long = "k".repeat(256);
+    let status = service.order(&long, "book").await.expect_err("too long");
+    assert_eq!(
+        (status.code(), reason(&status).as_str()),
+        (Code::InvalidArgument, "KEY_INVALID")
+    );
+    assert!(
+        status.message().contains("256 bytes"),
+        "{}",
+        status.message()
+    );
+}

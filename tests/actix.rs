@@ -423,3 +423,36 @@ async fn a_response_over_the_stored_limit_is_sent_and_then_410() {
         "the work is not run again"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_keys_are_400_naming_the_rule_as_with_the_tower_layer() {
+    let service = Service::start(Duration::ZERO);
+    for (value, rule) in crate::http::MALFORMED_KEYS {
+        let shown = String::from_utf8_lossy(value);
+        let value =
+            reqwest::header::HeaderValue::from_bytes(value).expect("a value HTTP can carry");
+        let response = service
+            .client
+            .post(format!("http://{}/orders", service.addr))
+            .header("authorization", "Bearer alice")
+            .header("idempotency-key", value)
+            .body("book")
+            .send()
+            .await
+            .expect("answered");
+        assert_eq!(
+            response.status(),
+            reqwest::StatusCode::BAD_REQUEST,
+            "{shown:?}"
+        );
+        let body = response.text().await.expect("body");
+        assert!(
+            body.contains("key-invalid") && body.contains(rule),
+            "{shown:?}: {body}"
+        );
+    }
+    assert!(
+        service.shop.runs.lock().expect("not poisoned").is_empty(),
+        "no handler ran"
+    );
+}

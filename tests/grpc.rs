@@ -985,3 +985,62 @@ async fn python_client_sees_every_answer() {
         "refused requests ran no handler"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_metadata_keys_are_invalid_argument_naming_the_rule() {
+    let service = Service::start(Duration::ZERO).await;
+    let mut sent = 0;
+    for (value, rule) in crate::http::MALFORMED_KEYS {
+        // Metadata carries visible ASCII only: the others cannot be sent.
+        let Ok(value) = tonic::metadata::AsciiMetadataValue::try_from(*value) else {
+            continue;
+        };
+        let mut request = Request::new(PayRequest {
+            order_id: 7,
+            cents: 100,
+        });
+        request
+            .metadata_mut()
+            .insert("idempotency-key", value.clone());
+        let status = service.client().pay(request).await.expect_err("refused");
+        assert_eq!(
+            (status.code(), reason(&status).as_str()),
+            (Code::InvalidArgument, "KEY_INVALID"),
+            "{value:?}"
+        );
+        assert!(
+            status.message().contains(rule),
+            "{value:?}: {}",
+            status.message()
+        );
+        sent += 1;
+    }
+    assert!(sent >= 12, "only {sent} malformed values could be sent");
+    assert!(
+        service.shop.runs.lock().expect("not poisoned").is_empty(),
+        "no handler ran"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_id_from_the_message_is_taken_as_it_is_not_as_a_header() {
+    let service = Service::start(Duration::ZERO).await;
+    // Commas, spaces and quotes are not structured-field syntax in a message field.
+    let id = r#"order 7, "blue""#;
+    let first = service.order(id, "book").await.expect("created");
+    let retry = service.order(id, "book").await.expect("replayed");
+    assert!(!replayed(first.metadata()) && replayed(retry.metadata()));
+    assert_eq!(first.get_ref().id, retry.get_ref().id);
+    assert_eq!(service.shop.runs(id), 1);
+    let long = "k".repeat(256);
+    let status = service.order(&long, "book").await.expect_err("too long");
+    assert_eq!(
+        (status.code(), reason(&status).as_str()),
+        (Code::InvalidArgument, "KEY_INVALID")
+    );
+    assert!(
+        status.message().contains("256 bytes"),
+        "{}",
+        status.message()
+    );
+}

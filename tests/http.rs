@@ -604,6 +604,134 @@ async fn missing_or_oversized_keys_are_400_and_unguarded_methods_pass() {
     assert_eq!(open.shop.runs("alice", "-"), 2);
 }
 
+/// Every malformed `Idempotency-Key` value (draft-ietf-httpapi-idempotency-key-header-07: one
+/// RFC 8941 sf-string, or a bare key of token or UUID characters), with a piece of the rule its
+/// refusal must name. The actix-web and gRPC tests send the same values.
+pub(crate) const MALFORMED_KEYS: &[(&[u8], &str)] = &[
+    (b"key,with,commas", "a comma"),
+    (b"a, b", "a comma"),
+    (b"\"x\", \"y\"", "a list of 2 members"),
+    (b"\"abc", "unterminated string"),
+    (b"abc\"", "an unbalanced quote at byte 3"),
+    (b"a\"b\"", "an unbalanced quote at byte 1"),
+    (b"a b", "a space at byte 1"),
+    (b"\"k\";v=1", "parameters"),
+    (b"k;v=1", "a `;`"),
+    (b"a\tb", "the control character 0x09"),
+    (b"\"a\tb\"", "invalid string character"),
+    (b"caf\xc3\xa9", "the non-ASCII byte 0xc3"),
+    (b"\"caf\xc3\xa9\"", "invalid string character"),
+    (b"\"a\\qb\"", "invalid escape sequence"),
+    (b"\"a\\\"", "unterminated"),
+    (b"(a b)", "the character `(`"),
+    (b"\"\"", "empty"),
+];
+
+#[test]
+fn the_key_is_one_sf_string_with_its_escapes_decoded_or_a_bare_token() {
+    use idemstore::guard::client_key;
+    let key =
+        |value: &[u8]| client_key([value]).map(|id| id.map(|id| String::from_utf8(id).unwrap()));
+    assert_eq!(key(br#""a\"b""#), Ok(Some(r#"a"b"#.into())));
+    assert_eq!(key(br#""a\\b""#), Ok(Some(r"a\b".into())));
+    assert_eq!(
+        key(br#""key,with, commas""#),
+        Ok(Some("key,with, commas".into()))
+    );
+    assert_eq!(key(b"\"k-1\""), key(b"k-1"), "bare and quoted: one key");
+    let uuid = "4a5c0b6e-8f3d-4b1e-9c2a-7d6e5f4a3b2c";
+    assert_eq!(key(uuid.as_bytes()), Ok(Some(uuid.into())));
+    assert_eq!(
+        key(b"Ab9!#$%&'*+-.^_`|~:/"),
+        Ok(Some("Ab9!#$%&'*+-.^_`|~:/".into()))
+    );
+    for (value, rule) in MALFORMED_KEYS {
+        let shown = String::from_utf8_lossy(value);
+        let refused = client_key([*value]).expect_err(&format!("{shown:?} is refused"));
+        assert!(
+            refused.detail.contains(rule),
+            "{shown:?}: {}",
+            refused.detail
+        );
+    }
+    let twice = client_key([&b"a"[..], b"a"]).expect_err("two fields are refused");
+    assert!(
+        twice.detail.contains("one Idempotency-Key header field"),
+        "{}",
+        twice.detail
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_keys_are_400_naming_the_rule_and_run_nothing() {
+    let service = Service::start(Duration::ZERO, |layer| layer).await;
+    let send = |values: &[&[u8]]| {
+        let mut request = service
+            .client
+            .post(format!("http://{}/orders", service.addr))
+            .header("authorization", "Bearer alice")
+            .body("book");
+        for value in values {
+            let value = HeaderValue::from_bytes(value).expect("a value HTTP can carry");
+            request = request.header("idempotency-key", value);
+        }
+        async move {
+            let response = request.send().await.expect("answered");
+            let status = response.status();
+            let kind = response.headers().get("content-type").cloned();
+            (status, kind, response.text().await.expect("body"))
+        }
+    };
+    let mut cases: Vec<(Vec<&[u8]>, &str)> = MALFORMED_KEYS
+        .iter()
+        .map(|(value, rule)| (vec![*value], *rule))
+        .collect();
+    cases.push((vec![b"\"a\"", b"\"b\""], "one Idempotency-Key header field"));
+    cases.push((vec![b"a", b"a"], "one Idempotency-Key header field"));
+    for (values, rule) in cases {
+        let shown: Vec<_> = values.iter().map(|v| String::from_utf8_lossy(v)).collect();
+        let (status, kind, body) = send(&values).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{shown:?}: {body}");
+        assert_eq!(
+            kind.as_ref().map(|v| v.as_bytes()),
+            Some(&b"application/problem+json"[..]),
+            "{shown:?}"
+        );
+        assert!(
+            body.contains("key-invalid") && body.contains(rule),
+            "{shown:?}: {body}"
+        );
+    }
+    assert_eq!(service.shop.total(), 0, "no handler ran");
+
+    // A bare key and its quoted form are one key; escapes are decoded before the key is built.
+    let first = service.post("alice", "/orders", Some("k-1"), "book").await;
+    let quoted = service
+        .post("alice", "/orders", Some("\"k-1\""), "book")
+        .await;
+    assert_eq!(
+        (first.status, first.replayed()),
+        (StatusCode::CREATED, false)
+    );
+    assert_eq!(
+        (quoted.status, quoted.replayed()),
+        (StatusCode::CREATED, true)
+    );
+    let escaped = service
+        .post("alice", "/orders", Some(r#""k\"2""#), "book")
+        .await;
+    let again = service
+        .post("alice", "/orders", Some(r#" "k\"2" "#), "pen")
+        .await;
+    assert_eq!(escaped.status, StatusCode::CREATED, "{}", escaped.text());
+    assert_eq!(
+        again.status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "the same key, another body"
+    );
+    assert_eq!(service.shop.total(), 2);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_without_an_identity_is_401_with_a_challenge() {
     let service = Service::start(Duration::ZERO, |layer| layer).await;

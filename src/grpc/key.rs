@@ -1,33 +1,26 @@
 //! The client's key of a guarded RPC, as gRPC carries it: the value of the `idempotency-key`
-//! metadata entry or of the request message's `request_id` field, taken as it is (gRPC
-//! metadata has no quoting, unlike HTTP's structured-field strings), with refusals that name
-//! the entry or the field.
+//! metadata entry, read as the HTTP header is (an RFC 8941 sf-string or a bare token), or the
+//! request message's `request_id` field, taken as it is (a message field has no quoting), with
+//! refusals that name the entry or the field.
 
 use crate::grpc::IDEMPOTENCY_KEY;
-use crate::guard::{Refusal, Refused};
+use crate::guard::{client_key, Refusal, Refused};
 use crate::MAX_KEY_PART_LEN;
 
-/// The key from the `idempotency-key` metadata values sent: `Ok(None)` when none was sent;
-/// [`KeyInvalid`](Refusal::KeyInvalid) when it is empty, sent more than once or too long.
+/// The key from the `idempotency-key` metadata values sent, read as the HTTP layer reads the
+/// `Idempotency-Key` header ([`client_key`]: one RFC 8941 sf-string, or a bare key of token or
+/// UUID characters, the same key as its quoted form), so a client that talks to both gets the
+/// same keys; refusals name the metadata entry. `Ok(None)` when none was sent.
 pub(crate) fn metadata_key<'a>(
     values: impl IntoIterator<Item = &'a [u8]>,
 ) -> Result<Option<Vec<u8>>, Refused> {
-    let mut values = values.into_iter();
-    let Some(value) = values.next() else {
-        return Ok(None);
-    };
-    if values.next().is_some() {
-        return Err(invalid(format!(
-            "send one {IDEMPOTENCY_KEY} metadata entry, not several"
-        )));
-    }
-    if value.is_empty() {
-        return Err(invalid(format!(
-            "the {IDEMPOTENCY_KEY} metadata entry is empty"
-        )));
-    }
-    checked_len(value, &format!("the {IDEMPOTENCY_KEY} metadata entry"))?;
-    Ok(Some(value.to_vec()))
+    client_key(values).map_err(|mut refused| {
+        refused.detail = refused
+            .detail
+            .replace("Idempotency-Key header field", &format!("{IDEMPOTENCY_KEY} metadata entry"))
+            .replace("Idempotency-Key", &format!("{IDEMPOTENCY_KEY} metadata entry"));
+        refused
+    })
 }
 
 /// The key from a request id read from the request message: `None` when the field is empty;

@@ -3,7 +3,7 @@
 
 use std::future::{poll_fn, Future};
 use std::pin::{pin, Pin};
-use std::task::Poll;
+use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
 use crate::{Error, Lease, Reservations};
@@ -18,46 +18,71 @@ const MIN_PERIOD: Duration = Duration::from_millis(10);
 /// [`Reservations::extend`]. A failed renewal (the key was taken over, or the store failed)
 /// stops the renewals, not the work: completing will then report the lost lease.
 ///
-/// The period comes from the lease's own deadline, read against the system clock when the
-/// work starts; a deadline already past (or a store on a manual clock far from it) means no
-/// renewals. The timer is tokio's, so the runtime must have timers enabled (`enable_time`, or
-/// `enable_all` as `#[tokio::main]` does).
+/// No timer is made for work that finishes at its first poll (a handler that answers without
+/// waiting): the renewals start when the work first waits. The period comes from the lease's
+/// own deadline, read against the system clock then; a deadline already past (or a store on a
+/// manual clock far from it) means no renewals. The timer is tokio's, so the runtime must have
+/// timers enabled (`enable_time`, or `enable_all` as `#[tokio::main]` does).
 pub(crate) async fn while_running<R, F>(store: &R, lease: &Lease, work: F) -> F::Output
 where
     R: Reservations,
     F: Future,
 {
-    let left = lease
-        .lease_until()
-        .duration_since(SystemTime::now())
-        .unwrap_or(Duration::ZERO);
-    if left.is_zero() {
-        return work.await;
-    }
-    let period = (left / 3).max(MIN_PERIOD);
     let mut work = pin!(work);
-    let mut tick = pin!(tokio::time::sleep(period));
-    let mut renewing: Option<Renewal<'_>> = None;
-    let mut stopped = false;
+    let mut renewals: Option<Renewals<'_>> = None;
     poll_fn(|cx| {
         if let Poll::Ready(output) = work.as_mut().poll(cx) {
             return Poll::Ready(output);
         }
-        if let Some(renewal) = renewing.as_mut() {
-            if let Poll::Ready(result) = renewal.as_mut().poll(cx) {
-                renewing = None;
-                stopped = result.is_err();
-            }
-        }
-        while !stopped && renewing.is_none() && tick.as_mut().poll(cx).is_ready() {
-            tick.as_mut().reset(tokio::time::Instant::now() + period);
-            let mut renewal = Box::pin(store.extend(lease));
-            match renewal.as_mut().poll(cx) {
-                Poll::Pending => renewing = Some(renewal),
-                Poll::Ready(result) => stopped = result.is_err(),
-            }
-        }
+        let renewals = renewals.get_or_insert_with(|| Renewals::start(lease));
+        renewals.poll(store, lease, cx);
         Poll::Pending
     })
     .await
+}
+
+/// The renewals of one running request's lease, made when its work first waits.
+struct Renewals<'a> {
+    /// `None`: no renewals (the lease had run out already).
+    period: Option<Duration>,
+    tick: Option<Pin<Box<tokio::time::Sleep>>>,
+    renewing: Option<Renewal<'a>>,
+    stopped: bool,
+}
+
+impl<'a> Renewals<'a> {
+    fn start(lease: &Lease) -> Renewals<'a> {
+        let left = lease
+            .lease_until()
+            .duration_since(SystemTime::now())
+            .unwrap_or(Duration::ZERO);
+        let period = (!left.is_zero()).then(|| (left / 3).max(MIN_PERIOD));
+        Renewals {
+            period,
+            tick: period.map(|period| Box::pin(tokio::time::sleep(period))),
+            renewing: None,
+            stopped: period.is_none(),
+        }
+    }
+
+    /// Drives the timer and the renewal under way, starting one at each tick.
+    fn poll<R: Reservations>(&mut self, store: &'a R, lease: &'a Lease, cx: &mut Context<'_>) {
+        let (Some(period), Some(tick)) = (self.period, self.tick.as_mut()) else {
+            return;
+        };
+        if let Some(renewal) = self.renewing.as_mut() {
+            if let Poll::Ready(result) = renewal.as_mut().poll(cx) {
+                self.renewing = None;
+                self.stopped = result.is_err();
+            }
+        }
+        while !self.stopped && self.renewing.is_none() && tick.as_mut().poll(cx).is_ready() {
+            tick.as_mut().reset(tokio::time::Instant::now() + period);
+            let mut renewal = Box::pin(store.extend(lease));
+            match renewal.as_mut().poll(cx) {
+                Poll::Pending => self.renewing = Some(renewal),
+                Poll::Ready(result) => self.stopped = result.is_err(),
+            }
+        }
+    }
 }

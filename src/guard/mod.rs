@@ -114,11 +114,11 @@ use std::time::Duration;
 use events::{count, Event};
 use waiting::Runs;
 
-pub use key::{client_key, request_key};
+pub use key::{client_key, plain_key, request_key};
 pub use refusal::{Refusal, Refused};
 pub use running::{Release, Running};
-pub(crate) use stored::encode as encode_stored;
 pub use stored::StoredResponse;
+pub(crate) use stored::{encode as encode_stored, walk as walk_stored};
 
 use crate::{Fingerprint, Key, Reservation, Reservations};
 
@@ -294,7 +294,8 @@ impl<R: Reservations + 'static> Guard<R> {
     /// | an error | `Refuse`, [`Refusal::StoreUnavailable`]; the error goes to the logs (feature `tracing`), never to the client |
     pub async fn begin(&self, key: &Key, fingerprint: Fingerprint) -> Begin<R> {
         let wait = self.options.wait_for_first;
-        let deadline = tokio::time::Instant::now() + wait;
+        // The clock is read only by a guard that waits.
+        let mut deadline = None;
         let mut waited = false;
         loop {
             let reservation = match self.store.reserve(key, fingerprint).await {
@@ -310,6 +311,7 @@ impl<R: Reservations + 'static> Guard<R> {
                 other => return self.decided(key, other),
             };
             let now = tokio::time::Instant::now();
+            let deadline = *deadline.get_or_insert(now + wait);
             let running = (!wait.is_zero() && now < deadline)
                 .then(|| self.runs.running(key))
                 .flatten();

@@ -15,8 +15,9 @@ use std::time::Duration;
 pub enum Refusal {
     /// No `Idempotency-Key` on a guarded method (400, unless configured to pass through).
     KeyMissing,
-    /// The key is empty, sent twice, or longer than [`MAX_KEY_PART_LEN`](crate::MAX_KEY_PART_LEN)
-    /// bytes (400).
+    /// The key is not one sf-string or bare token ([`client_key`](crate::guard::client_key)'s
+    /// rules), is sent in more than one field, is empty, or is longer than
+    /// [`MAX_KEY_PART_LEN`](crate::MAX_KEY_PART_LEN) bytes (400).
     KeyInvalid,
     /// The scope extractor found no scope (user, tenant) for the request (401).
     NoScope,

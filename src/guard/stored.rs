@@ -74,37 +74,50 @@ impl StoredResponse {
     /// Decodes [`encode`](Self::encode)'s bytes; `None` when they are not in that layout (a
     /// cut or damaged result is refused whole, never returned in part).
     pub fn decode(bytes: &[u8]) -> Option<StoredResponse> {
-        fn take<'a>(rest: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
-            let (head, tail) = rest.split_at_checked(n)?;
-            *rest = tail;
-            Some(head)
-        }
-        let mut rest = bytes;
-        if take(&mut rest, 1)? != [FORMAT] {
-            return None;
-        }
-        let status = u16::from_le_bytes(take(&mut rest, 2)?.try_into().ok()?);
-        if !(100..=999).contains(&status) {
-            return None;
-        }
-        let count = take(&mut rest, 1)?[0];
-        let mut headers = Vec::with_capacity(usize::from(count));
-        for _ in 0..count {
-            let name_len = usize::from(take(&mut rest, 1)?[0]);
-            let name = std::str::from_utf8(take(&mut rest, name_len)?).ok()?;
-            if name.is_empty() {
-                return None;
-            }
-            let value_len = usize::from(u16::from_le_bytes(take(&mut rest, 2)?.try_into().ok()?));
-            let value = take(&mut rest, value_len)?;
+        let mut headers = Vec::new();
+        let (status, body) = walk(bytes, |name, value| {
             headers.push((name.to_owned(), value.to_vec()));
-        }
+        })?;
         Some(StoredResponse {
             status,
             headers,
-            body: rest.to_vec(),
+            body: bytes[body..].to_vec(),
         })
     }
+}
+
+/// Reads [`StoredResponse::encode`]'s bytes without copying them: hands each header to
+/// `header` (name, value), and returns the status and where the body starts. `None` when the
+/// bytes are not in that layout; then `header` may have been called for the headers before
+/// the damage, which the caller throws away.
+pub(crate) fn walk<'a>(
+    bytes: &'a [u8],
+    mut header: impl FnMut(&'a str, &'a [u8]),
+) -> Option<(u16, usize)> {
+    fn take<'a>(rest: &mut &'a [u8], n: usize) -> Option<&'a [u8]> {
+        let (head, tail) = rest.split_at_checked(n)?;
+        *rest = tail;
+        Some(head)
+    }
+    let mut rest = bytes;
+    if take(&mut rest, 1)? != [FORMAT] {
+        return None;
+    }
+    let status = u16::from_le_bytes(take(&mut rest, 2)?.try_into().ok()?);
+    if !(100..=999).contains(&status) {
+        return None;
+    }
+    let count = take(&mut rest, 1)?[0];
+    for _ in 0..count {
+        let name_len = usize::from(take(&mut rest, 1)?[0]);
+        let name = std::str::from_utf8(take(&mut rest, name_len)?).ok()?;
+        if name.is_empty() {
+            return None;
+        }
+        let value_len = usize::from(u16::from_le_bytes(take(&mut rest, 2)?.try_into().ok()?));
+        header(name, take(&mut rest, value_len)?);
+    }
+    Some((status, bytes.len() - rest.len()))
 }
 
 /// [`StoredResponse::encode`] from borrowed parts, so an adapter need not copy the body first.

@@ -12,8 +12,8 @@ use http_body::Body;
 use http_body_util::{BodyExt, Either, Full, LengthLimitError, Limited};
 
 use crate::guard::{
-    client_key, encode_stored, request_key, Begin, Guard, Refusal, Refused, Release, Running,
-    StoredResponse,
+    client_key, encode_stored, request_key, walk_stored, Begin, Guard, Refusal, Refused, Release,
+    Running,
 };
 use crate::http::config::Options;
 use crate::http::problem::problem;
@@ -121,7 +121,7 @@ where
             let request = Request::from_parts(parts, B::from(body));
             run(inner, &guard, &o, running, request).await
         }
-        Begin::Replay(stored) => Ok(replay(&o, &parts, &stored)),
+        Begin::Replay(stored) => Ok(replay(&o, &parts, stored)),
         Begin::Refuse(refused) => Ok(answer(&o, refused)),
     }
 }
@@ -209,9 +209,10 @@ where
     }
 }
 
-/// The stored response, marked as a replay, then adjusted by the replay hook.
-fn replay<RB>(o: &Options, request: &Parts, bytes: &[u8]) -> Response<IdempotencyBody<RB>> {
-    let Some((status, headers, body)) = StoredResponse::decode(bytes).and_then(to_http) else {
+/// The stored response, marked as a replay, then adjusted by the replay hook. Header values
+/// and the body are slices of the stored bytes, not copies.
+fn replay<RB>(o: &Options, request: &Parts, bytes: Vec<u8>) -> Response<IdempotencyBody<RB>> {
+    let Some((status, headers, body)) = to_http(Bytes::from(bytes)) else {
         return answer(o, Refused::new(Refusal::StoredResponseUnreadable));
     };
     let mut response = Response::new(body);
@@ -226,15 +227,23 @@ fn replay<RB>(o: &Options, request: &Parts, bytes: &[u8]) -> Response<Idempotenc
     response.map(|body| Either::Left(Full::new(body)))
 }
 
-/// A stored response in `http` types; `None` when a status or header does not convert.
-fn to_http(stored: StoredResponse) -> Option<(StatusCode, HeaderMap, Bytes)> {
-    let status = StatusCode::from_u16(stored.status).ok()?;
-    let mut headers = HeaderMap::with_capacity(stored.headers.len());
-    for (name, value) in stored.headers {
-        let name = HeaderName::from_bytes(name.as_bytes()).ok()?;
-        headers.append(name, HeaderValue::from_bytes(&value).ok()?);
-    }
-    Some((status, headers, Bytes::from(stored.body)))
+/// A stored response ([`StoredResponse::encode`](crate::guard::StoredResponse::encode)'s layout) in `http` types; `None` when it does
+/// not decode, or a status or header does not convert.
+fn to_http(bytes: Bytes) -> Option<(StatusCode, HeaderMap, Bytes)> {
+    let mut headers = HeaderMap::new();
+    let mut valid = true;
+    let (status, body) = walk_stored(&bytes, |name, value| {
+        let name = HeaderName::from_bytes(name.as_bytes());
+        let value = HeaderValue::from_maybe_shared(bytes.slice_ref(value));
+        match (name, value) {
+            (Ok(name), Ok(value)) => {
+                headers.append(name, value);
+            }
+            _ => valid = false,
+        }
+    })?;
+    let status = StatusCode::from_u16(status).ok().filter(|_| valid)?;
+    Some((status, headers, bytes.slice(body..)))
 }
 
 /// The HTTP status of each refusal.

@@ -7,12 +7,13 @@ use std::time::{Duration, Instant};
 use crate::answers::{Reservation, Seen};
 use crate::clock::duration_millis;
 use crate::decide::op::{Observe, Reserve, Reserved};
-use crate::decide::{decide, Change};
-use crate::engine::commit::{first, Known};
+use crate::decide::{decide, Change, Operation};
+use crate::engine::commit::{first, CallerDecision, Known};
 use crate::engine::stats::Counter;
 use crate::engine::wait::{wake_at, Signal};
 use crate::error::Error;
 use crate::fingerprint::Fingerprint;
+use crate::format::tables::IndexEntries;
 use crate::key::Key;
 use crate::record::{Millis, Record};
 use crate::store::answer;
@@ -43,12 +44,12 @@ impl Store {
     pub fn reserve(&self, key: &Key, fingerprint: Fingerprint) -> Result<Reservation, Error> {
         match self.read_for_reserve(key, fingerprint)? {
             Read::Answer(answer) => Ok(answer),
-            Read::Write { epoch, state } => {
+            Read::Write { epoch, decided } => {
                 self.submit_hook.run();
                 let op = Reserve { fingerprint };
                 let reserved = self
                     .committer
-                    .submit_one_seen(key.clone(), op, epoch, state)?;
+                    .submit_one_seen(key.clone(), op, epoch, decided)?;
                 Ok(self.reservation(key, reserved))
             }
         }
@@ -67,41 +68,41 @@ impl Store {
         })
     }
 
-    /// Reads `key` once: the answer when the reserve needs no write, or else the state read
-    /// and the writer epoch it was read in, for the writer to decide against without reading
-    /// the key again.
+    /// Reads `key` once and decides the reserve: the answer when it needs no write, or else
+    /// the decision and the writer epoch it was read in, for the writer to take without
+    /// reading the key again.
     fn read_for_reserve(&self, key: &Key, fingerprint: Fingerprint) -> Result<Read, Error> {
         self.engine.poison.check()?;
         // Before the read: the state is current for the writer while this epoch lasts.
         let epoch = self.engine.overlay.epoch();
         let record = self.read(key)?;
         Ok(
-            match self.answer_read(key, fingerprint, record, self.now()) {
-                Ok(answer) => Read::Answer(answer),
-                Err(state) => Read::Write { epoch, state },
+            match self.decide_read(key, Reserve { fingerprint }, record, self.now()) {
+                Ok(reserved) => Read::Answer(self.reservation(key, reserved)),
+                Err(decided) => Read::Write { epoch, decided },
             },
         )
     }
 
-    /// The answer to a reserve of `key` given its stored `record` at time `now`, when it
-    /// needs no write; else `Err` with the record, for the writer (which alone decides an
-    /// acquisition, with the token it hands out). (A batch reads the clock once: at a million
-    /// keys per second the clock read per key was a tenth of the batch's time.)
-    fn answer_read(
+    /// Decides `op` on `key` against its stored `record` at time `now`: the outcome when it
+    /// changes nothing; else `Err` with the decision, which the writer gives the token it
+    /// hands out ([`with_token`](crate::decide::with_token)) while the key has not changed
+    /// since the read. (A batch reads the clock once: at a million keys per second the clock
+    /// read per key was a tenth of the batch's time.)
+    fn decide_read<O: Operation>(
         &self,
         key: &Key,
-        fingerprint: Fingerprint,
+        op: O,
         record: Option<Record>,
         now: Millis,
-    ) -> Result<Reservation, Option<Record>> {
-        let op = Reserve { fingerprint };
-        if op.writes(record.as_ref(), now, self.engine.policy.floor()) {
-            return Err(record);
-        }
-        // No token is handed out: `writes` said this decision changes nothing.
+    ) -> Result<O::Outcome, CallerDecision<O>> {
+        let old = record.as_ref().map(IndexEntries::of);
+        // The token is a placeholder: a decision that changes nothing hands none out.
         let decision = decide(record, op, now, self.engine.policy.for_key(key), 0);
-        debug_assert!(decision.change == Change::Keep && !decision.used_token);
-        Ok(self.reservation(key, decision.outcome))
+        match decision.change {
+            Change::Keep => Ok(decision.outcome),
+            _ => Err(CallerDecision { old, decision }),
+        }
     }
 
     /// Reserves many keys with one shared commit (one log sync for the whole batch). Returns
@@ -179,7 +180,7 @@ impl Store {
         (
             Vec<Option<Result<Reservation, Error>>>,
             Vec<(Key, Reserve)>,
-            Known,
+            Known<Reserve>,
         ),
         Error,
     > {
@@ -189,24 +190,24 @@ impl Store {
         let now = self.now();
         let mut answers = Vec::with_capacity(items.len());
         let mut ops = Vec::new();
-        let mut states = Vec::new();
+        let mut decided = Vec::new();
         for (record, (key, fingerprint)) in records.into_iter().zip(items) {
+            let op = Reserve {
+                fingerprint: *fingerprint,
+            };
             answers.push(match record {
                 Err(error) => Some(Err(error)),
-                Ok(record) => match self.answer_read(key, *fingerprint, record, now) {
-                    Ok(answer) => Some(Ok(answer)),
-                    Err(state) => {
-                        let op = Reserve {
-                            fingerprint: *fingerprint,
-                        };
+                Ok(record) => match self.decide_read(key, op, record, now) {
+                    Ok(reserved) => Some(Ok(self.reservation(key, reserved))),
+                    Err(decision) => {
                         ops.push((key.clone(), op));
-                        states.push(state);
+                        decided.push(decision);
                         None
                     }
                 },
             });
         }
-        Ok((answers, ops, Known { epoch, states }))
+        Ok((answers, ops, Known { epoch, decided }))
     }
 
     /// Fills the items the writer decided, in order.
@@ -244,13 +245,13 @@ impl Store {
         key: &Key,
         fingerprint: Fingerprint,
     ) -> Result<Reservation, Error> {
-        let (epoch, state) = match self.read_for_reserve(key, fingerprint)? {
+        let (epoch, decided) = match self.read_for_reserve(key, fingerprint)? {
             Read::Answer(answer) => return Ok(answer),
-            Read::Write { epoch, state } => (epoch, state),
+            Read::Write { epoch, decided } => (epoch, decided),
         };
         let seen = Known {
             epoch,
-            states: vec![state],
+            decided: vec![decided],
         };
         let answer = self
             .committer
@@ -389,9 +390,9 @@ impl Store {
         keys: &[Key],
         window: Duration,
     ) -> Result<Vec<Result<Seen, Error>>, Error> {
-        let (mut answers, ops) = self.observe_without_writing(keys, window)?;
+        let (mut answers, ops, seen) = self.observe_without_writing(keys, window)?;
         if !ops.is_empty() {
-            fill_seen(&mut answers, self.committer.submit(ops)?);
+            fill_seen(&mut answers, self.committer.submit_seen(ops, Some(seen))?);
         }
         Ok(answered(answers))
     }
@@ -409,43 +410,56 @@ impl Store {
         keys: &[Key],
         window: Duration,
     ) -> Result<Vec<Result<Seen, Error>>, Error> {
-        let (mut answers, ops) = self.observe_without_writing(keys, window)?;
+        let (mut answers, ops, seen) = self.observe_without_writing(keys, window)?;
         if !ops.is_empty() {
-            fill_seen(&mut answers, self.committer.submit_async(ops).await?);
+            let decided = self.committer.submit_async_seen(ops, Some(seen)).await;
+            fill_seen(&mut answers, decided?);
         }
         Ok(answered(answers))
     }
 
     /// Keys already stored are duplicates, answered from what is acknowledged without the
-    /// writer; the operations for the new keys, which wait for a commit.
+    /// writer; the operations for the new keys, which wait for a commit, with what was
+    /// decided of them.
     #[expect(
         clippy::type_complexity,
-        reason = "one answer slot per key, and the ops"
+        reason = "one answer slot per key, the ops, and what was decided of them"
     )]
     fn observe_without_writing(
         &self,
         keys: &[Key],
         window: Duration,
-    ) -> Result<(Vec<Option<Result<Seen, Error>>>, Vec<(Key, Observe)>), Error> {
+    ) -> Result<
+        (
+            Vec<Option<Result<Seen, Error>>>,
+            Vec<(Key, Observe)>,
+            Known<Observe>,
+        ),
+        Error,
+    > {
         let window = duration_millis(window);
         self.engine.poison.check()?;
+        let epoch = self.engine.overlay.epoch();
+        let records = self.read_many(keys);
         let now = self.now();
-        let answers: Vec<Option<Result<Seen, Error>>> = self
-            .read_many(keys)
-            .into_iter()
-            .map(|record| match record {
-                Ok(Some(record)) if !record.is_expired(now) => Some(Ok(Seen::Duplicate)),
-                Ok(_) => None,
+        let mut answers = Vec::with_capacity(keys.len());
+        let mut ops = Vec::new();
+        let mut decided = Vec::new();
+        for (record, key) in records.into_iter().zip(keys) {
+            let op = Observe { window };
+            answers.push(match record {
                 Err(error) => Some(Err(error)),
-            })
-            .collect();
-        let ops: Vec<_> = keys
-            .iter()
-            .zip(&answers)
-            .filter(|(_, answer)| answer.is_none())
-            .map(|(key, _)| (key.clone(), Observe { window }))
-            .collect();
-        Ok((answers, ops))
+                Ok(record) => match self.decide_read(key, op, record, now) {
+                    Ok(new) => Some(Ok(answer::seen(new))),
+                    Err(decision) => {
+                        ops.push((key.clone(), op));
+                        decided.push(decision);
+                        None
+                    }
+                },
+            });
+        }
+        Ok((answers, ops, Known { epoch, decided }))
     }
 }
 
@@ -453,8 +467,11 @@ impl Store {
 enum Read {
     /// The answer, which needs no write.
     Answer(Reservation),
-    /// The writer must decide: the state read (`None`: absent) and the epoch it was read in.
-    Write { epoch: u64, state: Option<Record> },
+    /// A write: the caller's decision, and the epoch the state it decided on was read in.
+    Write {
+        epoch: u64,
+        decided: CallerDecision<Reserve>,
+    },
 }
 
 /// Fills the keys the writer decided, in order.

@@ -43,15 +43,12 @@ pub(super) type Latest = HashMap<Key, (Option<Record>, u64)>;
 pub(crate) trait Target {
     /// The record stored under `key`, expired or not; `Ok(Err(_))` is a corrupt record.
     fn load(&mut self, key: &Key) -> Result<Result<Option<Record>, Error>, Error>;
-    /// [`load`](Target::load), given `seen`: the state the caller read in the current epoch,
-    /// if any. Only a target that knows which keys changed within the epoch may use it.
-    fn load_seen(
-        &mut self,
-        key: &Key,
-        seen: Option<Option<Record>>,
-    ) -> Result<Result<Option<Record>, Error>, Error> {
-        let _ = seen;
-        self.load(key)
+    /// Whether `key` may have changed since the current epoch began: then a caller's
+    /// decision against what it read in the epoch is decided again. Only a target that knows
+    /// which keys changed within the epoch says no.
+    fn changed(&self, key: &Key) -> bool {
+        let _ = key;
+        true
     }
     /// Stores `record` (encoded as `encoded`) where `old` was indexed.
     fn put(
@@ -155,19 +152,9 @@ impl<'w> Deferring<'w> {
 
 impl Target for Deferring<'_> {
     /// Every change since the epoch began is in `latest`; any other key is as its caller saw
-    /// it. So a new key is known absent without a second B-tree miss.
-    fn load_seen(
-        &mut self,
-        key: &Key,
-        seen: Option<Option<Record>>,
-    ) -> Result<Result<Option<Record>, Error>, Error> {
-        if let Some((state, _)) = self.latest.get(key) {
-            return Ok(Ok(state.clone()));
-        }
-        match seen {
-            Some(state) => Ok(Ok(state)),
-            None => self.load(key),
-        }
+    /// it. So a new key's caller decision stands without a second B-tree miss.
+    fn changed(&self, key: &Key) -> bool {
+        self.latest.contains_key(key)
     }
 
     fn load(&mut self, key: &Key) -> Result<Result<Option<Record>, Error>, Error> {

@@ -41,6 +41,6 @@ pub(crate) use background::Schedule;
 pub(crate) use checkpoint::CommitKind;
 pub(crate) use engine::Engine;
 pub(crate) use queue::{first, Committer};
-pub(crate) use request::{Kind, Known, Queued};
+pub(crate) use request::{CallerDecision, Kind, Known, Queued};
 pub(crate) use syncer::Syncer;
 pub(crate) use writer::{Writer, Written};

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use redb::WriteTransaction;
 
-use crate::decide::{decide, Change, Operation};
+use crate::decide::{decide, with_token, Change, Operation};
 use crate::engine::settings::Durability;
 use crate::engine::stats::Counter;
 use crate::engine::wal::Wal;
@@ -17,7 +17,7 @@ use crate::key::Key;
 use crate::record::{Millis, Record};
 
 use super::apply::{Applier, DeferredBatch, Deferring, Latest, Target};
-use super::request::{Decide, Known, Outcomes};
+use super::request::{CallerDecision, Decide, Known, Ops, Outcomes};
 use super::syncer::PendingBatch;
 use super::{Engine, Queued, Schedule, Syncer};
 use crate::engine::poison::error_copy;
@@ -178,11 +178,10 @@ impl Writer {
             for request in batch {
                 // The request is data: its operations come out, are decided here, and their
                 // outcomes go back to wait for the sync.
-                let (taken, seen) = request.take();
+                let taken = request.take();
                 let mut deciding = Deciding {
                     writer: self,
                     target: &mut target,
-                    seen,
                     now,
                     written: &mut written,
                 };
@@ -243,30 +242,34 @@ impl Writer {
         self.apply_seen(tables, key.clone(), op, None, now, written)
     }
 
-    /// [`apply`](Writer::apply) of a queued operation: `seen` is the state its caller read in
-    /// the current epoch (see [`Known`](super::request::Known)), used instead of reading the key
-    /// again when the key has not changed since.
+    /// [`apply`](Writer::apply) of a queued operation: `caller` is its caller's decision
+    /// against the state it read in the current epoch (see [`Known`]), taken with this
+    /// writer's token when the key has not changed since; otherwise the writer reads the key
+    /// and decides.
     pub(super) fn apply_seen<O: Operation>(
         &mut self,
         tables: &mut dyn Target,
         key: Key,
         op: O,
-        seen: Option<Option<Record>>,
+        caller: Option<CallerDecision<O>>,
         now: Millis,
         written: &mut Vec<Written>,
     ) -> Result<Result<O::Outcome, Error>, Error> {
-        let old = match tables.load_seen(&key, seen)? {
-            Ok(old) => old,
-            Err(corrupt) => return Ok(Err(corrupt)),
+        let (old_index, decision) = match caller.filter(|_| !tables.changed(&key)) {
+            Some(caller) => (
+                caller.old,
+                with_token::<O>(caller.decision, self.next_token),
+            ),
+            None => {
+                let old = match tables.load(&key)? {
+                    Ok(old) => old,
+                    Err(corrupt) => return Ok(Err(corrupt)),
+                };
+                let old_index = old.as_ref().map(IndexEntries::of);
+                let policy = self.engine.policy.for_key(&key);
+                (old_index, decide(old, op, now, policy, self.next_token))
+            }
         };
-        let old_index = old.as_ref().map(IndexEntries::of);
-        let decision = decide(
-            old,
-            op,
-            now,
-            self.engine.policy.for_key(&key),
-            self.next_token,
-        );
         if decision.used_token {
             self.next_token += 1;
         }
@@ -366,27 +369,26 @@ impl Writer {
 }
 
 /// The writer deciding the operations of one queued request ([`Decide`]), against `target`,
-/// with what the request's caller read of its keys.
+/// with what the request's caller decided of them.
 struct Deciding<'a> {
     writer: &'a mut Writer,
     target: &'a mut dyn Target,
-    seen: Option<Known>,
     now: Millis,
     written: &'a mut Vec<Written>,
 }
 
 impl Decide for Deciding<'_> {
-    fn decide<O: Operation>(&mut self, ops: Vec<(Key, O)>) -> Result<Outcomes<O::Outcome>, Error> {
+    fn decide<O: Operation>(&mut self, ops: Ops<O>) -> Result<Outcomes<O::Outcome>, Error> {
+        let Ops { ops, seen } = ops;
         let count = ops.len();
         // What the caller read is the state still, unless the epoch ended since (the writer
         // committed to redb and forgot its own changes); a key changed within the epoch is in
-        // the writer's `latest`, which `Target::load_seen` looks at first.
-        let mut seen: Vec<Option<Option<Record>>> = match self.seen.take() {
-            Some(seen)
-                if seen.epoch == self.writer.engine.overlay.epoch()
-                    && seen.states.len() == count =>
+        // the writer's `latest` (`Target::changed`).
+        let mut seen: Vec<Option<CallerDecision<O>>> = match seen {
+            Some(Known { epoch, decided })
+                if epoch == self.writer.engine.overlay.epoch() && decided.len() == count =>
             {
-                seen.states.into_iter().map(Some).collect()
+                decided.into_iter().map(Some).collect()
             }
             _ => Vec::new(),
         };

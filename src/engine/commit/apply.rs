@@ -31,8 +31,25 @@ use crate::format::tables::{decode_record, IndexEntries, Tables, RECORDS};
 use crate::key::Key;
 use crate::record::Record;
 
-use super::writer::TXN_SPAN;
-use super::{Engine, Syncer, Written};
+use super::{Engine, Syncer};
+
+/// How long one redb write transaction (the applier's) stays open across batches before the
+/// applier commits it (non-durably).
+///
+/// The overlay and the writer's `latest` hold what redb has not committed, so their size is
+/// bounded by about this span times the write rate (~25k records at 100k writes/s); a longer
+/// span commits less often, and each page a span changes many times is written once (the
+/// figures behind 250 ms: BENCHMARKS.md, "How long the applier's transaction stays open").
+pub(super) const TXN_SPAN: Duration = Duration::from_millis(250);
+
+/// A change made by a transaction: for the log, the overlay and the cache.
+pub(crate) struct Written {
+    pub(super) key: Key,
+    pub(super) record: Option<Record>,
+    pub(super) encoded: Option<Vec<u8>>,
+    /// Where the record it replaced was indexed (for the applier).
+    pub(super) old: Option<IndexEntries>,
+}
 
 /// The writer's changes since redb last committed them: each key's latest state, with the
 /// log frame that logged it.

@@ -37,10 +37,11 @@ mod request;
 mod syncer;
 mod writer;
 
+pub(crate) use apply::Written;
 pub(crate) use background::Schedule;
 pub(crate) use checkpoint::CommitKind;
 pub(crate) use engine::Engine;
 pub(crate) use queue::{first, Committer};
 pub(crate) use request::{CallerDecision, Kind, Known, Queued};
 pub(crate) use syncer::Syncer;
-pub(crate) use writer::{Writer, Written};
+pub(crate) use writer::Writer;

@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use redb::WriteTransaction;
 
@@ -14,31 +14,13 @@ use crate::engine::wal::Wal;
 use crate::error::Error;
 use crate::format::tables::IndexEntries;
 use crate::key::Key;
-use crate::record::{Millis, Record};
+use crate::record::Millis;
 
-use super::apply::{Applier, DeferredBatch, Deferring, Latest, Target};
+use super::apply::{Applier, DeferredBatch, Deferring, Latest, Target, Written};
 use super::request::{CallerDecision, Decide, Known, Ops, Outcomes};
 use super::syncer::PendingBatch;
 use super::{Engine, Queued, Schedule, Syncer};
 use crate::engine::poison::error_copy;
-
-/// How long one redb write transaction (the applier's) stays open across batches before the
-/// applier commits it (non-durably).
-///
-/// The overlay and the writer's `latest` hold what redb has not committed, so their size is
-/// bounded by about this span times the write rate (~25k records at 100k writes/s); a longer
-/// span commits less often, and each page a span changes many times is written once (the
-/// figures behind 250 ms: BENCHMARKS.md, "How long the applier's transaction stays open").
-pub(super) const TXN_SPAN: Duration = Duration::from_millis(250);
-
-/// A change made by a transaction: for the log, the overlay and the cache.
-pub(crate) struct Written {
-    pub(super) key: Key,
-    pub(super) record: Option<Record>,
-    pub(super) encoded: Option<Vec<u8>>,
-    /// Where the record it replaced was indexed (for the applier).
-    pub(super) old: Option<IndexEntries>,
-}
 
 /// The single writer: owns the database's write side, the log and the fencing-token counter.
 pub(crate) struct Writer {

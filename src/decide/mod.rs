@@ -7,8 +7,10 @@
 //!
 //! Each operation ([`op`]) is its own type with its own outcome type ([`Operation::Outcome`]):
 //! a reserve can only answer what a reserve answers, so the mapping from an outcome to the
-//! public answer ([`answer`]) is total, with no "never happens" branch a caller could reach.
+//! public answer ([`answer`], which every backend uses) is total, with no "never happens"
+//! branch a caller could reach.
 
+pub(crate) mod answer;
 pub(crate) mod expire;
 pub(crate) mod op;
 pub(crate) mod policy;

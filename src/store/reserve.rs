@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use crate::answers::{Reservation, Seen};
 use crate::clock::duration_millis;
+use crate::decide::answer;
 use crate::decide::op::{Observe, Reserve, Reserved};
 use crate::decide::{decide, Change, Operation};
 use crate::engine::commit::{first, CallerDecision, Known};
@@ -16,7 +17,6 @@ use crate::fingerprint::Fingerprint;
 use crate::format::tables::IndexEntries;
 use crate::key::Key;
 use crate::record::{Millis, Record};
-use crate::store::answer;
 
 use super::Store;
 

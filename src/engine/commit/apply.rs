@@ -101,7 +101,7 @@ impl Target for Tables<'_> {
 
 /// One change to apply: the key, where its old record was indexed, and the new record with
 /// its index entries and encoding (`None`: a deletion).
-struct Change {
+struct TreeChange {
     key: Key,
     old: Option<IndexEntries>,
     new: Option<(IndexEntries, Vec<u8>)>,
@@ -109,7 +109,7 @@ struct Change {
 
 /// A logged batch's changes, with the frame that logged them and the token counter after it.
 pub(super) struct DeferredBatch {
-    changes: Vec<Change>,
+    changes: Vec<TreeChange>,
     seq: u64,
     next_token: u64,
 }
@@ -120,7 +120,7 @@ impl DeferredBatch {
     pub(super) fn logged(written: &mut [Written], seq: u64, next_token: u64) -> DeferredBatch {
         let changes = written
             .iter_mut()
-            .map(|w| Change {
+            .map(|w| TreeChange {
                 key: w.key.clone(),
                 old: w.old,
                 new: w.record.as_ref().map(|record| {
@@ -220,8 +220,8 @@ impl Target for Deferring<'_> {
 /// key changed several times (a reserve and its completion, say) is written once, with its
 /// last state, where its first change found it indexed. So each key is written at most once
 /// per call, and the B-tree inserts walk the leaves in order.
-fn merged(batches: Vec<DeferredBatch>) -> Vec<Change> {
-    let mut changes: Vec<Change> = if batches.len() == 1 {
+fn merged(batches: Vec<DeferredBatch>) -> Vec<TreeChange> {
+    let mut changes: Vec<TreeChange> = if batches.len() == 1 {
         batches.into_iter().next().expect("one batch").changes
     } else {
         batches.into_iter().flat_map(|b| b.changes).collect()
@@ -231,7 +231,7 @@ fn merged(batches: Vec<DeferredBatch>) -> Vec<Change> {
     }
     // Stable: the changes of one key keep the order they were logged in.
     changes.sort_by(|a, b| a.key.cmp(&b.key));
-    let mut out: Vec<Change> = Vec::with_capacity(changes.len());
+    let mut out: Vec<TreeChange> = Vec::with_capacity(changes.len());
     for change in changes {
         match out.last_mut() {
             Some(previous) if previous.key == change.key => previous.new = change.new,
@@ -245,7 +245,7 @@ fn merged(batches: Vec<DeferredBatch>) -> Vec<Change> {
 pub(super) type OpenTxn = Option<(WriteTransaction, Instant)>;
 
 #[derive(Default)]
-struct Queue {
+struct Backlog {
     batches: Vec<DeferredBatch>,
     /// Changes in `batches`.
     changes: usize,
@@ -285,7 +285,7 @@ pub(crate) struct Applier {
     /// Held while applying, committing, or reading when the transaction was opened. A batch is
     /// taken from `queue` only while holding it, so that a flush never misses one.
     pub(super) txn: Mutex<OpenTxn>,
-    queue: Mutex<Queue>,
+    queue: Mutex<Backlog>,
     more: Condvar,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
@@ -302,7 +302,7 @@ impl Applier {
             drained: AtomicU64::new(0),
             hold_after: AtomicU64::new(u64::MAX),
             txn: Mutex::new(None),
-            queue: Mutex::new(Queue::default()),
+            queue: Mutex::new(Backlog::default()),
             more: Condvar::new(),
             thread: Mutex::new(None),
         }
@@ -526,15 +526,15 @@ mod tests {
         IndexEntries::expiring_at(at)
     }
 
-    fn change(id: &str, old: Option<u64>, new: Option<u64>) -> Change {
-        Change {
+    fn change(id: &str, old: Option<u64>, new: Option<u64>) -> TreeChange {
+        TreeChange {
             key: key(id),
             old: old.map(index),
             new: new.map(|at| (index(at), at.to_le_bytes().to_vec())),
         }
     }
 
-    fn batch(seq: u64, changes: Vec<Change>) -> DeferredBatch {
+    fn batch(seq: u64, changes: Vec<TreeChange>) -> DeferredBatch {
         DeferredBatch {
             changes,
             seq,

@@ -8,7 +8,8 @@ use redb::Database;
 
 use crate::clock::{to_millis, Clock};
 use crate::decide::policy::Policies;
-use crate::engine::cache::{Overlay, RecordCache};
+use crate::engine::cache::RecordCache;
+use crate::engine::overlay::Overlay;
 use crate::engine::poison::Poison;
 use crate::engine::stats::Counters;
 use crate::record::Millis;

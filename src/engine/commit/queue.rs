@@ -15,7 +15,7 @@ use crate::decide::Operation;
 use crate::error::Error;
 use crate::key::Key;
 
-use super::request::{Answer, CallerDecision, Kind, Known, Ops, Queued, Request, Waiter};
+use super::request::{CallerDecision, Kind, Known, Ops, Queued, Request, RequestResult, Waiter};
 use super::{Syncer, Writer};
 use crate::engine::poison::error_copy;
 use crate::engine::settings::{Durability, Limits};
@@ -89,7 +89,7 @@ impl Committer {
     /// one wake-up per operation, and each sync covers everything queued while the previous
     /// one ran. (Callers leading every batch was measured slower under load: BENCHMARKS.md,
     /// "Who leads a batch".)
-    pub(crate) fn submit<O: Kind>(&self, ops: Vec<(Key, O)>) -> Answer<O::Outcome> {
+    pub(crate) fn submit<O: Kind>(&self, ops: Vec<(Key, O)>) -> RequestResult<O::Outcome> {
         self.submit_seen(ops, None)
     }
 
@@ -99,7 +99,7 @@ impl Committer {
         &self,
         ops: Vec<(Key, O)>,
         seen: Option<Known<O>>,
-    ) -> Answer<O::Outcome> {
+    ) -> RequestResult<O::Outcome> {
         not_in_callback()?;
         let shared = &*self.shared;
         let requests = parts(ops, seen, shared.limits.batch_bytes, || {
@@ -253,11 +253,11 @@ fn entry_bytes<O: Operation>(key: &Key, op: &O) -> usize {
 
 /// The answers of a request's parts, in order, once every part is answered: one result per
 /// operation, or the first error of a whole part.
-fn collect<O: Kind>(requests: &[Arc<Request<O>>]) -> Answer<O::Outcome> {
+fn collect<O: Kind>(requests: &[Arc<Request<O>>]) -> RequestResult<O::Outcome> {
     let mut outcomes = Vec::new();
     let mut failed = None;
     for request in requests {
-        match request.take_answer().expect("every part is answered") {
+        match request.take_result().expect("every part is answered") {
             Ok(part) => outcomes.extend(part),
             Err(error) => {
                 failed.get_or_insert(error);
@@ -271,7 +271,7 @@ fn collect<O: Kind>(requests: &[Arc<Request<O>>]) -> Answer<O::Outcome> {
 }
 
 /// The single result of a one-operation answer.
-pub(crate) fn first<T>(answer: Answer<T>) -> Result<T, Error> {
+pub(crate) fn first<T>(answer: RequestResult<T>) -> Result<T, Error> {
     answer?
         .into_iter()
         .next()
@@ -454,7 +454,7 @@ enum FutureState<O: Kind> {
 impl<O: Kind> Unpin for CommitFuture<O> {}
 
 impl<O: Kind + Unpin> Future for CommitFuture<O> {
-    type Output = Answer<O::Outcome>;
+    type Output = RequestResult<O::Outcome>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = &mut *self;

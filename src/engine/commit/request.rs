@@ -1,5 +1,5 @@
-//! Requests and their answers: what a caller queues (operations of one kind), the slot its
-//! answer is delivered to, and the future an async caller awaits.
+//! Requests and their results: what a caller queues (operations of one kind), what it decided
+//! of them, and the slot its result is delivered to.
 
 use std::sync::Arc;
 use std::task::Waker;
@@ -20,11 +20,11 @@ use crate::key::Key;
 /// One result per operation of a request.
 pub(crate) type Outcomes<T> = Vec<Result<T, Error>>;
 
-/// The answer to a request: one result per operation, or an error for the whole batch.
-pub(crate) type Answer<T> = Result<Outcomes<T>, Error>;
+/// What a request gets back: one result per operation, or an error for the whole batch.
+pub(crate) type RequestResult<T> = Result<Outcomes<T>, Error>;
 
 /// What a caller decided for its operations (one per operation, in order) against the states
-/// it read at the start of a writer epoch ([`Overlay::epoch`](crate::engine::cache::Overlay::epoch)).
+/// it read at the start of a writer epoch ([`Overlay::epoch`](crate::engine::overlay::Overlay::epoch)).
 /// The writer takes these decisions, giving each the token it hands out, instead of reading
 /// the keys and deciding again, unless the epoch has ended since or the key changed in it.
 pub(crate) struct Known<O: Operation> {
@@ -54,7 +54,7 @@ pub(crate) struct Request<O: Operation> {
     pub(super) bytes: usize,
     /// The decided outcomes, held until the batch's frame is durable.
     pub(super) staged: Mutex<Option<Outcomes<O::Outcome>>>,
-    pub(super) answer: Mutex<Option<Answer<O::Outcome>>>,
+    pub(super) result: Mutex<Option<RequestResult<O::Outcome>>>,
     pub(super) waiter: Waiter,
 }
 
@@ -180,7 +180,7 @@ impl<O: Kind> Request<O> {
             ops: Mutex::new(ops),
             bytes,
             staged: Mutex::new(None),
-            answer: Mutex::new(None),
+            result: Mutex::new(None),
             waiter,
         })
     }
@@ -192,13 +192,13 @@ impl<O: Kind> Request<O> {
         }
     }
 
-    pub(super) fn finish(&self, answer: Answer<O::Outcome>) {
-        *self.answer.lock() = Some(answer);
+    pub(super) fn finish(&self, result: RequestResult<O::Outcome>) {
+        *self.result.lock() = Some(result);
         self.waiter.wake();
     }
 
-    pub(super) fn take_answer(&self) -> Option<Answer<O::Outcome>> {
-        self.answer.lock().take()
+    pub(super) fn take_result(&self) -> Option<RequestResult<O::Outcome>> {
+        self.result.lock().take()
     }
 }
 
@@ -212,7 +212,7 @@ impl<O: Kind> Queued for Request<O> {
     }
 
     fn is_answered(&self) -> bool {
-        self.answer.lock().is_some()
+        self.result.lock().is_some()
     }
 
     fn take(&self) -> Taken {

@@ -117,7 +117,7 @@ impl Writer {
             }
             return;
         }
-        match self.apply_batch(&batch) {
+        match self.decide_and_log(&batch) {
             Ok((ops, written, seq)) => {
                 self.engine.counters.batch(ops as u64);
                 let changes = written.into_iter().map(|w| (w.key, w.record)).collect();
@@ -127,7 +127,7 @@ impl Writer {
                     changes,
                 };
                 match self.schedule.durability {
-                    Durability::Buffered { .. } => self.syncer.answer_now(pending),
+                    Durability::Buffered { .. } => self.syncer.publish_unsynced(pending),
                     Durability::Immediate => self.syncer.push(pending),
                 }
             }
@@ -144,7 +144,7 @@ impl Writer {
     /// queued for the applier; returns how many operations there were, the changes, and the
     /// sequence number of the frame that logged them (the last written frame when nothing
     /// changed).
-    fn apply_batch(
+    fn decide_and_log(
         &mut self,
         batch: &[Arc<dyn Queued>],
     ) -> Result<(usize, Vec<Written>, u64), Error> {
@@ -213,7 +213,7 @@ impl Writer {
 
     /// Decides one operation against `target` and writes the change there, recording it in
     /// `written`. The inner `Err` is an error for this operation alone (a corrupt record).
-    pub(crate) fn apply<O: Operation>(
+    pub(crate) fn decide_into<O: Operation>(
         &mut self,
         tables: &mut dyn Target,
         key: &Key,
@@ -221,14 +221,14 @@ impl Writer {
         now: Millis,
         written: &mut Vec<Written>,
     ) -> Result<Result<O::Outcome, Error>, Error> {
-        self.apply_seen(tables, key.clone(), op, None, now, written)
+        self.decide_queued(tables, key.clone(), op, None, now, written)
     }
 
-    /// [`apply`](Writer::apply) of a queued operation: `caller` is its caller's decision
+    /// [`decide_into`](Writer::decide_into) of a queued operation: `caller` is its caller's decision
     /// against the state it read in the current epoch (see [`Known`]), taken with this
     /// writer's token when the key has not changed since; otherwise the writer reads the key
     /// and decides.
-    pub(super) fn apply_seen<O: Operation>(
+    pub(super) fn decide_queued<O: Operation>(
         &mut self,
         tables: &mut dyn Target,
         key: Key,
@@ -380,7 +380,7 @@ impl Decide for Deciding<'_> {
             let mut outcomes = Vec::with_capacity(count);
             for (index, (key, op)) in ops.into_iter().enumerate() {
                 let seen = seen_at(index);
-                outcomes.push(writer.apply_seen(target, key, op, seen, now, self.written)?);
+                outcomes.push(writer.decide_queued(target, key, op, seen, now, self.written)?);
             }
             return Ok(outcomes);
         }
@@ -396,7 +396,8 @@ impl Decide for Deciding<'_> {
         for index in order {
             let (key, op) = slots[index].take().expect("each index once");
             let seen = seen_at(index);
-            outcomes[index] = Some(writer.apply_seen(target, key, op, seen, now, self.written)?);
+            outcomes[index] =
+                Some(writer.decide_queued(target, key, op, seen, now, self.written)?);
         }
         Ok(outcomes
             .into_iter()

@@ -167,47 +167,50 @@ impl Store {
     }
 
     /// Duplicates (and mismatches, keys in progress) answered from what is acknowledged,
-    /// without the writer; and the operations for the rest, which wait for a commit, with the
-    /// states read for them (so the writer does not read those keys again).
-    #[expect(
-        clippy::type_complexity,
-        reason = "one answer slot per item, the ops, and what was read of them"
-    )]
+    /// without the writer; and the operations for the rest, which wait for a commit, with
+    /// what was decided of them (so the writer neither reads those keys nor decides again).
     fn reserve_without_writing(
         &self,
         items: &[(Key, Fingerprint)],
-    ) -> Result<
-        (
-            Vec<Option<Result<Reservation, Error>>>,
-            Vec<(Key, Reserve)>,
-            Known<Reserve>,
-        ),
-        Error,
-    > {
-        self.engine.poison.check()?;
-        let epoch = self.engine.overlay.epoch();
-        let records = self.read_many(items.iter().map(|(key, _)| key));
-        let now = self.now();
-        let mut answers = Vec::with_capacity(items.len());
-        let mut ops = Vec::new();
-        let mut decided = Vec::new();
-        for (record, (key, fingerprint)) in records.into_iter().zip(items) {
+    ) -> Result<BatchRead<Reservation, Reserve>, Error> {
+        let ops = items.iter().map(|(key, fingerprint)| {
             let op = Reserve {
                 fingerprint: *fingerprint,
             };
+            (key, op)
+        });
+        self.decide_without_writing(ops, |key, reserved| self.reservation(key, reserved))
+    }
+
+    /// Reads the keys of `ops` (once each, in one pass) and decides each operation against
+    /// what was read: an outcome that changes nothing is answered at once (`answer`); the
+    /// others are returned with their decisions, for the writer.
+    fn decide_without_writing<'k, O: Operation + Copy, A>(
+        &self,
+        ops: impl ExactSizeIterator<Item = (&'k Key, O)> + Clone,
+        answer: impl Fn(&Key, O::Outcome) -> A,
+    ) -> Result<BatchRead<A, O>, Error> {
+        self.engine.poison.check()?;
+        let epoch = self.engine.overlay.epoch();
+        let records = self.read_many(ops.clone().map(|(key, _)| key));
+        let now = self.now();
+        let mut answers = Vec::with_capacity(ops.len());
+        let mut writes = Vec::new();
+        let mut decided = Vec::new();
+        for (record, (key, op)) in records.into_iter().zip(ops) {
             answers.push(match record {
                 Err(error) => Some(Err(error)),
                 Ok(record) => match self.decide_read(key, op, record, now) {
-                    Ok(reserved) => Some(Ok(self.reservation(key, reserved))),
+                    Ok(outcome) => Some(Ok(answer(key, outcome))),
                     Err(decision) => {
-                        ops.push((key.clone(), op));
+                        writes.push((key.clone(), op));
                         decided.push(decision);
                         None
                     }
                 },
             });
         }
-        Ok((answers, ops, Known { epoch, decided }))
+        Ok((answers, writes, Known { epoch, decided }))
     }
 
     /// Fills the items the writer decided, in order.
@@ -381,6 +384,13 @@ impl Store {
             .remove(0)
     }
 
+    /// [`observe`](Store::observe) for async code (the trait's `observe`).
+    pub(crate) async fn observe_async(&self, key: &Key, window: Duration) -> Result<Seen, Error> {
+        self.observe_many_async(std::slice::from_ref(key), window)
+            .await?
+            .remove(0)
+    }
+
     /// [`observe`](Store::observe) for a polled batch of messages, with one shared commit.
     ///
     /// # Errors
@@ -421,47 +431,20 @@ impl Store {
     /// Keys already stored are duplicates, answered from what is acknowledged without the
     /// writer; the operations for the new keys, which wait for a commit, with what was
     /// decided of them.
-    #[expect(
-        clippy::type_complexity,
-        reason = "one answer slot per key, the ops, and what was decided of them"
-    )]
     fn observe_without_writing(
         &self,
         keys: &[Key],
         window: Duration,
-    ) -> Result<
-        (
-            Vec<Option<Result<Seen, Error>>>,
-            Vec<(Key, Observe)>,
-            Known<Observe>,
-        ),
-        Error,
-    > {
+    ) -> Result<BatchRead<Seen, Observe>, Error> {
         let window = duration_millis(window);
-        self.engine.poison.check()?;
-        let epoch = self.engine.overlay.epoch();
-        let records = self.read_many(keys);
-        let now = self.now();
-        let mut answers = Vec::with_capacity(keys.len());
-        let mut ops = Vec::new();
-        let mut decided = Vec::new();
-        for (record, key) in records.into_iter().zip(keys) {
-            let op = Observe { window };
-            answers.push(match record {
-                Err(error) => Some(Err(error)),
-                Ok(record) => match self.decide_read(key, op, record, now) {
-                    Ok(new) => Some(Ok(answer::seen(new))),
-                    Err(decision) => {
-                        ops.push((key.clone(), op));
-                        decided.push(decision);
-                        None
-                    }
-                },
-            });
-        }
-        Ok((answers, ops, Known { epoch, decided }))
+        let ops = keys.iter().map(|key| (key, Observe { window }));
+        self.decide_without_writing(ops, |_, new| answer::seen(new))
     }
 }
+
+/// What a batch's caller read and decided: one answer slot per item (filled when the decision
+/// changes nothing), the operations that write, and their decisions.
+type BatchRead<A, O> = (Vec<Option<Result<A, Error>>>, Vec<(Key, O)>, Known<O>);
 
 /// What a reserve's read found.
 enum Read {

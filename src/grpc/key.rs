@@ -17,8 +17,14 @@ pub(crate) fn metadata_key<'a>(
     client_key(values).map_err(|mut refused| {
         refused.detail = refused
             .detail
-            .replace("Idempotency-Key header field", &format!("{IDEMPOTENCY_KEY} metadata entry"))
-            .replace("Idempotency-Key", &format!("{IDEMPOTENCY_KEY} metadata entry"));
+            .replace(
+                "Idempotency-Key header field",
+                &format!("{IDEMPOTENCY_KEY} metadata entry"),
+            )
+            .replace(
+                "Idempotency-Key",
+                &format!("{IDEMPOTENCY_KEY} metadata entry"),
+            );
         refused
     })
 }

@@ -2,7 +2,7 @@
 //! the same number of connections, in one run (BENCHMARKS.md, "PostgreSQL").
 //!
 //! ```text
-//! cargo run --release --example pg_bench --features postgres -- \
+//! cargo run --release -p idemstore-loadgen --bin pg_bench --features postgres -- \
 //!     --config "host=127.0.0.1 port=5432 user=postgres dbname=postgres" --secs 10
 //! ```
 //!

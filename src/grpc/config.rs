@@ -8,8 +8,8 @@ use std::time::Duration;
 use http::request::Parts;
 use tonic::Code;
 
+use crate::grpc::key::KeySource;
 use crate::grpc::service::GrpcIdempotency;
-use crate::grpc::IDEMPOTENCY_KEY;
 use crate::guard::Guard;
 pub use crate::guard::DEFAULT_MAX_RETRY_AFTER;
 use crate::Reservations;
@@ -21,37 +21,6 @@ pub const DEFAULT_MAX_MESSAGE: usize = 1 << 20;
 pub(crate) type ScopeFn = dyn Fn(&Parts) -> Option<Vec<u8>> + Send + Sync;
 /// Says which status codes are stored; see [`GrpcIdempotencyLayer::store_code`].
 pub(crate) type CodeFn = dyn Fn(Code) -> bool + Send + Sync;
-/// Reads the request id from an encoded request message: `Ok(None)` when the field is empty,
-/// `Err` with a sentence when the message does not decode.
-pub(crate) type RequestIdFn = dyn Fn(&[u8]) -> Result<Option<Vec<u8>>, String> + Send + Sync;
-
-/// Where a guarded RPC's key comes from.
-#[derive(Clone)]
-pub(crate) enum KeySource {
-    /// The `idempotency-key` metadata entry.
-    Metadata,
-    /// A field of the request message (AIP-155's `request_id`), read by the extractor.
-    RequestId(Arc<RequestIdFn>),
-}
-
-impl KeySource {
-    /// The name of the key's field in refusal details: the metadata entry or the message field.
-    pub(crate) fn field(&self) -> &'static str {
-        match self {
-            KeySource::Metadata => IDEMPOTENCY_KEY,
-            KeySource::RequestId(_) => "request_id",
-        }
-    }
-
-    /// What carried the key, for messages: the metadata entry or the message field.
-    pub(crate) fn carrier(&self) -> String {
-        match self {
-            KeySource::Metadata => format!("{IDEMPOTENCY_KEY} metadata entry"),
-            KeySource::RequestId(_) => "request_id field".to_owned(),
-        }
-    }
-}
-
 /// What the service reads on every request. Cloned only while the layer is configured.
 #[derive(Clone)]
 pub(crate) struct Options {

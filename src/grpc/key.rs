@@ -3,9 +3,42 @@
 //! request message's `request_id` field, taken as it is (a message field has no quoting), with
 //! refusals that name the entry or the field.
 
+use std::sync::Arc;
+
 use crate::grpc::IDEMPOTENCY_KEY;
 use crate::guard::{client_key, Refusal, Refused};
 use crate::MAX_KEY_PART_LEN;
+
+/// Reads the request id from an encoded request message: `Ok(None)` when the field is empty,
+/// `Err` with a sentence when the message does not decode.
+pub(crate) type RequestIdFn = dyn Fn(&[u8]) -> Result<Option<Vec<u8>>, String> + Send + Sync;
+
+/// Where a guarded RPC's key comes from.
+#[derive(Clone)]
+pub(crate) enum KeySource {
+    /// The `idempotency-key` metadata entry.
+    Metadata,
+    /// A field of the request message (AIP-155's `request_id`), read by the extractor.
+    RequestId(Arc<RequestIdFn>),
+}
+
+impl KeySource {
+    /// The name of the key's field in refusal details: the metadata entry or the message field.
+    pub(crate) fn field(&self) -> &'static str {
+        match self {
+            KeySource::Metadata => IDEMPOTENCY_KEY,
+            KeySource::RequestId(_) => "request_id",
+        }
+    }
+
+    /// What carried the key, for messages: the metadata entry or the message field.
+    pub(crate) fn carrier(&self) -> String {
+        match self {
+            KeySource::Metadata => format!("{IDEMPOTENCY_KEY} metadata entry"),
+            KeySource::RequestId(_) => "request_id field".to_owned(),
+        }
+    }
+}
 
 /// The key from the `idempotency-key` metadata values sent, read as the HTTP layer reads the
 /// `Idempotency-Key` header ([`client_key`]: one RFC 8941 sf-string, or a bare key of token or

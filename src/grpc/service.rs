@@ -14,8 +14,8 @@ use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use tonic::body::Body;
 use tonic::Code;
 
-use crate::grpc::config::{KeySource, Options};
-use crate::grpc::key::{metadata_key, request_id_key};
+use crate::grpc::config::Options;
+use crate::grpc::key::{metadata_key, request_id_key, KeySource};
 use crate::grpc::status::refusal_response;
 use crate::grpc::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
 use crate::guard::{

@@ -7,7 +7,7 @@ use tonic::body::Body;
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
-use crate::grpc::config::KeySource;
+use crate::grpc::key::KeySource;
 use crate::guard::{Refusal, Refused};
 
 /// The `domain` of every refusal's `google.rpc.ErrorInfo`.

@@ -10,6 +10,7 @@ use super::builder::PgBuilder;
 use super::write::{sql_millis, Inner, Row, PLACEHOLDER};
 use crate::answers::{Lease, LiveLease, Reservation, Seen};
 use crate::clock::{duration_millis, from_millis};
+use crate::decide::answer;
 use crate::decide::expire::Expire;
 use crate::decide::op::{
     Complete, Completion, Extend, LeaseOutcome, MarkNeedsReview, Observe, RecordStep, Release,
@@ -20,7 +21,6 @@ use crate::error::{Error, LeaseLostReason};
 use crate::fingerprint::Fingerprint;
 use crate::key::{Key, MAX_NOTE_LEN};
 use crate::record::{Millis, Progress, Record, RecordClass};
-use crate::store::answer;
 
 /// The caller's own statements for [`PgStore::complete_with`]: run on the completion's
 /// transaction, before the completion is written.

@@ -179,127 +179,161 @@ pub trait Reservations: Send + Sync {
     ) -> impl Future<Output = Result<(), Error>> + Send;
 }
 
-/// The local store. Every write uses its `_async` form, so no thread blocks while a commit is
-/// synced. Reads (`get`, `stale`) never wait for a commit and run on the calling task; so
-/// does `sweep`, which holds the writer for one bounded slice.
-impl Reservations for Store {
-    async fn reserve(&self, key: &Key, fingerprint: Fingerprint) -> Result<Reservation, Error> {
-        self.reserve_async(key, fingerprint).await
+forward_reservations!(
+    /// The local store. Every write uses its `_async` form, so no thread blocks while a commit
+    /// is synced. Reads (`get`, `stale`) never wait for a commit and run on the calling task;
+    /// so does `sweep`, which holds the writer for one bounded slice.
+    Store {
+        reserve: async reserve_async,
+        reserve_many: async reserve_many_async,
+        complete: async complete_async,
+        release_if_pending: async release_if_pending_async,
+        extend: async extend_async,
+        mark_needs_review: async mark_needs_review_async,
+        resolve: async resolve_async,
+        get: sync get,
+        stale: sync stale,
+        sweep: sync sweep,
+        expire: async expire_async,
+        record_step: async record_step_async,
+        observe: async observe_async,
+        observe_many: async observe_many_async,
+        reserve_or_wait: async reserve_or_wait_async,
+        complete_many: async complete_many_async,
+        release_if_pending_many: async release_if_pending_many_async,
+        extend_many: async extend_many_async,
+        expire_many: async expire_many_async,
+        complete_with_retention: async complete_with_retention_async,
+        resolve_with_retention: async resolve_with_retention_async,
     }
+);
 
-    async fn reserve_many(
-        &self,
-        items: &[(Key, Fingerprint)],
-    ) -> Result<Vec<Result<Reservation, Error>>, Error> {
-        self.reserve_many_async(items).await
-    }
-
-    async fn complete(&self, lease: &Lease, result: Vec<u8>) -> Result<(), Error> {
-        self.complete_async(lease, result).await
-    }
-
-    async fn release_if_pending(&self, lease: &Lease) -> Result<bool, Error> {
-        self.release_if_pending_async(lease).await
-    }
-
-    async fn extend(&self, lease: &Lease) -> Result<Lease, Error> {
-        self.extend_async(lease).await
-    }
-
-    async fn mark_needs_review(&self, lease: &Lease, note: &str) -> Result<(), Error> {
-        self.mark_needs_review_async(lease, note).await
-    }
-
-    async fn resolve(&self, key: &Key, resolution: Resolution) -> Result<(), Error> {
-        self.resolve_async(key, resolution).await
-    }
-
-    async fn get(&self, key: &Key) -> Result<Option<Record>, Error> {
-        Store::get(self, key)
-    }
-
-    async fn stale(&self, limit: usize) -> Result<Vec<(Key, Record)>, Error> {
-        Store::stale(self, limit)
-    }
-
-    async fn sweep(&self, limit: usize) -> Result<usize, Error> {
-        Store::sweep(self, limit)
-    }
-
-    async fn expire(&self, key: &Key, live: LiveLease) -> Result<Option<RecordClass>, Error> {
-        self.expire_async(key, live).await
-    }
-    async fn record_step(&self, lease: &Lease, step: u32, data: &[u8]) -> Result<(), Error> {
-        self.record_step_async(lease, step, data).await
-    }
-
-    async fn observe(&self, key: &Key, window: Duration) -> Result<Seen, Error> {
-        let mut seen = self
-            .observe_many_async(std::slice::from_ref(key), window)
-            .await?;
-        seen.remove(0)
-    }
-
-    async fn observe_many(
-        &self,
-        keys: &[Key],
-        window: Duration,
-    ) -> Result<Vec<Result<Seen, Error>>, Error> {
-        self.observe_many_async(keys, window).await
-    }
-
-    async fn reserve_or_wait(
-        &self,
-        key: &Key,
-        fingerprint: Fingerprint,
-        timeout: Duration,
-    ) -> Result<Reservation, Error> {
-        self.reserve_or_wait_async(key, fingerprint, timeout).await
-    }
-
-    async fn complete_many(
-        &self,
-        items: Vec<(&Lease, Vec<u8>)>,
-    ) -> Result<Vec<Result<(), Error>>, Error> {
-        self.complete_many_async(items).await
-    }
-
-    async fn release_if_pending_many(
-        &self,
-        leases: &[&Lease],
-    ) -> Result<Vec<Result<bool, Error>>, Error> {
-        self.release_if_pending_many_async(leases).await
-    }
-
-    async fn extend_many(&self, leases: &[&Lease]) -> Result<Vec<Result<Lease, Error>>, Error> {
-        self.extend_many_async(leases).await
-    }
-
-    async fn expire_many(
-        &self,
-        keys: &[Key],
-        live: LiveLease,
-    ) -> Result<Vec<Result<Option<RecordClass>, Error>>, Error> {
-        self.expire_many_async(keys, live).await
-    }
-
-    async fn complete_with_retention(
-        &self,
-        lease: &Lease,
-        result: Vec<u8>,
-        retention: Duration,
-    ) -> Result<(), Error> {
-        self.complete_with_retention_async(lease, result, retention)
-            .await
-    }
-
-    async fn resolve_with_retention(
-        &self,
-        key: &Key,
-        resolution: Resolution,
-        retention: Duration,
-    ) -> Result<(), Error> {
-        self.resolve_with_retention_async(key, resolution, retention)
-            .await
-    }
+/// Implements [`Reservations`] for a backend by forwarding each method to one of the
+/// backend's own, so the trait's signatures are written here once, for every backend:
+///
+/// ```ignore
+/// forward_reservations!(Store {
+///     reserve: async reserve_async,   // awaited
+///     get: sync get,                  // called, its result ready at once
+///     ...
+/// });
+/// ```
+///
+/// Every method of the trait is named, in the trait's order; a missing or misspelt one is a
+/// compile error.
+macro_rules! forward_reservations {
+    (@call async $($call:tt)*) => { $($call)*.await };
+    (@call sync $($call:tt)*) => { $($call)* };
+    (@method reserve $how:ident $target:ident) => {
+        async fn reserve(&self, key: &$crate::Key, fingerprint: $crate::Fingerprint) -> Result<$crate::Reservation, $crate::Error> {
+            $crate::reservations::forward_reservations!(@call $how Self::$target(self, key, fingerprint))
+        }
+    };
+    (@method reserve_many $how:ident $target:ident) => {
+        async fn reserve_many(&self, items: &[($crate::Key, $crate::Fingerprint)]) -> Result<Vec<Result<$crate::Reservation, $crate::Error>>, $crate::Error> {
+            $crate::reservations::forward_reservations!(@call $how Self::$target(self, items))
+        }
+    };
+    (@method complete $how:ident $target:ident) => {
+        async fn complete(&self, lease: &$crate::Lease, result: Vec<u8>) -> Result<(), $crate::Error> {
+            $crate::reservations::forward_reservations!(@call $how Self::$target(self, lease, result))
+        }
+    };
+    (@method release_if_pending $how:ident $target:ident) => {
+        async fn release_if_pending(&self, lease: &$crate::Lease) -> Result<bool, $crate::Error> {
+            $crate::reservations::forward_reservations!(@call $how Self::$target(self, lease))
+        }
+    };
+    (@method extend $how:ident $target:ident) => {
+        async fn extend(&self, lease: &$crate::Lease) -> Result<$crate::Lease, $crate::Error> {
+            $crate::reservations::forward_reservations!(@call $how Self::$target(self, lease))
+        }
+    };
+    (@method mark_needs_review $how:ident $target:ident) => {
+        async fn mark_needs_review(&self, lease: &$crate::Lease, note: &str) -> Result<(), $crate::Error> {
+            $crate::reservations::forward_reservations!(@call $how Self::$target(self, lease, note))
+        }
+    };
+    (@method resolve $how:ident $target:ident) => {
+        async fn resolve(&self, key: &$crate::Key, resolution: $crate::Resolution) -> Result<(), $crate::Error> {
+            $crate::reservations::forward_reservations!(@call $how Self::$target(self, key, resolution))
+        }
+    };
+    (@method get $how:ident $target:ident) => {
+        async fn get(&self, key: &$crate::Key) -> Result<Option<$crate::Record>, $crate::Error> {
+            $crate::reservations::forward_reservations!(@call $how Self::$target(self, key))
+        }
+    };
+    (@method stale $how:ident $target:ident) => {
+        async fn stale(&self, limit: usize) -> Result<Vec<($crate::Key, $crate::Record)>, $crate::Error> {
+            $crate::reservations::forward_reservations!(@call $how Self::$target(self, limit))
+        }
+    };
+    (@method sweep $how:ident $target:ident) => {
+        async fn sweep(&self, limit: usize) -> Result<usize, $crate::Error> {
+            $crate::reservations::forward_reservations!(@call $how Self::$target(self, limit))
+        }
+    };
+    (@method expire $how:ident $target:ident) => {
+        async fn expire(&self, key: &$crate::Key, live: $crate::LiveLease) -> Result<Option<$crate::RecordClass>, $crate::Error> {
+            $crate::reservations::forward_reservations!(@call $how Self::$target(self, key, live))
+        }
+    };
+    (@method record_step $how:ident $target:ident) => {
+        async fn record_step(&self, lease: &$crate::Lease, step: u32, data: &[u8]) -> Result<(), $crate::Error> {
+            $crate::reservations::forward_reservations!(@call $how Self::$target(self, lease, step, data))
+        }
+    };
+    (@method observe $how:ident $target:ident) => {
+        async fn observe(&self, key: &$crate::Key, window: std::time::Duration) -> Result<$crate::Seen, $crate::Error> {
+            $crate::reservations::forward_reservations!(@call $how Self::$target(self, key, window))
+        }
+    };
+    (@method observe_many $how:ident $target:ident) => {
+        async fn observe_many(&self, keys: &[$crate::Key], window: std::time::Duration) -> Result<Vec<Result<$crate::Seen, $crate::Error>>, $crate::Error> {
+            $crate::reservations::forward_reservations!(@call $how Self::$target(self, keys, window))
+        }
+    };
+    (@method reserve_or_wait $how:ident $target:ident) => {
+        async fn reserve_or_wait(&self, key: &$crate::Key, fingerprint: $crate::Fingerprint, timeout: std::time::Duration) -> Result<$crate::Reservation, $crate::Error> {
+            $crate::reservations::forward_reservations!(@call $how Self::$target(self, key, fingerprint, timeout))
+        }
+    };
+    (@method complete_many $how:ident $target:ident) => {
+        async fn complete_many(&self, items: Vec<(&$crate::Lease, Vec<u8>)>) -> Result<Vec<Result<(), $crate::Error>>, $crate::Error> {
+            $crate::reservations::forward_reservations!(@call $how Self::$target(self, items))
+        }
+    };
+    (@method release_if_pending_many $how:ident $target:ident) => {
+        async fn release_if_pending_many(&self, leases: &[&$crate::Lease]) -> Result<Vec<Result<bool, $crate::Error>>, $crate::Error> {
+            $crate::reservations::forward_reservations!(@call $how Self::$target(self, leases))
+        }
+    };
+    (@method extend_many $how:ident $target:ident) => {
+        async fn extend_many(&self, leases: &[&$crate::Lease]) -> Result<Vec<Result<$crate::Lease, $crate::Error>>, $crate::Error> {
+            $crate::reservations::forward_reservations!(@call $how Self::$target(self, leases))
+        }
+    };
+    (@method expire_many $how:ident $target:ident) => {
+        async fn expire_many(&self, keys: &[$crate::Key], live: $crate::LiveLease) -> Result<Vec<Result<Option<$crate::RecordClass>, $crate::Error>>, $crate::Error> {
+            $crate::reservations::forward_reservations!(@call $how Self::$target(self, keys, live))
+        }
+    };
+    (@method complete_with_retention $how:ident $target:ident) => {
+        async fn complete_with_retention(&self, lease: &$crate::Lease, result: Vec<u8>, retention: std::time::Duration) -> Result<(), $crate::Error> {
+            $crate::reservations::forward_reservations!(@call $how Self::$target(self, lease, result, retention))
+        }
+    };
+    (@method resolve_with_retention $how:ident $target:ident) => {
+        async fn resolve_with_retention(&self, key: &$crate::Key, resolution: $crate::Resolution, retention: std::time::Duration) -> Result<(), $crate::Error> {
+            $crate::reservations::forward_reservations!(@call $how Self::$target(self, key, resolution, retention))
+        }
+    };
+    ($(#[$doc:meta])* $store:ty { $($method:ident: $how:ident $target:ident,)* }) => {
+        $(#[$doc])*
+        impl $crate::Reservations for $store {
+            $($crate::reservations::forward_reservations!(@method $method $how $target);)*
+        }
+    };
 }
+pub(crate) use forward_reservations;

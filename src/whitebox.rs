@@ -20,7 +20,7 @@ pub use crate::format::identity::LOG_HEADER_LEN;
 pub use crate::record::Millis;
 use crate::record::Record;
 
-/// A record's stored bytes (the record codec, `src/format/record.rs`).
+/// A record's stored bytes (the record codec, `src/format/codec.rs`).
 pub fn encode_record(record: &Record) -> Vec<u8> {
     record.encode()
 }

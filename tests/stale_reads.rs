@@ -124,7 +124,7 @@ fn a_new_key_is_acquired() {
 }
 
 /// The readers of one writer epoch share one redb snapshot of the records
-/// (`engine/cache.rs`, `Overlay::committed`). Each way an epoch ends (the writer commits its
+/// (`engine/overlay.rs`, `Overlay::committed`). Each way an epoch ends (the writer commits its
 /// open transaction and forgets its changes; `complete_with` commits outside the batch path),
 /// a read after it must not come from the snapshot of the epoch before, which lacks what the
 /// commit added. The record cache is off, so every read that misses the writer's changes goes

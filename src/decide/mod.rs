@@ -7,8 +7,10 @@
 //!
 //! Each operation ([`op`]) is its own type with its own outcome type ([`Operation::Outcome`]):
 //! a reserve can only answer what a reserve answers, so the mapping from an outcome to the
-//! public answer ([`answer`]) is total, with no "never happens" branch a caller could reach.
+//! public answer ([`answer`], which every backend uses) is total, with no "never happens"
+//! branch a caller could reach.
 
+pub(crate) mod answer;
 pub(crate) mod expire;
 pub(crate) mod op;
 pub(crate) mod policy;
@@ -89,6 +91,13 @@ pub(crate) trait Operation: Send + 'static {
     /// Whether [`decide_live`](Operation::decide_live) is also given a record past its
     /// expiry (which every other operation sees as absent).
     const SEES_EXPIRED: bool = false;
+
+    /// `outcome` handing out `token` instead of the token it was decided with. Only an
+    /// outcome that carries the token it hands out (an acquisition's lease) changes.
+    fn outcome_with_token(outcome: Self::Outcome, token: u64) -> Self::Outcome {
+        let _ = token;
+        outcome
+    }
 }
 
 /// Decides `op` against `current` at time `now`.
@@ -108,6 +117,31 @@ pub(crate) fn decide<O: Operation>(
         current.filter(|record| !record.is_expired(now))
     };
     op.decide_live(current, now, policy, next_token)
+}
+
+/// A decision made before the fencing token it hands out was known (by a caller, against
+/// the state it read, with any token), handing out `token` instead. Deciding with `token`
+/// gives the same decision: the token an operation is given appears only in the record it
+/// stores and in the outcome, never in the choice between outcomes.
+pub(crate) fn with_token<O: Operation>(
+    decision: Decision<O::Outcome>,
+    token: u64,
+) -> Decision<O::Outcome> {
+    if !decision.used_token {
+        return decision;
+    }
+    let Decision {
+        change, outcome, ..
+    } = decision;
+    let change = match change {
+        Change::Put(record) => Change::Put(Record { token, ..record }),
+        other => other,
+    };
+    Decision {
+        change,
+        outcome: O::outcome_with_token(outcome, token),
+        used_token: true,
+    }
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@ use std::time::Duration;
 use crate::error::LeaseLostReason;
 use crate::fingerprint::Fingerprint;
 use crate::record::Progress;
-use crate::record::{Millis, Record, RecordClass, State, TokenFloor};
+use crate::record::{Millis, Record, RecordClass, State};
 
 use super::{Change, Decision, Operation, Policy};
 
@@ -48,26 +48,25 @@ pub(crate) enum Reserved {
     },
 }
 
-impl Reserve {
-    /// Whether deciding this reserve against `current` at `now` changes the record: an
-    /// acquisition (absent, expired, or a stale lease with the same fingerprint). A caller
-    /// hands such a reserve to the writer, which decides it (once, with the real token);
-    /// any other reserve is answered by deciding it right away. Agrees with
-    /// [`decide`](super::decide) (`decide/tests.rs` checks it on every kind of record).
-    pub(crate) fn writes(&self, current: Option<&Record>, now: Millis, floor: TokenFloor) -> bool {
-        match current.filter(|record| !record.is_expired(now)) {
-            None => true,
-            Some(record) => {
-                record.fingerprint == self.fingerprint
-                    && matches!(record.state, State::Pending { .. })
-                    && record.class(now, floor) != RecordClass::Pending
-            }
-        }
-    }
-}
-
 impl Operation for Reserve {
     type Outcome = Reserved;
+
+    fn outcome_with_token(outcome: Reserved, token: u64) -> Reserved {
+        match outcome {
+            Reserved::Acquired {
+                attempt,
+                lease_until,
+                progress,
+                ..
+            } => Reserved::Acquired {
+                token,
+                attempt,
+                lease_until,
+                progress,
+            },
+            other => other,
+        }
+    }
 
     fn decide_live(
         self,
@@ -476,5 +475,9 @@ impl<O: Operation> Operation for WithRetention<O> {
 
     fn payload_len(&self) -> usize {
         self.op.payload_len()
+    }
+
+    fn outcome_with_token(outcome: Self::Outcome, token: u64) -> Self::Outcome {
+        O::outcome_with_token(outcome, token)
     }
 }

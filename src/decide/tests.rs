@@ -585,11 +585,12 @@ fn the_floor_leaves_settled_records_alone() {
     );
 }
 
-/// `Reserve::writes`, which the reserve path uses to hand acquisitions to the writer without
-/// deciding them itself, agrees with `decide` on every kind of record, at every moment around
-/// its lease and expiry, with the same and another fingerprint.
+/// A caller decides a reserve or an observe before the writer knows the token it will hand
+/// out; the writer then gives the decision its token ([`with_token`]) instead of deciding
+/// again. That is the decision the writer would have made: on every kind of record, at every
+/// moment around its lease and expiry, with the same and another fingerprint.
 #[test]
-fn reserve_writes_exactly_when_decide_changes_the_record() {
+fn a_decision_given_its_token_later_is_the_decision_made_with_it() {
     let mut records = vec![None];
     for at in [NOW - 2_000, NOW - 1, NOW, NOW + 1, NOW + 2_000] {
         records.push(Some(pending(7, 1, at)));
@@ -604,17 +605,22 @@ fn reserve_writes_exactly_when_decide_changes_the_record() {
         for record in &records {
             for fingerprint in [fp(), Fingerprint::of(b"another request")] {
                 let op = Reserve { fingerprint };
-                let writes = op.writes(record.as_ref(), NOW, policy.floor);
-                let decision = decide(record.clone(), op, NOW, policy, 42);
+                let early = decide(record.clone(), op, NOW, policy, 0);
+                let late = with_token::<Reserve>(early, 42);
                 assert_eq!(
-                    writes,
-                    decision.change != Change::Keep,
-                    "writes() = {writes} but decide gave {:?} for {record:?} under {:?}",
-                    decision.change,
-                    policy.floor
+                    late,
+                    decide(record.clone(), op, NOW, policy, 42),
+                    "{record:?}"
                 );
-                assert_eq!(writes, decision.used_token, "{record:?}");
             }
+            let op = Observe { window: 5_000 };
+            let early = decide(record.clone(), op, NOW, policy, 0);
+            let late = with_token::<Observe>(early, 42);
+            assert_eq!(
+                late,
+                decide(record.clone(), op, NOW, policy, 42),
+                "{record:?}"
+            );
         }
     }
 }

@@ -7,14 +7,11 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
 
 use foldhash::fast::FixedState;
 
 use parking_lot::RwLock;
 
-use crate::engine::wait::Waiters;
 use crate::error::Error;
 use crate::key::Key;
 use crate::record::{Record, State};
@@ -27,7 +24,7 @@ pub(crate) type ReadState = Result<Option<Record>, Error>;
 
 /// The hasher of every in-memory map here (and of shard selection): fast, and fixed so that a
 /// key's shard never changes.
-type Hasher = FixedState;
+pub(crate) type Hasher = FixedState;
 
 #[derive(Debug, Default)]
 struct Shard {
@@ -189,48 +186,6 @@ mod tests {
     use crate::fingerprint::Fingerprint;
     use crate::record::State;
 
-    #[test]
-    fn readers_of_one_epoch_share_a_snapshot_and_a_new_epoch_gets_a_new_one() {
-        use crate::format::tables::RECORDS;
-        use redb::ReadableDatabase;
-        let dir = tempfile::tempdir().unwrap();
-        let db = redb::Database::create(dir.path().join("snapshot.redb")).unwrap();
-        let write = |value: &[u8]| {
-            let txn = db.begin_write().unwrap();
-            txn.open_table(RECORDS)
-                .unwrap()
-                .insert(&b"k"[..], value)
-                .unwrap();
-            txn.commit().unwrap();
-        };
-        let opened = std::cell::Cell::new(0);
-        let open = || -> Result<RecordsTable, redb::Error> {
-            opened.set(opened.get() + 1);
-            Ok(db.begin_read()?.open_table(RECORDS)?)
-        };
-        let read = |table: &RecordsTable| table.get(&b"k"[..]).unwrap().unwrap().value().to_vec();
-        let overlay = Overlay::default();
-        write(b"1");
-        let (first_epoch, first) = overlay.committed(open).unwrap();
-        let (_, again) = overlay.committed(open).unwrap();
-        assert!(
-            Arc::ptr_eq(&first, &again),
-            "two readers of one epoch did not share"
-        );
-        assert_eq!(opened.get(), 1);
-        // The writer commits, then ends the epoch.
-        write(b"2");
-        overlay.next_epoch();
-        let (epoch, second) = overlay.committed(open).unwrap();
-        assert!(epoch > first_epoch);
-        assert_eq!(
-            read(&second),
-            b"2",
-            "a read in a new epoch was served by the snapshot of the epoch before"
-        );
-        assert_eq!(read(&first), b"1");
-    }
-
     fn record(token: u64) -> Record {
         Record {
             fingerprint: Fingerprint::of(b"x"),
@@ -312,212 +267,5 @@ mod tests {
         }
         let held = keys.iter().filter(|k| small.get(k).is_some()).count();
         assert!(held <= 32 && held > 0, "{held}");
-    }
-}
-
-/// Records acknowledged but not yet committed to redb: the applier keeps one redb write
-/// transaction open across several batches, so readers must see these first. Every entry is
-/// the latest acknowledged state of its key (`None` is a deletion), with the log frame that
-/// logged it. Not bounded by a capacity: the entries a redb commit covers move to the record
-/// cache after each commit (every 250 ms at most, `TXN_SPAN`).
-///
-/// It also counts the writer's *epochs* ([`epoch`](Overlay::epoch)): an epoch ends each time
-/// the writer commits to redb (and forgets the changes it kept since the last commit), and
-/// when the store is poisoned. A state a caller read at the start of an epoch, of a key the
-/// writer has not changed since, is still the key's state while the epoch lasts: that is how a
-/// reserve hands the state it read to the writer instead of the writer reading it again.
-#[derive(Debug, Default)]
-pub(crate) struct Overlay {
-    map: RwLock<HashMap<Key, (Option<Record>, u64), Hasher>>,
-    /// Whether `map` holds an entry: set under its write lock after the entries are in (with
-    /// release), cleared under it when it is emptied. A reader that finds it unset skips the
-    /// lock: a publication it misses is not acknowledged yet (changes are published before they
-    /// are answered), and an emptied map's entries are in the record cache or redb before it is
-    /// cleared. (The duplicate path of a store without writes then takes no lock here.)
-    occupied: AtomicBool,
-    /// Threads waiting for keys to change; woken on every publication.
-    pub(crate) waiters: Waiters,
-    epoch: AtomicU64,
-    /// The records table as redb held it when the current epoch began, shared by the readers
-    /// of the epoch ([`committed`](Overlay::committed)).
-    snapshot: SharedSnapshot,
-    /// Held by a drain ([`drain_through`](Overlay::drain_through)) from start to end.
-    draining: parking_lot::Mutex<()>,
-}
-
-/// The records table of one redb read transaction.
-pub(crate) type RecordsTable = redb::ReadOnlyTable<&'static [u8], &'static [u8]>;
-
-/// One read snapshot of the records table and the epoch it was opened in (see
-/// [`Overlay::committed`]).
-#[derive(Default)]
-struct SharedSnapshot {
-    slot: RwLock<Option<(u64, Arc<RecordsTable>)>>,
-}
-
-impl std::fmt::Debug for SharedSnapshot {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let epoch = self.slot.read().as_ref().map(|(epoch, _)| *epoch);
-        f.debug_struct("SharedSnapshot")
-            .field("epoch", &epoch)
-            .finish()
-    }
-}
-
-impl Overlay {
-    /// The current epoch. Read it *before* reading a state (overlay, cache, redb) that is to
-    /// be handed to the writer: the acquire pairs with [`next_epoch`](Overlay::next_epoch)'s
-    /// release, so a read that starts after it sees the redb commit that ended the epoch.
-    pub(crate) fn epoch(&self) -> u64 {
-        self.epoch.load(Ordering::Acquire)
-    }
-
-    /// Ends the current epoch (the writer, holding the writer lock, after a redb commit or a
-    /// reset): every state read before this call is stale for the writer.
-    pub(crate) fn next_epoch(&self) {
-        self.epoch.fetch_add(1, Ordering::Release);
-        // The shared snapshot belongs to the epoch that ended: let redb free the pages it
-        // holds once its last reader is done (the next reader opens a new one).
-        let ended = self.snapshot.slot.write().take();
-        drop(ended);
-    }
-
-    /// The committed records table for a read of a key that is neither in the overlay nor in
-    /// the cache; call it only after looking there. Every reader of an epoch shares one redb
-    /// read transaction, opened (by `open`) on the first such read of the epoch, instead of
-    /// beginning its own: a transaction begun after the epoch began sees the redb commit that
-    /// began it (the epoch is read with acquire before `open` runs), and redb's records only
-    /// change again at the commit that ends the epoch. Changes the writer made since are in
-    /// the overlay, which the caller looked at first; a commit outside the overlay (a sweep,
-    /// a `complete_with`) is not acknowledged before the epoch it ends is over. A reader that
-    /// missed the overlay because the writer drained it has seen the epoch end (the overlay's
-    /// lock orders the two), so it gets a snapshot of the new epoch, never the old one.
-    ///
-    /// Returns the snapshot with the epoch it serves: a caller may keep it for more keys while
-    /// [`epoch`](Overlay::epoch) still returns that epoch.
-    pub(crate) fn committed<E>(
-        &self,
-        open: impl FnOnce() -> Result<RecordsTable, E>,
-    ) -> Result<(u64, Arc<RecordsTable>), E> {
-        let epoch = self.epoch();
-        if let Some((at, table)) = &*self.snapshot.slot.read() {
-            if *at == epoch {
-                return Ok((epoch, Arc::clone(table)));
-            }
-        }
-        // One reader opens the epoch's snapshot; the others wait for it rather than each
-        // beginning a transaction of their own.
-        let mut slot = self.snapshot.slot.write();
-        match &*slot {
-            // The epoch's, or a newer epoch's (this reader is late): that one sees every commit
-            // this one would, and more, so it serves too.
-            Some((at, table)) if *at >= epoch => Ok((*at, Arc::clone(table))),
-            _ => {
-                let table = Arc::new(open()?);
-                // Kept for the epoch's other readers only while the epoch lasts: if it ended
-                // meanwhile, `next_epoch` has emptied the slot (or will, once this lock is
-                // released), and a snapshot left there would hold redb's pages until the next
-                // read.
-                let old = if self.epoch() == epoch {
-                    slot.replace((epoch, Arc::clone(&table)))
-                } else {
-                    None
-                };
-                drop(slot);
-                drop(old);
-                Ok((epoch, table))
-            }
-        }
-    }
-
-    /// `Some(state)` when `key` changed since the last redb commit.
-    pub(crate) fn get(&self, key: &Key) -> Option<Option<Record>> {
-        if !self.occupied.load(Ordering::Acquire) {
-            return None;
-        }
-        let map = self.map.read();
-        if map.is_empty() {
-            return None;
-        }
-        map.get(key).map(|(state, _)| state.clone())
-    }
-
-    /// [`get`](Overlay::get) for many keys under one lock: for each `keys[i]` changed since the
-    /// last redb commit, sets `states[i]` to its state and `found[i]`.
-    pub(crate) fn get_many(&self, keys: &[&Key], found: &mut [bool], states: &mut [ReadState]) {
-        if !self.occupied.load(Ordering::Acquire) {
-            return;
-        }
-        let map = self.map.read();
-        if map.is_empty() {
-            return;
-        }
-        for (i, key) in keys.iter().enumerate() {
-            if let Some((state, _)) = map.get(*key) {
-                states[i] = Ok(state.clone());
-                found[i] = true;
-            }
-        }
-    }
-
-    /// Publishes acknowledged changes, logged by frame `seq`.
-    pub(crate) fn publish(&self, changes: Vec<(Key, Option<Record>)>, seq: u64) {
-        // Waiters are woken after the change is visible, or they would read the old state.
-        let keys: Vec<Key> = if self.waiters.any() {
-            changes.iter().map(|(key, _)| key.clone()).collect()
-        } else {
-            Vec::new()
-        };
-        let mut map = self.map.write();
-        map.extend(changes.into_iter().map(|(key, state)| (key, (state, seq))));
-        self.occupied.store(!map.is_empty(), Ordering::Release);
-        drop(map);
-        self.waiters.notify(&keys);
-    }
-
-    /// After the open transaction committed: hands every entry to `cache` and empties itself.
-    pub(crate) fn drain_into(&self, cache: &RecordCache) {
-        self.drain_through(u64::MAX, cache);
-    }
-
-    /// After a redb commit that holds every frame up to `seq`, and after the epoch it ended:
-    /// hands the entries logged by those frames to `cache`, then forgets them. Entries of later
-    /// frames stay: redb does not hold them yet.
-    ///
-    /// Into the cache first, while the overlay still answers for them, and out of the overlay
-    /// after, each only if no later frame changed its key meanwhile: so a reader that no
-    /// longer finds a key here finds its state in the cache (or, evicted, in a redb snapshot of
-    /// the new epoch), never an older state the cache still held. Drains run one at a time
-    /// (the writer's and the applier's), so a slower one never puts back a state a later one
-    /// replaced.
-    pub(crate) fn drain_through(&self, seq: u64, cache: &RecordCache) {
-        let _one_at_a_time = self.draining.lock();
-        let moving: Vec<(Key, Option<Record>, u64)> = self
-            .map
-            .read()
-            .iter()
-            .filter(|(_, (_, logged))| *logged <= seq)
-            .map(|(key, (state, logged))| (key.clone(), state.clone(), *logged))
-            .collect();
-        if moving.is_empty() {
-            return;
-        }
-        for (key, state, _) in &moving {
-            cache.set(key, state.clone());
-        }
-        let mut map = self.map.write();
-        for (key, _, logged) in &moving {
-            if map.get(key).is_some_and(|(_, now)| now == logged) {
-                map.remove(key);
-            }
-        }
-        self.occupied.store(!map.is_empty(), Ordering::Release);
-    }
-
-    /// Forgets everything (the store is poisoned).
-    pub(crate) fn clear(&self) {
-        let mut map = self.map.write();
-        map.clear();
-        self.occupied.store(false, Ordering::Release);
     }
 }

@@ -3,11 +3,11 @@
 
 use super::store::EtcdStore;
 use crate::answers::LiveLease;
+use crate::decide::answer;
 use crate::decide::expire::Expire;
 use crate::error::Error;
 use crate::key::Key;
 use crate::record::RecordClass;
-use crate::store::answer;
 
 impl EtcdStore {
     /// Deletes whatever is stored for `key`, now; see [`Store::expire`](crate::Store::expire).

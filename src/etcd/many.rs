@@ -11,6 +11,7 @@ use super::store::EtcdStore;
 use crate::answers::LiveLease;
 use crate::answers::{Lease, Reservation, Seen};
 use crate::clock::{duration_millis, from_millis};
+use crate::decide::answer;
 use crate::decide::expire::Expire;
 use crate::decide::op::{Complete, Extend, LeaseOutcome, Observe, Release, Reserve};
 use crate::error::Error;
@@ -18,7 +19,6 @@ use crate::fingerprint::Fingerprint;
 use crate::key::Key;
 use crate::record::Millis;
 use crate::record::RecordClass;
-use crate::store::answer;
 
 impl EtcdStore {
     /// Reserves many keys with few round trips; the answers of

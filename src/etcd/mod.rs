@@ -34,128 +34,30 @@ pub use snapshot::EtcdSnapshot;
 pub use store::EtcdStore;
 pub use sweep::Sweeper;
 
-use std::time::Duration;
-
-use crate::{
-    Error, Fingerprint, Key, Lease, LiveLease, Record, RecordClass, Reservation, Reservations,
-    Resolution, Seen,
-};
-
-/// The cluster store, through the same trait as the local one: code written against
-/// [`Reservations`] runs on either.
-impl Reservations for EtcdStore {
-    async fn reserve(&self, key: &Key, fingerprint: Fingerprint) -> Result<Reservation, Error> {
-        EtcdStore::reserve(self, key, fingerprint).await
+crate::reservations::forward_reservations!(
+    /// The cluster store, through the same trait as the local one: code written against
+    /// [`Reservations`](crate::Reservations) runs on either.
+    EtcdStore {
+        reserve: async reserve,
+        reserve_many: async reserve_many,
+        complete: async complete,
+        release_if_pending: async release_if_pending,
+        extend: async extend,
+        mark_needs_review: async mark_needs_review,
+        resolve: async resolve,
+        get: async get,
+        stale: async stale,
+        sweep: async sweep,
+        expire: async expire_with,
+        record_step: async record_step,
+        observe: async observe,
+        observe_many: async observe_many,
+        reserve_or_wait: async reserve_or_wait,
+        complete_many: async complete_many,
+        release_if_pending_many: async release_if_pending_many,
+        extend_many: async extend_many,
+        expire_many: async expire_many,
+        complete_with_retention: async complete_with_retention,
+        resolve_with_retention: async resolve_with_retention,
     }
-
-    async fn reserve_many(
-        &self,
-        items: &[(Key, Fingerprint)],
-    ) -> Result<Vec<Result<Reservation, Error>>, Error> {
-        EtcdStore::reserve_many(self, items).await
-    }
-
-    async fn complete(&self, lease: &Lease, result: Vec<u8>) -> Result<(), Error> {
-        EtcdStore::complete(self, lease, result).await
-    }
-
-    async fn release_if_pending(&self, lease: &Lease) -> Result<bool, Error> {
-        EtcdStore::release_if_pending(self, lease).await
-    }
-
-    async fn extend(&self, lease: &Lease) -> Result<Lease, Error> {
-        EtcdStore::extend(self, lease).await
-    }
-
-    async fn mark_needs_review(&self, lease: &Lease, note: &str) -> Result<(), Error> {
-        EtcdStore::mark_needs_review(self, lease, note).await
-    }
-
-    async fn resolve(&self, key: &Key, resolution: Resolution) -> Result<(), Error> {
-        EtcdStore::resolve(self, key, resolution).await
-    }
-
-    async fn get(&self, key: &Key) -> Result<Option<Record>, Error> {
-        EtcdStore::get(self, key).await
-    }
-
-    async fn stale(&self, limit: usize) -> Result<Vec<(Key, Record)>, Error> {
-        EtcdStore::stale(self, limit).await
-    }
-
-    async fn sweep(&self, limit: usize) -> Result<usize, Error> {
-        EtcdStore::sweep(self, limit).await
-    }
-
-    async fn expire(&self, key: &Key, live: LiveLease) -> Result<Option<RecordClass>, Error> {
-        EtcdStore::expire_with(self, key, live).await
-    }
-    async fn record_step(&self, lease: &Lease, step: u32, data: &[u8]) -> Result<(), Error> {
-        EtcdStore::record_step(self, lease, step, data).await
-    }
-
-    async fn observe(&self, key: &Key, window: Duration) -> Result<Seen, Error> {
-        EtcdStore::observe(self, key, window).await
-    }
-
-    async fn observe_many(
-        &self,
-        keys: &[Key],
-        window: Duration,
-    ) -> Result<Vec<Result<Seen, Error>>, Error> {
-        EtcdStore::observe_many(self, keys, window).await
-    }
-
-    async fn reserve_or_wait(
-        &self,
-        key: &Key,
-        fingerprint: Fingerprint,
-        timeout: Duration,
-    ) -> Result<Reservation, Error> {
-        EtcdStore::reserve_or_wait(self, key, fingerprint, timeout).await
-    }
-
-    async fn complete_many(
-        &self,
-        items: Vec<(&Lease, Vec<u8>)>,
-    ) -> Result<Vec<Result<(), Error>>, Error> {
-        EtcdStore::complete_many(self, items).await
-    }
-
-    async fn release_if_pending_many(
-        &self,
-        leases: &[&Lease],
-    ) -> Result<Vec<Result<bool, Error>>, Error> {
-        EtcdStore::release_if_pending_many(self, leases).await
-    }
-
-    async fn extend_many(&self, leases: &[&Lease]) -> Result<Vec<Result<Lease, Error>>, Error> {
-        EtcdStore::extend_many(self, leases).await
-    }
-
-    async fn expire_many(
-        &self,
-        keys: &[Key],
-        live: LiveLease,
-    ) -> Result<Vec<Result<Option<RecordClass>, Error>>, Error> {
-        EtcdStore::expire_many(self, keys, live).await
-    }
-
-    async fn complete_with_retention(
-        &self,
-        lease: &Lease,
-        result: Vec<u8>,
-        retention: Duration,
-    ) -> Result<(), Error> {
-        EtcdStore::complete_with_retention(self, lease, result, retention).await
-    }
-
-    async fn resolve_with_retention(
-        &self,
-        key: &Key,
-        resolution: Resolution,
-        retention: Duration,
-    ) -> Result<(), Error> {
-        EtcdStore::resolve_with_retention(self, key, resolution, retention).await
-    }
-}
+);

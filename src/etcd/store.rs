@@ -11,6 +11,7 @@ use super::hints::Hints;
 use super::layout::Layout;
 use crate::answers::{Lease, Reservation};
 use crate::clock::{duration_millis, from_millis, to_millis, Clock};
+use crate::decide::answer;
 use crate::decide::op::{
     Complete, Completion, Extend, MarkNeedsReview, RecordStep, Release, Reserve, Reserved, Resolve,
     WithRetention,
@@ -22,7 +23,6 @@ use crate::fingerprint::Fingerprint;
 use crate::key::Key;
 use crate::key::MAX_NOTE_LEN;
 use crate::record::{Millis, Progress, Record};
-use crate::store::answer;
 
 /// The shared state of an [`EtcdStore`] and its clones.
 pub(crate) struct Inner {

@@ -4,6 +4,7 @@
 use redb::WriteTransaction;
 
 use crate::answers::Lease;
+use crate::decide::answer;
 use crate::decide::op::{
     Complete, Completion, Extend, MarkNeedsReview, RecordStep, Release, Resolve,
 };
@@ -14,7 +15,6 @@ use crate::format::tables::Tables;
 use crate::key::Key;
 use crate::key::MAX_NOTE_LEN;
 use crate::record::Progress;
-use crate::store::answer;
 
 use super::many::extended;
 use super::Store;
@@ -131,7 +131,7 @@ impl Store {
         self.committer.with_writer(|writer| {
             writer.transact(CommitKind::Durable, |writer, txn, now, written| {
                 let mut tables = Tables::open(txn)?;
-                let outcome = match writer.apply(&mut tables, &lease.key, op, now, written)? {
+                let outcome = match writer.decide_into(&mut tables, &lease.key, op, now, written)? {
                     Ok(outcome) => outcome,
                     Err(corrupt) => return Ok(Err(corrupt)),
                 };

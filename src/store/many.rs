@@ -6,12 +6,12 @@
 
 use crate::answers::Lease;
 use crate::clock::from_millis;
+use crate::decide::answer;
 use crate::decide::op::{Complete, Extend, Release};
 use crate::decide::Operation;
 use crate::engine::commit::Kind;
 use crate::error::Error;
 use crate::key::Key;
-use crate::store::answer;
 
 use super::Store;
 

@@ -9,9 +9,7 @@
 //! - `read.rs`: get, stale, snapshots;
 //! - `expire.rs`: expire (one, forced, many, async);
 //! - `retain.rs`: completing or resolving with a retention of its own;
-//! - `answer.rs`: the mapping from each decision's outcome to the public answer.
 
-pub(crate) mod answer;
 mod compact;
 mod expire;
 mod lease;

@@ -6,16 +6,17 @@ use std::time::{Duration, Instant};
 
 use crate::answers::{Reservation, Seen};
 use crate::clock::duration_millis;
+use crate::decide::answer;
 use crate::decide::op::{Observe, Reserve, Reserved};
-use crate::decide::{decide, Change};
-use crate::engine::commit::{first, Known};
+use crate::decide::{decide, Change, Operation};
+use crate::engine::commit::{first, CallerDecision, Known};
 use crate::engine::stats::Counter;
 use crate::engine::wait::{wake_at, Signal};
 use crate::error::Error;
 use crate::fingerprint::Fingerprint;
+use crate::format::tables::IndexEntries;
 use crate::key::Key;
 use crate::record::{Millis, Record};
-use crate::store::answer;
 
 use super::Store;
 
@@ -43,12 +44,12 @@ impl Store {
     pub fn reserve(&self, key: &Key, fingerprint: Fingerprint) -> Result<Reservation, Error> {
         match self.read_for_reserve(key, fingerprint)? {
             Read::Answer(answer) => Ok(answer),
-            Read::Write { epoch, state } => {
+            Read::Write { epoch, decided } => {
                 self.submit_hook.run();
                 let op = Reserve { fingerprint };
                 let reserved = self
                     .committer
-                    .submit_one_seen(key.clone(), op, epoch, state)?;
+                    .submit_one_seen(key.clone(), op, epoch, decided)?;
                 Ok(self.reservation(key, reserved))
             }
         }
@@ -67,41 +68,41 @@ impl Store {
         })
     }
 
-    /// Reads `key` once: the answer when the reserve needs no write, or else the state read
-    /// and the writer epoch it was read in, for the writer to decide against without reading
-    /// the key again.
+    /// Reads `key` once and decides the reserve: the answer when it needs no write, or else
+    /// the decision and the writer epoch it was read in, for the writer to take without
+    /// reading the key again.
     fn read_for_reserve(&self, key: &Key, fingerprint: Fingerprint) -> Result<Read, Error> {
         self.engine.poison.check()?;
         // Before the read: the state is current for the writer while this epoch lasts.
         let epoch = self.engine.overlay.epoch();
         let record = self.read(key)?;
         Ok(
-            match self.answer_read(key, fingerprint, record, self.now()) {
-                Ok(answer) => Read::Answer(answer),
-                Err(state) => Read::Write { epoch, state },
+            match self.decide_read(key, Reserve { fingerprint }, record, self.now()) {
+                Ok(reserved) => Read::Answer(self.reservation(key, reserved)),
+                Err(decided) => Read::Write { epoch, decided },
             },
         )
     }
 
-    /// The answer to a reserve of `key` given its stored `record` at time `now`, when it
-    /// needs no write; else `Err` with the record, for the writer (which alone decides an
-    /// acquisition, with the token it hands out). (A batch reads the clock once: at a million
-    /// keys per second the clock read per key was a tenth of the batch's time.)
-    fn answer_read(
+    /// Decides `op` on `key` against its stored `record` at time `now`: the outcome when it
+    /// changes nothing; else `Err` with the decision, which the writer gives the token it
+    /// hands out ([`with_token`](crate::decide::with_token)) while the key has not changed
+    /// since the read. (A batch reads the clock once: at a million keys per second the clock
+    /// read per key was a tenth of the batch's time.)
+    fn decide_read<O: Operation>(
         &self,
         key: &Key,
-        fingerprint: Fingerprint,
+        op: O,
         record: Option<Record>,
         now: Millis,
-    ) -> Result<Reservation, Option<Record>> {
-        let op = Reserve { fingerprint };
-        if op.writes(record.as_ref(), now, self.engine.policy.floor()) {
-            return Err(record);
-        }
-        // No token is handed out: `writes` said this decision changes nothing.
+    ) -> Result<O::Outcome, CallerDecision<O>> {
+        let old = record.as_ref().map(IndexEntries::of);
+        // The token is a placeholder: a decision that changes nothing hands none out.
         let decision = decide(record, op, now, self.engine.policy.for_key(key), 0);
-        debug_assert!(decision.change == Change::Keep && !decision.used_token);
-        Ok(self.reservation(key, decision.outcome))
+        match decision.change {
+            Change::Keep => Ok(decision.outcome),
+            _ => Err(CallerDecision { old, decision }),
+        }
     }
 
     /// Reserves many keys with one shared commit (one log sync for the whole batch). Returns
@@ -166,47 +167,50 @@ impl Store {
     }
 
     /// Duplicates (and mismatches, keys in progress) answered from what is acknowledged,
-    /// without the writer; and the operations for the rest, which wait for a commit, with the
-    /// states read for them (so the writer does not read those keys again).
-    #[expect(
-        clippy::type_complexity,
-        reason = "one answer slot per item, the ops, and what was read of them"
-    )]
+    /// without the writer; and the operations for the rest, which wait for a commit, with
+    /// what was decided of them (so the writer neither reads those keys nor decides again).
     fn reserve_without_writing(
         &self,
         items: &[(Key, Fingerprint)],
-    ) -> Result<
-        (
-            Vec<Option<Result<Reservation, Error>>>,
-            Vec<(Key, Reserve)>,
-            Known,
-        ),
-        Error,
-    > {
+    ) -> Result<BatchRead<Reservation, Reserve>, Error> {
+        let ops = items.iter().map(|(key, fingerprint)| {
+            let op = Reserve {
+                fingerprint: *fingerprint,
+            };
+            (key, op)
+        });
+        self.decide_without_writing(ops, |key, reserved| self.reservation(key, reserved))
+    }
+
+    /// Reads the keys of `ops` (once each, in one pass) and decides each operation against
+    /// what was read: an outcome that changes nothing is answered at once (`answer`); the
+    /// others are returned with their decisions, for the writer.
+    fn decide_without_writing<'k, O: Operation + Copy, A>(
+        &self,
+        ops: impl ExactSizeIterator<Item = (&'k Key, O)> + Clone,
+        answer: impl Fn(&Key, O::Outcome) -> A,
+    ) -> Result<BatchRead<A, O>, Error> {
         self.engine.poison.check()?;
         let epoch = self.engine.overlay.epoch();
-        let records = self.read_many(items.iter().map(|(key, _)| key));
+        let records = self.read_many(ops.clone().map(|(key, _)| key));
         let now = self.now();
-        let mut answers = Vec::with_capacity(items.len());
-        let mut ops = Vec::new();
-        let mut states = Vec::new();
-        for (record, (key, fingerprint)) in records.into_iter().zip(items) {
+        let mut answers = Vec::with_capacity(ops.len());
+        let mut writes = Vec::new();
+        let mut decided = Vec::new();
+        for (record, (key, op)) in records.into_iter().zip(ops) {
             answers.push(match record {
                 Err(error) => Some(Err(error)),
-                Ok(record) => match self.answer_read(key, *fingerprint, record, now) {
-                    Ok(answer) => Some(Ok(answer)),
-                    Err(state) => {
-                        let op = Reserve {
-                            fingerprint: *fingerprint,
-                        };
-                        ops.push((key.clone(), op));
-                        states.push(state);
+                Ok(record) => match self.decide_read(key, op, record, now) {
+                    Ok(outcome) => Some(Ok(answer(key, outcome))),
+                    Err(decision) => {
+                        writes.push((key.clone(), op));
+                        decided.push(decision);
                         None
                     }
                 },
             });
         }
-        Ok((answers, ops, Known { epoch, states }))
+        Ok((answers, writes, Known { epoch, decided }))
     }
 
     /// Fills the items the writer decided, in order.
@@ -244,13 +248,13 @@ impl Store {
         key: &Key,
         fingerprint: Fingerprint,
     ) -> Result<Reservation, Error> {
-        let (epoch, state) = match self.read_for_reserve(key, fingerprint)? {
+        let (epoch, decided) = match self.read_for_reserve(key, fingerprint)? {
             Read::Answer(answer) => return Ok(answer),
-            Read::Write { epoch, state } => (epoch, state),
+            Read::Write { epoch, decided } => (epoch, decided),
         };
         let seen = Known {
             epoch,
-            states: vec![state],
+            decided: vec![decided],
         };
         let answer = self
             .committer
@@ -380,6 +384,13 @@ impl Store {
             .remove(0)
     }
 
+    /// [`observe`](Store::observe) for async code (the trait's `observe`).
+    pub(crate) async fn observe_async(&self, key: &Key, window: Duration) -> Result<Seen, Error> {
+        self.observe_many_async(std::slice::from_ref(key), window)
+            .await?
+            .remove(0)
+    }
+
     /// [`observe`](Store::observe) for a polled batch of messages, with one shared commit.
     ///
     /// # Errors
@@ -389,9 +400,9 @@ impl Store {
         keys: &[Key],
         window: Duration,
     ) -> Result<Vec<Result<Seen, Error>>, Error> {
-        let (mut answers, ops) = self.observe_without_writing(keys, window)?;
+        let (mut answers, ops, seen) = self.observe_without_writing(keys, window)?;
         if !ops.is_empty() {
-            fill_seen(&mut answers, self.committer.submit(ops)?);
+            fill_seen(&mut answers, self.committer.submit_seen(ops, Some(seen))?);
         }
         Ok(answered(answers))
     }
@@ -409,52 +420,41 @@ impl Store {
         keys: &[Key],
         window: Duration,
     ) -> Result<Vec<Result<Seen, Error>>, Error> {
-        let (mut answers, ops) = self.observe_without_writing(keys, window)?;
+        let (mut answers, ops, seen) = self.observe_without_writing(keys, window)?;
         if !ops.is_empty() {
-            fill_seen(&mut answers, self.committer.submit_async(ops).await?);
+            let decided = self.committer.submit_async_seen(ops, Some(seen)).await;
+            fill_seen(&mut answers, decided?);
         }
         Ok(answered(answers))
     }
 
     /// Keys already stored are duplicates, answered from what is acknowledged without the
-    /// writer; the operations for the new keys, which wait for a commit.
-    #[expect(
-        clippy::type_complexity,
-        reason = "one answer slot per key, and the ops"
-    )]
+    /// writer; the operations for the new keys, which wait for a commit, with what was
+    /// decided of them.
     fn observe_without_writing(
         &self,
         keys: &[Key],
         window: Duration,
-    ) -> Result<(Vec<Option<Result<Seen, Error>>>, Vec<(Key, Observe)>), Error> {
+    ) -> Result<BatchRead<Seen, Observe>, Error> {
         let window = duration_millis(window);
-        self.engine.poison.check()?;
-        let now = self.now();
-        let answers: Vec<Option<Result<Seen, Error>>> = self
-            .read_many(keys)
-            .into_iter()
-            .map(|record| match record {
-                Ok(Some(record)) if !record.is_expired(now) => Some(Ok(Seen::Duplicate)),
-                Ok(_) => None,
-                Err(error) => Some(Err(error)),
-            })
-            .collect();
-        let ops: Vec<_> = keys
-            .iter()
-            .zip(&answers)
-            .filter(|(_, answer)| answer.is_none())
-            .map(|(key, _)| (key.clone(), Observe { window }))
-            .collect();
-        Ok((answers, ops))
+        let ops = keys.iter().map(|key| (key, Observe { window }));
+        self.decide_without_writing(ops, |_, new| answer::seen(new))
     }
 }
+
+/// What a batch's caller read and decided: one answer slot per item (filled when the decision
+/// changes nothing), the operations that write, and their decisions.
+type BatchRead<A, O> = (Vec<Option<Result<A, Error>>>, Vec<(Key, O)>, Known<O>);
 
 /// What a reserve's read found.
 enum Read {
     /// The answer, which needs no write.
     Answer(Reservation),
-    /// The writer must decide: the state read (`None`: absent) and the epoch it was read in.
-    Write { epoch: u64, state: Option<Record> },
+    /// A write: the caller's decision, and the epoch the state it decided on was read in.
+    Write {
+        epoch: u64,
+        decided: CallerDecision<Reserve>,
+    },
 }
 
 /// Fills the keys the writer decided, in order.

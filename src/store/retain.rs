@@ -5,12 +5,12 @@ use std::time::Duration;
 
 use crate::answers::Lease;
 use crate::clock::duration_millis;
+use crate::decide::answer;
 use crate::decide::op::{Complete, Resolve, WithRetention};
 use crate::decide::Resolution;
 use crate::engine::commit::first;
 use crate::error::Error;
 use crate::key::Key;
-use crate::store::answer;
 
 use super::Store;
 

@@ -31,8 +31,25 @@ use crate::format::tables::{decode_record, IndexEntries, Tables, RECORDS};
 use crate::key::Key;
 use crate::record::Record;
 
-use super::writer::TXN_SPAN;
-use super::{Engine, Syncer, Written};
+use super::{Engine, Syncer};
+
+/// How long one redb write transaction (the applier's) stays open across batches before the
+/// applier commits it (non-durably).
+///
+/// The overlay and the writer's `latest` hold what redb has not committed, so their size is
+/// bounded by about this span times the write rate (~25k records at 100k writes/s); a longer
+/// span commits less often, and each page a span changes many times is written once (the
+/// figures behind 250 ms: BENCHMARKS.md, "How long the applier's transaction stays open").
+pub(super) const TXN_SPAN: Duration = Duration::from_millis(250);
+
+/// A change made by a transaction: for the log, the overlay and the cache.
+pub(crate) struct Written {
+    pub(super) key: Key,
+    pub(super) record: Option<Record>,
+    pub(super) encoded: Option<Vec<u8>>,
+    /// Where the record it replaced was indexed (for the applier).
+    pub(super) old: Option<IndexEntries>,
+}
 
 /// The writer's changes since redb last committed them: each key's latest state, with the
 /// log frame that logged it.
@@ -43,15 +60,12 @@ pub(super) type Latest = HashMap<Key, (Option<Record>, u64)>;
 pub(crate) trait Target {
     /// The record stored under `key`, expired or not; `Ok(Err(_))` is a corrupt record.
     fn load(&mut self, key: &Key) -> Result<Result<Option<Record>, Error>, Error>;
-    /// [`load`](Target::load), given `seen`: the state the caller read in the current epoch,
-    /// if any. Only a target that knows which keys changed within the epoch may use it.
-    fn load_seen(
-        &mut self,
-        key: &Key,
-        seen: Option<Option<Record>>,
-    ) -> Result<Result<Option<Record>, Error>, Error> {
-        let _ = seen;
-        self.load(key)
+    /// Whether `key` may have changed since the current epoch began: then a caller's
+    /// decision against what it read in the epoch is decided again. Only a target that knows
+    /// which keys changed within the epoch says no.
+    fn changed(&self, key: &Key) -> bool {
+        let _ = key;
+        true
     }
     /// Stores `record` (encoded as `encoded`) where `old` was indexed.
     fn put(
@@ -87,7 +101,7 @@ impl Target for Tables<'_> {
 
 /// One change to apply: the key, where its old record was indexed, and the new record with
 /// its index entries and encoding (`None`: a deletion).
-struct Change {
+struct TreeChange {
     key: Key,
     old: Option<IndexEntries>,
     new: Option<(IndexEntries, Vec<u8>)>,
@@ -95,7 +109,7 @@ struct Change {
 
 /// A logged batch's changes, with the frame that logged them and the token counter after it.
 pub(super) struct DeferredBatch {
-    changes: Vec<Change>,
+    changes: Vec<TreeChange>,
     seq: u64,
     next_token: u64,
 }
@@ -106,7 +120,7 @@ impl DeferredBatch {
     pub(super) fn logged(written: &mut [Written], seq: u64, next_token: u64) -> DeferredBatch {
         let changes = written
             .iter_mut()
-            .map(|w| Change {
+            .map(|w| TreeChange {
                 key: w.key.clone(),
                 old: w.old,
                 new: w.record.as_ref().map(|record| {
@@ -155,19 +169,9 @@ impl<'w> Deferring<'w> {
 
 impl Target for Deferring<'_> {
     /// Every change since the epoch began is in `latest`; any other key is as its caller saw
-    /// it. So a new key is known absent without a second B-tree miss.
-    fn load_seen(
-        &mut self,
-        key: &Key,
-        seen: Option<Option<Record>>,
-    ) -> Result<Result<Option<Record>, Error>, Error> {
-        if let Some((state, _)) = self.latest.get(key) {
-            return Ok(Ok(state.clone()));
-        }
-        match seen {
-            Some(state) => Ok(Ok(state)),
-            None => self.load(key),
-        }
+    /// it. So a new key's caller decision stands without a second B-tree miss.
+    fn changed(&self, key: &Key) -> bool {
+        self.latest.contains_key(key)
     }
 
     fn load(&mut self, key: &Key) -> Result<Result<Option<Record>, Error>, Error> {
@@ -216,8 +220,8 @@ impl Target for Deferring<'_> {
 /// key changed several times (a reserve and its completion, say) is written once, with its
 /// last state, where its first change found it indexed. So each key is written at most once
 /// per call, and the B-tree inserts walk the leaves in order.
-fn merged(batches: Vec<DeferredBatch>) -> Vec<Change> {
-    let mut changes: Vec<Change> = if batches.len() == 1 {
+fn merged(batches: Vec<DeferredBatch>) -> Vec<TreeChange> {
+    let mut changes: Vec<TreeChange> = if batches.len() == 1 {
         batches.into_iter().next().expect("one batch").changes
     } else {
         batches.into_iter().flat_map(|b| b.changes).collect()
@@ -227,7 +231,7 @@ fn merged(batches: Vec<DeferredBatch>) -> Vec<Change> {
     }
     // Stable: the changes of one key keep the order they were logged in.
     changes.sort_by(|a, b| a.key.cmp(&b.key));
-    let mut out: Vec<Change> = Vec::with_capacity(changes.len());
+    let mut out: Vec<TreeChange> = Vec::with_capacity(changes.len());
     for change in changes {
         match out.last_mut() {
             Some(previous) if previous.key == change.key => previous.new = change.new,
@@ -241,7 +245,7 @@ fn merged(batches: Vec<DeferredBatch>) -> Vec<Change> {
 pub(super) type OpenTxn = Option<(WriteTransaction, Instant)>;
 
 #[derive(Default)]
-struct Queue {
+struct Backlog {
     batches: Vec<DeferredBatch>,
     /// Changes in `batches`.
     changes: usize,
@@ -281,7 +285,7 @@ pub(crate) struct Applier {
     /// Held while applying, committing, or reading when the transaction was opened. A batch is
     /// taken from `queue` only while holding it, so that a flush never misses one.
     pub(super) txn: Mutex<OpenTxn>,
-    queue: Mutex<Queue>,
+    queue: Mutex<Backlog>,
     more: Condvar,
     thread: Mutex<Option<JoinHandle<()>>>,
 }
@@ -298,7 +302,7 @@ impl Applier {
             drained: AtomicU64::new(0),
             hold_after: AtomicU64::new(u64::MAX),
             txn: Mutex::new(None),
-            queue: Mutex::new(Queue::default()),
+            queue: Mutex::new(Backlog::default()),
             more: Condvar::new(),
             thread: Mutex::new(None),
         }
@@ -522,15 +526,15 @@ mod tests {
         IndexEntries::expiring_at(at)
     }
 
-    fn change(id: &str, old: Option<u64>, new: Option<u64>) -> Change {
-        Change {
+    fn change(id: &str, old: Option<u64>, new: Option<u64>) -> TreeChange {
+        TreeChange {
             key: key(id),
             old: old.map(index),
             new: new.map(|at| (index(at), at.to_le_bytes().to_vec())),
         }
     }
 
-    fn batch(seq: u64, changes: Vec<Change>) -> DeferredBatch {
+    fn batch(seq: u64, changes: Vec<TreeChange>) -> DeferredBatch {
         DeferredBatch {
             changes,
             seq,

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use crate::engine::settings::Durability;
 use crate::engine::sweep::{may_find_expired, SWEEP_SLICE_RECORDS};
 
-use super::writer::TXN_SPAN;
+use super::apply::TXN_SPAN;
 use super::Writer;
 
 /// How old the first change no redb commit holds may grow before the writer commits it

@@ -17,7 +17,6 @@
 use std::thread::JoinHandle;
 use std::time::Instant;
 
-use parking_lot::Mutex;
 use redb::WriteTransaction;
 
 use super::apply::{Applier, OpenTxn};
@@ -27,31 +26,6 @@ use crate::error::Error;
 use crate::format::identity::LOG_HEADER_LEN;
 use crate::format::tables::{new_salt, Tables};
 use crate::record::Millis;
-
-/// A closure the crate's tests run on a background checkpoint's thread before it takes the
-/// applier's transaction (to hold the checkpoint, feature `__whitebox`). (The applier needs no
-/// other word from the thread: the thread holds the applier's transaction while it applies
-/// and commits, and latches a failed commit's error as the store's poison before it lets go,
-/// so the applier sees that poison rather than the error redb gives every transaction after.)
-#[derive(Default)]
-pub(crate) struct CheckpointState {
-    hook: Mutex<Option<Box<dyn FnOnce() + Send>>>,
-}
-
-impl CheckpointState {
-    /// Arms `hook` for the next background checkpoint.
-    #[cfg(feature = "__whitebox")]
-    pub(crate) fn arm(&self, hook: Box<dyn FnOnce() + Send>) {
-        *self.hook.lock() = Some(hook);
-    }
-
-    fn run_hook(&self) {
-        let hook = self.hook.lock().take();
-        if let Some(hook) = hook {
-            hook();
-        }
-    }
-}
 
 /// A background checkpoint: its thread, which returns the commit's outcome.
 pub(crate) type Running = JoinHandle<Result<(), Error>>;

@@ -3,11 +3,13 @@
 
 use std::sync::Arc;
 
+use parking_lot::Mutex;
 use redb::Database;
 
 use crate::clock::{to_millis, Clock};
 use crate::decide::policy::Policies;
-use crate::engine::cache::{Overlay, RecordCache};
+use crate::engine::cache::RecordCache;
+use crate::engine::overlay::Overlay;
 use crate::engine::poison::Poison;
 use crate::engine::stats::Counters;
 use crate::record::Millis;
@@ -27,12 +29,37 @@ pub(crate) struct Engine {
     /// The lease and retention of each key.
     pub(crate) policy: Policies,
     /// Whether a background checkpoint commits (for the applier), and the tests' hook.
-    pub(crate) checkpoint: super::checkpoint::CheckpointState,
+    pub(crate) checkpoint: CheckpointState,
 }
 
 impl Engine {
     /// The current time, in the store's milliseconds.
     pub(crate) fn now(&self) -> Millis {
         to_millis(self.clock.now())
+    }
+}
+
+/// A closure the crate's tests run on a background checkpoint's thread before it takes the
+/// applier's transaction (to hold the checkpoint, feature `__whitebox`). (The applier needs no
+/// other word from the thread: the thread holds the applier's transaction while it applies
+/// and commits, and latches a failed commit's error as the store's poison before it lets go,
+/// so the applier sees that poison rather than the error redb gives every transaction after.)
+#[derive(Default)]
+pub(crate) struct CheckpointState {
+    hook: Mutex<Option<Box<dyn FnOnce() + Send>>>,
+}
+
+impl CheckpointState {
+    /// Arms `hook` for the next background checkpoint.
+    #[cfg(feature = "__whitebox")]
+    pub(crate) fn arm(&self, hook: Box<dyn FnOnce() + Send>) {
+        *self.hook.lock() = Some(hook);
+    }
+
+    pub(super) fn run_hook(&self) {
+        let hook = self.hook.lock().take();
+        if let Some(hook) = hook {
+            hook();
+        }
     }
 }

@@ -2,11 +2,13 @@
 //!
 //! Callers queue a request (one or many key operations) and wait. The batch's leader (a caller
 //! that is alone, or else the committer thread) takes everything queued; the writer takes
-//! each request's operations out as data (`request.rs`: a request never calls the writer),
-//! decides each operation against the latest state with [`decide`] (the changes since the last redb
-//! commit, then what the caller read of the key in the current epoch ([`Known`]), or else
-//! the record cache and committed redb), and appends the resulting changes to the log as one
-//! frame. The changes are queued for the applier thread (`apply.rs`), which
+//! each request's operations out as data (`request.rs`: a request never calls the writer).
+//! An operation its caller decided against the state it read in the current epoch
+//! ([`Known`]) keeps that decision, given the writer's next token
+//! ([`with_token`](crate::decide::with_token)), unless the writer changed the key since;
+//! any other is decided with [`decide`](crate::decide::decide) against the latest state (the
+//! changes since the last redb commit, the record cache, committed redb). The resulting
+//! changes are appended to the log as one frame. The changes are queued for the applier thread (`apply.rs`), which
 //! writes them into a redb write transaction kept open across batches, off the batch path.
 //! The batch is then handed to the [`Syncer`]: one fdatasync makes every frame written so far
 //! durable, after which the batch's changes are published to the [`Overlay`] (what readers see before redb commits) and its
@@ -37,10 +39,11 @@ mod request;
 mod syncer;
 mod writer;
 
+pub(crate) use apply::Written;
 pub(crate) use background::Schedule;
 pub(crate) use checkpoint::CommitKind;
 pub(crate) use engine::Engine;
 pub(crate) use queue::{first, Committer};
-pub(crate) use request::{Kind, Known, Queued};
+pub(crate) use request::{CallerDecision, Kind, Known, Queued};
 pub(crate) use syncer::Syncer;
-pub(crate) use writer::{Writer, Written};
+pub(crate) use writer::Writer;

@@ -14,9 +14,8 @@ use parking_lot::{Condvar, Mutex};
 use crate::decide::Operation;
 use crate::error::Error;
 use crate::key::Key;
-use crate::record::Record;
 
-use super::request::{Answer, Kind, Known, Ops, Queued, Request, Waiter};
+use super::request::{CallerDecision, Kind, Known, Ops, Queued, Request, RequestResult, Waiter};
 use super::{Syncer, Writer};
 use crate::engine::poison::error_copy;
 use crate::engine::settings::{Durability, Limits};
@@ -90,16 +89,17 @@ impl Committer {
     /// one wake-up per operation, and each sync covers everything queued while the previous
     /// one ran. (Callers leading every batch was measured slower under load: BENCHMARKS.md,
     /// "Who leads a batch".)
-    pub(crate) fn submit<O: Kind>(&self, ops: Vec<(Key, O)>) -> Answer<O::Outcome> {
+    pub(crate) fn submit<O: Kind>(&self, ops: Vec<(Key, O)>) -> RequestResult<O::Outcome> {
         self.submit_seen(ops, None)
     }
 
-    /// [`submit`](Committer::submit) with what the caller read of the keys (see [`Known`]).
+    /// [`submit`](Committer::submit) with what the caller decided of the operations (see
+    /// [`Known`]).
     pub(crate) fn submit_seen<O: Kind>(
         &self,
         ops: Vec<(Key, O)>,
-        seen: Option<Known>,
-    ) -> Answer<O::Outcome> {
+        seen: Option<Known<O>>,
+    ) -> RequestResult<O::Outcome> {
         not_in_callback()?;
         let shared = &*self.shared;
         let requests = parts(ops, seen, shared.limits.batch_bytes, || {
@@ -155,18 +155,18 @@ impl Committer {
         first(self.submit(vec![(key, op)]))
     }
 
-    /// [`submit_one`](Committer::submit_one) of a key its caller read as `state` at the start
-    /// of `epoch` (see [`Known`]).
+    /// [`submit_one`](Committer::submit_one) of an operation its caller decided as `decided`
+    /// against the state it read at the start of `epoch` (see [`Known`]).
     pub(crate) fn submit_one_seen<O: Kind>(
         &self,
         key: Key,
         op: O,
         epoch: u64,
-        state: Option<Record>,
+        decided: CallerDecision<O>,
     ) -> Result<O::Outcome, Error> {
         let seen = Known {
             epoch,
-            states: vec![state],
+            decided: vec![decided],
         };
         first(self.submit_seen(vec![(key, op)], Some(seen)))
     }
@@ -179,12 +179,12 @@ impl Committer {
         self.submit_async_seen(ops, None)
     }
 
-    /// [`submit_async`](Committer::submit_async) with what the caller read of the keys (see
-    /// [`Known`]).
+    /// [`submit_async`](Committer::submit_async) with what the caller decided of the
+    /// operations (see [`Known`]).
     pub(crate) fn submit_async_seen<O: Kind>(
         &self,
         ops: Vec<(Key, O)>,
-        seen: Option<Known>,
+        seen: Option<Known<O>>,
     ) -> CommitFuture<O> {
         CommitFuture {
             shared: Arc::clone(&self.shared),
@@ -253,11 +253,11 @@ fn entry_bytes<O: Operation>(key: &Key, op: &O) -> usize {
 
 /// The answers of a request's parts, in order, once every part is answered: one result per
 /// operation, or the first error of a whole part.
-fn collect<O: Kind>(requests: &[Arc<Request<O>>]) -> Answer<O::Outcome> {
+fn collect<O: Kind>(requests: &[Arc<Request<O>>]) -> RequestResult<O::Outcome> {
     let mut outcomes = Vec::new();
     let mut failed = None;
     for request in requests {
-        match request.take_answer().expect("every part is answered") {
+        match request.take_result().expect("every part is answered") {
             Ok(part) => outcomes.extend(part),
             Err(error) => {
                 failed.get_or_insert(error);
@@ -271,7 +271,7 @@ fn collect<O: Kind>(requests: &[Arc<Request<O>>]) -> Answer<O::Outcome> {
 }
 
 /// The single result of a one-operation answer.
-pub(crate) fn first<T>(answer: Answer<T>) -> Result<T, Error> {
+pub(crate) fn first<T>(answer: RequestResult<T>) -> Result<T, Error> {
     answer?
         .into_iter()
         .next()
@@ -382,47 +382,54 @@ fn take_batch(queue: &mut Queue, limit: usize) -> Vec<Arc<dyn Queued>> {
 /// Splits `ops` into requests, in order: each holds at most `limit` bytes of log entries (or
 /// one operation), so that no request, however large, makes a frame over the format's limit.
 /// Always at least one request, so an empty one is answered too.
-/// What the caller saw of the keys is split alongside.
+/// What the caller decided of the operations is split alongside.
 fn parts<O: Kind>(
     ops: Vec<(Key, O)>,
-    seen: Option<Known>,
+    seen: Option<Known<O>>,
     limit: usize,
     waiter: impl Fn() -> Waiter,
 ) -> Vec<Arc<Request<O>>> {
     let total: usize = ops.iter().map(|(key, op)| entry_bytes(key, op)).sum();
     if total <= limit {
         // The common case: one request, no copies.
-        return vec![Request::new(ops, seen, total, waiter())];
+        return vec![Request::new(Ops { ops, seen }, total, waiter())];
     }
-    let (epoch, mut states) = match seen {
-        Some(seen) if seen.states.len() == ops.len() => (seen.epoch, Some(seen.states.into_iter())),
+    let (epoch, mut decided) = match seen {
+        Some(seen) if seen.decided.len() == ops.len() => {
+            (seen.epoch, Some(seen.decided.into_iter()))
+        }
         _ => (0, None),
     };
     let mut requests = Vec::new();
     let mut chunk = Vec::new();
-    let mut chunk_states = Vec::new();
+    let mut chunk_decided = Vec::new();
     let mut bytes = 0;
-    let has_seen = states.is_some();
-    let mut close = |chunk: &mut Vec<(Key, O)>, chunk_states: &mut Vec<Option<Record>>, bytes| {
-        let seen = has_seen.then(|| Known {
-            epoch,
-            states: std::mem::take(chunk_states),
-        });
-        requests.push(Request::new(std::mem::take(chunk), seen, bytes, waiter()));
-    };
+    let has_seen = decided.is_some();
+    let mut close =
+        |chunk: &mut Vec<(Key, O)>, chunk_decided: &mut Vec<CallerDecision<O>>, bytes| {
+            let seen = has_seen.then(|| Known {
+                epoch,
+                decided: std::mem::take(chunk_decided),
+            });
+            let ops = Ops {
+                ops: std::mem::take(chunk),
+                seen,
+            };
+            requests.push(Request::new(ops, bytes, waiter()));
+        };
     for (key, op) in ops {
         let size = entry_bytes(&key, &op);
         if !chunk.is_empty() && bytes + size > limit {
-            close(&mut chunk, &mut chunk_states, bytes);
+            close(&mut chunk, &mut chunk_decided, bytes);
             bytes = 0;
         }
         bytes += size;
         chunk.push((key, op));
-        if let Some(state) = states.as_mut().and_then(Iterator::next) {
-            chunk_states.push(state);
+        if let Some(one) = decided.as_mut().and_then(Iterator::next) {
+            chunk_decided.push(one);
         }
     }
-    close(&mut chunk, &mut chunk_states, bytes);
+    close(&mut chunk, &mut chunk_decided, bytes);
     requests
 }
 
@@ -442,8 +449,12 @@ enum FutureState<O: Kind> {
     Queued(Vec<Arc<Request<O>>>),
 }
 
+// Nothing of the future is pinned structurally: it only holds `Arc`s and the operations
+// until they are queued.
+impl<O: Kind> Unpin for CommitFuture<O> {}
+
 impl<O: Kind + Unpin> Future for CommitFuture<O> {
-    type Output = Answer<O::Outcome>;
+    type Output = RequestResult<O::Outcome>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = &mut *self;

@@ -1,5 +1,5 @@
-//! Requests and their answers: what a caller queues (operations of one kind), the slot its
-//! answer is delivered to, and the future an async caller awaits.
+//! Requests and their results: what a caller queues (operations of one kind), what it decided
+//! of them, and the slot its result is delivered to.
 
 use std::sync::Arc;
 use std::task::Waker;
@@ -12,31 +12,38 @@ use crate::decide::op::{
     Complete, Extend, MarkNeedsReview, Observe, RecordStep, Release, Reserve, Resolve,
     WithRetention,
 };
-use crate::decide::Operation;
+use crate::decide::{Decision, Operation};
 use crate::error::Error;
+use crate::format::tables::IndexEntries;
 use crate::key::Key;
-use crate::record::Record;
 
 /// One result per operation of a request.
 pub(crate) type Outcomes<T> = Vec<Result<T, Error>>;
 
-/// The answer to a request: one result per operation, or an error for the whole batch.
-pub(crate) type Answer<T> = Result<Outcomes<T>, Error>;
+/// What a request gets back: one result per operation, or an error for the whole batch.
+pub(crate) type RequestResult<T> = Result<Outcomes<T>, Error>;
 
-/// The states a caller read for its operations (one per operation, in order: `None` for an
-/// absent key) at the start of a writer epoch ([`Overlay::epoch`](crate::engine::cache::Overlay::epoch)).
-/// The writer decides against them instead of reading the keys again, unless the epoch has
-/// ended since or the key changed in it.
-#[derive(Debug)]
-pub(crate) struct Known {
+/// What a caller decided for its operations (one per operation, in order) against the states
+/// it read at the start of a writer epoch ([`Overlay::epoch`](crate::engine::overlay::Overlay::epoch)).
+/// The writer takes these decisions, giving each the token it hands out, instead of reading
+/// the keys and deciding again, unless the epoch has ended since or the key changed in it.
+pub(crate) struct Known<O: Operation> {
     pub(crate) epoch: u64,
-    pub(crate) states: Vec<Option<Record>>,
+    pub(crate) decided: Vec<CallerDecision<O>>,
 }
 
-/// A request's operations and what its caller saw of their keys.
-pub(super) struct Ops<O> {
-    pub(super) ops: Vec<(Key, O)>,
-    pub(super) seen: Option<Known>,
+/// One operation as its caller decided it, against the state it read.
+pub(crate) struct CallerDecision<O: Operation> {
+    /// Where the record read was indexed (`None`: absent).
+    pub(crate) old: Option<IndexEntries>,
+    /// Decided with a placeholder token ([`with_token`](crate::decide::with_token)).
+    pub(crate) decision: Decision<O::Outcome>,
+}
+
+/// A request's operations and what its caller decided of them.
+pub(crate) struct Ops<O: Operation> {
+    pub(crate) ops: Vec<(Key, O)>,
+    pub(crate) seen: Option<Known<O>>,
 }
 
 /// One caller's queued operations (all of one kind) and the slot their answer is delivered
@@ -47,7 +54,7 @@ pub(crate) struct Request<O: Operation> {
     pub(super) bytes: usize,
     /// The decided outcomes, held until the batch's frame is durable.
     pub(super) staged: Mutex<Option<Outcomes<O::Outcome>>>,
-    pub(super) answer: Mutex<Option<Answer<O::Outcome>>>,
+    pub(super) result: Mutex<Option<RequestResult<O::Outcome>>>,
     pub(super) waiter: Waiter,
 }
 
@@ -65,8 +72,8 @@ pub(crate) trait Queued: Send + Sync {
     fn bytes(&self) -> usize;
     fn waiter(&self) -> &Waiter;
     fn is_answered(&self) -> bool;
-    /// Moves the operations out (once), with what the caller read of their keys.
-    fn take(&self) -> (Taken, Option<Known>);
+    /// Moves the operations out (once), with what the caller decided of them.
+    fn take(&self) -> Taken;
     /// Holds the writer's outcomes until [`publish`](Queued::publish).
     fn stage(&self, decided: Decided);
     /// Answers with the staged outcomes (the batch is durable) and wakes the caller.
@@ -79,14 +86,14 @@ pub(crate) trait Queued: Send + Sync {
 /// in turn (`writer.rs`).
 pub(crate) trait Decide {
     /// Decides `ops` in order; one outcome per operation, in the same order.
-    fn decide<O: Operation>(&mut self, ops: Vec<(Key, O)>) -> Result<Outcomes<O::Outcome>, Error>;
+    fn decide<O: Operation>(&mut self, ops: Ops<O>) -> Result<Outcomes<O::Outcome>, Error>;
 }
 
 /// One kind of operation a request can carry: how its operations and outcomes travel between
 /// a [`Request`] and the writer without the writer knowing the request's type.
 pub(crate) trait Kind: Operation + Sized {
     /// The operations, as the writer takes them (the same vector, not a copy).
-    fn taken(ops: Vec<(Key, Self)>) -> Taken;
+    fn taken(ops: Ops<Self>) -> Taken;
     /// The outcomes, if `decided` is of this kind.
     fn outcomes(decided: Decided) -> Option<Outcomes<Self::Outcome>>;
 }
@@ -95,7 +102,7 @@ macro_rules! kinds {
     ($($name:ident: $op:ty,)*) => {
         /// A request's operations, moved out for the writer: one variant per kind.
         pub(crate) enum Taken {
-            $($name(Vec<(Key, $op)>),)*
+            $($name(Ops<$op>),)*
         }
 
         /// The writer's outcomes for a request, one per operation, in the request's order.
@@ -122,7 +129,7 @@ macro_rules! kinds {
         }
 
         $(impl Kind for $op {
-            fn taken(ops: Vec<(Key, Self)>) -> Taken {
+            fn taken(ops: Ops<Self>) -> Taken {
                 Taken::$name(ops)
             }
             fn outcomes(decided: Decided) -> Option<Outcomes<Self::Outcome>> {
@@ -168,17 +175,12 @@ impl Waiter {
 }
 
 impl<O: Kind> Request<O> {
-    pub(super) fn new(
-        ops: Vec<(Key, O)>,
-        seen: Option<Known>,
-        bytes: usize,
-        waiter: Waiter,
-    ) -> Arc<Request<O>> {
+    pub(super) fn new(ops: Ops<O>, bytes: usize, waiter: Waiter) -> Arc<Request<O>> {
         Arc::new(Request {
-            ops: Mutex::new(Ops { ops, seen }),
+            ops: Mutex::new(ops),
             bytes,
             staged: Mutex::new(None),
-            answer: Mutex::new(None),
+            result: Mutex::new(None),
             waiter,
         })
     }
@@ -190,13 +192,13 @@ impl<O: Kind> Request<O> {
         }
     }
 
-    pub(super) fn finish(&self, answer: Answer<O::Outcome>) {
-        *self.answer.lock() = Some(answer);
+    pub(super) fn finish(&self, result: RequestResult<O::Outcome>) {
+        *self.result.lock() = Some(result);
         self.waiter.wake();
     }
 
-    pub(super) fn take_answer(&self) -> Option<Answer<O::Outcome>> {
-        self.answer.lock().take()
+    pub(super) fn take_result(&self) -> Option<RequestResult<O::Outcome>> {
+        self.result.lock().take()
     }
 }
 
@@ -210,18 +212,18 @@ impl<O: Kind> Queued for Request<O> {
     }
 
     fn is_answered(&self) -> bool {
-        self.answer.lock().is_some()
+        self.result.lock().is_some()
     }
 
-    fn take(&self) -> (Taken, Option<Known>) {
-        let Ops { ops, seen } = std::mem::replace(
+    fn take(&self) -> Taken {
+        let ops = std::mem::replace(
             &mut *self.ops.lock(),
             Ops {
                 ops: Vec::new(),
                 seen: None,
             },
         );
-        (O::taken(ops), seen)
+        O::taken(ops)
     }
 
     fn stage(&self, decided: Decided) {

@@ -67,7 +67,7 @@ impl Syncer {
         let mut state = self.state.lock();
         if batch.seq <= state.synced_seq {
             // It logged nothing and everything it saw is durable.
-            self.answer(batch);
+            self.publish(batch);
             return;
         }
         state.written_seq = state.written_seq.max(batch.seq);
@@ -75,13 +75,13 @@ impl Syncer {
     }
 
     /// Answers a batch without a sync (buffered durability).
-    pub(super) fn answer_now(&self, batch: PendingBatch) {
+    pub(super) fn publish_unsynced(&self, batch: PendingBatch) {
         let mut state = self.state.lock();
         state.written_seq = state.written_seq.max(batch.seq);
-        self.answer(batch);
+        self.publish(batch);
     }
 
-    fn answer(&self, batch: PendingBatch) {
+    fn publish(&self, batch: PendingBatch) {
         self.engine.overlay.publish(batch.changes, batch.seq);
         for request in &batch.requests {
             request.publish();
@@ -129,7 +129,7 @@ impl Syncer {
                     state.synced_seq = state.synced_seq.max(target);
                     while state.pending.front().is_some_and(|b| b.seq <= target) {
                         let batch = state.pending.pop_front().expect("checked front");
-                        self.answer(batch);
+                        self.publish(batch);
                     }
                 }
                 Err(e) => {

@@ -3,42 +3,24 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use redb::WriteTransaction;
 
-use crate::decide::{decide, Change, Operation};
+use crate::decide::{decide, with_token, Change, Operation};
 use crate::engine::settings::Durability;
 use crate::engine::stats::Counter;
 use crate::engine::wal::Wal;
 use crate::error::Error;
 use crate::format::tables::IndexEntries;
 use crate::key::Key;
-use crate::record::{Millis, Record};
+use crate::record::Millis;
 
-use super::apply::{Applier, DeferredBatch, Deferring, Latest, Target};
-use super::request::{Decide, Known, Outcomes};
+use super::apply::{Applier, DeferredBatch, Deferring, Latest, Target, Written};
+use super::request::{CallerDecision, Decide, Known, Ops, Outcomes};
 use super::syncer::PendingBatch;
 use super::{Engine, Queued, Schedule, Syncer};
 use crate::engine::poison::error_copy;
-
-/// How long one redb write transaction (the applier's) stays open across batches before the
-/// applier commits it (non-durably).
-///
-/// The overlay and the writer's `latest` hold what redb has not committed, so their size is
-/// bounded by about this span times the write rate (~25k records at 100k writes/s); a longer
-/// span commits less often, and each page a span changes many times is written once (the
-/// figures behind 250 ms: BENCHMARKS.md, "How long the applier's transaction stays open").
-pub(super) const TXN_SPAN: Duration = Duration::from_millis(250);
-
-/// A change made by a transaction: for the log, the overlay and the cache.
-pub(crate) struct Written {
-    pub(super) key: Key,
-    pub(super) record: Option<Record>,
-    pub(super) encoded: Option<Vec<u8>>,
-    /// Where the record it replaced was indexed (for the applier).
-    pub(super) old: Option<IndexEntries>,
-}
 
 /// The single writer: owns the database's write side, the log and the fencing-token counter.
 pub(crate) struct Writer {
@@ -135,7 +117,7 @@ impl Writer {
             }
             return;
         }
-        match self.apply_batch(&batch) {
+        match self.decide_and_log(&batch) {
             Ok((ops, written, seq)) => {
                 self.engine.counters.batch(ops as u64);
                 let changes = written.into_iter().map(|w| (w.key, w.record)).collect();
@@ -145,7 +127,7 @@ impl Writer {
                     changes,
                 };
                 match self.schedule.durability {
-                    Durability::Buffered { .. } => self.syncer.answer_now(pending),
+                    Durability::Buffered { .. } => self.syncer.publish_unsynced(pending),
                     Durability::Immediate => self.syncer.push(pending),
                 }
             }
@@ -162,7 +144,7 @@ impl Writer {
     /// queued for the applier; returns how many operations there were, the changes, and the
     /// sequence number of the frame that logged them (the last written frame when nothing
     /// changed).
-    fn apply_batch(
+    fn decide_and_log(
         &mut self,
         batch: &[Arc<dyn Queued>],
     ) -> Result<(usize, Vec<Written>, u64), Error> {
@@ -178,11 +160,10 @@ impl Writer {
             for request in batch {
                 // The request is data: its operations come out, are decided here, and their
                 // outcomes go back to wait for the sync.
-                let (taken, seen) = request.take();
+                let taken = request.take();
                 let mut deciding = Deciding {
                     writer: self,
                     target: &mut target,
-                    seen,
                     now,
                     written: &mut written,
                 };
@@ -232,7 +213,7 @@ impl Writer {
 
     /// Decides one operation against `target` and writes the change there, recording it in
     /// `written`. The inner `Err` is an error for this operation alone (a corrupt record).
-    pub(crate) fn apply<O: Operation>(
+    pub(crate) fn decide_into<O: Operation>(
         &mut self,
         tables: &mut dyn Target,
         key: &Key,
@@ -240,33 +221,37 @@ impl Writer {
         now: Millis,
         written: &mut Vec<Written>,
     ) -> Result<Result<O::Outcome, Error>, Error> {
-        self.apply_seen(tables, key.clone(), op, None, now, written)
+        self.decide_queued(tables, key.clone(), op, None, now, written)
     }
 
-    /// [`apply`](Writer::apply) of a queued operation: `seen` is the state its caller read in
-    /// the current epoch (see [`Known`](super::request::Known)), used instead of reading the key
-    /// again when the key has not changed since.
-    pub(super) fn apply_seen<O: Operation>(
+    /// [`decide_into`](Writer::decide_into) of a queued operation: `caller` is its caller's decision
+    /// against the state it read in the current epoch (see [`Known`]), taken with this
+    /// writer's token when the key has not changed since; otherwise the writer reads the key
+    /// and decides.
+    pub(super) fn decide_queued<O: Operation>(
         &mut self,
         tables: &mut dyn Target,
         key: Key,
         op: O,
-        seen: Option<Option<Record>>,
+        caller: Option<CallerDecision<O>>,
         now: Millis,
         written: &mut Vec<Written>,
     ) -> Result<Result<O::Outcome, Error>, Error> {
-        let old = match tables.load_seen(&key, seen)? {
-            Ok(old) => old,
-            Err(corrupt) => return Ok(Err(corrupt)),
+        let (old_index, decision) = match caller.filter(|_| !tables.changed(&key)) {
+            Some(caller) => (
+                caller.old,
+                with_token::<O>(caller.decision, self.next_token),
+            ),
+            None => {
+                let old = match tables.load(&key)? {
+                    Ok(old) => old,
+                    Err(corrupt) => return Ok(Err(corrupt)),
+                };
+                let old_index = old.as_ref().map(IndexEntries::of);
+                let policy = self.engine.policy.for_key(&key);
+                (old_index, decide(old, op, now, policy, self.next_token))
+            }
         };
-        let old_index = old.as_ref().map(IndexEntries::of);
-        let decision = decide(
-            old,
-            op,
-            now,
-            self.engine.policy.for_key(&key),
-            self.next_token,
-        );
         if decision.used_token {
             self.next_token += 1;
         }
@@ -366,27 +351,26 @@ impl Writer {
 }
 
 /// The writer deciding the operations of one queued request ([`Decide`]), against `target`,
-/// with what the request's caller read of its keys.
+/// with what the request's caller decided of them.
 struct Deciding<'a> {
     writer: &'a mut Writer,
     target: &'a mut dyn Target,
-    seen: Option<Known>,
     now: Millis,
     written: &'a mut Vec<Written>,
 }
 
 impl Decide for Deciding<'_> {
-    fn decide<O: Operation>(&mut self, ops: Vec<(Key, O)>) -> Result<Outcomes<O::Outcome>, Error> {
+    fn decide<O: Operation>(&mut self, ops: Ops<O>) -> Result<Outcomes<O::Outcome>, Error> {
+        let Ops { ops, seen } = ops;
         let count = ops.len();
         // What the caller read is the state still, unless the epoch ended since (the writer
         // committed to redb and forgot its own changes); a key changed within the epoch is in
-        // the writer's `latest`, which `Target::load_seen` looks at first.
-        let mut seen: Vec<Option<Option<Record>>> = match self.seen.take() {
-            Some(seen)
-                if seen.epoch == self.writer.engine.overlay.epoch()
-                    && seen.states.len() == count =>
+        // the writer's `latest` (`Target::changed`).
+        let mut seen: Vec<Option<CallerDecision<O>>> = match seen {
+            Some(Known { epoch, decided })
+                if epoch == self.writer.engine.overlay.epoch() && decided.len() == count =>
             {
-                seen.states.into_iter().map(Some).collect()
+                decided.into_iter().map(Some).collect()
             }
             _ => Vec::new(),
         };
@@ -396,7 +380,7 @@ impl Decide for Deciding<'_> {
             let mut outcomes = Vec::with_capacity(count);
             for (index, (key, op)) in ops.into_iter().enumerate() {
                 let seen = seen_at(index);
-                outcomes.push(writer.apply_seen(target, key, op, seen, now, self.written)?);
+                outcomes.push(writer.decide_queued(target, key, op, seen, now, self.written)?);
             }
             return Ok(outcomes);
         }
@@ -412,7 +396,8 @@ impl Decide for Deciding<'_> {
         for index in order {
             let (key, op) = slots[index].take().expect("each index once");
             let seen = seen_at(index);
-            outcomes[index] = Some(writer.apply_seen(target, key, op, seen, now, self.written)?);
+            outcomes[index] =
+                Some(writer.decide_queued(target, key, op, seen, now, self.written)?);
         }
         Ok(outcomes
             .into_iter()

@@ -9,8 +9,9 @@ use redb::Database;
 
 use crate::builder::Builder;
 use crate::decide::policy::Policies;
-use crate::engine::cache::{Overlay, RecordCache};
+use crate::engine::cache::RecordCache;
 use crate::engine::commit::{Committer, Engine, Schedule, Writer};
+use crate::engine::overlay::Overlay;
 use crate::engine::poison::{full_disk_at_open, replay_bound, Poison};
 use crate::engine::recovery;
 use crate::engine::settings::Durability;

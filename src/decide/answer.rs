@@ -1,5 +1,6 @@
-//! The mapping from a decision's outcome to what a caller of [`Store`](crate::Store) gets
-//! back. Each function takes one operation's own outcome type, so every mapping is total.
+//! The mapping from a decision's outcome to the answer a caller gets back, the same for every
+//! backend (the local [`Store`](crate::Store) and the cluster store). Each function takes one
+//! operation's own outcome type, so every mapping is total.
 
 use crate::answers::{Completed, Lease, Reservation, Seen};
 use crate::clock::from_millis;

@@ -211,7 +211,7 @@ forward_reservations!(
 /// Implements [`Reservations`] for a backend by forwarding each method to one of the
 /// backend's own, so the trait's signatures are written here once, for every backend:
 ///
-/// ```ignore
+/// ```text
 /// forward_reservations!(Store {
 ///     reserve: async reserve_async,   // awaited
 ///     get: sync get,                  // called, its result ready at once

@@ -647,26 +647,39 @@ impl Inner {
             }
             Err(Failure::Refused(error)) => Err(refused(ops, puts.len(), error)),
             Err(Failure::Retry(error)) => {
-                for (sending, _) in puts {
-                    again.push(sending.item);
-                }
+                again.extend(puts.iter().map(|(sending, _)| sending.item));
                 *failed = Some(error);
                 Ok(())
             }
             Err(Failure::Unknown(error)) => {
-                for (sending, _) in puts {
-                    self.note(ops[sending.item].0.encoded(), None);
-                    known.remove(ops[sending.item].0.encoded());
-                    unsettled.entry(sending.item).or_default().push(Unsettled {
-                        outcome: sending.outcome,
-                        nonce: sending.nonce,
-                        delete: false,
-                    });
-                    again.push(sending.item);
-                }
+                let sent = puts.into_iter().map(|(sending, _)| sending);
+                self.unsettle(ops, sent, false, known, unsettled, again);
                 *failed = Some(error);
                 Ok(())
             }
+        }
+    }
+
+    /// Items whose statement's answer was lost: each may or may not have landed, so its row is
+    /// forgotten, the write is kept to be settled by its nonce, and the item goes round again.
+    fn unsettle<O: Operation>(
+        &self,
+        ops: &[(Key, O)],
+        sent: impl Iterator<Item = Sending<O::Outcome>>,
+        delete: bool,
+        known: &mut HashMap<Vec<u8>, (Option<Row>, bool)>,
+        unsettled: &mut HashMap<usize, Vec<Unsettled<O::Outcome>>>,
+        again: &mut Vec<usize>,
+    ) {
+        for sending in sent {
+            self.note(ops[sending.item].0.encoded(), None);
+            known.remove(ops[sending.item].0.encoded());
+            unsettled.entry(sending.item).or_default().push(Unsettled {
+                outcome: sending.outcome,
+                nonce: sending.nonce,
+                delete,
+            });
+            again.push(sending.item);
         }
     }
 
@@ -711,23 +724,13 @@ impl Inner {
             }
             Err(Failure::Refused(error)) => Err(refused(ops, deletes.len(), error)),
             Err(Failure::Retry(error)) => {
-                for (sending, _) in deletes {
-                    again.push(sending.item);
-                }
+                again.extend(deletes.iter().map(|(sending, _)| sending.item));
                 *failed = Some(error);
                 Ok(())
             }
             Err(Failure::Unknown(error)) => {
-                for (sending, _) in deletes {
-                    self.note(ops[sending.item].0.encoded(), None);
-                    known.remove(ops[sending.item].0.encoded());
-                    unsettled.entry(sending.item).or_default().push(Unsettled {
-                        outcome: sending.outcome,
-                        nonce: sending.nonce,
-                        delete: true,
-                    });
-                    again.push(sending.item);
-                }
+                let sent = deletes.into_iter().map(|(sending, _)| sending);
+                self.unsettle(ops, sent, true, known, unsettled, again);
                 *failed = Some(error);
                 Ok(())
             }

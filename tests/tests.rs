@@ -43,4 +43,3 @@ mod power;
 mod scenarios;
 mod stale_reads;
 mod stress;
-mod upgrade;

@@ -29,7 +29,7 @@ use crate::error::Error;
 use crate::record::{Millis, TokenFloor};
 
 pub use compact::compact;
-pub use open::file::{open_redb, open_redb_read_only, upgrade};
+pub use open::file::{open_redb, open_redb_read_only};
 
 /// An open idempotency store: one file, owned by one process.
 ///
@@ -89,6 +89,13 @@ impl fmt::Debug for Store {
             .field("path", &self.path)
             .field("policy", &self.engine.policy)
             .finish_non_exhaustive()
+    }
+}
+
+impl Store {
+    /// The expiry windows the store keeps its records in.
+    pub(crate) fn windows(&self) -> &crate::format::windows::Windows {
+        &self.engine.windows
     }
 }
 

@@ -67,7 +67,7 @@ fn commit_checkpoint(
         .map_err(|e| Error::storage(ctx, e))?;
     // As `Writer::begin` does for every durable commit.
     open.set_quick_repair(true);
-    let mut tables = Tables::open(&open)?;
+    let mut tables = Tables::open(&open, &engine.windows)?;
     tables.set_wal_seq(meta.last)?;
     tables.set_next_token(meta.next_token)?;
     tables.set_log_region(meta.start, meta.salt, meta.following)?;
@@ -132,7 +132,7 @@ impl Writer {
         };
         let new_salt = new_salt();
         if self.next_token != token_before || kind == CommitKind::Durable {
-            let saved = Tables::open(&txn).and_then(|mut t| {
+            let saved = Tables::open(&txn, &self.engine.windows).and_then(|mut t| {
                 t.set_next_token(self.next_token)?;
                 if kind == CommitKind::Durable {
                     // Frames after this checkpoint use a new salt, so no frame from before it

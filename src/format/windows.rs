@@ -1,0 +1,465 @@
+//! Expiry windows: a store keeps its records in one redb table per window of expiry time, so
+//! the keys of a window leave together.
+//!
+//! A record whose `expires_at` is `t` lives in the table of window `t / width`
+//! (`idemstore.records.<window as 16 hex digits>`), where `width` is fixed when the store is
+//! created (the meta key `window_ms`: a 32nd of the retention the store was created with, at
+//! least 1 ms). Every record of a window has expired once the window has ended, so expiry
+//! deletes the window's table at once ([`Windows::due`]) instead of one key at a time: the cost
+//! of expiring a key is a share of one table deletion, and the space returns to the file's
+//! free pages for the next windows. A key is stored in at most one window: a write that moves
+//! a record to another window deletes it from the old one.
+//!
+//! Lookups do not read every window's table. Each window has a [`Filter`] in memory (a blocked
+//! Bloom filter, about 10 bits per key, built from the table's keys when the store opens and
+//! kept by every insert), and a key is looked up only in the windows whose filter may hold it:
+//! a key that is absent (most keys a deduplication store is asked about) is answered without
+//! reading a page.
+
+use std::collections::BTreeMap;
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use parking_lot::RwLock;
+use redb::{
+    AccessGuard, Database, ReadOnlyTable, ReadTransaction, ReadableDatabase, ReadableTable,
+    ReadableTableMetadata, TableDefinition, TableError, TableHandle,
+};
+
+use crate::error::Error;
+use crate::record::Millis;
+
+/// The prefix of every window's records table; the window follows as 16 hex digits.
+pub(crate) const RECORDS_PREFIX: &str = "idemstore.records.";
+
+/// Windows per retention when a store is created: the share of a window's keys that may stay
+/// stored after they expired (until the window ends) is about one 32nd of the live keys at
+/// steady state.
+pub(crate) const WINDOWS_PER_RETENTION: u64 = 32;
+
+/// A records table: encoded key → encoded record.
+pub(crate) type RecordsDef<'a> = TableDefinition<'a, &'static [u8], &'static [u8]>;
+/// One window's records table in a read transaction.
+pub(crate) type RecordsTable = ReadOnlyTable<&'static [u8], &'static [u8]>;
+/// A stored key and its record's bytes.
+type Entry = (Vec<u8>, Vec<u8>);
+
+/// The name of window `window`'s records table.
+pub(crate) fn table_name(window: u64) -> String {
+    format!("{RECORDS_PREFIX}{window:016x}")
+}
+
+/// The window a table named `name` holds, if it is a records table.
+pub(crate) fn parse_table_name(name: &str) -> Option<u64> {
+    let hex = name.strip_prefix(RECORDS_PREFIX)?;
+    if hex.len() != 16 {
+        return None;
+    }
+    u64::from_str_radix(hex, 16).ok()
+}
+
+/// The width of a new store's windows for `retention_ms`.
+pub(crate) fn width_for(retention_ms: u64) -> u64 {
+    (retention_ms / WINDOWS_PER_RETENTION).max(1)
+}
+
+/// The windows of one store: their width, and the filter of every window that may have a
+/// table (a superset: a window whose table a rolled-back transaction created has a filter
+/// and no table).
+pub(crate) struct Windows {
+    width: u64,
+    hasher: std::collections::hash_map::RandomState,
+    map: RwLock<BTreeMap<u64, Arc<Filter>>>,
+    /// The most keys one window's filter has taken: the size of a new window's filter.
+    largest: AtomicUsize,
+}
+
+impl std::fmt::Debug for Windows {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Windows")
+            .field("width", &self.width)
+            .field("windows", &self.map.read().len())
+            .finish()
+    }
+}
+
+impl Windows {
+    /// Windows of `width` milliseconds, none yet.
+    pub(crate) fn new(width: u64) -> Windows {
+        Windows {
+            width: width.max(1),
+            hasher: Default::default(),
+            map: RwLock::new(BTreeMap::new()),
+            largest: AtomicUsize::new(0),
+        }
+    }
+
+    /// The windows of the store in `db` (of `width`), with filters built from their tables'
+    /// keys. A table that cannot be read whole (a damaged page) gets a filter that holds every
+    /// key, so its reads meet the damage and report it key by key, as before windows.
+    pub(crate) fn load(db: &Database, width: u64) -> Result<Windows, Error> {
+        let ctx = "reading the store's windows";
+        let windows = Windows::new(width);
+        let txn = db.begin_read().map_err(|e| Error::storage(ctx, e))?;
+        let names: Vec<String> = txn
+            .list_tables()
+            .map_err(|e| Error::storage(ctx, e))?
+            .map(|handle| handle.name().to_string())
+            .collect();
+        let mut map = windows.map.write();
+        for name in names {
+            let Some(window) = parse_table_name(&name) else {
+                continue;
+            };
+            let filter = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                windows.filter_of_table(&txn, &name)
+            }))
+            .ok()
+            .flatten()
+            .unwrap_or_else(Filter::everything);
+            windows.largest.fetch_max(filter.len(), Ordering::Relaxed);
+            map.insert(window, Arc::new(filter));
+        }
+        drop(map);
+        Ok(windows)
+    }
+
+    /// A filter of every key in table `name`; `None` if a read fails.
+    fn filter_of_table(&self, txn: &ReadTransaction, name: &str) -> Option<Filter> {
+        let table = txn.open_table(RecordsDef::new(name)).ok()?;
+        let len = usize::try_from(table.len().ok()?).ok()?;
+        let filter = Filter::with_capacity(len + len / 4);
+        for entry in table.iter().ok()? {
+            let (key, _) = entry.ok()?;
+            filter.insert(self.hash(key.value()));
+        }
+        Some(filter)
+    }
+
+    /// The width of a window, in milliseconds.
+    pub(crate) fn width(&self) -> u64 {
+        self.width
+    }
+
+    /// The window of a record that expires at `expires_at`.
+    pub(crate) fn of(&self, expires_at: Millis) -> u64 {
+        expires_at / self.width
+    }
+
+    /// When window `window` ends: every record in it has expired from then on.
+    pub(crate) fn end(&self, window: u64) -> Millis {
+        window.saturating_add(1).saturating_mul(self.width)
+    }
+
+    /// The hash of an encoded key, for the filters.
+    pub(crate) fn hash(&self, key: &[u8]) -> u64 {
+        self.hasher.hash_one(key)
+    }
+
+    /// The filter of `window`, made (empty) if it has none: call it before inserting into
+    /// the window's table.
+    pub(crate) fn filter(&self, window: u64) -> Arc<Filter> {
+        if let Some(filter) = self.map.read().get(&window) {
+            return Arc::clone(filter);
+        }
+        let mut map = self.map.write();
+        // Sized for the most keys a window has taken so far: at steady state windows are
+        // alike, so a new one's filter is one part.
+        let capacity = map
+            .values()
+            .map(|f| f.len())
+            .max()
+            .unwrap_or(0)
+            .max(self.largest.load(Ordering::Relaxed));
+        Arc::clone(
+            map.entry(window)
+                .or_insert_with(|| Arc::new(Filter::with_capacity(capacity + capacity / 4))),
+        )
+    }
+
+    /// The filter of `window` if it has one (its table may exist).
+    pub(crate) fn existing(&self, window: u64) -> Option<Arc<Filter>> {
+        self.map.read().get(&window).cloned()
+    }
+
+    /// Every window that may have a table, earliest first, with its filter.
+    pub(crate) fn list(&self) -> Vec<(u64, Arc<Filter>)> {
+        self.map
+            .read()
+            .iter()
+            .map(|(w, f)| (*w, Arc::clone(f)))
+            .collect()
+    }
+
+    /// The windows that have ended at `now`, earliest first: every record in them expired.
+    pub(crate) fn due(&self, now: Millis) -> Vec<u64> {
+        self.map
+            .read()
+            .keys()
+            .copied()
+            .take_while(|w| self.end(*w) <= now)
+            .collect()
+    }
+
+    /// Forgets `window` (its table was deleted).
+    pub(crate) fn forget(&self, window: u64) {
+        if let Some(filter) = self.map.write().remove(&window) {
+            self.largest.fetch_max(filter.len(), Ordering::Relaxed);
+        }
+    }
+}
+
+/// Bits per key a filter is sized for: about 1% false positives with [`PROBES`].
+const BITS_PER_KEY: usize = 10;
+/// Bits set per key, all in one 512-bit block (one cache line).
+const PROBES: u32 = 7;
+/// The smallest filter part, in keys.
+const MIN_CAPACITY: usize = 1024;
+/// Parts a filter grows to: each twice the last; a window that outgrows them all reads as
+/// "may hold" for every key (correct, only slower).
+const PARTS: usize = 12;
+
+/// The keys of one window, approximately: [`may_hold`](Filter::may_hold) never answers no
+/// for a key that was inserted. It grows by parts, each twice the size of the last, when a
+/// window takes more keys than its filter was made for. Shared by the writer, which inserts,
+/// and readers, without a lock.
+pub(crate) struct Filter {
+    parts: [OnceLock<Bloom>; PARTS],
+    /// Parts in use.
+    used: AtomicUsize,
+    /// Holds every key (a window whose table could not be read).
+    everything: bool,
+    first_capacity: usize,
+}
+
+impl Filter {
+    fn with_capacity(keys: usize) -> Filter {
+        let filter = Filter {
+            parts: Default::default(),
+            used: AtomicUsize::new(0),
+            everything: false,
+            first_capacity: keys.max(MIN_CAPACITY),
+        };
+        let _ = filter.parts[0].set(Bloom::new(filter.first_capacity));
+        filter.used.store(1, Ordering::Release);
+        filter
+    }
+
+    fn everything() -> Filter {
+        Filter {
+            parts: Default::default(),
+            used: AtomicUsize::new(0),
+            everything: true,
+            first_capacity: MIN_CAPACITY,
+        }
+    }
+
+    /// Keys inserted (each insert counts, so a key inserted twice counts twice).
+    pub(crate) fn len(&self) -> usize {
+        self.parts
+            .iter()
+            .filter_map(|p| p.get())
+            .map(|b| b.inserted.load(Ordering::Relaxed))
+            .sum()
+    }
+
+    /// Adds the key whose hash is `hash`. Called by one writer at a time (inside redb's write
+    /// transaction).
+    pub(crate) fn insert(&self, hash: u64) {
+        if self.everything {
+            return;
+        }
+        let used = self.used.load(Ordering::Acquire);
+        let last = &self.parts[used - 1];
+        let bloom = last.get().expect("a used part is set");
+        if bloom.inserted.load(Ordering::Relaxed) < bloom.capacity || used == PARTS {
+            bloom.insert(hash);
+            return;
+        }
+        let next = Bloom::new(bloom.capacity.saturating_mul(2));
+        next.insert(hash);
+        let _ = self.parts[used].set(next);
+        self.used.store(used + 1, Ordering::Release);
+    }
+
+    /// Whether the key whose hash is `hash` may have been inserted.
+    pub(crate) fn may_hold(&self, hash: u64) -> bool {
+        if self.everything {
+            return true;
+        }
+        let used = self.used.load(Ordering::Acquire);
+        self.parts[..used]
+            .iter()
+            .filter_map(|p| p.get())
+            .any(|b| b.may_hold(hash))
+    }
+}
+
+/// One part of a [`Filter`]: 512-bit blocks, [`PROBES`] bits per key in the block its hash
+/// picks.
+struct Bloom {
+    words: Box<[AtomicU64]>,
+    blocks: u64,
+    capacity: usize,
+    inserted: AtomicUsize,
+}
+
+impl Bloom {
+    fn new(capacity: usize) -> Bloom {
+        let blocks = (capacity * BITS_PER_KEY).div_ceil(512).max(1);
+        Bloom {
+            words: (0..blocks * 8).map(|_| AtomicU64::new(0)).collect(),
+            blocks: blocks as u64,
+            capacity,
+            inserted: AtomicUsize::new(0),
+        }
+    }
+
+    /// The first word of the key's block, and the bits to set or test in it, word by word.
+    #[inline]
+    fn probes(&self, hash: u64) -> (usize, [u64; 8]) {
+        let mixed = hash.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let block = ((mixed >> 32) * self.blocks) >> 32;
+        let mut bits = [0u64; 8];
+        let mut x = hash;
+        for _ in 0..PROBES {
+            let bit = (x & 511) as usize;
+            bits[bit / 64] |= 1 << (bit % 64);
+            x = x.rotate_right(9);
+        }
+        (block as usize * 8, bits)
+    }
+
+    fn insert(&self, hash: u64) {
+        let (first, bits) = self.probes(hash);
+        for (i, bits) in bits.iter().enumerate() {
+            if *bits != 0 {
+                self.words[first + i].fetch_or(*bits, Ordering::Relaxed);
+            }
+        }
+        self.inserted.fetch_add(1, Ordering::Relaxed);
+    }
+
+    #[inline]
+    fn may_hold(&self, hash: u64) -> bool {
+        let (first, bits) = self.probes(hash);
+        bits.iter()
+            .enumerate()
+            .all(|(i, bits)| self.words[first + i].load(Ordering::Relaxed) & bits == *bits)
+    }
+}
+
+/// One read snapshot of every window's records table, with the filters: what a reader looks
+/// a key up in.
+pub(crate) struct Records {
+    tables: Vec<(u64, Arc<Filter>, RecordsTable)>,
+    hasher: std::collections::hash_map::RandomState,
+}
+
+impl Records {
+    /// The records of `txn`: every window's table that `txn` holds (a window without a
+    /// filter, one deleted since `txn` began, is looked up in for every key).
+    pub(crate) fn open(txn: &ReadTransaction, windows: &Windows) -> Result<Records, Error> {
+        let ctx = "reading the store's windows";
+        let filters = windows.map.read().clone();
+        let names: Vec<String> = txn
+            .list_tables()
+            .map_err(|e| Error::storage(ctx, e))?
+            .map(|handle| handle.name().to_string())
+            .collect();
+        let mut tables = Vec::new();
+        for name in names {
+            let Some(window) = parse_table_name(&name) else {
+                continue;
+            };
+            let filter = filters
+                .get(&window)
+                .cloned()
+                .unwrap_or_else(|| Arc::new(Filter::everything()));
+            match txn.open_table(RecordsDef::new(&name)) {
+                Ok(table) => tables.push((window, filter, table)),
+                Err(TableError::TableDoesNotExist(_)) => {}
+                Err(e) => return Err(Error::storage(ctx, e)),
+            }
+        }
+        Ok(Records {
+            tables,
+            hasher: windows.hasher.clone(),
+        })
+    }
+
+    /// The stored bytes of `key`, expired or not.
+    pub(crate) fn get(
+        &self,
+        key: &[u8],
+    ) -> Result<Option<AccessGuard<'static, &'static [u8]>>, redb::StorageError> {
+        let hash = self.hasher.hash_one(key);
+        for (_, filter, table) in &self.tables {
+            if filter.may_hold(hash) {
+                if let Some(found) = table.get(key)? {
+                    return Ok(Some(found));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// Every window's table, earliest window first.
+    pub(crate) fn tables(&self) -> impl Iterator<Item = (u64, &RecordsTable)> {
+        self.tables.iter().map(|(w, _, t)| (*w, t))
+    }
+
+    /// Records in every window.
+    pub(crate) fn len(&self) -> Result<u64, redb::StorageError> {
+        let mut n = 0;
+        for (_, _, table) in &self.tables {
+            n += table.len()?;
+        }
+        Ok(n)
+    }
+}
+
+impl Records {
+    /// Calls `f` with every record's key and bytes in key order (the windows' tables merged),
+    /// until it returns `Ok(true)`.
+    pub(crate) fn each_in_key_order(
+        &self,
+        mut f: impl FnMut(&[u8], &[u8]) -> Result<bool, Error>,
+    ) -> Result<(), Error> {
+        let ctx = "reading the store's records";
+        type Iter<'t> = redb::Range<'t, &'static [u8], &'static [u8]>;
+        let mut iters: Vec<Iter<'_>> = Vec::new();
+        let mut heads: Vec<Option<Entry>> = Vec::new();
+        let next = |iter: &mut Iter<'_>| -> Result<Option<Entry>, Error> {
+            match iter.next() {
+                None => Ok(None),
+                Some(entry) => {
+                    let (k, v) = entry.map_err(|e| Error::storage(ctx, e))?;
+                    Ok(Some((k.value().to_vec(), v.value().to_vec())))
+                }
+            }
+        };
+        for (_, _, table) in &self.tables {
+            let mut iter = table.iter().map_err(|e| Error::storage(ctx, e))?;
+            heads.push(next(&mut iter)?);
+            iters.push(iter);
+        }
+        loop {
+            let smallest = heads
+                .iter()
+                .enumerate()
+                .filter_map(|(i, head)| head.as_ref().map(|(k, _)| (k, i)))
+                .min()
+                .map(|(_, i)| i);
+            let Some(i) = smallest else {
+                return Ok(());
+            };
+            let (key, value) = heads[i].take().expect("a head was found");
+            heads[i] = next(&mut iters[i])?;
+            if f(&key, &value)? {
+                return Ok(());
+            }
+        }
+    }
+}

@@ -24,7 +24,7 @@ use redb::{
     WriteTransaction,
 };
 
-use super::windows::{table_name, RecordsDef, Windows};
+use super::windows::{table_name, Probe, RecordsDef, Windows};
 use crate::error::Error;
 use crate::record::{Millis, Record};
 
@@ -298,9 +298,9 @@ impl<'txn> Tables<'txn> {
     ///
     /// `Ok(Err(_))` is a corrupt record: an error for that key alone, not for the whole batch.
     pub(crate) fn load(&mut self, key: &[u8]) -> Result<Result<Option<Record>, Error>, Error> {
-        let hash = self.windows.hash(key);
+        let probe = Probe::of(self.windows.hash(key));
         for (window, filter) in self.windows.list() {
-            if !filter.may_hold(hash) {
+            if !filter.may_hold(&probe) {
                 continue;
             }
             let value = self
@@ -379,9 +379,9 @@ impl<'txn> Tables<'txn> {
     /// Removes `key` from every window that may hold it: for a record whose window is not
     /// known (it does not decode).
     pub(crate) fn remove_everywhere(&mut self, key: &[u8]) -> Result<(), Error> {
-        let hash = self.windows.hash(key);
+        let probe = Probe::of(self.windows.hash(key));
         for (window, filter) in self.windows.list() {
-            if filter.may_hold(hash) {
+            if filter.may_hold(&probe) {
                 self.remove_from(window, key)?;
             }
         }

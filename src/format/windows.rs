@@ -17,7 +17,6 @@
 //! reading a page.
 
 use std::collections::BTreeMap;
-use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
@@ -69,7 +68,6 @@ pub(crate) fn width_for(retention_ms: u64) -> u64 {
 /// and no table).
 pub(crate) struct Windows {
     width: u64,
-    hasher: std::collections::hash_map::RandomState,
     map: RwLock<BTreeMap<u64, Arc<Filter>>>,
     /// The most keys one window's filter has taken: the size of a new window's filter.
     largest: AtomicUsize,
@@ -89,7 +87,6 @@ impl Windows {
     pub(crate) fn new(width: u64) -> Windows {
         Windows {
             width: width.max(1),
-            hasher: Default::default(),
             map: RwLock::new(BTreeMap::new()),
             largest: AtomicUsize::new(0),
         }
@@ -152,9 +149,9 @@ impl Windows {
         window.saturating_add(1).saturating_mul(self.width)
     }
 
-    /// The hash of an encoded key, for the filters.
+    /// The hash of an encoded key, for the filters (the one a [`Key`](crate::Key) carries).
     pub(crate) fn hash(&self, key: &[u8]) -> u64 {
-        self.hasher.hash_one(key)
+        crate::key::hash_of(key)
     }
 
     /// The filter of `window`, made (empty) if it has none: call it before inserting into
@@ -210,15 +207,44 @@ impl Windows {
     }
 }
 
-/// Bits per key a filter is sized for: about 1% false positives with [`PROBES`].
-const BITS_PER_KEY: usize = 10;
+/// Bits per key a filter is sized for: about 0.1% false positives with [`PROBES`] (so a
+/// lookup of an absent key in a store of 32 windows reads a page about once in 300).
+const BITS_PER_KEY: usize = 16;
 /// Bits set per key, all in one 512-bit block (one cache line).
-const PROBES: u32 = 7;
+const PROBES: u64 = 11;
 /// The smallest filter part, in keys.
 const MIN_CAPACITY: usize = 1024;
 /// Parts a filter grows to: each twice the last; a window that outgrows them all reads as
 /// "may hold" for every key (correct, only slower).
 const PARTS: usize = 12;
+
+/// The bits a key sets in its block, and what picks the block: computed once per key and
+/// tested against every window's filter.
+#[derive(Clone, Copy)]
+pub(crate) struct Probe {
+    block: u64,
+    bits: [u64; 8],
+}
+
+impl Probe {
+    /// The probe of the key whose hash is `hash` ([`Windows::hash`]).
+    #[inline]
+    pub(crate) fn of(hash: u64) -> Probe {
+        // Double hashing inside the block: PROBES positions from two 9-bit values.
+        let mixed = hash.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let first = mixed >> 55;
+        let step = ((mixed >> 46) & 511) | 1;
+        let mut bits = [0u64; 8];
+        for i in 0..PROBES {
+            let bit = (first + i * step) & 511;
+            bits[(bit / 64) as usize] |= 1 << (bit % 64);
+        }
+        Probe {
+            block: hash >> 32,
+            bits,
+        }
+    }
+}
 
 /// The keys of one window, approximately: [`may_hold`](Filter::may_hold) never answers no
 /// for a key that was inserted. It grows by parts, each twice the size of the last, when a
@@ -267,6 +293,7 @@ impl Filter {
     /// Adds the key whose hash is `hash`. Called by one writer at a time (inside redb's write
     /// transaction).
     pub(crate) fn insert(&self, hash: u64) {
+        let probe = Probe::of(hash);
         if self.everything {
             return;
         }
@@ -274,25 +301,25 @@ impl Filter {
         let last = &self.parts[used - 1];
         let bloom = last.get().expect("a used part is set");
         if bloom.inserted.load(Ordering::Relaxed) < bloom.capacity || used == PARTS {
-            bloom.insert(hash);
+            bloom.insert(&probe);
             return;
         }
         let next = Bloom::new(bloom.capacity.saturating_mul(2));
-        next.insert(hash);
+        next.insert(&probe);
         let _ = self.parts[used].set(next);
         self.used.store(used + 1, Ordering::Release);
     }
 
-    /// Whether the key whose hash is `hash` may have been inserted.
-    pub(crate) fn may_hold(&self, hash: u64) -> bool {
+    /// Whether the key of `probe` may have been inserted.
+    #[inline]
+    pub(crate) fn may_hold(&self, probe: &Probe) -> bool {
         if self.everything {
             return true;
         }
         let used = self.used.load(Ordering::Acquire);
         self.parts[..used]
             .iter()
-            .filter_map(|p| p.get())
-            .any(|b| b.may_hold(hash))
+            .any(|p| p.get().is_some_and(|b| b.may_hold(probe)))
     }
 }
 
@@ -316,24 +343,15 @@ impl Bloom {
         }
     }
 
-    /// The first word of the key's block, and the bits to set or test in it, word by word.
+    /// The first word of the block `probe` picks.
     #[inline]
-    fn probes(&self, hash: u64) -> (usize, [u64; 8]) {
-        let mixed = hash.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        let block = ((mixed >> 32) * self.blocks) >> 32;
-        let mut bits = [0u64; 8];
-        let mut x = hash;
-        for _ in 0..PROBES {
-            let bit = (x & 511) as usize;
-            bits[bit / 64] |= 1 << (bit % 64);
-            x = x.rotate_right(9);
-        }
-        (block as usize * 8, bits)
+    fn block(&self, probe: &Probe) -> usize {
+        (((probe.block & 0xffff_ffff) * self.blocks) >> 32) as usize * 8
     }
 
-    fn insert(&self, hash: u64) {
-        let (first, bits) = self.probes(hash);
-        for (i, bits) in bits.iter().enumerate() {
+    fn insert(&self, probe: &Probe) {
+        let first = self.block(probe);
+        for (i, bits) in probe.bits.iter().enumerate() {
             if *bits != 0 {
                 self.words[first + i].fetch_or(*bits, Ordering::Relaxed);
             }
@@ -342,11 +360,14 @@ impl Bloom {
     }
 
     #[inline]
-    fn may_hold(&self, hash: u64) -> bool {
-        let (first, bits) = self.probes(hash);
-        bits.iter()
-            .enumerate()
-            .all(|(i, bits)| self.words[first + i].load(Ordering::Relaxed) & bits == *bits)
+    fn may_hold(&self, probe: &Probe) -> bool {
+        let first = self.block(probe);
+        let words = &self.words[first..first + 8];
+        probe
+            .bits
+            .iter()
+            .zip(words)
+            .all(|(bits, word)| word.load(Ordering::Relaxed) & bits == *bits)
     }
 }
 
@@ -354,7 +375,6 @@ impl Bloom {
 /// a key up in.
 pub(crate) struct Records {
     tables: Vec<(u64, Arc<Filter>, RecordsTable)>,
-    hasher: std::collections::hash_map::RandomState,
 }
 
 impl Records {
@@ -383,10 +403,7 @@ impl Records {
                 Err(e) => return Err(Error::storage(ctx, e)),
             }
         }
-        Ok(Records {
-            tables,
-            hasher: windows.hasher.clone(),
-        })
+        Ok(Records { tables })
     }
 
     /// The stored bytes of `key`, expired or not.
@@ -394,9 +411,18 @@ impl Records {
         &self,
         key: &[u8],
     ) -> Result<Option<AccessGuard<'static, &'static [u8]>>, redb::StorageError> {
-        let hash = self.hasher.hash_one(key);
+        self.get_hashed(key, crate::key::hash_of(key))
+    }
+
+    /// [`get`](Records::get) of a key whose hash ([`Windows::hash`]) is known.
+    pub(crate) fn get_hashed(
+        &self,
+        key: &[u8],
+        hash: u64,
+    ) -> Result<Option<AccessGuard<'static, &'static [u8]>>, redb::StorageError> {
+        let probe = Probe::of(hash);
         for (_, filter, table) in &self.tables {
-            if filter.may_hold(hash) {
+            if filter.may_hold(&probe) {
                 if let Some(found) = table.get(key)? {
                     return Ok(Some(found));
                 }

@@ -101,7 +101,7 @@ impl Store {
                 crate::format::windows::Records::open(&txn, &self.engine.windows)
             })?;
             let value = table
-                .get(key.encoded())
+                .get_hashed(key.encoded(), key.hash64())
                 .map_err(|e| Error::storage(ctx, e))?;
             // A failed write clears the overlay and the cache after latching the poison: if
             // that happened since the caller checked, the overlay or the cache may have held

@@ -192,7 +192,7 @@ impl Target for Deferring<'_> {
         }
         let table = self.committed.as_ref().expect("opened above");
         let value = table
-            .get(key.encoded())
+            .get_hashed(key.encoded(), key.hash64())
             .map_err(|e| Error::storage(ctx, e))?;
         Ok(value
             .map(|bytes| decode_record(key.encoded(), bytes.value()))
@@ -461,12 +461,6 @@ impl Applier {
             return Ok(());
         }
         let (open, _) = txn.take().expect("checked above");
-        if self.drops_windows {
-            // Ended windows leave with this commit: one table deletion each, off the writer.
-            let mut tables = Tables::open(&open, &self.engine.windows)?;
-            let held = tables.drop_ended_windows(self.engine.now())?;
-            self.engine.counters.add(Counter::Swept, held);
-        }
         open.commit()
             .map_err(|e| Error::storage("committing a write transaction", e))?;
         self.engine.counters.add(Counter::Commits, 1);
@@ -518,6 +512,13 @@ impl Applier {
             tables.set_wal_seq(seq)?;
             tables.set_next_token(next_token)?;
             self.applied.store(seq, Ordering::Release);
+        }
+        if self.drops_windows {
+            // Ended windows leave with the batches: one table deletion each, in whichever
+            // transaction applies them (the applier's, a checkpoint's, a flush's), off the
+            // writer's batch path.
+            let held = tables.drop_ended_windows(self.engine.now())?;
+            self.engine.counters.add(Counter::Swept, held);
         }
         Ok(())
     }

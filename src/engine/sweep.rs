@@ -40,7 +40,8 @@ impl Writer {
     pub(crate) fn drop_ended_windows(&mut self) -> Result<u64, Error> {
         let engine = Arc::clone(&self.engine);
         self.transact(CommitKind::Unlogged, |_, txn, now, _| {
-            let held = Tables::open(txn, &engine.windows)?.drop_ended_windows(now)?;
+            let (windows, held) = Tables::open(txn, &engine.windows)?.drop_ended_windows(now)?;
+            engine.counters.add(Counter::WindowsDeleted, windows);
             engine.counters.add(Counter::Swept, held);
             Ok(Ok(held))
         })

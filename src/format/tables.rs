@@ -144,14 +144,15 @@ impl<'txn> Tables<'txn> {
     }
 
     /// Deletes every window that has ended at `now` (a table deletion each: the records are
-    /// not read, and a cache may keep them, as they read as absent); returns how many records
-    /// they held.
-    pub(crate) fn drop_ended_windows(&mut self, now: Millis) -> Result<u64, Error> {
-        let mut held = 0;
+    /// not read, and a cache may keep them, as they read as absent); returns how many windows
+    /// and how many records they held.
+    pub(crate) fn drop_ended_windows(&mut self, now: Millis) -> Result<(u64, u64), Error> {
+        let (mut windows, mut held) = (0, 0);
         for window in self.windows.due(now) {
             held += self.drop_window(window)?;
+            windows += 1;
         }
-        Ok(held)
+        Ok((windows, held))
     }
 
     /// Deletes window `window`'s table with every record in it (all expired: the window ended)

@@ -517,7 +517,8 @@ impl Applier {
             // Ended windows leave with the batches: one table deletion each, in whichever
             // transaction applies them (the applier's, a checkpoint's, a flush's), off the
             // writer's batch path.
-            let held = tables.drop_ended_windows(self.engine.now())?;
+            let (windows, held) = tables.drop_ended_windows(self.engine.now())?;
+            self.engine.counters.add(Counter::WindowsDeleted, windows);
             self.engine.counters.add(Counter::Swept, held);
         }
         Ok(())

@@ -43,3 +43,4 @@ mod power;
 mod scenarios;
 mod stale_reads;
 mod stress;
+mod windows;

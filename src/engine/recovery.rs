@@ -146,6 +146,7 @@ fn replay(
             next_token = next_token.max(frame.next_token);
         }
         tables.set_next_token(next_token)?;
+        tables.save_filters()?;
         tables.set_wal_seq(wal.last_seq())?;
         tables.set_log_region(LOG_HEADER_LEN, new_salt, next_salt)?;
     }

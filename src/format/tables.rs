@@ -24,7 +24,9 @@ use redb::{
     WriteTransaction,
 };
 
-use super::windows::{table_name, Probe, RecordsDef, Windows};
+use std::sync::atomic::Ordering;
+
+use super::windows::{table_name, Probe, RecordsDef, Windows, FILTERS};
 use crate::error::Error;
 use crate::record::{Millis, Record};
 
@@ -101,6 +103,7 @@ pub(crate) struct Tables<'txn> {
     records: BTreeMap<u64, Table<'txn, &'static [u8], &'static [u8]>>,
     pub(crate) deadlines: Table<'txn, (u8, u64, &'static [u8]), ()>,
     meta: Table<'txn, &'static str, u64>,
+    filters: Table<'txn, u64, &'static [u8]>,
 }
 
 impl<'txn> Tables<'txn> {
@@ -117,7 +120,24 @@ impl<'txn> Tables<'txn> {
                 .open_table(DEADLINES)
                 .map_err(|e| Error::storage(open, e))?,
             meta: txn.open_table(META).map_err(|e| Error::storage(open, e))?,
+            filters: txn
+                .open_table(FILTERS)
+                .map_err(|e| Error::storage(open, e))?,
         })
+    }
+
+    /// Saves the filter of every window whose saved filter is missing or out of date: every
+    /// durable commit does, so a durable state's saved filters hold every key of its tables.
+    pub(crate) fn save_filters(&mut self) -> Result<(), Error> {
+        for (window, filter) in self.windows.list() {
+            if !filter.saved.load(Ordering::Acquire) {
+                self.filters
+                    .insert(window, filter.encode().as_slice())
+                    .map_err(|e| Error::storage("saving a window's filter", e))?;
+                filter.saved.store(true, Ordering::Release);
+            }
+        }
+        Ok(())
     }
 
     /// The windows the records are kept in.
@@ -185,6 +205,9 @@ impl<'txn> Tables<'txn> {
         self.records.remove(&window);
         self.txn
             .delete_table(RecordsDef::new(&table_name(window)))
+            .map_err(|e| Error::storage(ctx, e))?;
+        self.filters
+            .remove(window)
             .map_err(|e| Error::storage(ctx, e))?;
         self.windows.forget(window);
         Ok(held)
@@ -350,7 +373,15 @@ impl<'txn> Tables<'txn> {
             }
         }
         if !known {
-            self.windows.filter(target).insert(self.windows.hash(key));
+            let filter = self.windows.filter(target);
+            if filter.saved.swap(false, Ordering::AcqRel) {
+                // The saved filter no longer holds every key: a durable commit without it
+                // makes the next open build the window's filter from its keys.
+                self.filters
+                    .remove(target)
+                    .map_err(|e| Error::storage(ctx, e))?;
+            }
+            filter.insert(self.windows.hash(key));
         }
         count_write();
         self.window(target)?
@@ -411,7 +442,7 @@ impl<'txn> Tables<'txn> {
         count_write();
         self.deadlines
             .remove((kind, at, key))
-            .map_err(|e| Error::storage("updating the deadline index", e))?;
+            .map_err(|e| Error::storage("updating the lease index", e))?;
         Ok(())
     }
 
@@ -421,7 +452,7 @@ impl<'txn> Tables<'txn> {
             count_write();
             self.deadlines
                 .remove((LEASE, at, key))
-                .map_err(|e| Error::storage("updating the deadline index", e))?;
+                .map_err(|e| Error::storage("updating the lease index", e))?;
         }
         Ok(())
     }

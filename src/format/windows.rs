@@ -17,7 +17,7 @@
 //! reading a page.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use parking_lot::RwLock;
@@ -36,6 +36,10 @@ pub(crate) const RECORDS_PREFIX: &str = "idemstore.records.";
 /// stored after they expired (until the window ends) is about one 32nd of the live keys at
 /// steady state.
 pub(crate) const WINDOWS_PER_RETENTION: u64 = 32;
+
+/// The windows' filters as the last durable commit saved them: window → encoded [`Filter`].
+/// A window without a row has its filter built from its table's keys at open.
+pub(crate) const FILTERS: TableDefinition<u64, &[u8]> = TableDefinition::new("idemstore.filters");
 
 /// A records table: encoded key → encoded record.
 pub(crate) type RecordsDef<'a> = TableDefinition<'a, &'static [u8], &'static [u8]>;
@@ -92,9 +96,9 @@ impl Windows {
         }
     }
 
-    /// The windows of the store in `db` (of `width`), with filters built from their tables'
-    /// keys. A table that cannot be read whole (a damaged page) gets a filter that holds every
-    /// key, so its reads meet the damage and report it key by key, as before windows.
+    /// The windows of the store in `db` (of `width`), with their filters: each as saved in
+    /// `idemstore.filters` by the last durable commit, or, for a window whose saved filter is
+    /// missing (a window written since, before a crash), built from its table's keys.
     pub(crate) fn load(db: &Database, width: u64) -> Result<Windows, Error> {
         let ctx = "reading the store's windows";
         let windows = Windows::new(width);
@@ -104,17 +108,24 @@ impl Windows {
             .map_err(|e| Error::storage(ctx, e))?
             .map(|handle| handle.name().to_string())
             .collect();
+        let saved = match txn.open_table(FILTERS) {
+            Ok(table) => Some(table),
+            Err(TableError::TableDoesNotExist(_)) => None,
+            Err(e) => return Err(Error::storage(ctx, e)),
+        };
         let mut map = windows.map.write();
         for name in names {
             let Some(window) = parse_table_name(&name) else {
                 continue;
             };
-            let filter = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                windows.filter_of_table(&txn, &name)
-            }))
-            .ok()
-            .flatten()
-            .unwrap_or_else(Filter::everything);
+            let row = match &saved {
+                Some(table) => table.get(window).map_err(|e| Error::storage(ctx, e))?,
+                None => None,
+            };
+            let filter = match row.and_then(|bytes| Filter::decode(bytes.value())) {
+                Some(filter) => filter,
+                None => windows.filter_of_table(&txn, &name)?,
+            };
             windows.largest.fetch_max(filter.len(), Ordering::Relaxed);
             map.insert(window, Arc::new(filter));
         }
@@ -122,16 +133,20 @@ impl Windows {
         Ok(windows)
     }
 
-    /// A filter of every key in table `name`; `None` if a read fails.
-    fn filter_of_table(&self, txn: &ReadTransaction, name: &str) -> Option<Filter> {
-        let table = txn.open_table(RecordsDef::new(name)).ok()?;
-        let len = usize::try_from(table.len().ok()?).ok()?;
-        let filter = Filter::with_capacity(len + len / 4);
-        for entry in table.iter().ok()? {
-            let (key, _) = entry.ok()?;
+    /// A filter of every key in table `name` (not saved: the next durable commit saves it).
+    fn filter_of_table(&self, txn: &ReadTransaction, name: &str) -> Result<Filter, Error> {
+        let ctx = "reading a window's keys";
+        let table = txn
+            .open_table(RecordsDef::new(name))
+            .map_err(|e| Error::storage(ctx, e))?;
+        let len = table.len().map_err(|e| Error::storage(ctx, e))?;
+        let len = usize::try_from(len).unwrap_or(usize::MAX);
+        let filter = Filter::with_capacity(len.saturating_add(len / 4));
+        for entry in table.iter().map_err(|e| Error::storage(ctx, e))? {
+            let (key, _) = entry.map_err(|e| Error::storage(ctx, e))?;
             filter.insert(self.hash(key.value()));
         }
-        Some(filter)
+        Ok(filter)
     }
 
     /// The width of a window, in milliseconds.
@@ -254,9 +269,12 @@ pub(crate) struct Filter {
     parts: [OnceLock<Bloom>; PARTS],
     /// Parts in use.
     used: AtomicUsize,
-    /// Holds every key (a window whose table could not be read).
+    /// Holds every key (a window a read snapshot holds that has no filter any more).
     everything: bool,
     first_capacity: usize,
+    /// Whether `idemstore.filters` holds this filter as it is (in the state committed last,
+    /// durable or not): cleared, and the row deleted, by the first insert after it was saved.
+    pub(crate) saved: AtomicBool,
 }
 
 impl Filter {
@@ -266,6 +284,7 @@ impl Filter {
             used: AtomicUsize::new(0),
             everything: false,
             first_capacity: keys.max(MIN_CAPACITY),
+            saved: AtomicBool::new(false),
         };
         let _ = filter.parts[0].set(Bloom::new(filter.first_capacity));
         filter.used.store(1, Ordering::Release);
@@ -278,7 +297,73 @@ impl Filter {
             used: AtomicUsize::new(0),
             everything: true,
             first_capacity: MIN_CAPACITY,
+            saved: AtomicBool::new(false),
         }
+    }
+
+    /// The filter's bytes in `idemstore.filters`: a version byte (1) and the number of parts,
+    /// then for each part its capacity, the keys inserted and the number of 512-bit blocks
+    /// (u64 LE each), and its words (u64 LE).
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let used = self.used.load(Ordering::Acquire);
+        let parts: Vec<&Bloom> = self.parts[..used].iter().filter_map(|p| p.get()).collect();
+        let mut out =
+            Vec::with_capacity(2 + parts.iter().map(|b| 24 + b.words.len() * 8).sum::<usize>());
+        out.push(1);
+        out.push(parts.len() as u8);
+        for bloom in parts {
+            out.extend_from_slice(&(bloom.capacity as u64).to_le_bytes());
+            out.extend_from_slice(&(bloom.inserted.load(Ordering::Relaxed) as u64).to_le_bytes());
+            out.extend_from_slice(&bloom.blocks.to_le_bytes());
+            for word in bloom.words.iter() {
+                out.extend_from_slice(&word.load(Ordering::Relaxed).to_le_bytes());
+            }
+        }
+        out
+    }
+
+    /// A filter from [`encode`](Filter::encode)'s bytes, saved; `None` for bytes that are not
+    /// one (the window's filter is then built from its keys).
+    pub(crate) fn decode(bytes: &[u8]) -> Option<Filter> {
+        let (&[version, count], mut rest) = bytes.split_first_chunk::<2>()?;
+        if version != 1 || count == 0 || usize::from(count) > PARTS {
+            return None;
+        }
+        let u64_at = |rest: &mut &[u8]| -> Option<u64> {
+            let (word, tail) = rest.split_first_chunk::<8>()?;
+            *rest = tail;
+            Some(u64::from_le_bytes(*word))
+        };
+        let filter = Filter {
+            parts: Default::default(),
+            used: AtomicUsize::new(0),
+            everything: false,
+            first_capacity: MIN_CAPACITY,
+            saved: AtomicBool::new(true),
+        };
+        for i in 0..usize::from(count) {
+            let capacity = usize::try_from(u64_at(&mut rest)?).ok()?;
+            let inserted = usize::try_from(u64_at(&mut rest)?).ok()?;
+            let blocks = u64_at(&mut rest)?;
+            let words = usize::try_from(blocks).ok()?.checked_mul(8)?;
+            if blocks == 0 || rest.len() < words.checked_mul(8)? {
+                return None;
+            }
+            let bloom = Bloom {
+                words: (0..words)
+                    .map(|_| AtomicU64::new(u64_at(&mut rest).unwrap_or(0)))
+                    .collect(),
+                blocks,
+                capacity,
+                inserted: AtomicUsize::new(inserted),
+            };
+            let _ = filter.parts[i].set(bloom);
+        }
+        if !rest.is_empty() {
+            return None;
+        }
+        filter.used.store(usize::from(count), Ordering::Release);
+        Some(filter)
     }
 
     /// Keys inserted (each insert counts, so a key inserted twice counts twice).
@@ -486,6 +571,47 @@ impl Records {
             if f(&key, &value)? {
                 return Ok(());
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A saved filter reads back holding every key it held, across parts; bytes that are not
+    /// a saved filter (cut short, or with anything changed in the header) are refused rather
+    /// than read, so the window's filter is built from its keys instead.
+    #[test]
+    fn a_saved_filter_reads_back_and_damaged_bytes_are_refused() {
+        let filter = Filter::with_capacity(100);
+        let hashes: Vec<u64> = (0..5_000u64)
+            .map(|i| crate::key::hash_of(format!("key-{i}").as_bytes()))
+            .collect();
+        for &hash in &hashes {
+            filter.insert(hash);
+        }
+        assert!(
+            filter.used.load(Ordering::Acquire) > 1,
+            "the filter grew parts"
+        );
+        let bytes = filter.encode();
+        let back = Filter::decode(&bytes).expect("saved bytes read back");
+        assert!(back.saved.load(Ordering::Acquire));
+        assert_eq!(back.len(), filter.len());
+        for &hash in &hashes {
+            assert!(back.may_hold(&Probe::of(hash)), "a key was lost");
+        }
+        for len in [0, 1, 2, 10, 25, bytes.len() - 1] {
+            assert!(Filter::decode(&bytes[..len]).is_none(), "cut at {len}");
+        }
+        let mut longer = bytes.clone();
+        longer.push(0);
+        assert!(Filter::decode(&longer).is_none(), "a byte too many");
+        for (at, value) in [(0, 2), (1, 0), (1, 13)] {
+            let mut changed = bytes.clone();
+            changed[at] = value;
+            assert!(Filter::decode(&changed).is_none(), "byte {at} = {value}");
         }
     }
 }

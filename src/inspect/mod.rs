@@ -18,7 +18,7 @@ use crate::clock::{describe_millis, duration_millis};
 use crate::engine::wal::log_path;
 use crate::error::Error;
 use crate::format::tables::{DEADLINES, LEASE, META, META_NEXT_TOKEN, META_WAL_SEQ};
-use crate::format::windows::Records;
+use crate::format::windows::{Probe, Records};
 use crate::key::Key;
 use crate::record::{Millis, Record, RecordClass, State, TokenFloor};
 use crate::store::Store;
@@ -179,6 +179,9 @@ pub enum ProblemKind {
     /// A record is kept in the table of another expiry window than its own: it would be
     /// deleted with that window, before or after its expiry.
     MisplacedRecord,
+    /// A record's key is not held by its window's filter in memory: lookups of the key
+    /// would answer "absent" without reading it.
+    UnfilteredRecord,
     /// An index entry points to no record, or to a record that does not match it (a second
     /// entry for one key among them: a record has at most one). Harmless to answers (sweeps
     /// drop such entries), but a sign of earlier damage.
@@ -198,6 +201,7 @@ impl ProblemKind {
             ProblemKind::BadKey => "bad-key",
             ProblemKind::MissingIndexEntry => "missing-index-entry",
             ProblemKind::MisplacedRecord => "misplaced-record",
+            ProblemKind::UnfilteredRecord => "unfiltered-record",
             ProblemKind::StrayIndexEntry => "stray-index-entry",
             ProblemKind::TokenAhead => "token-ahead",
             ProblemKind::Meta => "meta",
@@ -258,7 +262,7 @@ impl fmt::Display for Problem {
 pub struct Verification {
     /// Records read.
     pub records: u64,
-    /// Lease entries of the deadline index read (pending records).
+    /// Entries of the lease index read (pending records).
     pub lease_entries: u64,
     /// Everything wrong, in the order found (records in key order, then the indexes).
     pub problems: Vec<Problem>,

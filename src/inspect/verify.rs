@@ -9,10 +9,9 @@ pub const VERIFY_PROGRESS_STEP: u64 = 4096;
 
 impl Store {
     /// Checks the whole store: every record's checksum and encoding, every key's encoding,
-    /// that every record has exactly the one deadline index entry it should (a lease entry when
-    /// pending, an expiry entry otherwise, none when it never expires) and that every index
-    /// entry matches a record, and that no record's fencing token is at or above
-    /// the next token. Changes nothing.
+    /// that every record is in the table of its own expiry window, that every pending record
+    /// has its lease index entry and every index entry matches a record, and that no record's
+    /// fencing token is at or above the next token. Changes nothing.
     ///
     /// ```
     /// use idemstore::{Fingerprint, Key, Store};
@@ -123,6 +122,17 @@ impl Store {
                             describe_millis(windows.end(window)),
                             describe_millis(record.expires_at)
                         ),
+                    ));
+                }
+                // (A window deleted since the snapshot has no filter: nothing to check.)
+                let missed = windows
+                    .existing(window)
+                    .is_some_and(|filter| !filter.may_hold(&Probe::of(crate::key::hash_of(key))));
+                if missed {
+                    report.problems.push(Problem::new(
+                        ProblemKind::UnfilteredRecord,
+                        key,
+                        "its window's filter does not hold it: a lookup would miss it",
                     ));
                 }
                 if let Some(at) = record.lease_until() {

@@ -314,19 +314,22 @@ impl Builder {
         self
     }
 
-    /// Sweep expired records in the background every `interval`; `None` turns the background
-    /// sweeper off, and expired records are then deleted only when [`Store::sweep`] is called.
+    /// Delete expired records in the background, looking every `interval`; `None` turns the
+    /// background sweeper off, and expired records are then deleted only when
+    /// [`Store::sweep`] is called.
     ///
     /// Expired records already read as absent, so sweeping only reclaims disk space; without
-    /// it a store keeps every key it ever saw. The sweeper runs on the store's committer
-    /// thread (no thread of its own), between batches: each slice deletes at most
-    /// [`SWEEP_SLICE_RECORDS`](crate::SWEEP_SLICE_RECORDS) records in one short transaction, and slices follow each other
-    /// while a backlog remains, so a reserve waits at most one slice (about 2 ms).
-    /// When nothing has expired, a slice is two lookups in the deadline index.
+    /// it a store keeps every key it ever saw. A store keeps its records in one table per
+    /// window of expiry time (a 32nd of the retention the store was created with) and deletes
+    /// a window's table whole once the window has ended, without reading its records: the
+    /// applier thread does it when it commits its transaction, and the committer thread at
+    /// the next interval when the applier holds none. So an expired record stays stored,
+    /// reading as absent, until its window ends and the next look after.
     ///
     /// The interval is real time; what counts as expired follows the store's
     /// [`clock`](Builder::clock). With a [`ManualClock`](crate::ManualClock), records expire
-    /// when the test moves the clock, and the sweeper deletes them within an interval; a test
+    /// when the test moves the clock, and the sweeper deletes them within an interval once
+    /// their window has ended; a test
     /// that counts what [`Store::sweep`] returns turns the sweeper off with `None`.
     /// Default = `Some(`[`DEFAULT_SWEEP_INTERVAL`]`)` (1 s).
     pub fn sweep_interval(&mut self, interval: Option<Duration>) -> &mut Self {

@@ -41,10 +41,18 @@ pub struct Key {
     hash: u64,
 }
 
-/// The hash a key carries (fixed, so equal keys hash equally in every process).
-fn hash_of(encoded: &[u8]) -> u64 {
+/// The hash a key carries (fixed, so equal keys hash equally in every process), and the hash
+/// the expiry windows' filters take of an encoded key.
+pub(crate) fn hash_of(encoded: &[u8]) -> u64 {
     use std::hash::BuildHasher;
     foldhash::fast::FixedState::with_seed(0x1de5_7e0e).hash_one(encoded)
+}
+
+impl Key {
+    /// The hash of the encoded key ([`hash_of`]), computed once.
+    pub(crate) fn hash64(&self) -> u64 {
+        self.hash
+    }
 }
 
 impl PartialEq for Key {

@@ -126,7 +126,6 @@ pub use builder::{
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decide::Resolution;
 pub use engine::stats::Stats;
-pub use engine::sweep::SWEEP_SLICE_RECORDS;
 pub use error::{Error, KeyPart, LeaseLostReason, Result};
 #[cfg(feature = "etcd")]
 pub use etcd::{
@@ -146,7 +145,7 @@ pub use postgres::{
 };
 pub use record::{Progress, Record, RecordClass, Status};
 pub use reservations::Reservations;
-pub use store::{compact, open_redb, open_redb_read_only, upgrade, Store};
+pub use store::{compact, open_redb, open_redb_read_only, Store};
 
 /// The redb crate this store is built on, for [`Store::complete_with`] callers.
 pub use redb;

@@ -7,13 +7,13 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use idemstore::redb::{self, ReadableDatabase, ReadableTable, TableDefinition};
+use idemstore::redb::{self, ReadableDatabase, TableDefinition};
 use idemstore::{
     Builder, Error, Key, KeyPart, Reservation, Resolution, Status, Store, MAX_KEY_PART_LEN,
     MAX_NOTE_LEN, MAX_RESULT_LEN_LIMIT,
 };
 
-use crate::common::{acquire, encoded, fp, key, replayed, Env, RECORDS};
+use crate::common::{acquire, change_stored, encoded, fp, key, replayed, Env};
 
 /// Each key part must be 1 to `MAX_KEY_PART_LEN` bytes; the error names the part, its
 /// length and the limit.
@@ -468,19 +468,10 @@ fn a_corrupt_record_is_reported_with_its_key_and_other_keys_still_work() {
     {
         let db = idemstore::open_redb(&env.path).unwrap();
         let txn = db.begin_write().unwrap();
-        {
-            let mut records = txn.open_table(RECORDS).unwrap();
-            let bytes = encoded(&damaged);
-            let mut value = records
-                .get(bytes.as_slice())
-                .unwrap()
-                .expect("the record is stored under the documented key encoding")
-                .value()
-                .to_vec();
+        change_stored(&txn, &encoded(&damaged), |value| {
             let middle = value.len() / 2;
             value[middle] ^= 0x40;
-            records.insert(bytes.as_slice(), value.as_slice()).unwrap();
-        }
+        });
         txn.commit().unwrap();
     }
 

@@ -132,7 +132,7 @@ fn completed_keys(store: &Store, prefix: &str, n: usize) -> Vec<(Key, Fingerprin
 }
 
 #[test]
-fn background_sweeper_deletes_expired_records_in_slices() {
+fn background_sweeper_deletes_expired_records_by_whole_windows() {
     let dir = tempfile::tempdir().unwrap();
     let clock = ManualClock::new();
     let store = Store::builder()
@@ -143,7 +143,11 @@ fn background_sweeper_deletes_expired_records_in_slices() {
         .unwrap();
     let keys = completed_keys(&store, "e", 2_500);
     assert_eq!(store.stats().swept, 0);
-    clock.advance(Duration::from_secs(61));
+    // Past the expiry: nothing goes before the window (a 32nd of the retention) has ended.
+    clock.advance(Duration::from_secs(60));
+    thread::sleep(Duration::from_millis(200));
+    assert!(store.stats().swept < 2_500, "a window went before it ended");
+    clock.advance(Duration::from_secs(3));
     let deadline = Instant::now() + Duration::from_secs(30);
     while store.stats().swept < 2_500 && Instant::now() < deadline {
         thread::sleep(Duration::from_millis(20));
@@ -152,10 +156,10 @@ fn background_sweeper_deletes_expired_records_in_slices() {
     assert!(store.get(&keys[0].0).unwrap().is_none());
 }
 
-/// A background sweep with nothing to delete commits nothing: it looks at the deadline index
-/// through a read transaction first, so it neither commits the applier's transaction nor holds
-/// the writer for it. Stale reservations that have not expired are nothing to delete either.
-/// Once something expires, it is swept.
+/// A background sweep with nothing to delete commits nothing: it looks at the windows in
+/// memory first, so it neither commits the applier's transaction nor holds the writer for it.
+/// Stale reservations that have not expired are nothing to delete either. Once something
+/// expires and its window ends, it is swept.
 #[test]
 fn a_background_sweep_with_nothing_expired_commits_nothing() {
     let dir = tempfile::tempdir().unwrap();
@@ -187,8 +191,9 @@ fn a_background_sweep_with_nothing_expired_commits_nothing() {
         after.commits, before.commits,
         "background sweeps with nothing expired committed"
     );
-    // Expired: the completed keys now, the pending ones 30 s later.
-    clock.advance(Duration::from_secs(30));
+    // Expired, with their windows ended (a window is a 32nd of the retention): the completed
+    // keys now, the pending ones 30 s later.
+    clock.advance(Duration::from_secs(32));
     let deadline = Instant::now() + Duration::from_secs(20);
     while store.stats().swept < 40 && Instant::now() < deadline {
         thread::sleep(Duration::from_millis(5));
@@ -203,7 +208,7 @@ fn a_background_sweep_with_nothing_expired_commits_nothing() {
 }
 
 /// `Store::open`'s defaults serve a service: the log is preallocated, and expired records are
-/// swept in the background without anyone calling `sweep` (more than one slice of them).
+/// swept in the background without anyone calling `sweep`, once their window has ended.
 #[test]
 fn a_default_store_sweeps_by_itself_and_preallocates_its_log() {
     let dir = tempfile::tempdir().unwrap();
@@ -219,9 +224,11 @@ fn a_default_store_sweeps_by_itself_and_preallocates_its_log() {
         .unwrap()
         .len();
     assert_eq!(log_len, idemstore::DEFAULT_CHECKPOINT_BYTES + (1 << 20));
-    let n = idemstore::SWEEP_SLICE_RECORDS + 50;
+    let n = 250;
     completed_keys(&store, "d", n);
-    clock.advance(Duration::from_secs(61));
+    // Past the records' expiry and the end of their window (a 32nd of the retention).
+    clock
+        .advance(Duration::from_secs(60) + Duration::from_secs(60) / 32 + Duration::from_millis(1));
     let deadline = Instant::now() + idemstore::DEFAULT_SWEEP_INTERVAL * 10;
     while store.stats().swept < n as u64 && Instant::now() < deadline {
         thread::sleep(Duration::from_millis(20));

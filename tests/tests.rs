@@ -43,4 +43,4 @@ mod power;
 mod scenarios;
 mod stale_reads;
 mod stress;
-mod upgrade;
+mod windows;

@@ -168,13 +168,6 @@ pub(crate) enum Command {
         #[arg(long)]
         accept_loss: bool,
     },
-    /// Convert a store of an earlier format (written before page checksums, or of format 2)
-    /// to the current file format, in place (a file without page checksums needs free space
-    /// for one copy)
-    Upgrade {
-        /// The store file
-        file: PathBuf,
-    },
     /// Give a closed store's free pages back to the file system: its pages are moved to the
     /// start of the file, which is then shortened (the store must not be open)
     Compact {

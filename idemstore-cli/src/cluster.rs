@@ -61,10 +61,9 @@ mod with_etcd {
             Command::Sweep { .. }
             | Command::Check { .. }
             | Command::Recover { .. }
-            | Command::Upgrade { .. }
             | Command::Compact { .. } => usage_error(
-                "--etcd works with stats, list, get, expire and resolve; sweep, check, recover, \
-                 upgrade and compact work on a store file (a cluster sweeps with \
+                "--etcd works with stats, list, get, expire and resolve; sweep, check, recover \
+                 and compact work on a store file (a cluster sweeps with \
                  EtcdStore::spawn_sweeper, and etcd checks its own data)",
             ),
         };

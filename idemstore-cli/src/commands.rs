@@ -109,17 +109,6 @@ pub(crate) fn run(cli: Cli) -> Result<Option<ProblemsFound>> {
                 )?;
             }
         }
-        Command::Upgrade { file } => {
-            exists(&file)?;
-            let converted = idemstore::upgrade(&file)?;
-            if json {
-                writeln!(out, "{:#}", json!({ "path": file, "converted": converted }))?;
-            } else if converted {
-                writeln!(out, "{}: converted to the current format", file.display())?;
-            } else {
-                writeln!(out, "{}: already in the current format", file.display())?;
-            }
-        }
     }
     out.flush()?;
     Ok(None)
@@ -609,7 +598,6 @@ pub(crate) fn check(report: &Verification, out: &mut impl Write, json: bool) -> 
         let value = json!({
             "ok": report.is_ok(),
             "records": report.records,
-            "expiry_entries": report.expiry_entries,
             "lease_entries": report.lease_entries,
             "problems": problems,
         });
@@ -618,8 +606,8 @@ pub(crate) fn check(report: &Verification, out: &mut impl Write, json: bool) -> 
     }
     writeln!(
         out,
-        "checked {} records, {} expiry index entries, {} lease index entries",
-        report.records, report.expiry_entries, report.lease_entries
+        "checked {} records, {} lease index entries",
+        report.records, report.lease_entries
     )?;
     if report.is_ok() {
         writeln!(out, "ok: no problems found")?;

@@ -44,8 +44,8 @@ pub(crate) struct Overlay {
     draining: parking_lot::Mutex<()>,
 }
 
-/// The records table of one redb read transaction.
-pub(crate) type RecordsTable = redb::ReadOnlyTable<&'static [u8], &'static [u8]>;
+/// The records of one redb read transaction (every window's table).
+pub(crate) type RecordsTable = crate::format::windows::Records;
 
 /// One read snapshot of the records table and the epoch it was opened in (see
 /// [`Overlay::committed`]).
@@ -227,22 +227,24 @@ mod tests {
 
     #[test]
     fn readers_of_one_epoch_share_a_snapshot_and_a_new_epoch_gets_a_new_one() {
-        use crate::format::tables::RECORDS;
+        use crate::format::windows::{table_name, RecordsDef, Windows};
         use redb::ReadableDatabase;
         let dir = tempfile::tempdir().unwrap();
         let db = redb::Database::create(dir.path().join("snapshot.redb")).unwrap();
+        let windows = Windows::new(1000);
         let write = |value: &[u8]| {
+            windows.filter(0).insert(windows.hash(b"k"));
             let txn = db.begin_write().unwrap();
-            txn.open_table(RECORDS)
+            txn.open_table(RecordsDef::new(&table_name(0)))
                 .unwrap()
                 .insert(&b"k"[..], value)
                 .unwrap();
             txn.commit().unwrap();
         };
         let opened = std::cell::Cell::new(0);
-        let open = || -> Result<RecordsTable, redb::Error> {
+        let open = || -> Result<RecordsTable, crate::Error> {
             opened.set(opened.get() + 1);
-            Ok(db.begin_read()?.open_table(RECORDS)?)
+            RecordsTable::open(&db.begin_read().unwrap(), &windows)
         };
         let read = |table: &RecordsTable| table.get(&b"k"[..]).unwrap().unwrap().value().to_vec();
         let overlay = Overlay::default();

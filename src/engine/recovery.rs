@@ -18,24 +18,24 @@ use crate::error::Error;
 use crate::format::frame::{self, parse_header, HEADER_LEN};
 use crate::format::identity::LOG_HEADER_LEN;
 use crate::format::tables::{new_salt, IndexEntries, Tables};
+use crate::format::windows::Windows;
 use crate::record::Record;
 
 /// Brings `db` up to date with the log and returns the log, rewound and ready for appends,
-/// and the next fencing token. A log of the previous layout is read, then its identity block
-/// upgraded (`format/identity.rs`) before any new frame is written.
+/// and the next fencing token.
 pub(crate) fn recover(
     db: &Database,
+    windows: &Windows,
     log: Arc<dyn LogFile>,
     log_path: PathBuf,
     strict: bool,
 ) -> Result<(Wal, u64), Error> {
-    let (wal, next_token) = replay(db, log, log_path, strict)?;
-    crate::format::identity::upgrade(&*wal.file, &wal.path)?;
-    Ok((wal, next_token))
+    replay(db, windows, log, log_path, strict)
 }
 
 fn replay(
     db: &Database,
+    windows: &Windows,
     log: Arc<dyn LogFile>,
     log_path: PathBuf,
     strict: bool,
@@ -45,7 +45,7 @@ fn replay(
     // Record redb's allocator state with this commit, as checkpoints do (`commit/writer.rs`).
     txn.set_quick_repair(true);
     let (checkpoint_seq, mut next_token, salt, start, next_salt) = {
-        let tables = Tables::open(&txn)?;
+        let tables = Tables::open(&txn, windows)?;
         (
             tables.wal_seq()?,
             tables.next_token()?,
@@ -70,7 +70,7 @@ fn replay(
     })?;
     let mut changed = crate::engine::lost_log::record_len(&txn, log_len)?;
     if recorded_next.is_none() {
-        Tables::open(&txn)?.set_log_region(start, salt, next_salt)?;
+        Tables::open(&txn, windows)?.set_log_region(start, salt, next_salt)?;
         changed = true;
     }
     if crate::engine::clean_close::take(&txn)? {
@@ -119,12 +119,18 @@ fn replay(
     // its next frame. The next region's salt is new too.
     let (new_salt, next_salt) = (new_salt(), new_salt());
     {
-        let mut tables = Tables::open(&txn)?;
+        let mut tables = Tables::open(&txn, windows)?;
         for frame in &frames {
             for entry in &frame.entries {
-                // A damaged old record cannot tell where it was indexed; the sweep drops
-                // index entries that do not match a record.
-                let old = tables.load(&entry.key)?.ok().flatten();
+                // A damaged old record cannot tell where it is kept: it is removed from every
+                // window that may hold it (a lease entry of it stays, matching no record).
+                let old = match tables.load(&entry.key)? {
+                    Ok(old) => old,
+                    Err(_) => {
+                        tables.remove_everywhere(&entry.key)?;
+                        None
+                    }
+                };
                 let old_index = old.as_ref().map(IndexEntries::of);
                 match &entry.record {
                     Some(bytes) => {
@@ -140,6 +146,7 @@ fn replay(
             next_token = next_token.max(frame.next_token);
         }
         tables.set_next_token(next_token)?;
+        tables.save_filters()?;
         tables.set_wal_seq(wal.last_seq())?;
         tables.set_log_region(LOG_HEADER_LEN, new_salt, next_salt)?;
     }

@@ -16,6 +16,7 @@ pub(crate) enum Counter {
     Mismatches,
     NeedsReview,
     Swept,
+    WindowsDeleted,
     Batches,
     BatchedOps,
     Syncs,
@@ -24,7 +25,7 @@ pub(crate) enum Counter {
     Expired,
 }
 
-const COUNTERS: usize = 13;
+const COUNTERS: usize = 14;
 
 impl Counter {
     /// The metric name reported to the `metrics` facade.
@@ -38,6 +39,7 @@ impl Counter {
             Counter::Mismatches => "idemstore_mismatches_total",
             Counter::NeedsReview => "idemstore_needs_review_total",
             Counter::Swept => "idemstore_swept_total",
+            Counter::WindowsDeleted => "idemstore_windows_deleted_total",
             Counter::Batches => "idemstore_batches_total",
             Counter::BatchedOps => "idemstore_batched_ops_total",
             Counter::Syncs => "idemstore_log_syncs_total",
@@ -82,6 +84,7 @@ impl Counters {
             mismatches: get(Counter::Mismatches),
             needs_review: get(Counter::NeedsReview),
             swept: get(Counter::Swept),
+            windows_deleted: get(Counter::WindowsDeleted),
             batches: get(Counter::Batches),
             batched_ops: get(Counter::BatchedOps),
             max_batch: self.max_batch.load(Ordering::Relaxed),
@@ -122,8 +125,11 @@ pub struct Stats {
     pub mismatches: u64,
     /// Reserves answered `NeedsReview`.
     pub needs_review: u64,
-    /// Records deleted by sweeps.
+    /// Records deleted by sweeps (expired records, whole windows of them or one by one).
     pub swept: u64,
+    /// Expiry windows whose table was deleted whole once they ended (see
+    /// [`Builder::sweep_interval`](crate::Builder::sweep_interval)).
+    pub windows_deleted: u64,
     /// Batches run through the commit path.
     pub batches: u64,
     /// Operations in those batches (`batched_ops / batches` is the mean batch size).

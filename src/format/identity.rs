@@ -6,11 +6,9 @@
 //! ```
 //! The magic's last byte is the log's layout: 4, two regions (frames after a checkpoint may
 //! start at the offset redb's meta records, and continue in the other region under the next
-//! salt; `engine/wal.rs`), every frame followed by a spare copy. Layout 3 (one region, spare
-//! copies) and layout 2 (no spare copies) are read the same way: their frames all start at
-//! the first frame's place, and a reader skips copies and only uses one when a frame is
-//! damaged. Opening upgrades their block ([`upgrade`]) before any new frame is written, so
-//! that a build that knows only an older layout refuses the log rather than misread it.
+//! salt; `engine/wal.rs`), every frame followed by a spare copy. It is the first layout of a
+//! release: earlier ones were never written by a released version, and their blocks are not
+//! recognized (such a log is refused as not an idemstore log).
 //! `store_id` is the random identity made durable in the store's meta table when the store is
 //! created. The block is written and synced when the log is created (or found empty) and never
 //! changes; frames start after it.
@@ -23,9 +21,6 @@ use super::log_file::LogFile;
 pub const LOG_HEADER_LEN: u64 = 32;
 
 const MAGIC: [u8; 8] = *b"IDEMLOG\x04";
-/// The magics of the previous layouts, read and upgraded.
-const MAGIC_V3: [u8; 8] = *b"IDEMLOG\x03";
-const MAGIC_V2: [u8; 8] = *b"IDEMLOG\x02";
 
 /// Whose log a log file is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -63,8 +58,7 @@ fn parse(block: &[u8; LOG_HEADER_LEN as usize], store_id: u64) -> Identity {
         return Identity::Fresh;
     }
     let stored = u32::from_le_bytes(block[28..32].try_into().expect("4 bytes"));
-    let known = [MAGIC, MAGIC_V3, MAGIC_V2].iter().any(|m| block[..8] == *m);
-    if !known || crc32fast::hash(&block[..28]) != stored {
+    if block[..8] != MAGIC || crc32fast::hash(&block[..28]) != stored {
         return Identity::Damaged;
     }
     match u64::from_le_bytes(block[8..16].try_into().expect("8 bytes")) {
@@ -95,25 +89,6 @@ pub(crate) fn claim(
         .map_err(|e| Error::io(ctx(), e))
 }
 
-/// Rewrites (and syncs) the identity block of a layout 2 or 3 log as layout 4, keeping its
-/// `store_id`; nothing to do for any other block. Only once the log is the store's own.
-pub(crate) fn upgrade(file: &dyn LogFile, path: &std::path::Path) -> Result<(), Error> {
-    let ctx = || format!("upgrading the identity of log {}", path.display());
-    let mut old = [0u8; LOG_HEADER_LEN as usize];
-    if file.len().map_err(|e| Error::io(ctx(), e))? < LOG_HEADER_LEN {
-        return Ok(());
-    }
-    file.read_exact_at(&mut old, 0)
-        .map_err(|e| Error::io(ctx(), e))?;
-    if old[..8] != MAGIC_V2 && old[..8] != MAGIC_V3 {
-        return Ok(());
-    }
-    let store_id = u64::from_le_bytes(old[8..16].try_into().expect("8 bytes"));
-    file.write_all_at(&block(store_id), 0)
-        .and_then(|()| file.sync_data())
-        .map_err(|e| Error::io(ctx(), e))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -126,15 +101,14 @@ mod tests {
         let mut damaged = block(7);
         damaged[9] ^= 1;
         assert_eq!(parse(&damaged, 7), Identity::Damaged);
-        let mut v2 = block(7);
-        v2[7] = 2;
-        let crc = crc32fast::hash(&v2[..28]);
-        v2[28..].copy_from_slice(&crc.to_le_bytes());
-        assert_eq!(parse(&v2, 7), Identity::Ours, "layout 2 is read");
         let mut v3 = block(7);
         v3[7] = 3;
         let crc = crc32fast::hash(&v3[..28]);
         v3[28..].copy_from_slice(&crc.to_le_bytes());
-        assert_eq!(parse(&v3, 7), Identity::Ours, "layout 3 is read");
+        assert_eq!(
+            parse(&v3, 7),
+            Identity::Damaged,
+            "a development layout is not read"
+        );
     }
 }

@@ -10,3 +10,4 @@ pub(crate) mod identity;
 pub(crate) mod log_file;
 pub(crate) mod pages;
 pub(crate) mod tables;
+pub(crate) mod windows;

@@ -1,39 +1,40 @@
 //! The redb tables of a store and the record/index bookkeeping shared by every write path.
 //!
-//! - `idemstore.records`: encoded key → encoded [`Record`].
-//! - `idemstore.deadlines`: (kind, time, key) → (), at most one entry per record (format 3):
-//!   a pending record at (`LEASE`, lease_until), a completed one at (`EXPIRY`, expires_at), a
-//!   record that never expires nowhere. Stale reservations are found without a scan (the
-//!   `LEASE` range), and a sweep reads only what has expired (the `EXPIRY` range, and the
-//!   leases that ran out). Format 2 had two tables, `idemstore.expiry` and `idemstore.leases`;
-//!   [`upgrade_to_current`] converts them.
-//! - `idemstore.meta`: "format" → format version, "next_token" → the next fencing token,
-//!   "wal_seq" → the last log frame whose changes this file holds, "log_salt" → the salt of the
-//!   log frames written since the last checkpoint, "log_start" → the offset of the log region
-//!   those frames start at (absent: the first frame's place), "next_log_salt" → the salt the
-//!   next region's frames will carry (chosen before any frame uses it), "store_id" → the
-//!   store's random identity, which its log carries.
+//! - `idemstore.records.<window>`: encoded key → encoded [`Record`], one table per window of
+//!   expiry time (see [`windows`](super::windows)): a record lives in the table of the window
+//!   its `expires_at` falls in, and a key in at most one table.
+//! - `idemstore.deadlines`: (kind, time, key) → (), the lease index: one entry per pending
+//!   record, at (`LEASE`, lease_until). Stale reservations are found without a scan. Records
+//!   that are not pending have no entry: their expiry is their window's.
+//! - `idemstore.meta`: "format" → format version, "window_ms" → the width of the store's
+//!   windows, "next_token" → the next fencing token, "wal_seq" → the last log frame whose
+//!   changes this file holds, "log_salt" → the salt of the log frames written since the last
+//!   checkpoint, "log_start" → the offset of the log region those frames start at (absent: the
+//!   first frame's place), "next_log_salt" → the salt the next region's frames will carry
+//!   (chosen before any frame uses it), "store_id" → the store's random identity, which its log
+//!   carries.
 //!
 //! Tables whose names start with `idemstore.` belong to the store; a caller's own tables (see
 //! [`Store::complete_with`](crate::Store::complete_with)) must use other names.
 
-use redb::{ReadableTable, Table, TableDefinition, WriteTransaction};
+use std::collections::BTreeMap;
 
+use redb::{
+    ReadableDatabase, ReadableTable, ReadableTableMetadata, Table, TableDefinition,
+    WriteTransaction,
+};
+
+use std::sync::atomic::Ordering;
+
+use super::windows::{table_name, Probe, RecordsDef, Windows, FILTERS};
 use crate::error::Error;
 use crate::record::{Millis, Record};
 
-pub(crate) const RECORDS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idemstore.records");
-/// The deadline index: (kind, time, encoded key) → (); see the module's documentation.
+/// The lease index: (kind, time, encoded key) → (); see the module's documentation.
 pub(crate) const DEADLINES: TableDefinition<(u8, u64, &[u8]), ()> =
     TableDefinition::new("idemstore.deadlines");
 /// The kind of a pending record's deadline entry: its time is `lease_until`.
 pub(crate) const LEASE: u8 = 1;
-/// The kind of the deadline entry of a record that is not pending: its time is `expires_at`.
-pub(crate) const EXPIRY: u8 = 2;
-/// Format 2's expiry index, read only by the upgrade.
-const V2_EXPIRY: TableDefinition<(u64, &[u8]), ()> = TableDefinition::new("idemstore.expiry");
-/// Format 2's lease index, read only by the upgrade.
-const V2_LEASES: TableDefinition<(u64, &[u8]), ()> = TableDefinition::new("idemstore.leases");
 pub(crate) const META: TableDefinition<&str, u64> = TableDefinition::new("idemstore.meta");
 
 pub(crate) const META_FORMAT: &str = "format";
@@ -41,6 +42,8 @@ pub(crate) const META_NEXT_TOKEN: &str = "next_token";
 pub(crate) const META_WAL_SEQ: &str = "wal_seq";
 pub(crate) const META_LOG_SALT: &str = "log_salt";
 pub(crate) const META_STORE_ID: &str = "store_id";
+/// The width of the store's expiry windows, in milliseconds (set by the first open).
+pub(crate) const META_WINDOW_MS: &str = "window_ms";
 /// Where the frames after `wal_seq` start (absent: right after the log's identity block).
 pub(crate) const META_LOG_START: &str = "log_start";
 /// The salt of the next log region's frames, durable before any frame carries it.
@@ -49,39 +52,165 @@ pub(crate) const META_NEXT_LOG_SALT: &str = "next_log_salt";
 /// removed by the next open (`engine/clean_close.rs`).
 pub(crate) const META_CLOSED_CLEAN: &str = "closed_clean";
 
-/// The store format version written by this build. Version 3: one deadline index
-/// (`idemstore.deadlines`), at most one entry per record, instead of version 2's two (an expiry
-/// and a lease index). Version 2: the store's random identity and first log salt are made at
-/// creation; the log starts with an identity block; frames carry the highest sequence number
-/// known durable.
-pub(crate) const FORMAT_VERSION: u64 = 3;
-/// The earlier format this build converts at open ([`upgrade_to_current`]).
-pub(crate) const FORMAT_VERSION_2: u64 = 2;
+/// The store format version written and read by this build: the first format of a release
+/// (docs/format.md). Earlier numbers were development formats that no release wrote; a file
+/// of one is refused at open.
+pub(crate) const FORMAT_VERSION: u64 = 4;
+
+/// The width of the windows of the store in `db`: the one recorded in its meta table, or, in a
+/// store that has none yet (a new one), `width`, recorded durably before any record is placed
+/// by it.
+pub(crate) fn window_width(db: &redb::Database, width: u64) -> Result<u64, Error> {
+    let ctx = "reading the width of the store's windows";
+    {
+        let txn = db.begin_read().map_err(|e| Error::storage(ctx, e))?;
+        let meta = txn.open_table(META).map_err(|e| Error::storage(ctx, e))?;
+        match meta
+            .get(META_WINDOW_MS)
+            .map_err(|e| Error::storage(ctx, e))?
+        {
+            Some(v) if v.value() > 0 => return Ok(v.value()),
+            Some(_) => {
+                return Err(Error::Corruption {
+                    location: "table idemstore.meta".into(),
+                    reason: "the width of the store's windows is 0".into(),
+                })
+            }
+            None => {}
+        }
+    }
+    let mut txn = db.begin_write().map_err(|e| Error::storage(ctx, e))?;
+    txn.set_quick_repair(true);
+    {
+        let mut meta = txn.open_table(META).map_err(|e| Error::storage(ctx, e))?;
+        meta.insert(META_WINDOW_MS, width)
+            .map_err(|e| Error::storage(ctx, e))?;
+    }
+    txn.commit().map_err(|e| Error::storage(ctx, e))?;
+    Ok(width)
+}
 
 /// Decodes a stored record, naming the key on damage.
 pub(crate) fn decode_record(key: &[u8], bytes: &[u8]) -> Result<Record, Error> {
     Record::decode(bytes).map_err(|reason| Error::corrupt_record(key, reason))
 }
 
-/// The store's tables opened in one write transaction.
+/// The store's tables opened in one write transaction: the windows' records tables as they
+/// are needed, the lease index and the meta table.
 pub(crate) struct Tables<'txn> {
-    pub(crate) records: Table<'txn, &'static [u8], &'static [u8]>,
+    txn: &'txn WriteTransaction,
+    windows: &'txn Windows,
+    records: BTreeMap<u64, Table<'txn, &'static [u8], &'static [u8]>>,
     pub(crate) deadlines: Table<'txn, (u8, u64, &'static [u8]), ()>,
     meta: Table<'txn, &'static str, u64>,
+    filters: Table<'txn, u64, &'static [u8]>,
 }
 
 impl<'txn> Tables<'txn> {
-    pub(crate) fn open(txn: &'txn WriteTransaction) -> Result<Tables<'txn>, Error> {
+    pub(crate) fn open(
+        txn: &'txn WriteTransaction,
+        windows: &'txn Windows,
+    ) -> Result<Tables<'txn>, Error> {
         let open = "opening the store's tables";
         Ok(Tables {
-            records: txn
-                .open_table(RECORDS)
-                .map_err(|e| Error::storage(open, e))?,
+            txn,
+            windows,
+            records: BTreeMap::new(),
             deadlines: txn
                 .open_table(DEADLINES)
                 .map_err(|e| Error::storage(open, e))?,
             meta: txn.open_table(META).map_err(|e| Error::storage(open, e))?,
+            filters: txn
+                .open_table(FILTERS)
+                .map_err(|e| Error::storage(open, e))?,
         })
+    }
+
+    /// Saves the filter of every window whose saved filter is missing or out of date: every
+    /// durable commit does, so a durable state's saved filters hold every key of its tables.
+    pub(crate) fn save_filters(&mut self) -> Result<(), Error> {
+        for (window, filter) in self.windows.list() {
+            if !filter.saved.load(Ordering::Acquire) {
+                self.filters
+                    .insert(window, filter.encode().as_slice())
+                    .map_err(|e| Error::storage("saving a window's filter", e))?;
+                filter.saved.store(true, Ordering::Release);
+            }
+        }
+        Ok(())
+    }
+
+    /// The windows the records are kept in.
+    pub(crate) fn windows(&self) -> &'txn Windows {
+        self.windows
+    }
+
+    /// The records table of `window`, opened (and made, if it does not exist) on first use.
+    pub(crate) fn window(
+        &mut self,
+        window: u64,
+    ) -> Result<&mut Table<'txn, &'static [u8], &'static [u8]>, Error> {
+        use std::collections::btree_map::Entry;
+        match self.records.entry(window) {
+            Entry::Occupied(open) => Ok(open.into_mut()),
+            Entry::Vacant(slot) => {
+                let table = self
+                    .txn
+                    .open_table(RecordsDef::new(&table_name(window)))
+                    .map_err(|e| Error::storage("opening a window's records", e))?;
+                Ok(slot.insert(table))
+            }
+        }
+    }
+
+    /// Deletes every window that has ended at `now` (a table deletion each: the records are
+    /// not read, and a cache may keep them, as they read as absent); returns how many windows
+    /// and how many records they held.
+    pub(crate) fn drop_ended_windows(&mut self, now: Millis) -> Result<(u64, u64), Error> {
+        let (mut windows, mut held) = (0, 0);
+        for window in self.windows.due(now) {
+            held += self.drop_window(window)?;
+            windows += 1;
+        }
+        Ok((windows, held))
+    }
+
+    /// Deletes window `window`'s table with every record in it (all expired: the window ended)
+    /// and the lease entries of its pending records; returns how many records it held.
+    pub(crate) fn drop_window(&mut self, window: u64) -> Result<u64, Error> {
+        let ctx = "deleting an expired window";
+        let end = self.windows.end(window);
+        let candidates: Vec<(Millis, Vec<u8>)> = self
+            .deadlines
+            .range::<(u8, u64, &[u8])>((LEASE, 0, &[][..])..(LEASE, end, &[][..]))
+            .map_err(|e| Error::storage(ctx, e))?
+            .map(|entry| entry.map(|(k, _)| (k.value().1, k.value().2.to_vec())))
+            .collect::<Result<_, _>>()
+            .map_err(|e| Error::storage(ctx, e))?;
+        let table = self.window(window)?;
+        let held = table.len().map_err(|e| Error::storage(ctx, e))?;
+        let mut spent = Vec::new();
+        for (at, key) in candidates {
+            if table
+                .get(key.as_slice())
+                .map_err(|e| Error::storage(ctx, e))?
+                .is_some()
+            {
+                spent.push((at, key));
+            }
+        }
+        for (at, key) in spent {
+            self.drop_deadline_entry(LEASE, at, &key)?;
+        }
+        self.records.remove(&window);
+        self.txn
+            .delete_table(RecordsDef::new(&table_name(window)))
+            .map_err(|e| Error::storage(ctx, e))?;
+        self.filters
+            .remove(window)
+            .map_err(|e| Error::storage(ctx, e))?;
+        self.windows.forget(window);
+        Ok(held)
     }
 
     /// Writes the format marker, the first token, the store's random identity and its first
@@ -192,20 +321,27 @@ impl<'txn> Tables<'txn> {
     /// The record stored under `key`, expired or not.
     ///
     /// `Ok(Err(_))` is a corrupt record: an error for that key alone, not for the whole batch.
-    pub(crate) fn load(&self, key: &[u8]) -> Result<Result<Option<Record>, Error>, Error> {
-        let value = self
-            .records
-            .get(key)
-            .map_err(|e| Error::storage("reading a record", e))?;
-        Ok(value
-            .map(|bytes| decode_record(key, bytes.value()))
-            .transpose())
+    pub(crate) fn load(&mut self, key: &[u8]) -> Result<Result<Option<Record>, Error>, Error> {
+        let probe = Probe::of(self.windows.hash(key));
+        for (window, filter) in self.windows.list() {
+            if !filter.may_hold(&probe) {
+                continue;
+            }
+            let value = self
+                .window(window)?
+                .get(key)
+                .map_err(|e| Error::storage("reading a record", e))?;
+            if let Some(bytes) = value {
+                return Ok(decode_record(key, bytes.value()).map(Some));
+            }
+        }
+        Ok(Ok(None))
     }
 
-    /// Stores `record` (encoded as `encoded`) under `key` and keeps both indexes exact: the
-    /// entries of the record stored there now (`old`, from [`IndexEntries::of`], `None` when
-    /// absent or unreadable) go, `record`'s come. Every write of a record goes through here or
-    /// [`delete`](Tables::delete).
+    /// Stores `record` (encoded as `encoded`) under `key` and keeps the tables exact: the
+    /// record stored there now (`old`, from [`IndexEntries::of`], `None` when absent) leaves
+    /// its window and its lease entry, `record` goes to its own window with its own entry.
+    /// Every write of a record goes through here or [`delete`](Tables::delete).
     pub(crate) fn put(
         &mut self,
         key: &[u8],
@@ -225,36 +361,78 @@ impl<'txn> Tables<'txn> {
         encoded: &[u8],
     ) -> Result<(), Error> {
         let ctx = "writing a record";
+        let target = self.windows.of(index.expires_at);
+        let mut known = false;
         if let Some(old) = old {
             self.unindex(key, old)?;
+            let from = self.windows.of(old.expires_at);
+            if from == target {
+                known = self.windows.existing(target).is_some();
+            } else {
+                self.remove_from(from, key)?;
+            }
+        }
+        if !known {
+            let filter = self.windows.filter(target);
+            if filter.saved.swap(false, Ordering::AcqRel) {
+                // The saved filter no longer holds every key: a durable commit without it
+                // makes the next open build the window's filter from its keys.
+                self.filters
+                    .remove(target)
+                    .map_err(|e| Error::storage(ctx, e))?;
+            }
+            filter.insert(self.windows.hash(key));
         }
         count_write();
-        self.records
+        self.window(target)?
             .insert(key, encoded)
             .map_err(|e| Error::storage(ctx, e))?;
-        if let Some((kind, at)) = index.entry {
+        if let Some(at) = index.lease {
             count_write();
             self.deadlines
-                .insert((kind, at, key), ())
+                .insert((LEASE, at, key), ())
                 .map_err(|e| Error::storage(ctx, e))?;
         }
         Ok(())
     }
 
-    /// Deletes `key` with its index entries (`old`, as for [`put`](Tables::put)).
+    /// Deletes `key` with its lease entry (`old`, as for [`put`](Tables::put); `None` when
+    /// unknown, as for a record that does not decode: then every window that may hold it).
     pub(crate) fn delete(&mut self, key: &[u8], old: Option<IndexEntries>) -> Result<(), Error> {
-        if let Some(old) = old {
-            self.unindex(key, old)?;
+        match old {
+            Some(old) => {
+                self.unindex(key, old)?;
+                self.remove_from(self.windows.of(old.expires_at), key)
+            }
+            None => self.remove_everywhere(key),
+        }
+    }
+
+    /// Removes `key` from every window that may hold it: for a record whose window is not
+    /// known (it does not decode).
+    pub(crate) fn remove_everywhere(&mut self, key: &[u8]) -> Result<(), Error> {
+        let probe = Probe::of(self.windows.hash(key));
+        for (window, filter) in self.windows.list() {
+            if filter.may_hold(&probe) {
+                self.remove_from(window, key)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes `key` from `window`'s table, if the window has one.
+    fn remove_from(&mut self, window: u64, key: &[u8]) -> Result<(), Error> {
+        if self.windows.existing(window).is_none() {
+            return Ok(());
         }
         count_write();
-        self.records
+        self.window(window)?
             .remove(key)
             .map_err(|e| Error::storage("deleting a record", e))?;
         Ok(())
     }
 
-    /// Drops one deadline entry that matches no record (a damaged or replaced record); the
-    /// sweep uses it so it never stalls on such an entry.
+    /// Drops one deadline entry that matches no record (a damaged or replaced record).
     pub(crate) fn drop_deadline_entry(
         &mut self,
         kind: u8,
@@ -264,45 +442,45 @@ impl<'txn> Tables<'txn> {
         count_write();
         self.deadlines
             .remove((kind, at, key))
-            .map_err(|e| Error::storage("updating the deadline index", e))?;
+            .map_err(|e| Error::storage("updating the lease index", e))?;
         Ok(())
     }
 
-    /// Removes a record's index entry.
+    /// Removes a record's lease entry.
     fn unindex(&mut self, key: &[u8], index: IndexEntries) -> Result<(), Error> {
-        if let Some((kind, at)) = index.entry {
+        if let Some(at) = index.lease {
             count_write();
             self.deadlines
-                .remove((kind, at, key))
-                .map_err(|e| Error::storage("updating the deadline index", e))?;
+                .remove((LEASE, at, key))
+                .map_err(|e| Error::storage("updating the lease index", e))?;
         }
         Ok(())
     }
 }
 
-/// Where a record stands in the deadline index: at most one entry.
+/// Where a record is kept: the window of its expiry, and its lease entry if it is pending.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct IndexEntries {
-    /// (kind, time) of its entry: ([`LEASE`], lease_until) for a pending record,
-    /// ([`EXPIRY`], expires_at) for any other record that expires, `None` for one that never
-    /// does.
-    pub(crate) entry: Option<(u8, Millis)>,
+    /// `lease_until` of a pending record (its entry in the lease index).
+    pub(crate) lease: Option<Millis>,
+    /// When it expires: its window.
+    pub(crate) expires_at: Millis,
 }
 
 impl IndexEntries {
     pub(crate) fn of(record: &Record) -> IndexEntries {
-        let entry = match record.lease_until() {
-            Some(lease_until) => Some((LEASE, lease_until)),
-            None => (record.expires_at != Millis::MAX).then_some((EXPIRY, record.expires_at)),
-        };
-        IndexEntries { entry }
+        IndexEntries {
+            lease: record.lease_until(),
+            expires_at: record.expires_at,
+        }
     }
 
-    /// The entry of a record that is not pending and expires at `at`.
+    /// The entries of a record that is not pending and expires at `at`.
     #[cfg(test)]
     pub(crate) fn expiring_at(at: Millis) -> IndexEntries {
         IndexEntries {
-            entry: Some((EXPIRY, at)),
+            lease: None,
+            expires_at: at,
         }
     }
 }
@@ -318,45 +496,6 @@ thread_local! {
 fn count_write() {
     #[cfg(test)]
     BTREE_WRITES.with(|n| n.set(n.get() + 1));
-}
-
-/// Converts a store of format 2 to the current format inside `txn`, which the caller commits
-/// durably: the deadline index is built from the records themselves (each record's entry, as
-/// [`IndexEntries::of`] gives it), format 2's two indexes are deleted and the format marker
-/// set to 3. Nothing else changes: records, tokens, the log position and salt stay as they
-/// are, so a log that still holds frames is replayed after the conversion as before. A record
-/// that does not decode is kept as it is, without an entry (reading its key reports the
-/// damage, as it did before). Returns the number of records indexed.
-pub(crate) fn upgrade_to_current(txn: &WriteTransaction) -> Result<u64, Error> {
-    let ctx = "converting the store from format 2 to format 3";
-    let mut indexed = 0;
-    {
-        let records = txn
-            .open_table(RECORDS)
-            .map_err(|e| Error::storage(ctx, e))?;
-        let mut deadlines = txn
-            .open_table(DEADLINES)
-            .map_err(|e| Error::storage(ctx, e))?;
-        for entry in records.iter().map_err(|e| Error::storage(ctx, e))? {
-            let (key, value) = entry.map_err(|e| Error::storage(ctx, e))?;
-            let Ok(record) = decode_record(key.value(), value.value()) else {
-                continue;
-            };
-            if let Some((kind, at)) = IndexEntries::of(&record).entry {
-                deadlines
-                    .insert((kind, at, key.value()), ())
-                    .map_err(|e| Error::storage(ctx, e))?;
-                indexed += 1;
-            }
-        }
-    }
-    for old in [V2_EXPIRY, V2_LEASES] {
-        txn.delete_table(old).map_err(|e| Error::storage(ctx, e))?;
-    }
-    let mut meta = txn.open_table(META).map_err(|e| Error::storage(ctx, e))?;
-    meta.insert(META_FORMAT, FORMAT_VERSION)
-        .map_err(|e| Error::storage(ctx, e))?;
-    Ok(indexed)
 }
 
 /// A fresh random number: a store's identity, or the salt of the log's frames after a
@@ -393,52 +532,59 @@ mod tests {
     }
 
     /// B-tree writes per new key and per completion, as the applier and log replay make them:
-    /// a new pending key is its record and one deadline entry (format 2: three, the record
-    /// and an expiry and a lease entry); a completion rewrites the record and moves its one
-    /// entry (format 2: four).
+    /// a new pending key is its record and its lease entry; a completion rewrites the record
+    /// and drops the entry, and moves the record when its expiry falls in another window
+    /// (one more removal).
     #[test]
-    fn a_new_key_is_two_btree_writes_and_a_completion_three() {
+    fn a_new_key_is_two_btree_writes_and_a_completion_two_or_three() {
         let db = redb::Builder::new()
             .create_with_backend(redb::backends::InMemoryBackend::new())
             .unwrap();
         let txn = db.begin_write().unwrap();
-        let mut tables = Tables::open(&txn).unwrap();
-        let key = b"\x01u\x02op\x01k".as_slice();
+        let hour = 3_600_000;
+        let windows = Windows::new(hour);
+        let mut tables = Tables::open(&txn, &windows).unwrap();
         let pending = record(
             State::Pending {
                 lease_until: 1_000,
                 progress: None,
             },
-            1_000 + 86_400_000,
+            1_000 + 24 * hour,
         );
-        let before = writes();
-        tables.put(key, None, &pending, &pending.encode()).unwrap();
-        assert_eq!(writes() - before, 2, "a new key");
-
-        let completed = record(
-            State::Completed {
-                completed_at: 500,
-                result: b"ok".to_vec(),
-            },
-            500 + 86_400_000,
-        );
-        let before = writes();
-        let old = Some(IndexEntries::of(&pending));
-        tables
-            .put(key, old, &completed, &completed.encode())
-            .unwrap();
-        assert_eq!(writes() - before, 3, "a completion");
-
-        // One entry, the completed record's, at its expiry.
-        let entries: Vec<(u8, u64)> = tables
-            .deadlines
-            .iter()
-            .unwrap()
-            .map(|e| {
-                let (k, _) = e.unwrap();
-                (k.value().0, k.value().1)
-            })
-            .collect();
-        assert_eq!(entries, vec![(EXPIRY, 500 + 86_400_000)]);
+        let completed = |at: Millis| {
+            record(
+                State::Completed {
+                    completed_at: at,
+                    result: b"ok".to_vec(),
+                },
+                at + 24 * hour,
+            )
+        };
+        for (key, done_at, moves) in [
+            (&b"\x01u\x02op\x01a"[..], 500, false),
+            (b"\x01u\x02op\x01b", hour, true),
+        ] {
+            let before = writes();
+            tables.put(key, None, &pending, &pending.encode()).unwrap();
+            assert_eq!(writes() - before, 2, "a new key");
+            let done = completed(done_at);
+            let before = writes();
+            let old = Some(IndexEntries::of(&pending));
+            tables.put(key, old, &done, &done.encode()).unwrap();
+            assert_eq!(writes() - before, 2 + u64::from(moves), "a completion");
+            assert_eq!(tables.load(key).unwrap().unwrap(), Some(done.clone()));
+            let window = windows.of(done.expires_at);
+            assert!(tables.window(window).unwrap().get(key).unwrap().is_some());
+            if moves {
+                let first = windows.of(pending.expires_at);
+                assert_ne!(first, window);
+                assert!(
+                    tables.window(first).unwrap().get(key).unwrap().is_none(),
+                    "left behind"
+                );
+            }
+        }
+        // No lease entry is left: the records are not pending.
+        assert_eq!(tables.deadlines.iter().unwrap().count(), 0);
     }
 }

@@ -12,14 +12,13 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use redb::{ReadOnlyTable, ReadableTable};
+use redb::ReadableTable;
 
 use crate::clock::{describe_millis, duration_millis};
 use crate::engine::wal::log_path;
 use crate::error::Error;
-use crate::format::tables::{
-    IndexEntries, DEADLINES, EXPIRY, LEASE, META, META_NEXT_TOKEN, META_WAL_SEQ, RECORDS,
-};
+use crate::format::tables::{DEADLINES, LEASE, META, META_NEXT_TOKEN, META_WAL_SEQ};
+use crate::format::windows::{Probe, Records};
 use crate::key::Key;
 use crate::record::{Millis, Record, RecordClass, State, TokenFloor};
 use crate::store::Store;
@@ -174,10 +173,15 @@ pub enum ProblemKind {
     DamagedRecord,
     /// A stored key is not a valid `(scope, operation, id)` encoding.
     BadKey,
-    /// A record has no entry where the deadline index should hold one (at its lease deadline
-    /// when pending, at its expiry otherwise): a sweep would not delete it, or
+    /// A pending record has no entry in the lease index at its lease deadline:
     /// [`Store::stale`] would not list it.
     MissingIndexEntry,
+    /// A record is kept in the table of another expiry window than its own: it would be
+    /// deleted with that window, before or after its expiry.
+    MisplacedRecord,
+    /// A record's key is not held by its window's filter in memory: lookups of the key
+    /// would answer "absent" without reading it.
+    UnfilteredRecord,
     /// An index entry points to no record, or to a record that does not match it (a second
     /// entry for one key among them: a record has at most one). Harmless to answers (sweeps
     /// drop such entries), but a sign of earlier damage.
@@ -196,6 +200,8 @@ impl ProblemKind {
             ProblemKind::DamagedRecord => "damaged-record",
             ProblemKind::BadKey => "bad-key",
             ProblemKind::MissingIndexEntry => "missing-index-entry",
+            ProblemKind::MisplacedRecord => "misplaced-record",
+            ProblemKind::UnfilteredRecord => "unfiltered-record",
             ProblemKind::StrayIndexEntry => "stray-index-entry",
             ProblemKind::TokenAhead => "token-ahead",
             ProblemKind::Meta => "meta",
@@ -256,9 +262,7 @@ impl fmt::Display for Problem {
 pub struct Verification {
     /// Records read.
     pub records: u64,
-    /// Expiry entries of the deadline index read (records that are not pending).
-    pub expiry_entries: u64,
-    /// Lease entries of the deadline index read (pending records).
+    /// Entries of the lease index read (pending records).
     pub lease_entries: u64,
     /// Everything wrong, in the order found (records in key order, then the indexes).
     pub problems: Vec<Problem>,
@@ -276,10 +280,8 @@ fn storage(source: impl Into<redb::Error>) -> Error {
     Error::storage("inspecting the store", source)
 }
 
-type RecordsTable = ReadOnlyTable<&'static [u8], &'static [u8]>;
-
 /// The record stored under `key`, or `None` when it is absent or does not decode.
-fn load(records: &RecordsTable, key: &[u8]) -> Result<Option<Record>, Error> {
+fn load(records: &Records, key: &[u8]) -> Result<Option<Record>, Error> {
     let value = records.get(key).map_err(storage)?;
     Ok(value.and_then(|bytes| Record::decode(bytes.value()).ok()))
 }

@@ -52,25 +52,28 @@ impl Store {
 
     fn counts_unguarded(&self) -> Result<StateCounts, Error> {
         let txn = self.snapshot()?;
-        let records = txn.open_table(RECORDS).map_err(storage)?;
+        let records = Records::open(&txn, self.windows())?;
         let now = self.now();
         let floor = self.token_floor();
         let mut counts = StateCounts::default();
         let mut oldest: Option<(Millis, Key, Record)> = None;
-        for entry in records.iter().map_err(storage)? {
-            let (key, value) = entry.map_err(storage)?;
-            let (Some(key), Ok(record)) = (Key::decode(key.value()), Record::decode(value.value()))
-            else {
-                counts.damaged += 1;
-                continue;
-            };
-            let class = record.class(now, floor);
-            counts.add(class);
-            if let (RecordClass::Pending | RecordClass::Stale, Some(lease_until)) =
-                (class, record.lease_until())
-            {
-                if oldest.as_ref().is_none_or(|(t, _, _)| lease_until < *t) {
-                    oldest = Some((lease_until, key, record));
+        for (_, table) in records.tables() {
+            for entry in table.iter().map_err(storage)? {
+                let (key, value) = entry.map_err(storage)?;
+                let (Some(key), Ok(record)) =
+                    (Key::decode(key.value()), Record::decode(value.value()))
+                else {
+                    counts.damaged += 1;
+                    continue;
+                };
+                let class = record.class(now, floor);
+                counts.add(class);
+                if let (RecordClass::Pending | RecordClass::Stale, Some(lease_until)) =
+                    (class, record.lease_until())
+                {
+                    if oldest.as_ref().is_none_or(|(t, _, _)| lease_until < *t) {
+                        oldest = Some((lease_until, key, record));
+                    }
                 }
             }
         }
@@ -81,8 +84,7 @@ impl Store {
     /// Up to `limit` stored records that match `filter`, with their keys.
     ///
     /// Order: reservations (pending or stale) by lease deadline, oldest first, read through
-    /// the lease entries of the deadline index; expired records through its expiry entries
-    /// by expiry, oldest first, then expired reservations by lease deadline;
+    /// the lease index; expired records by expiry, oldest first (read window by window);
     /// every other filter in key order, by reading every record. Records whose bytes do not
     /// decode are skipped: [`verify`](Store::verify) reports them and
     /// [`counts`](Store::counts) counts them.
@@ -123,7 +125,7 @@ impl Store {
         limit: usize,
     ) -> Result<Vec<(Key, Record)>, Error> {
         let txn = self.snapshot()?;
-        let records = txn.open_table(RECORDS).map_err(storage)?;
+        let records = Records::open(&txn, self.windows())?;
         let now = self.now();
         let floor = self.token_floor();
         let mut found = Vec::new();
@@ -165,35 +167,37 @@ impl Store {
                 }
             }
             Some(RecordClass::Expired) => {
-                // Records that are not pending, by expiry; then reservations whose lease and
-                // expiry both passed, by lease.
-                let deadlines = txn.open_table(DEADLINES).map_err(storage)?;
-                'kinds: for kind in [EXPIRY, LEASE] {
-                    let due = (kind, 0, &[][..])..(kind, now.saturating_add(1), &[][..]);
-                    for entry in deadlines.range(due).map_err(storage)? {
-                        let (index, _) = entry.map_err(storage)?;
-                        let (_, at, key) = index.value();
-                        let Some(record) = load(&records, key)? else {
-                            continue;
-                        };
-                        if IndexEntries::of(&record).entry == Some((kind, at))
-                            && keep(&mut found, key, record)
-                        {
-                            break 'kinds;
+                // Window by window, earliest first: every record of a window expires before
+                // any of a later one. A window that starts after `now` holds nothing expired.
+                let windows = self.windows();
+                'windows: for (window, table) in records.tables() {
+                    if window.saturating_mul(windows.width()) > now {
+                        break;
+                    }
+                    let mut due: Vec<(Millis, Vec<u8>, Record)> = Vec::new();
+                    for entry in table.iter().map_err(storage)? {
+                        let (key, value) = entry.map_err(storage)?;
+                        if let Ok(record) = Record::decode(value.value()) {
+                            if record.expires_at <= now {
+                                due.push((record.expires_at, key.value().to_vec(), record));
+                            }
+                        }
+                    }
+                    due.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
+                    for (_, key, record) in due {
+                        if keep(&mut found, &key, record) {
+                            break 'windows;
                         }
                     }
                 }
             }
             _ => {
-                for entry in records.iter().map_err(storage)? {
-                    let (key, value) = entry.map_err(storage)?;
-                    let Ok(record) = Record::decode(value.value()) else {
-                        continue;
-                    };
-                    if keep(&mut found, key.value(), record) {
-                        break;
-                    }
-                }
+                records.each_in_key_order(|key, value| {
+                    Ok(match Record::decode(value) {
+                        Ok(record) => keep(&mut found, key, record),
+                        Err(_) => false,
+                    })
+                })?;
             }
         }
         Ok(found)

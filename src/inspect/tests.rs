@@ -86,11 +86,17 @@ fn verify_reports_damage_and_index_mismatches_by_key() {
             writer.transact(
                 crate::engine::commit::CommitKind::Durable,
                 |_, txn, _, _| {
-                    let mut tables = Tables::open(txn)?;
+                    let windows = store.windows();
+                    let mut tables = Tables::open(txn, windows)?;
                     let ctx = "damaging";
                     // a: flip a byte of the stored record.
+                    let window = |tables: &mut Tables<'_>, id: &str| -> Result<u64, Error> {
+                        let record = tables.load(key(id).encoded())?.unwrap().unwrap();
+                        Ok(windows.of(record.expires_at))
+                    };
+                    let wa = window(&mut tables, "a")?;
                     let mut bytes = tables
-                        .records
+                        .window(wa)?
                         .get(key("a").encoded())
                         .map_err(|e| Error::storage(ctx, e))?
                         .unwrap()
@@ -98,8 +104,24 @@ fn verify_reports_damage_and_index_mismatches_by_key() {
                         .to_vec();
                     bytes[5] ^= 0xff;
                     tables
-                        .records
+                        .window(wa)?
                         .insert(key("a").encoded(), bytes.as_slice())
+                        .map_err(|e| Error::storage(ctx, e))?;
+                    // c: kept in the window after its own.
+                    let wc = window(&mut tables, "c")?;
+                    let bytes = tables
+                        .window(wc)?
+                        .remove(key("c").encoded())
+                        .map_err(|e| Error::storage(ctx, e))?
+                        .unwrap()
+                        .value()
+                        .to_vec();
+                    windows
+                        .filter(wc + 1)
+                        .insert(windows.hash(key("c").encoded()));
+                    tables
+                        .window(wc + 1)?
+                        .insert(key("c").encoded(), bytes.as_slice())
                         .map_err(|e| Error::storage(ctx, e))?;
                     // b: drop its lease index entry and add a stray one.
                     let record = tables.load(key("b").encoded())?.unwrap().unwrap();
@@ -135,6 +157,7 @@ fn verify_reports_damage_and_index_mismatches_by_key() {
         vec![
             (ProblemKind::DamagedRecord, Some(b"a".to_vec())),
             (ProblemKind::MissingIndexEntry, Some(b"b".to_vec())),
+            (ProblemKind::MisplacedRecord, Some(b"c".to_vec())),
             (ProblemKind::StrayIndexEntry, Some(b"b".to_vec())),
             (ProblemKind::StrayIndexEntry, Some(b"d".to_vec())),
         ],

@@ -1,6 +1,8 @@
 //! The operations of a lease holder (complete, release, extend, review, recovery points) and
 //! of an operator (resolve).
 
+use std::sync::Arc;
+
 use redb::WriteTransaction;
 
 use crate::answers::Lease;
@@ -130,7 +132,8 @@ impl Store {
         };
         self.committer.with_writer(|writer| {
             writer.transact(CommitKind::Durable, |writer, txn, now, written| {
-                let mut tables = Tables::open(txn)?;
+                let engine = Arc::clone(&writer.engine);
+                let mut tables = Tables::open(txn, &engine.windows)?;
                 let outcome = match writer.decide_into(&mut tables, &lease.key, op, now, written)? {
                     Ok(outcome) => outcome,
                     Err(corrupt) => return Ok(Err(corrupt)),

@@ -29,7 +29,7 @@ use crate::error::Error;
 use crate::record::{Millis, TokenFloor};
 
 pub use compact::compact;
-pub use open::file::{open_redb, open_redb_read_only, upgrade};
+pub use open::file::{open_redb, open_redb_read_only};
 
 /// An open idempotency store: one file, owned by one process.
 ///
@@ -93,6 +93,13 @@ impl fmt::Debug for Store {
 }
 
 impl Store {
+    /// The expiry windows the store keeps its records in.
+    pub(crate) fn windows(&self) -> &crate::format::windows::Windows {
+        &self.engine.windows
+    }
+}
+
+impl Store {
     /// The store's file.
     pub fn path(&self) -> &Path {
         &self.path
@@ -119,9 +126,10 @@ impl Store {
     /// since it holds the writer while it runs.
     ///
     /// Earliest expiry first, exactly: the `limit` records that expired first are deleted.
-    /// A call reads the deadline index (docs/format.md, "Sweeping"): `limit` entries of
-    /// records that are not pending, and the entries of leases that ran out until none further
-    /// on can expire earlier, passing over stale reservations that have not expired yet.
+    /// A call visits the expiry windows earliest first (docs/format.md, "Sweeping"): an ended
+    /// window that fits in what is left of `limit` goes whole, without reading its records;
+    /// in any other window the expired records are found by reading its table, so a call on a
+    /// window that has not ended costs a read of that window.
     ///
     /// # Errors
     /// Storage errors; a failed sweep poisons the store like any failed write.

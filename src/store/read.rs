@@ -4,7 +4,7 @@ use redb::ReadableDatabase;
 
 use crate::engine::sweep;
 use crate::error::Error;
-use crate::format::tables::{decode_record, DEADLINES, RECORDS};
+use crate::format::tables::{decode_record, DEADLINES};
 use crate::key::Key;
 use crate::record::Record;
 
@@ -98,10 +98,10 @@ impl Store {
                     .db
                     .begin_read()
                     .map_err(|e| Error::storage(ctx, e))?;
-                txn.open_table(RECORDS).map_err(|e| Error::storage(ctx, e))
+                crate::format::windows::Records::open(&txn, &self.engine.windows)
             })?;
             let value = table
-                .get(key.encoded())
+                .get_hashed(key.encoded(), key.hash64())
                 .map_err(|e| Error::storage(ctx, e))?;
             // A failed write clears the overlay and the cache after latching the poison: if
             // that happened since the caller checked, the overlay or the cache may have held
@@ -148,9 +148,7 @@ impl Store {
                 .db
                 .begin_read()
                 .map_err(|e| Error::storage(ctx, e))?;
-            let records = txn
-                .open_table(RECORDS)
-                .map_err(|e| Error::storage(ctx, e))?;
+            let records = crate::format::windows::Records::open(&txn, &self.engine.windows)?;
             let deadlines = txn
                 .open_table(DEADLINES)
                 .map_err(|e| Error::storage(ctx, e))?;

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use idemstore::redb::{ReadableDatabase, ReadableTableMetadata, TableDefinition};
+use idemstore::redb::{ReadableDatabase, ReadableTable, ReadableTableMetadata, TableDefinition};
 use idemstore::{Builder, Completed, Fingerprint, Key, Lease, ManualClock, Reservation, Store};
 use tempfile::TempDir;
 
@@ -13,8 +13,55 @@ pub const LEASE: Duration = Duration::from_secs(1);
 /// Retention used by the tests.
 pub const RETENTION: Duration = Duration::from_secs(5);
 
-/// The store's own record table, for tests that inspect or damage the file with redb directly.
-pub const RECORDS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("idemstore.records");
+/// The prefix of the store's records tables (one per expiry window, docs/format.md), for
+/// tests that inspect or damage the file with redb directly.
+pub const RECORDS_PREFIX: &str = "idemstore.records.";
+
+/// The records table named `name`.
+pub fn records_table(name: &str) -> TableDefinition<'_, &'static [u8], &'static [u8]> {
+    TableDefinition::new(name)
+}
+
+/// The names of the store's records tables among `tables` (a transaction's `list_tables`).
+pub fn records_tables(
+    tables: impl Iterator<Item = idemstore::redb::UntypedTableHandle>,
+) -> Vec<String> {
+    use idemstore::redb::TableHandle;
+    tables
+        .map(|t| t.name().to_string())
+        .filter(|name| name.starts_with(RECORDS_PREFIX))
+        .collect()
+}
+
+/// Whether the store file's records hold `key` (encoded), with redb directly.
+#[allow(dead_code)] // the CLI's tests use it
+pub fn stored(txn: &idemstore::redb::ReadTransaction, key: &[u8]) -> bool {
+    records_tables(txn.list_tables().unwrap())
+        .iter()
+        .any(|name| {
+            let table = txn.open_table(records_table(name)).unwrap();
+            table.get(key).unwrap().is_some()
+        })
+}
+
+/// Changes the stored bytes of `key` (encoded) with `change`, with redb directly; panics if
+/// no records table holds it.
+pub fn change_stored(
+    txn: &idemstore::redb::WriteTransaction,
+    key: &[u8],
+    change: impl FnOnce(&mut Vec<u8>),
+) {
+    for name in records_tables(txn.list_tables().unwrap()) {
+        let mut table = txn.open_table(records_table(&name)).unwrap();
+        let value = table.get(key).unwrap().map(|v| v.value().to_vec());
+        if let Some(mut value) = value {
+            change(&mut value);
+            table.insert(key, value.as_slice()).unwrap();
+            return;
+        }
+    }
+    panic!("the record is stored under the documented key encoding");
+}
 
 /// A store file in its own temporary directory, with a manual clock shared by every open.
 pub struct Env {
@@ -67,8 +114,13 @@ impl Env {
     pub fn raw_record_count(&self) -> u64 {
         let db = idemstore::open_redb(&self.path).expect("open the store file with redb");
         let txn = db.begin_read().expect("read transaction");
-        let table = txn.open_table(RECORDS).expect("records table");
-        table.len().expect("count records")
+        records_tables(txn.list_tables().unwrap())
+            .iter()
+            .map(|name| {
+                let table = txn.open_table(records_table(name)).expect("records table");
+                table.len().expect("count records")
+            })
+            .sum()
     }
 }
 

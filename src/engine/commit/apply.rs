@@ -22,12 +22,13 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
-use redb::{Database, ReadOnlyTable, ReadableDatabase, WriteTransaction};
+use redb::{Database, ReadableDatabase, WriteTransaction};
 
 use crate::engine::cache::RecordCache;
 use crate::engine::stats::Counter;
 use crate::error::Error;
-use crate::format::tables::{decode_record, IndexEntries, Tables, RECORDS};
+use crate::format::tables::{decode_record, IndexEntries, Tables};
+use crate::format::windows::{Records, Windows};
 use crate::key::Key;
 use crate::record::Record;
 
@@ -146,8 +147,9 @@ pub(super) struct Deferring<'w> {
     seq: u64,
     cache: &'w RecordCache,
     db: &'w Database,
+    windows: &'w Windows,
     /// The committed records, opened on the first key neither in `latest` nor in the cache.
-    committed: Option<ReadOnlyTable<&'static [u8], &'static [u8]>>,
+    committed: Option<Records>,
 }
 
 impl<'w> Deferring<'w> {
@@ -156,12 +158,14 @@ impl<'w> Deferring<'w> {
         seq: u64,
         cache: &'w RecordCache,
         db: &'w Database,
+        windows: &'w Windows,
     ) -> Deferring<'w> {
         Deferring {
             latest,
             seq,
             cache,
             db,
+            windows,
             committed: None,
         }
     }
@@ -184,14 +188,11 @@ impl Target for Deferring<'_> {
         let ctx = "reading a record";
         if self.committed.is_none() {
             let txn = self.db.begin_read().map_err(|e| Error::storage(ctx, e))?;
-            let table = txn
-                .open_table(RECORDS)
-                .map_err(|e| Error::storage(ctx, e))?;
-            self.committed = Some(table);
+            self.committed = Some(Records::open(&txn, self.windows)?);
         }
         let table = self.committed.as_ref().expect("opened above");
         let value = table
-            .get(key.encoded())
+            .get_hashed(key.encoded(), key.hash64())
             .map_err(|e| Error::storage(ctx, e))?;
         Ok(value
             .map(|bytes| decode_record(key.encoded(), bytes.value()))
@@ -269,6 +270,9 @@ pub(crate) struct Applier {
     /// Whether frames are applied before they are durable (buffered durability, where a
     /// batch is answered before its sync anyway).
     apply_unsynced: bool,
+    /// Whether the applier deletes ended windows when it commits (the background sweeper is
+    /// on).
+    drops_windows: bool,
     /// The last frame applied to a transaction.
     applied: AtomicU64,
     /// The last frame held by a redb commit the applier made itself, for the writer to forget
@@ -291,11 +295,17 @@ pub(crate) struct Applier {
 }
 
 impl Applier {
-    pub(super) fn new(engine: Arc<Engine>, syncer: Arc<Syncer>, apply_unsynced: bool) -> Applier {
+    pub(super) fn new(
+        engine: Arc<Engine>,
+        syncer: Arc<Syncer>,
+        apply_unsynced: bool,
+        drops_windows: bool,
+    ) -> Applier {
         Applier {
             engine,
             syncer,
             apply_unsynced,
+            drops_windows,
             applied: AtomicU64::new(0),
             committed: AtomicU64::new(0),
             drain_to: AtomicU64::new(0),
@@ -306,6 +316,12 @@ impl Applier {
             more: Condvar::new(),
             thread: Mutex::new(None),
         }
+    }
+
+    /// Whether the applier holds no open transaction (and is not applying): ended windows are
+    /// then the background sweeper's to delete.
+    pub(super) fn is_idle(&self) -> bool {
+        self.txn.try_lock().is_some_and(|txn| txn.is_none())
     }
 
     /// Starts the applier thread. Without it every batch is applied by the next flush.
@@ -483,7 +499,7 @@ impl Applier {
             *txn = Some((opened, Instant::now()));
         }
         let (open, _) = txn.as_ref().expect("opened above");
-        let mut tables = Tables::open(open)?;
+        let mut tables = Tables::open(open, &self.engine.windows)?;
         let last = batches.last().map(|b| (b.seq, b.next_token));
         for change in merged(batches) {
             let key = change.key.encoded();
@@ -496,6 +512,14 @@ impl Applier {
             tables.set_wal_seq(seq)?;
             tables.set_next_token(next_token)?;
             self.applied.store(seq, Ordering::Release);
+        }
+        if self.drops_windows {
+            // Ended windows leave with the batches: one table deletion each, in whichever
+            // transaction applies them (the applier's, a checkpoint's, a flush's), off the
+            // writer's batch path.
+            let (windows, held) = tables.drop_ended_windows(self.engine.now())?;
+            self.engine.counters.add(Counter::WindowsDeleted, windows);
+            self.engine.counters.add(Counter::Swept, held);
         }
         Ok(())
     }

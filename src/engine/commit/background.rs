@@ -5,7 +5,6 @@
 use std::time::{Duration, Instant};
 
 use crate::engine::settings::Durability;
-use crate::engine::sweep::{may_find_expired, SWEEP_SLICE_RECORDS};
 
 use super::apply::TXN_SPAN;
 use super::Writer;
@@ -62,12 +61,14 @@ impl Writer {
             let _ = self.flush();
         }
         if let Some(interval) = self.schedule.sweep_interval {
-            if self.sweep_backlog || self.last_sweep.elapsed() >= interval {
+            if self.last_sweep.elapsed() >= interval {
                 self.last_sweep = Instant::now();
-                // A backlog is known; otherwise look first, without holding a transaction.
-                self.sweep_backlog = (self.sweep_backlog
-                    || may_find_expired(&self.engine.db, self.engine.now()))
-                    && matches!(self.sweep(SWEEP_SLICE_RECORDS), Ok(n) if n == SWEEP_SLICE_RECORDS);
+                // Ended windows are known without a transaction. While the applier holds one,
+                // it deletes them itself when it commits; otherwise they go here.
+                let ended = !self.engine.windows.due(self.engine.now()).is_empty();
+                if ended && self.applier.is_idle() {
+                    let _ = self.drop_ended_windows();
+                }
             }
         }
         let logged = self.wal.len_since_rewind();
@@ -100,11 +101,7 @@ impl Writer {
             });
         }
         if let Some(interval) = self.schedule.sweep_interval {
-            at(if self.sweep_backlog {
-                Duration::ZERO
-            } else {
-                interval.saturating_sub(self.last_sweep.elapsed())
-            });
+            at(interval.saturating_sub(self.last_sweep.elapsed()));
         }
         if self.wal.len_since_rewind() > 0 {
             at(self

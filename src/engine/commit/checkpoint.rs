@@ -67,7 +67,8 @@ fn commit_checkpoint(
         .map_err(|e| Error::storage(ctx, e))?;
     // As `Writer::begin` does for every durable commit.
     open.set_quick_repair(true);
-    let mut tables = Tables::open(&open)?;
+    let mut tables = Tables::open(&open, &engine.windows)?;
+    tables.save_filters()?;
     tables.set_wal_seq(meta.last)?;
     tables.set_next_token(meta.next_token)?;
     tables.set_log_region(meta.start, meta.salt, meta.following)?;
@@ -132,9 +133,11 @@ impl Writer {
         };
         let new_salt = new_salt();
         if self.next_token != token_before || kind == CommitKind::Durable {
-            let saved = Tables::open(&txn).and_then(|mut t| {
+            let saved = Tables::open(&txn, &self.engine.windows).and_then(|mut t| {
                 t.set_next_token(self.next_token)?;
                 if kind == CommitKind::Durable {
+                    // Every durable commit saves the filters it would leave out of date.
+                    t.save_filters()?;
                     // Frames after this checkpoint use a new salt, so no frame from before it
                     // (nor bytes shaped like one) can pass as current after the rewind. The
                     // next region's salt is unused still (no background checkpoint runs).

@@ -12,12 +12,15 @@ use crate::engine::cache::RecordCache;
 use crate::engine::overlay::Overlay;
 use crate::engine::poison::Poison;
 use crate::engine::stats::Counters;
+use crate::format::windows::Windows;
 use crate::record::Millis;
 
 /// See the module docs. Assembled once, when the store opens (`Store::from_parts`).
 pub(crate) struct Engine {
     /// The B-tree file.
     pub(crate) db: Database,
+    /// The expiry windows the records are kept in, with their filters.
+    pub(crate) windows: Windows,
     /// Recently committed records, for the duplicate path.
     pub(crate) cache: RecordCache,
     /// Acknowledged changes not yet committed to redb, and the writer's epochs.

@@ -42,8 +42,6 @@ pub(crate) struct Writer {
     pub(super) last_checkpoint: Instant,
     pub(super) last_sync: Instant,
     pub(super) last_sweep: Instant,
-    /// The last background sweep slice was full: more expired records are waiting.
-    pub(super) sweep_backlog: bool,
     /// The background checkpoint whose durable commit runs now, if any (`checkpoint.rs`).
     pub(super) checkpointing: Option<super::checkpoint::Running>,
 }
@@ -62,6 +60,7 @@ impl Writer {
             Arc::clone(&engine),
             Arc::clone(&syncer),
             apply_unsynced,
+            schedule.sweep_interval.is_some(),
         ));
         Writer {
             engine,
@@ -76,7 +75,6 @@ impl Writer {
             last_checkpoint: Instant::now(),
             last_sync: Instant::now(),
             last_sweep: Instant::now(),
-            sweep_backlog: false,
             checkpointing: None,
         }
     }
@@ -153,7 +151,13 @@ impl Writer {
         let mut latest = std::mem::take(&mut self.latest);
         let engine = Arc::clone(&self.engine);
         let next_seq = self.wal.last_seq() + 1;
-        let mut target = Deferring::new(&mut latest, next_seq, &engine.cache, &engine.db);
+        let mut target = Deferring::new(
+            &mut latest,
+            next_seq,
+            &engine.cache,
+            &engine.db,
+            &engine.windows,
+        );
         let result = (|| {
             let mut ops = 0;
             let mut written = Vec::new();

@@ -18,7 +18,8 @@ use redb::{Database, DatabaseError, ReadableDatabase, StorageError, TableError};
 use crate::engine::wal::OsFile;
 use crate::error::Error;
 use crate::format::pages::PageFile;
-use crate::format::tables::{Tables, FORMAT_VERSION, FORMAT_VERSION_2, META, META_FORMAT};
+use crate::format::tables::{Tables, FORMAT_VERSION, META, META_FORMAT};
+use crate::format::windows::Windows;
 
 /// The first bytes of every plain redb file (a store before page checksums).
 const REDB_SIGNATURE: [u8; 9] = [b'r', b'e', b'd', b'b', 0x1A, 0x0A, 0xA9, 0x0D, 0x0A];
@@ -112,7 +113,7 @@ fn open_existing(path: &Path, builder: impl Fn(bool) -> redb::Builder) -> Result
     if start[..REDB_SIGNATURE.len()] == REDB_SIGNATURE {
         return Err(not_a_store(
             path,
-            "it is a plain redb file: a store of the format before page checksums, or another program's redb database. convert a store written by an earlier idemstore version with `idemstore upgrade PATH` (or `idemstore::upgrade`), which keeps its log as it is",
+            "it is a plain redb file (another program's database, or a development format of idemstore from before page checksums, which this build does not read)",
         ));
     }
     if let Err(reason) = crate::format::pages::check_header(&start) {
@@ -149,32 +150,7 @@ fn open_existing(path: &Path, builder: impl Fn(bool) -> redb::Builder) -> Result
     if !checked {
         check_format(&db, path)?;
     }
-    upgrade_format(&db)?;
     Ok(db)
-}
-
-/// Converts a store of format 2 to the current format in one durable redb transaction, so a
-/// crash leaves it at format 2 or 3, never between (docs/format.md, "Versioning"). Does
-/// nothing to a store of the current format. Called on every read-write open, after the format
-/// check and before the log is replayed (frames hold records, not index entries, so they
-/// replay into either format).
-pub(crate) fn upgrade_format(db: &Database) -> Result<bool, Error> {
-    let ctx = "converting the store to format 3";
-    let version = {
-        let txn = db.begin_read().map_err(|e| Error::storage(ctx, e))?;
-        let meta = txn.open_table(META).map_err(|e| Error::storage(ctx, e))?;
-        let version = meta.get(META_FORMAT).map_err(|e| Error::storage(ctx, e))?;
-        version.map(|v| v.value())
-    };
-    if version != Some(FORMAT_VERSION_2) {
-        return Ok(false);
-    }
-    let mut txn = db.begin_write().map_err(|e| Error::storage(ctx, e))?;
-    // Two-phase, as every durable commit of a store (docs/format.md, "The page layer").
-    txn.set_quick_repair(true);
-    crate::format::tables::upgrade_to_current(&txn)?;
-    txn.commit().map_err(|e| Error::storage(ctx, e))?;
-    Ok(true)
 }
 
 /// An error from redb opening or creating `path`, naming the file.
@@ -210,12 +186,13 @@ pub(crate) fn check_format(db: &impl ReadableDatabase, path: &Path) -> Result<()
         Err(e) => return Err(Error::storage(ctx, e)),
     };
     match meta.get(META_FORMAT).map_err(|e| Error::storage(ctx, e))? {
-        Some(v) if v.value() == FORMAT_VERSION || v.value() == FORMAT_VERSION_2 => Ok(()),
+        Some(v) if v.value() == FORMAT_VERSION => Ok(()),
         Some(v) => Err(not_a_store(
             path,
             format!(
-                "store format version {} (this build reads version {FORMAT_VERSION}, and \
-                 converts version {FORMAT_VERSION_2} when it opens it)",
+                "store format version {} (this build reads version {FORMAT_VERSION}; earlier \
+                 versions were development formats that no release wrote: export the keys \
+                 with the build that wrote the file, or start a new store)",
                 v.value()
             ),
         )),
@@ -276,7 +253,7 @@ fn build_empty_store(temp: &Path, builder: &redb::Builder) -> Result<(), Error> 
 fn initialize(db: &Database) -> Result<(), Error> {
     let ctx = "initializing a new store";
     let txn = db.begin_write().map_err(|e| Error::storage(ctx, e))?;
-    Tables::open(&txn)?.initialize()?;
+    Tables::open(&txn, &Windows::new(1))?.initialize()?;
     // Nothing was logged yet: a new store is closed cleanly (`engine/lost_log.rs`).
     crate::engine::clean_close::mark(&txn)?;
     txn.commit().map_err(|e| Error::storage(ctx, e))
@@ -455,116 +432,4 @@ fn check_page_file(path: &Path) -> Result<(), Error> {
         .and_then(|mut file| file.read_exact(&mut start))
         .map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
     crate::format::pages::check_header(&start).map_err(|reason| not_a_store(path, reason))
-}
-
-/// Converts the file of a closed store of an earlier format to the current one, in place, in
-/// two steps, each done only when needed:
-///
-/// - a store written before page checksums (a plain redb file): every block of the old file
-///   is copied, with its checksum, into a new file beside it, which is synced and then
-///   renamed over the old one (a crash leaves the old file untouched, and possibly a
-///   `.NAME.upgrading.*` file that can be deleted);
-/// - a store of format 2 (two indexes): its deadline index is built and the old indexes
-///   dropped in one durable transaction (a crash leaves format 2 or 3), as every open of such
-///   a store does anyway (docs/format.md, "Versioning").
-///
-/// The log is not touched: a store that was not closed cleanly replays it at its next open as
-/// before. Returns `false` when the file already has the current format.
-///
-/// The store must not be open; the first step needs free space for one copy of the file.
-///
-/// # Errors
-/// [`Error::NotAStore`] for a file that is not an idemstore store (a foreign redb database is
-/// left untouched), [`Error::Io`] (a full disk among them: the old file is kept).
-pub fn upgrade(path: impl AsRef<Path>) -> Result<bool, Error> {
-    let path = path.as_ref();
-    let pages = upgrade_pages(path)?;
-    let db = open_redb(path)?;
-    check_format(&db, path)?;
-    Ok(upgrade_format(&db)? || pages)
-}
-
-/// The first step of [`upgrade`]: a plain redb file copied into the page layer.
-fn upgrade_pages(path: &Path) -> Result<bool, Error> {
-    use std::os::unix::fs::FileExt;
-    let mut start = [0u8; 32];
-    File::open(path)
-        .and_then(|mut file| file.read_exact(&mut start))
-        .map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
-    if crate::format::pages::check_header(&start).is_ok() {
-        return Ok(false);
-    }
-    if start[..REDB_SIGNATURE.len()] != REDB_SIGNATURE {
-        return Err(not_a_store(
-            path,
-            "it is neither a store file nor a redb file",
-        ));
-    }
-    // Refuse a foreign redb database without writing to it; a store that needs crash recovery
-    // cannot be opened read-only, and redb's repair on a read-write open is what its own
-    // version would do at its next open.
-    match redb::Builder::new().open_read_only(path) {
-        Ok(db) => check_format(&db, path)?,
-        Err(_) => {
-            let db = redb::Builder::new()
-                .open(path)
-                .map_err(|e| open_error(path, "opening", e))?;
-            check_format(&db, path)?;
-        }
-    }
-    let name = path
-        .file_name()
-        .ok_or_else(|| not_a_store(path, "the path has no file name"))?;
-    let dir = match path.parent() {
-        Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let temp = dir.join(format!(
-        ".{}.upgrading.{}",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
-    let copy = || -> Result<(), Error> {
-        let old =
-            File::open(path).map_err(|e| Error::io(format!("opening {}", path.display()), e))?;
-        let len = old
-            .metadata()
-            .map_err(|e| Error::io(format!("reading metadata of {}", path.display()), e))?
-            .len();
-        let new = fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&temp)
-            .map_err(|e| Error::io(format!("creating {}", temp.display()), e))?;
-        let pages = page_file(new, &temp)?;
-        let io = |e| Error::io(format!("writing {}", temp.display()), e);
-        redb::StorageBackend::set_len(&pages, len).map_err(io)?;
-        let mut buf = vec![0u8; 1 << 20];
-        let mut at = 0;
-        while at < len {
-            let n = buf.len().min((len - at) as usize);
-            old.read_exact_at(&mut buf[..n], at)
-                .map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
-            redb::StorageBackend::write(&pages, at, &buf[..n]).map_err(io)?;
-            at += n as u64;
-        }
-        redb::StorageBackend::sync_data(&pages).map_err(io)?;
-        File::open(&temp)
-            .and_then(|f| f.sync_all())
-            .map_err(|e| Error::io(format!("syncing {}", temp.display()), e))?;
-        fs::rename(&temp, path).map_err(|e| {
-            Error::io(
-                format!("renaming {} to {}", temp.display(), path.display()),
-                e,
-            )
-        })
-    };
-    let result = copy();
-    if result.is_err() {
-        let _ = fs::remove_file(&temp);
-    }
-    result?;
-    sync_dir(&dir)?;
-    Ok(true)
 }

@@ -19,7 +19,8 @@ use crate::engine::stats::Counters;
 use crate::engine::wal::{log_path, LogFile};
 use crate::error::Error;
 use crate::format::identity::{self, Identity};
-use crate::format::tables::Tables;
+use crate::format::tables::{window_width, Tables};
+use crate::format::windows::{width_for, Windows};
 use crate::record::TokenFloor;
 
 use super::Store;
@@ -66,7 +67,8 @@ fn guard_open(
 fn store_id(db: &Database) -> Result<u64, Error> {
     let ctx = "reading the store's identity";
     let txn = db.begin_write().map_err(|e| Error::storage(ctx, e))?;
-    let id = Tables::open(&txn)?.store_id();
+    // The meta table alone: no window is read.
+    let id = Tables::open(&txn, &Windows::new(1))?.store_id();
     txn.abort().map_err(|e| Error::storage(ctx, e))?;
     id
 }
@@ -207,7 +209,6 @@ impl Store {
                     .map_err(|e| file::open_error(&path, "opening", e))?;
                 file::initialize_if_new(&db)?;
                 file::check_format(&db, &path)?;
-                file::upgrade_format(&db)?;
                 Store::from_parts(db, log, log_path(&path), builder, path)
             },
         )
@@ -257,7 +258,10 @@ impl Store {
             ));
         }
         let strict = builder.durability == Durability::Immediate;
-        let (mut wal, next_token) = recovery::recover(&db, log, log_path, strict)?;
+        let retention_ms = u64::try_from(builder.retention.as_millis()).unwrap_or(u64::MAX);
+        let width = window_width(&db, width_for(retention_ms))?;
+        let windows = Windows::load(&db, width)?;
+        let (mut wal, next_token) = recovery::recover(&db, &windows, log, log_path, strict)?;
         wal.set_max_payload(builder.limits.frame_bytes);
         // Leases end with their process: every token below the first one this owner hands
         // out was handed out by an earlier owner of the file (`Builder::leases_survive_restart`).
@@ -268,6 +272,7 @@ impl Store {
         };
         let engine = Arc::new(Engine {
             db,
+            windows,
             cache: RecordCache::new(builder.cache_records, builder.cache_record_bytes),
             overlay: Overlay::default(),
             counters: Counters::default(),

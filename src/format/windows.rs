@@ -1,0 +1,617 @@
+//! Expiry windows: a store keeps its records in one redb table per window of expiry time, so
+//! the keys of a window leave together.
+//!
+//! A record whose `expires_at` is `t` lives in the table of window `t / width`
+//! (`idemstore.records.<window as 16 hex digits>`), where `width` is fixed when the store is
+//! created (the meta key `window_ms`: a 32nd of the retention the store was created with, at
+//! least 1 ms). Every record of a window has expired once the window has ended, so expiry
+//! deletes the window's table at once ([`Windows::due`]) instead of one key at a time: the cost
+//! of expiring a key is a share of one table deletion, and the space returns to the file's
+//! free pages for the next windows. A key is stored in at most one window: a write that moves
+//! a record to another window deletes it from the old one.
+//!
+//! Lookups do not read every window's table. Each window has a [`Filter`] in memory (a blocked
+//! Bloom filter, about 10 bits per key, built from the table's keys when the store opens and
+//! kept by every insert), and a key is looked up only in the windows whose filter may hold it:
+//! a key that is absent (most keys a deduplication store is asked about) is answered without
+//! reading a page.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use parking_lot::RwLock;
+use redb::{
+    AccessGuard, Database, ReadOnlyTable, ReadTransaction, ReadableDatabase, ReadableTable,
+    ReadableTableMetadata, TableDefinition, TableError, TableHandle,
+};
+
+use crate::error::Error;
+use crate::record::Millis;
+
+/// The prefix of every window's records table; the window follows as 16 hex digits.
+pub(crate) const RECORDS_PREFIX: &str = "idemstore.records.";
+
+/// Windows per retention when a store is created: the share of a window's keys that may stay
+/// stored after they expired (until the window ends) is about one 32nd of the live keys at
+/// steady state.
+pub(crate) const WINDOWS_PER_RETENTION: u64 = 32;
+
+/// The windows' filters as the last durable commit saved them: window → encoded [`Filter`].
+/// A window without a row has its filter built from its table's keys at open.
+pub(crate) const FILTERS: TableDefinition<u64, &[u8]> = TableDefinition::new("idemstore.filters");
+
+/// A records table: encoded key → encoded record.
+pub(crate) type RecordsDef<'a> = TableDefinition<'a, &'static [u8], &'static [u8]>;
+/// One window's records table in a read transaction.
+pub(crate) type RecordsTable = ReadOnlyTable<&'static [u8], &'static [u8]>;
+/// A stored key and its record's bytes.
+type Entry = (Vec<u8>, Vec<u8>);
+
+/// The name of window `window`'s records table.
+pub(crate) fn table_name(window: u64) -> String {
+    format!("{RECORDS_PREFIX}{window:016x}")
+}
+
+/// The window a table named `name` holds, if it is a records table.
+pub(crate) fn parse_table_name(name: &str) -> Option<u64> {
+    let hex = name.strip_prefix(RECORDS_PREFIX)?;
+    if hex.len() != 16 {
+        return None;
+    }
+    u64::from_str_radix(hex, 16).ok()
+}
+
+/// The width of a new store's windows for `retention_ms`.
+pub(crate) fn width_for(retention_ms: u64) -> u64 {
+    (retention_ms / WINDOWS_PER_RETENTION).max(1)
+}
+
+/// The windows of one store: their width, and the filter of every window that may have a
+/// table (a superset: a window whose table a rolled-back transaction created has a filter
+/// and no table).
+pub(crate) struct Windows {
+    width: u64,
+    map: RwLock<BTreeMap<u64, Arc<Filter>>>,
+    /// The most keys one window's filter has taken: the size of a new window's filter.
+    largest: AtomicUsize,
+}
+
+impl std::fmt::Debug for Windows {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Windows")
+            .field("width", &self.width)
+            .field("windows", &self.map.read().len())
+            .finish()
+    }
+}
+
+impl Windows {
+    /// Windows of `width` milliseconds, none yet.
+    pub(crate) fn new(width: u64) -> Windows {
+        Windows {
+            width: width.max(1),
+            map: RwLock::new(BTreeMap::new()),
+            largest: AtomicUsize::new(0),
+        }
+    }
+
+    /// The windows of the store in `db` (of `width`), with their filters: each as saved in
+    /// `idemstore.filters` by the last durable commit, or, for a window whose saved filter is
+    /// missing (a window written since, before a crash), built from its table's keys.
+    pub(crate) fn load(db: &Database, width: u64) -> Result<Windows, Error> {
+        let ctx = "reading the store's windows";
+        let windows = Windows::new(width);
+        let txn = db.begin_read().map_err(|e| Error::storage(ctx, e))?;
+        let names: Vec<String> = txn
+            .list_tables()
+            .map_err(|e| Error::storage(ctx, e))?
+            .map(|handle| handle.name().to_string())
+            .collect();
+        let saved = match txn.open_table(FILTERS) {
+            Ok(table) => Some(table),
+            Err(TableError::TableDoesNotExist(_)) => None,
+            Err(e) => return Err(Error::storage(ctx, e)),
+        };
+        let mut map = windows.map.write();
+        for name in names {
+            let Some(window) = parse_table_name(&name) else {
+                continue;
+            };
+            let row = match &saved {
+                Some(table) => table.get(window).map_err(|e| Error::storage(ctx, e))?,
+                None => None,
+            };
+            let filter = match row.and_then(|bytes| Filter::decode(bytes.value())) {
+                Some(filter) => filter,
+                None => windows.filter_of_table(&txn, &name)?,
+            };
+            windows.largest.fetch_max(filter.len(), Ordering::Relaxed);
+            map.insert(window, Arc::new(filter));
+        }
+        drop(map);
+        Ok(windows)
+    }
+
+    /// A filter of every key in table `name` (not saved: the next durable commit saves it).
+    fn filter_of_table(&self, txn: &ReadTransaction, name: &str) -> Result<Filter, Error> {
+        let ctx = "reading a window's keys";
+        let table = txn
+            .open_table(RecordsDef::new(name))
+            .map_err(|e| Error::storage(ctx, e))?;
+        let len = table.len().map_err(|e| Error::storage(ctx, e))?;
+        let len = usize::try_from(len).unwrap_or(usize::MAX);
+        let filter = Filter::with_capacity(len.saturating_add(len / 4));
+        for entry in table.iter().map_err(|e| Error::storage(ctx, e))? {
+            let (key, _) = entry.map_err(|e| Error::storage(ctx, e))?;
+            filter.insert(self.hash(key.value()));
+        }
+        Ok(filter)
+    }
+
+    /// The width of a window, in milliseconds.
+    pub(crate) fn width(&self) -> u64 {
+        self.width
+    }
+
+    /// The window of a record that expires at `expires_at`.
+    pub(crate) fn of(&self, expires_at: Millis) -> u64 {
+        expires_at / self.width
+    }
+
+    /// When window `window` ends: every record in it has expired from then on.
+    pub(crate) fn end(&self, window: u64) -> Millis {
+        window.saturating_add(1).saturating_mul(self.width)
+    }
+
+    /// The hash of an encoded key, for the filters (the one a [`Key`](crate::Key) carries).
+    pub(crate) fn hash(&self, key: &[u8]) -> u64 {
+        crate::key::hash_of(key)
+    }
+
+    /// The filter of `window`, made (empty) if it has none: call it before inserting into
+    /// the window's table.
+    pub(crate) fn filter(&self, window: u64) -> Arc<Filter> {
+        if let Some(filter) = self.map.read().get(&window) {
+            return Arc::clone(filter);
+        }
+        let mut map = self.map.write();
+        // Sized for the most keys a window has taken so far: at steady state windows are
+        // alike, so a new one's filter is one part.
+        let capacity = map
+            .values()
+            .map(|f| f.len())
+            .max()
+            .unwrap_or(0)
+            .max(self.largest.load(Ordering::Relaxed));
+        Arc::clone(
+            map.entry(window)
+                .or_insert_with(|| Arc::new(Filter::with_capacity(capacity + capacity / 4))),
+        )
+    }
+
+    /// The filter of `window` if it has one (its table may exist).
+    pub(crate) fn existing(&self, window: u64) -> Option<Arc<Filter>> {
+        self.map.read().get(&window).cloned()
+    }
+
+    /// Every window that may have a table, earliest first, with its filter.
+    pub(crate) fn list(&self) -> Vec<(u64, Arc<Filter>)> {
+        self.map
+            .read()
+            .iter()
+            .map(|(w, f)| (*w, Arc::clone(f)))
+            .collect()
+    }
+
+    /// The windows that have ended at `now`, earliest first: every record in them expired.
+    pub(crate) fn due(&self, now: Millis) -> Vec<u64> {
+        self.map
+            .read()
+            .keys()
+            .copied()
+            .take_while(|w| self.end(*w) <= now)
+            .collect()
+    }
+
+    /// Forgets `window` (its table was deleted).
+    pub(crate) fn forget(&self, window: u64) {
+        if let Some(filter) = self.map.write().remove(&window) {
+            self.largest.fetch_max(filter.len(), Ordering::Relaxed);
+        }
+    }
+}
+
+/// Bits per key a filter is sized for: about 0.1% false positives with [`PROBES`] (so a
+/// lookup of an absent key in a store of 32 windows reads a page about once in 300).
+const BITS_PER_KEY: usize = 16;
+/// Bits set per key, all in one 512-bit block (one cache line).
+const PROBES: u64 = 11;
+/// The smallest filter part, in keys.
+const MIN_CAPACITY: usize = 1024;
+/// Parts a filter grows to: each twice the last; a window that outgrows them all reads as
+/// "may hold" for every key (correct, only slower).
+const PARTS: usize = 12;
+
+/// The bits a key sets in its block, and what picks the block: computed once per key and
+/// tested against every window's filter.
+#[derive(Clone, Copy)]
+pub(crate) struct Probe {
+    block: u64,
+    bits: [u64; 8],
+}
+
+impl Probe {
+    /// The probe of the key whose hash is `hash` ([`Windows::hash`]).
+    #[inline]
+    pub(crate) fn of(hash: u64) -> Probe {
+        // Double hashing inside the block: PROBES positions from two 9-bit values.
+        let mixed = hash.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let first = mixed >> 55;
+        let step = ((mixed >> 46) & 511) | 1;
+        let mut bits = [0u64; 8];
+        for i in 0..PROBES {
+            let bit = (first + i * step) & 511;
+            bits[(bit / 64) as usize] |= 1 << (bit % 64);
+        }
+        Probe {
+            block: hash >> 32,
+            bits,
+        }
+    }
+}
+
+/// The keys of one window, approximately: [`may_hold`](Filter::may_hold) never answers no
+/// for a key that was inserted. It grows by parts, each twice the size of the last, when a
+/// window takes more keys than its filter was made for. Shared by the writer, which inserts,
+/// and readers, without a lock.
+pub(crate) struct Filter {
+    parts: [OnceLock<Bloom>; PARTS],
+    /// Parts in use.
+    used: AtomicUsize,
+    /// Holds every key (a window a read snapshot holds that has no filter any more).
+    everything: bool,
+    first_capacity: usize,
+    /// Whether `idemstore.filters` holds this filter as it is (in the state committed last,
+    /// durable or not): cleared, and the row deleted, by the first insert after it was saved.
+    pub(crate) saved: AtomicBool,
+}
+
+impl Filter {
+    fn with_capacity(keys: usize) -> Filter {
+        let filter = Filter {
+            parts: Default::default(),
+            used: AtomicUsize::new(0),
+            everything: false,
+            first_capacity: keys.max(MIN_CAPACITY),
+            saved: AtomicBool::new(false),
+        };
+        let _ = filter.parts[0].set(Bloom::new(filter.first_capacity));
+        filter.used.store(1, Ordering::Release);
+        filter
+    }
+
+    fn everything() -> Filter {
+        Filter {
+            parts: Default::default(),
+            used: AtomicUsize::new(0),
+            everything: true,
+            first_capacity: MIN_CAPACITY,
+            saved: AtomicBool::new(false),
+        }
+    }
+
+    /// The filter's bytes in `idemstore.filters`: a version byte (1) and the number of parts,
+    /// then for each part its capacity, the keys inserted and the number of 512-bit blocks
+    /// (u64 LE each), and its words (u64 LE).
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let used = self.used.load(Ordering::Acquire);
+        let parts: Vec<&Bloom> = self.parts[..used].iter().filter_map(|p| p.get()).collect();
+        let mut out =
+            Vec::with_capacity(2 + parts.iter().map(|b| 24 + b.words.len() * 8).sum::<usize>());
+        out.push(1);
+        out.push(parts.len() as u8);
+        for bloom in parts {
+            out.extend_from_slice(&(bloom.capacity as u64).to_le_bytes());
+            out.extend_from_slice(&(bloom.inserted.load(Ordering::Relaxed) as u64).to_le_bytes());
+            out.extend_from_slice(&bloom.blocks.to_le_bytes());
+            for word in bloom.words.iter() {
+                out.extend_from_slice(&word.load(Ordering::Relaxed).to_le_bytes());
+            }
+        }
+        out
+    }
+
+    /// A filter from [`encode`](Filter::encode)'s bytes, saved; `None` for bytes that are not
+    /// one (the window's filter is then built from its keys).
+    pub(crate) fn decode(bytes: &[u8]) -> Option<Filter> {
+        let (&[version, count], mut rest) = bytes.split_first_chunk::<2>()?;
+        if version != 1 || count == 0 || usize::from(count) > PARTS {
+            return None;
+        }
+        let u64_at = |rest: &mut &[u8]| -> Option<u64> {
+            let (word, tail) = rest.split_first_chunk::<8>()?;
+            *rest = tail;
+            Some(u64::from_le_bytes(*word))
+        };
+        let filter = Filter {
+            parts: Default::default(),
+            used: AtomicUsize::new(0),
+            everything: false,
+            first_capacity: MIN_CAPACITY,
+            saved: AtomicBool::new(true),
+        };
+        for i in 0..usize::from(count) {
+            let capacity = usize::try_from(u64_at(&mut rest)?).ok()?;
+            let inserted = usize::try_from(u64_at(&mut rest)?).ok()?;
+            let blocks = u64_at(&mut rest)?;
+            let words = usize::try_from(blocks).ok()?.checked_mul(8)?;
+            if blocks == 0 || rest.len() < words.checked_mul(8)? {
+                return None;
+            }
+            let bloom = Bloom {
+                words: (0..words)
+                    .map(|_| AtomicU64::new(u64_at(&mut rest).unwrap_or(0)))
+                    .collect(),
+                blocks,
+                capacity,
+                inserted: AtomicUsize::new(inserted),
+            };
+            let _ = filter.parts[i].set(bloom);
+        }
+        if !rest.is_empty() {
+            return None;
+        }
+        filter.used.store(usize::from(count), Ordering::Release);
+        Some(filter)
+    }
+
+    /// Keys inserted (each insert counts, so a key inserted twice counts twice).
+    pub(crate) fn len(&self) -> usize {
+        self.parts
+            .iter()
+            .filter_map(|p| p.get())
+            .map(|b| b.inserted.load(Ordering::Relaxed))
+            .sum()
+    }
+
+    /// Adds the key whose hash is `hash`. Called by one writer at a time (inside redb's write
+    /// transaction).
+    pub(crate) fn insert(&self, hash: u64) {
+        let probe = Probe::of(hash);
+        if self.everything {
+            return;
+        }
+        let used = self.used.load(Ordering::Acquire);
+        let last = &self.parts[used - 1];
+        let bloom = last.get().expect("a used part is set");
+        if bloom.inserted.load(Ordering::Relaxed) < bloom.capacity || used == PARTS {
+            bloom.insert(&probe);
+            return;
+        }
+        let next = Bloom::new(bloom.capacity.saturating_mul(2));
+        next.insert(&probe);
+        let _ = self.parts[used].set(next);
+        self.used.store(used + 1, Ordering::Release);
+    }
+
+    /// Whether the key of `probe` may have been inserted.
+    #[inline]
+    pub(crate) fn may_hold(&self, probe: &Probe) -> bool {
+        if self.everything {
+            return true;
+        }
+        let used = self.used.load(Ordering::Acquire);
+        self.parts[..used]
+            .iter()
+            .any(|p| p.get().is_some_and(|b| b.may_hold(probe)))
+    }
+}
+
+/// One part of a [`Filter`]: 512-bit blocks, [`PROBES`] bits per key in the block its hash
+/// picks.
+struct Bloom {
+    words: Box<[AtomicU64]>,
+    blocks: u64,
+    capacity: usize,
+    inserted: AtomicUsize,
+}
+
+impl Bloom {
+    fn new(capacity: usize) -> Bloom {
+        let blocks = (capacity * BITS_PER_KEY).div_ceil(512).max(1);
+        Bloom {
+            words: (0..blocks * 8).map(|_| AtomicU64::new(0)).collect(),
+            blocks: blocks as u64,
+            capacity,
+            inserted: AtomicUsize::new(0),
+        }
+    }
+
+    /// The first word of the block `probe` picks.
+    #[inline]
+    fn block(&self, probe: &Probe) -> usize {
+        (((probe.block & 0xffff_ffff) * self.blocks) >> 32) as usize * 8
+    }
+
+    fn insert(&self, probe: &Probe) {
+        let first = self.block(probe);
+        for (i, bits) in probe.bits.iter().enumerate() {
+            if *bits != 0 {
+                self.words[first + i].fetch_or(*bits, Ordering::Relaxed);
+            }
+        }
+        self.inserted.fetch_add(1, Ordering::Relaxed);
+    }
+
+    #[inline]
+    fn may_hold(&self, probe: &Probe) -> bool {
+        let first = self.block(probe);
+        let words = &self.words[first..first + 8];
+        probe
+            .bits
+            .iter()
+            .zip(words)
+            .all(|(bits, word)| word.load(Ordering::Relaxed) & bits == *bits)
+    }
+}
+
+/// One read snapshot of every window's records table, with the filters: what a reader looks
+/// a key up in.
+pub(crate) struct Records {
+    tables: Vec<(u64, Arc<Filter>, RecordsTable)>,
+}
+
+impl Records {
+    /// The records of `txn`: every window's table that `txn` holds (a window without a
+    /// filter, one deleted since `txn` began, is looked up in for every key).
+    pub(crate) fn open(txn: &ReadTransaction, windows: &Windows) -> Result<Records, Error> {
+        let ctx = "reading the store's windows";
+        let filters = windows.map.read().clone();
+        let names: Vec<String> = txn
+            .list_tables()
+            .map_err(|e| Error::storage(ctx, e))?
+            .map(|handle| handle.name().to_string())
+            .collect();
+        let mut tables = Vec::new();
+        for name in names {
+            let Some(window) = parse_table_name(&name) else {
+                continue;
+            };
+            let filter = filters
+                .get(&window)
+                .cloned()
+                .unwrap_or_else(|| Arc::new(Filter::everything()));
+            match txn.open_table(RecordsDef::new(&name)) {
+                Ok(table) => tables.push((window, filter, table)),
+                Err(TableError::TableDoesNotExist(_)) => {}
+                Err(e) => return Err(Error::storage(ctx, e)),
+            }
+        }
+        Ok(Records { tables })
+    }
+
+    /// The stored bytes of `key`, expired or not.
+    pub(crate) fn get(
+        &self,
+        key: &[u8],
+    ) -> Result<Option<AccessGuard<'static, &'static [u8]>>, redb::StorageError> {
+        self.get_hashed(key, crate::key::hash_of(key))
+    }
+
+    /// [`get`](Records::get) of a key whose hash ([`Windows::hash`]) is known.
+    pub(crate) fn get_hashed(
+        &self,
+        key: &[u8],
+        hash: u64,
+    ) -> Result<Option<AccessGuard<'static, &'static [u8]>>, redb::StorageError> {
+        let probe = Probe::of(hash);
+        for (_, filter, table) in &self.tables {
+            if filter.may_hold(&probe) {
+                if let Some(found) = table.get(key)? {
+                    return Ok(Some(found));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// Every window's table, earliest window first.
+    pub(crate) fn tables(&self) -> impl Iterator<Item = (u64, &RecordsTable)> {
+        self.tables.iter().map(|(w, _, t)| (*w, t))
+    }
+
+    /// Records in every window.
+    pub(crate) fn len(&self) -> Result<u64, redb::StorageError> {
+        let mut n = 0;
+        for (_, _, table) in &self.tables {
+            n += table.len()?;
+        }
+        Ok(n)
+    }
+}
+
+impl Records {
+    /// Calls `f` with every record's key and bytes in key order (the windows' tables merged),
+    /// until it returns `Ok(true)`.
+    pub(crate) fn each_in_key_order(
+        &self,
+        mut f: impl FnMut(&[u8], &[u8]) -> Result<bool, Error>,
+    ) -> Result<(), Error> {
+        let ctx = "reading the store's records";
+        type Iter<'t> = redb::Range<'t, &'static [u8], &'static [u8]>;
+        let mut iters: Vec<Iter<'_>> = Vec::new();
+        let mut heads: Vec<Option<Entry>> = Vec::new();
+        let next = |iter: &mut Iter<'_>| -> Result<Option<Entry>, Error> {
+            match iter.next() {
+                None => Ok(None),
+                Some(entry) => {
+                    let (k, v) = entry.map_err(|e| Error::storage(ctx, e))?;
+                    Ok(Some((k.value().to_vec(), v.value().to_vec())))
+                }
+            }
+        };
+        for (_, _, table) in &self.tables {
+            let mut iter = table.iter().map_err(|e| Error::storage(ctx, e))?;
+            heads.push(next(&mut iter)?);
+            iters.push(iter);
+        }
+        loop {
+            let smallest = heads
+                .iter()
+                .enumerate()
+                .filter_map(|(i, head)| head.as_ref().map(|(k, _)| (k, i)))
+                .min()
+                .map(|(_, i)| i);
+            let Some(i) = smallest else {
+                return Ok(());
+            };
+            let (key, value) = heads[i].take().expect("a head was found");
+            heads[i] = next(&mut iters[i])?;
+            if f(&key, &value)? {
+                return Ok(());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A saved filter reads back holding every key it held, across parts; bytes that are not
+    /// a saved filter (cut short, or with anything changed in the header) are refused rather
+    /// than read, so the window's filter is built from its keys instead.
+    #[test]
+    fn a_saved_filter_reads_back_and_damaged_bytes_are_refused() {
+        let filter = Filter::with_capacity(100);
+        let hashes: Vec<u64> = (0..5_000u64)
+            .map(|i| crate::key::hash_of(format!("key-{i}").as_bytes()))
+            .collect();
+        for &hash in &hashes {
+            filter.insert(hash);
+        }
+        assert!(
+            filter.used.load(Ordering::Acquire) > 1,
+            "the filter grew parts"
+        );
+        let bytes = filter.encode();
+        let back = Filter::decode(&bytes).expect("saved bytes read back");
+        assert!(back.saved.load(Ordering::Acquire));
+        assert_eq!(back.len(), filter.len());
+        for &hash in &hashes {
+            assert!(back.may_hold(&Probe::of(hash)), "a key was lost");
+        }
+        for len in [0, 1, 2, 10, 25, bytes.len() - 1] {
+            assert!(Filter::decode(&bytes[..len]).is_none(), "cut at {len}");
+        }
+        let mut longer = bytes.clone();
+        longer.push(0);
+        assert!(Filter::decode(&longer).is_none(), "a byte too many");
+        for (at, value) in [(0, 2), (1, 0), (1, 13)] {
+            let mut changed = bytes.clone();
+            changed[at] = value;
+            assert!(Filter::decode(&changed).is_none(), "byte {at} = {value}");
+        }
+    }
+}

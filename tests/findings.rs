@@ -89,50 +89,6 @@ fn power_loss_keeping_a_later_unacknowledged_frame_still_opens() {
     });
 }
 
-/// Finding 2's pipelining, whatever the committer thread was doing: while a caller leads batch
-/// N's sync and the committer waits for that sync (its idle tick found the frame unsynced), a
-/// new request is still written as batch N+1 before N's sync ends, and neither is answered
-/// before the sync that covers it.
-#[test]
-fn a_request_queued_while_the_committer_waits_for_a_callers_sync_is_written_meanwhile() {
-    let clock = ManualClock::new();
-    let (db, log) = (SimDisk::new(), SimDisk::new());
-    let store = builder(&clock)
-        .open_with_storage(db.clone(), log.clone())
-        .unwrap();
-    // A first reserve, so that the committer's first round is behind it.
-    assert!(matches!(
-        store.reserve(&key("k1"), fp()).unwrap(),
-        Reservation::Acquired(_)
-    ));
-    log.hold_syncs();
-    thread::scope(|s| {
-        let _release = log.release_syncs_on_drop();
-        let store = &store;
-        let unsynced_before = log.unsynced_writes();
-        let n = s.spawn(move || store.reserve(&key("k2"), fp()));
-        wait_until("batch N's sync is running", || log.syncs_waiting() == 1);
-        wait_until("the committer waits for that sync", || {
-            store.__committer_waits_for_sync()
-        });
-        let next = s.spawn(move || store.reserve(&key("k3"), fp()));
-        wait_until("batch N+1 is written while N syncs", || {
-            log.unsynced_writes() == unsynced_before + 2
-        });
-        assert!(
-            !n.is_finished() && !next.is_finished(),
-            "nobody is answered before the sync that covers their frame"
-        );
-        log.release_syncs();
-        for (id, caller) in [("k2", n), ("k3", next)] {
-            assert!(
-                matches!(caller.join().unwrap(), Ok(Reservation::Acquired(_))),
-                "{id} is acquired once its frame is durable"
-            );
-        }
-    });
-}
-
 /// Finding 3: the batch limit bounded how many requests join a batch, not one request, so one
 /// `complete_many` with enough large results made a frame over the format's limit, hit the
 /// encoder's `expect`, and the caught panic poisoned the store. Here the limits are scaled

@@ -208,11 +208,6 @@ impl Store {
         self.committer.queued_async()
     }
 
-    /// Whether the committer thread waits for a sync a caller leads, with nothing to write.
-    pub fn __committer_waits_for_sync(&self) -> bool {
-        self.committer.waits_for_sync()
-    }
-
     /// This owner's token floor: pending records below it were acquired by an earlier owner.
     pub fn __token_floor(&self) -> u64 {
         self.token_floor().0

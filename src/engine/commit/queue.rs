@@ -201,13 +201,6 @@ impl Committer {
             .count()
     }
 
-    /// Whether the committer thread waits for a sync another thread leads, with nothing to
-    /// write (the crate's tests, feature `__whitebox`).
-    #[cfg(feature = "__whitebox")]
-    pub(crate) fn waits_for_sync(&self) -> bool {
-        self.shared.queue.lock().sync_wait
-    }
-
     /// Runs `f` with the writer to itself, after the open transaction is committed.
     pub(crate) fn with_writer<R>(
         &self,

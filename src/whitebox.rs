@@ -10,6 +10,7 @@
 use std::path::PathBuf;
 
 pub use crate::clock::{from_millis, to_millis};
+pub use crate::engine::commit::CheckpointStart;
 pub use crate::engine::poison::reopen_room;
 pub use crate::engine::recovery::{LogPosition, Recovered};
 pub use crate::engine::wal::Wal;

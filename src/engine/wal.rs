@@ -258,6 +258,13 @@ impl Wal {
         self.next_salt = salt;
     }
 
+    /// Whether frames may grow only up to the region a running checkpoint still needs (the
+    /// writer moved them back to the first region at the last switch, and that checkpoint
+    /// is not yet durable).
+    pub(crate) fn bounded(&self) -> bool {
+        self.limit != u64::MAX
+    }
+
     /// The checkpoint covering the other region is durable: frames may overwrite it.
     pub(crate) fn release(&mut self) {
         self.limit = u64::MAX;

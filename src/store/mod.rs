@@ -226,9 +226,23 @@ impl Store {
         self.engine.cache.clear();
     }
 
-    /// Runs `hook` once on the next background checkpoint's thread, just before its durable
-    /// commit (a test holds the commit there to work while it is in progress).
+    /// Runs `hook` once on the thread of the next background checkpoint to start, just before
+    /// its durable commit (a test holds the commit there to work while it is in progress). A
+    /// checkpoint already started runs without it.
     pub fn __before_checkpoint_commit(&self, hook: impl FnOnce() + Send + 'static) {
-        self.engine.checkpoint.arm(Box::new(hook));
+        self.__before_checkpoint_commit_if(|_| true, hook);
+    }
+
+    /// [`__before_checkpoint_commit`](Store::__before_checkpoint_commit) for the first
+    /// background checkpoint started from now on of which `which` holds; the ones before it
+    /// run without the hook. So a test holds the checkpoint it means (say, the first to move
+    /// the log's frames back to its first region) whatever number of checkpoints the
+    /// machine's speed let run before it.
+    pub fn __before_checkpoint_commit_if(
+        &self,
+        which: impl Fn(&crate::whitebox::CheckpointStart) -> bool + Send + 'static,
+        hook: impl FnOnce() + Send + 'static,
+    ) {
+        self.engine.checkpoint.arm(Box::new(which), Box::new(hook));
     }
 }

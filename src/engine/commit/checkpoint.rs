@@ -20,7 +20,7 @@ use std::time::Instant;
 use redb::WriteTransaction;
 
 use super::apply::{Applier, OpenTxn};
-use super::{Engine, Writer, Written};
+use super::{CheckpointStart, Engine, Writer, Written};
 use crate::engine::stats::Counter;
 use crate::error::Error;
 use crate::format::identity::LOG_HEADER_LEN;
@@ -208,13 +208,18 @@ impl Writer {
         let next_token = self.next_token;
         let following = new_salt();
         let (start, salt) = self.wal.switch(following, self.schedule.checkpoint_bytes);
+        let hook = self.engine.checkpoint.take_hook(&CheckpointStart {
+            back_to_first_region: self.wal.bounded(),
+        });
         self.applier.hold_after(last);
         let engine = std::sync::Arc::clone(&self.engine);
         let applier = std::sync::Arc::clone(&self.applier);
         let spawned = std::thread::Builder::new()
             .name("idemstore-checkpoint".into())
             .spawn(move || {
-                engine.checkpoint.run_hook();
+                if let Some(hook) = hook {
+                    hook();
+                }
                 let committed = {
                     let mut txn = applier.txn.lock();
                     let committed = commit_checkpoint(

@@ -42,6 +42,7 @@ mod writer;
 pub(crate) use apply::Written;
 pub(crate) use background::Schedule;
 pub(crate) use checkpoint::CommitKind;
+pub use engine::CheckpointStart;
 pub(crate) use engine::Engine;
 pub(crate) use queue::{first, Committer};
 pub(crate) use request::{CallerDecision, Kind, Known, Queued};

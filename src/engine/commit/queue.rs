@@ -28,6 +28,9 @@ struct Queue {
     room: Vec<Waker>,
     /// The committer is waiting for work and must be notified.
     idle: bool,
+    /// The committer is waiting for another thread's sync with nothing to write, and must be
+    /// woken through the syncer when a request comes (`Syncer::drive_written`).
+    sync_wait: bool,
     shutdown: bool,
 }
 
@@ -56,6 +59,7 @@ impl Committer {
                 tasks: 0,
                 room: Vec::new(),
                 idle: false,
+                sync_wait: false,
                 shutdown: false,
             }),
             work: Condvar::new(),
@@ -135,13 +139,7 @@ impl Committer {
                     drop(writer);
                     shared.syncer.drive(Some(&**last));
                 }
-                None => {
-                    if queue.idle {
-                        queue.idle = false;
-                        shared.work.notify_one();
-                    }
-                    drop(queue);
-                }
+                None => wake_committer(shared, queue),
             }
             if requests.iter().all(|r| r.is_answered()) {
                 return collect(&requests);
@@ -288,6 +286,21 @@ impl Drop for Committer {
     }
 }
 
+/// Wakes the committer for the requests just queued (`queue` is the queue's guard, released
+/// here): when it waits for work, or waits for another thread's sync with nothing to write.
+fn wake_committer(shared: &Shared, mut queue: parking_lot::MutexGuard<'_, Queue>) {
+    let sync_wait = std::mem::take(&mut queue.sync_wait);
+    if queue.idle {
+        queue.idle = false;
+        shared.work.notify_one();
+    }
+    drop(queue);
+    if sync_wait {
+        // Outside the queue's lock: the committer looks at the queue holding the syncer's.
+        shared.syncer.wake();
+    }
+}
+
 /// The longest the committer thread sleeps: callers lead their own batches, so it wakes this
 /// often to commit their open transaction and run background work.
 const IDLE_TICK: Duration = Duration::from_millis(10);
@@ -303,6 +316,7 @@ fn run(shared: &Shared) {
             .map_or(IDLE_TICK, |t| t.min(IDLE_TICK));
         let batch = {
             let mut queue = shared.queue.lock();
+            queue.sync_wait = false;
             if queue.requests.is_empty() && !queue.shutdown {
                 queue.idle = true;
                 let _ = shared.work.wait_for(&mut queue, tick);
@@ -322,8 +336,17 @@ fn run(shared: &Shared) {
         drop(writer);
         if sync {
             // Callers wait without driving syncs while the committer works: it syncs every
-            // written frame (an error reaches the callers through their requests).
-            let _ = shared.syncer.drive_written();
+            // written frame (an error reaches the callers through their requests). When a
+            // caller leads the sync, the committer waits for it only while nothing is queued:
+            // a request queued meanwhile is written at once (its frame then synced after that
+            // sync, by the committer's next round), so that batch N+1 is written while batch N
+            // syncs instead of after it. Nobody is answered before their frame is durable.
+            let _ = shared.syncer.drive_written(&|| {
+                let mut queue = shared.queue.lock();
+                let queued = !queue.requests.is_empty();
+                queue.sync_wait = !queued;
+                queued
+            });
         }
     }
     let mut writer = shared.writer.lock();
@@ -475,11 +498,7 @@ impl<O: Kind + Unpin> Future for CommitFuture<O> {
             for request in &requests {
                 queue.requests.push(Arc::clone(request) as Arc<dyn Queued>);
             }
-            if queue.idle {
-                queue.idle = false;
-                this.shared.work.notify_one();
-            }
-            drop(queue);
+            wake_committer(&this.shared, queue);
             this.state = FutureState::Queued(requests);
         }
         let FutureState::Queued(requests) = &this.state else {

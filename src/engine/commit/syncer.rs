@@ -174,19 +174,34 @@ impl Syncer {
 
     /// Syncs until every written frame is durable and answered; fails if the store is poisoned.
     pub(super) fn drive_all(&self) -> Result<(), Error> {
-        self.drive_until(None)
+        self.drive_until(None, &|| false)
     }
 
     /// Syncs until every frame written before the call is durable and answered (so a caller
     /// that keeps writing cannot keep the committer here); fails if the store is poisoned.
-    pub(super) fn drive_written(&self) -> Result<(), Error> {
+    ///
+    /// While another thread leads the sync, this waits for it only as long as `queued` says
+    /// no request waits to be written: once one does, it returns (`Ok`, the frames not yet
+    /// durable) so that the committer writes the next batch while that sync runs, and drives
+    /// again after it.
+    /// `queued` runs with the sync state locked; a caller that queues a request after it
+    /// answered `false` must call [`wake`](Syncer::wake) (the committer's queue tells it so).
+    pub(super) fn drive_written(&self, queued: &dyn Fn() -> bool) -> Result<(), Error> {
         let written = self.state.lock().written_seq;
-        self.drive_until(Some(written))
+        self.drive_until(Some(written), queued)
+    }
+
+    /// Wakes a [`drive_written`](Syncer::drive_written) waiting for another thread's sync,
+    /// to look at its queue again. (The lock is taken so that the wake-up cannot fall between
+    /// the waiter's look and its wait: it holds the lock from one to the other.)
+    pub(super) fn wake(&self) {
+        drop(self.state.lock());
+        self.idle.notify_all();
     }
 
     /// Syncs until frame `until` (every written frame when `None`) is durable and every batch
-    /// up to it answered.
-    fn drive_until(&self, until: Option<u64>) -> Result<(), Error> {
+    /// up to it answered, or until `queued` says requests wait while another thread syncs.
+    fn drive_until(&self, until: Option<u64>, queued: &dyn Fn() -> bool) -> Result<(), Error> {
         loop {
             self.drive(None);
             let mut state = self.state.lock();
@@ -201,7 +216,12 @@ impl Syncer {
                 return Ok(());
             }
             if state.syncing {
-                // A waiting caller is syncing: wait for it to finish, then go again.
+                // A waiting caller is syncing. Requests wait to be written: go and write them
+                // (the batch after this sync is written while it runs, and synced after it).
+                // Otherwise wait for the sync to end (or a request to come), then go again.
+                if queued() {
+                    return Ok(());
+                }
                 self.idle.wait_for(&mut state, Duration::from_millis(100));
             }
         }

@@ -26,10 +26,7 @@ mod sweep;
 mod wait;
 mod write;
 
-pub use builder::{
-    EtcdBuilder, DEFAULT_ETCD_PREFIX, DEFAULT_MAX_TXN_OPS, DEFAULT_OP_DEADLINE,
-    DEFAULT_REQUEST_TIMEOUT,
-};
+pub use builder::EtcdBuilder;
 pub use snapshot::EtcdSnapshot;
 pub use store::EtcdStore;
 pub use sweep::Sweeper;

@@ -124,7 +124,7 @@ pub use decide::Resolution;
 pub use engine::stats::Stats;
 pub use error::{Error, KeyPart, LeaseLostReason, Result};
 #[cfg(feature = "etcd")]
-pub use etcd::{EtcdBuilder, EtcdSnapshot, EtcdStore, Sweeper};
+pub use etcd::{EtcdBuilder, EtcdSnapshot, EtcdStore, EtcdSweeper};
 pub use fingerprint::Fingerprint;
 pub use format::log_file::LogFile;
 pub use inspect::{FileInfo, Problem, ProblemKind, ScanFilter, StateCounts, Verification};

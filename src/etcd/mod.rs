@@ -29,7 +29,7 @@ mod write;
 pub use builder::EtcdBuilder;
 pub use snapshot::EtcdSnapshot;
 pub use store::EtcdStore;
-pub use sweep::Sweeper;
+pub use sweep::EtcdSweeper;
 
 crate::reservations::forward_reservations!(
     /// The cluster store, through the same trait as the local one: code written against

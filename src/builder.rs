@@ -10,30 +10,8 @@ pub use crate::engine::settings::Durability;
 use crate::engine::settings::Limits;
 use crate::error::Error;
 use crate::format::log_file::LogFile;
-use crate::key::MAX_KEY_PART_LEN;
+use crate::key::Key;
 use crate::store::Store;
-
-/// Default for [`Builder::retention`]: 24 hours, as long as Stripe keeps keys.
-pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
-/// Default for [`Builder::lease`]: 60 seconds.
-pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
-/// Default for [`Builder::max_result_len`]: 1 MiB.
-pub const DEFAULT_MAX_RESULT_LEN: usize = 1 << 20;
-/// The largest value [`Builder::max_result_len`] accepts: 256 MiB.
-pub const MAX_RESULT_LEN_LIMIT: usize = 256 << 20;
-/// Default for [`Builder::cache_size`]: 64 MiB.
-pub const DEFAULT_CACHE_SIZE: usize = 64 << 20;
-/// Default for [`Builder::cache_records`]: 65 536 records.
-pub const DEFAULT_CACHE_RECORDS: usize = 1 << 16;
-/// Default for [`Builder::cache_record_bytes`]: 64 MiB.
-pub const DEFAULT_CACHE_RECORD_BYTES: usize = 64 << 20;
-/// Default for [`Builder::checkpoint_bytes`]: 32 MiB of log.
-pub const DEFAULT_CHECKPOINT_BYTES: u64 = 32 << 20;
-/// Default for [`Builder::checkpoint_interval`]: 30 seconds.
-pub const DEFAULT_CHECKPOINT_INTERVAL: Duration = Duration::from_secs(30);
-/// Default for [`Builder::sweep_interval`]: the background sweeper looks for expired records
-/// every second.
-pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Configures and opens a [`Store`].
 ///
@@ -78,6 +56,31 @@ pub struct Builder {
     pub(crate) page_checksums: bool,
 }
 
+/// The defaults and limits of the settings, next to the settings they belong to.
+impl Builder {
+    /// Default for [`Builder::retention`]: 24 hours, as long as Stripe keeps keys.
+    pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
+    /// Default for [`Builder::lease`]: 60 seconds.
+    pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
+    /// Default for [`Builder::max_result_len`]: 1 MiB.
+    pub const DEFAULT_MAX_RESULT_LEN: usize = 1 << 20;
+    /// The largest value [`Builder::max_result_len`] accepts: 256 MiB.
+    pub const MAX_RESULT_LEN_LIMIT: usize = 256 << 20;
+    /// Default for [`Builder::cache_size`]: 64 MiB.
+    pub const DEFAULT_CACHE_SIZE: usize = 64 << 20;
+    /// Default for [`Builder::cache_records`]: 65 536 records.
+    pub const DEFAULT_CACHE_RECORDS: usize = 1 << 16;
+    /// Default for [`Builder::cache_record_bytes`]: 64 MiB.
+    pub const DEFAULT_CACHE_RECORD_BYTES: usize = 64 << 20;
+    /// Default for [`Builder::checkpoint_bytes`]: 32 MiB of log.
+    pub const DEFAULT_CHECKPOINT_BYTES: u64 = 32 << 20;
+    /// Default for [`Builder::checkpoint_interval`]: 30 seconds.
+    pub const DEFAULT_CHECKPOINT_INTERVAL: Duration = Duration::from_secs(30);
+    /// Default for [`Builder::sweep_interval`]: the background sweeper looks for expired records
+    /// every second.
+    pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(1);
+}
+
 /// Whether and how a store serves its admin socket; see [`Builder::admin_socket`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -94,18 +97,18 @@ pub enum AdminSocket {
 impl Default for Builder {
     fn default() -> Self {
         Builder {
-            retention: DEFAULT_RETENTION,
+            retention: Self::DEFAULT_RETENTION,
             retention_by_operation: Vec::new(),
-            lease: DEFAULT_LEASE,
+            lease: Self::DEFAULT_LEASE,
             leases_survive_restart: false,
             durability: Durability::default(),
-            max_result_len: DEFAULT_MAX_RESULT_LEN,
-            cache_size: DEFAULT_CACHE_SIZE,
-            cache_records: DEFAULT_CACHE_RECORDS,
-            cache_record_bytes: DEFAULT_CACHE_RECORD_BYTES,
-            checkpoint_bytes: DEFAULT_CHECKPOINT_BYTES,
-            checkpoint_interval: DEFAULT_CHECKPOINT_INTERVAL,
-            sweep_interval: Some(DEFAULT_SWEEP_INTERVAL),
+            max_result_len: Self::DEFAULT_MAX_RESULT_LEN,
+            cache_size: Self::DEFAULT_CACHE_SIZE,
+            cache_records: Self::DEFAULT_CACHE_RECORDS,
+            cache_record_bytes: Self::DEFAULT_CACHE_RECORD_BYTES,
+            checkpoint_bytes: Self::DEFAULT_CHECKPOINT_BYTES,
+            checkpoint_interval: Self::DEFAULT_CHECKPOINT_INTERVAL,
+            sweep_interval: Some(Self::DEFAULT_SWEEP_INTERVAL),
             preallocate_log: true,
             verify_on_open: false,
             accept_log_loss: false,
@@ -148,7 +151,8 @@ impl Builder {
 
     /// How long a completed key is kept and its result replayed; afterwards the key reads as
     /// absent and the next request acquires it afresh. Also how long an abandoned reservation
-    /// is kept after its lease ran out. At least 1 ms. Default = [`DEFAULT_RETENTION`] (24 h).
+    /// is kept after its lease ran out. At least 1 ms. Default =
+    /// [`Builder::DEFAULT_RETENTION`] (24 h).
     pub fn retention(&mut self, retention: Duration) -> &mut Self {
         self.retention = retention;
         self
@@ -195,7 +199,7 @@ impl Builder {
 
     /// How long an acquisition owns a key before it goes stale and the next reserve may take it
     /// over. Extend it with [`Store::extend`] for long work. At least 1 ms.
-    /// Default = [`DEFAULT_LEASE`] (60 s).
+    /// Default = [`Builder::DEFAULT_LEASE`] (60 s).
     pub fn lease(&mut self, lease: Duration) -> &mut Self {
         self.lease = lease;
         self
@@ -263,13 +267,14 @@ impl Builder {
     }
 
     /// The largest result [`Store::complete`] accepts, in bytes, up to
-    /// [`MAX_RESULT_LEN_LIMIT`]. Default = [`DEFAULT_MAX_RESULT_LEN`] (1 MiB).
+    /// [`Builder::MAX_RESULT_LEN_LIMIT`]. Default = [`Builder::DEFAULT_MAX_RESULT_LEN`] (1 MiB).
     pub fn max_result_len(&mut self, bytes: usize) -> &mut Self {
         self.max_result_len = bytes;
         self
     }
 
-    /// Memory redb may use to cache pages of the file. Default = [`DEFAULT_CACHE_SIZE`] (64 MiB).
+    /// Memory redb may use to cache pages of the file. Default =
+    /// [`Builder::DEFAULT_CACHE_SIZE`] (64 MiB).
     pub fn cache_size(&mut self, bytes: usize) -> &mut Self {
         self.cache_size = bytes;
         self
@@ -277,7 +282,7 @@ impl Builder {
 
     /// How many recently written records to keep in memory so duplicates are answered without
     /// a read transaction. The cache is exact (filled only with committed records); 0 turns it
-    /// off. Default = [`DEFAULT_CACHE_RECORDS`].
+    /// off. Default = [`Builder::DEFAULT_CACHE_RECORDS`].
     pub fn cache_records(&mut self, records: usize) -> &mut Self {
         self.cache_records = records;
         self
@@ -289,7 +294,7 @@ impl Builder {
     /// limit is reached. With small results the record count binds first (65 536 records of
     /// 64-byte results take about 27 MiB); with large ones this does, so that results up to
     /// [`max_result_len`](Builder::max_result_len) cannot make the cache grow without bound.
-    /// 0 keeps no record. Default = [`DEFAULT_CACHE_RECORD_BYTES`] (64 MiB).
+    /// 0 keeps no record. Default = [`Builder::DEFAULT_CACHE_RECORD_BYTES`] (64 MiB).
     ///
     /// With [`cache_size`](Builder::cache_size) (redb's page cache) it bounds the memory the
     /// store keeps; docs/4-configuration.md ("What the defaults cost", "Memory") lists what else counts.
@@ -301,14 +306,14 @@ impl Builder {
     /// Checkpoint (a durable redb commit, after which the log is reused from its start) once
     /// this many bytes of log were written since the last one. Larger values mean fewer
     /// stalls but a longer replay after a crash. At least 64 KiB.
-    /// Default = [`DEFAULT_CHECKPOINT_BYTES`] (32 MiB).
+    /// Default = [`Builder::DEFAULT_CHECKPOINT_BYTES`] (32 MiB).
     pub fn checkpoint_bytes(&mut self, bytes: u64) -> &mut Self {
         self.checkpoint_bytes = bytes;
         self
     }
 
     /// Checkpoint when this long has passed since the last checkpoint and the log holds
-    /// frames, even if it is small. Default = [`DEFAULT_CHECKPOINT_INTERVAL`] (30 s).
+    /// frames, even if it is small. Default = [`Builder::DEFAULT_CHECKPOINT_INTERVAL`] (30 s).
     pub fn checkpoint_interval(&mut self, interval: Duration) -> &mut Self {
         self.checkpoint_interval = interval;
         self
@@ -331,7 +336,7 @@ impl Builder {
     /// when the test moves the clock, and the sweeper deletes them within an interval once
     /// their window has ended; a test
     /// that counts what [`Store::sweep`] returns turns the sweeper off with `None`.
-    /// Default = `Some(`[`DEFAULT_SWEEP_INTERVAL`]`)` (1 s).
+    /// Default = `Some(`[`Builder::DEFAULT_SWEEP_INTERVAL`]`)` (1 s).
     pub fn sweep_interval(&mut self, interval: Option<Duration>) -> &mut Self {
         self.sweep_interval = interval;
         self
@@ -555,11 +560,12 @@ impl Builder {
             )?;
         }
         check(
-            self.max_result_len <= MAX_RESULT_LEN_LIMIT,
+            self.max_result_len <= Self::MAX_RESULT_LEN_LIMIT,
             "max_result_len",
             &format!(
-                "{} bytes is above the limit of {MAX_RESULT_LEN_LIMIT} bytes",
-                self.max_result_len
+                "{} bytes is above the limit of {} bytes",
+                self.max_result_len,
+                Self::MAX_RESULT_LEN_LIMIT
             ),
         )
     }
@@ -574,10 +580,11 @@ impl Builder {
 pub(crate) fn validate_retentions(by_operation: &[(Vec<u8>, Duration)]) -> Result<(), Error> {
     for (operation, retention) in by_operation {
         let name = String::from_utf8_lossy(operation);
-        let reason = if operation.is_empty() || operation.len() > MAX_KEY_PART_LEN {
+        let reason = if operation.is_empty() || operation.len() > Key::MAX_PART_LEN {
             format!(
-                "operation {name:?} is {} bytes; a key's operation has 1 to {MAX_KEY_PART_LEN} bytes",
-                operation.len()
+                "operation {name:?} is {} bytes; a key's operation has 1 to {} bytes",
+                operation.len(),
+                Key::MAX_PART_LEN
             )
         } else if duration_millis(*retention) < 1 {
             format!("the retention of operation {name:?} must be at least 1 ms")

@@ -5,7 +5,7 @@
 use std::fmt;
 use std::path::PathBuf;
 
-use crate::key::{Key, MAX_KEY_PART_LEN, MAX_NOTE_LEN};
+use crate::key::Key;
 
 /// Which part of a [`Key`] an error is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -67,7 +67,7 @@ impl fmt::Display for LeaseLostReason {
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum Error {
-    /// A key part is empty or longer than [`MAX_KEY_PART_LEN`].
+    /// A key part is empty or longer than [`Key::MAX_PART_LEN`].
     InvalidKey {
         /// The offending part.
         part: KeyPart,
@@ -83,7 +83,7 @@ pub enum Error {
         /// The configured limit.
         limit: usize,
     },
-    /// A review note is longer than [`MAX_NOTE_LEN`](crate::MAX_NOTE_LEN).
+    /// A review note is longer than [`Key::MAX_NOTE_LEN`](crate::Key::MAX_NOTE_LEN).
     NoteTooLarge {
         /// The key being marked.
         key: Key,
@@ -295,10 +295,11 @@ impl Error {
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Error::InvalidKey { part, len: 0 } => write!(f, "key {part} is empty; it needs 1 to {MAX_KEY_PART_LEN} bytes"),
+            Error::InvalidKey { part, len: 0 } => write!(f, "key {part} is empty; it needs 1 to {} bytes", Key::MAX_PART_LEN),
             Error::InvalidKey { part, len } => write!(
                 f,
-                "key {part} is {len} bytes; the limit is {MAX_KEY_PART_LEN} bytes"
+                "key {part} is {len} bytes; the limit is {} bytes",
+                Key::MAX_PART_LEN
             ),
             Error::ResultTooLarge { key, len, limit } => write!(
                 f,
@@ -306,7 +307,8 @@ impl fmt::Display for Error {
             ),
             Error::NoteTooLarge { key, len } => write!(
                 f,
-                "review note for key {key} is {len} bytes; the limit is {MAX_NOTE_LEN} bytes"
+                "review note for key {key} is {len} bytes; the limit is {} bytes",
+                Key::MAX_NOTE_LEN
             ),
             Error::InvalidConfig { setting, reason } => {
                 write!(f, "invalid setting {setting}: {reason}")

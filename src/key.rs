@@ -5,21 +5,13 @@ use std::sync::Arc;
 
 use crate::error::{Error, KeyPart};
 
-/// Longest scope, operation or id accepted, in bytes.
-///
-/// Each part is stored behind a one-byte length, so 255 is the format's own limit.
-pub const MAX_KEY_PART_LEN: usize = 255;
-
-/// Longest review note accepted by [`Store::mark_needs_review`](crate::Store::mark_needs_review), in bytes.
-pub const MAX_NOTE_LEN: usize = 4096;
-
 /// An idempotency key: who (`scope`), what (`operation`) and the client's own key (`id`).
 ///
 /// Two requests are duplicates only when all three parts are equal, so a key sent by tenant A
 /// can never replay tenant B's result, and the same client key used for two different
 /// operations never collides.
 ///
-/// Each part is a byte string of 1 to [`MAX_KEY_PART_LEN`] bytes. Parts are encoded with a
+/// Each part is a byte string of 1 to [`Key::MAX_PART_LEN`] bytes. Parts are encoded with a
 /// length prefix, so `("a:b", "c")` and `("a", "b:c")` are different keys.
 ///
 /// ```
@@ -49,6 +41,15 @@ pub(crate) fn hash_of(encoded: &[u8]) -> u64 {
 }
 
 impl Key {
+    /// Longest scope, operation or id accepted, in bytes.
+    ///
+    /// Each part is stored behind a one-byte length, so 255 is the format's own limit.
+    pub const MAX_PART_LEN: usize = 255;
+
+    /// Longest review note accepted by
+    /// [`Store::mark_needs_review`](crate::Store::mark_needs_review) for a key, in bytes.
+    pub const MAX_NOTE_LEN: usize = 4096;
+
     /// The hash of the encoded key ([`hash_of`]), computed once.
     pub(crate) fn hash64(&self) -> u64 {
         self.hash
@@ -86,7 +87,7 @@ impl Key {
     /// Builds a key from its three parts.
     ///
     /// # Errors
-    /// [`Error::InvalidKey`] when a part is empty or longer than [`MAX_KEY_PART_LEN`] bytes; the
+    /// [`Error::InvalidKey`] when a part is empty or longer than [`Key::MAX_PART_LEN`] bytes; the
     /// error names the part and its length.
     pub fn new(
         scope: impl AsRef<[u8]>,
@@ -99,7 +100,7 @@ impl Key {
             (KeyPart::Id, id.as_ref()),
         ];
         // Built on the stack, then copied once into the shared allocation.
-        let mut encoded = [0u8; 3 * (1 + MAX_KEY_PART_LEN)];
+        let mut encoded = [0u8; 3 * (1 + Key::MAX_PART_LEN)];
         let mut end = 0;
         for (part, bytes) in parts {
             let len = u8::try_from(bytes.len())
@@ -215,14 +216,14 @@ mod tests {
 
     #[test]
     fn limits_are_enforced_and_named() {
-        let long = vec![b'x'; MAX_KEY_PART_LEN + 1];
+        let long = vec![b'x'; Key::MAX_PART_LEN + 1];
         let err = Key::new("s", "op", &long).unwrap_err();
         assert!(err.to_string().contains("id"), "{err}");
         assert!(err.to_string().contains("256"), "{err}");
         assert!(Key::new("", "op", "id").is_err());
         assert!(Key::new("s", "", "id").is_err());
         assert!(Key::new("s", "op", "").is_err());
-        let max = vec![b'y'; MAX_KEY_PART_LEN];
+        let max = vec![b'y'; Key::MAX_PART_LEN];
         assert!(Key::new(&max, &max, &max).is_ok());
     }
 

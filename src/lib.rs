@@ -118,31 +118,19 @@ pub mod whitebox;
 
 pub use admin::{AdminClient, AdminSocket};
 pub use answers::{Completed, Lease, LiveLease, Reservation, Seen};
-pub use builder::{
-    Builder, Durability, DEFAULT_CACHE_RECORDS, DEFAULT_CACHE_RECORD_BYTES, DEFAULT_CACHE_SIZE,
-    DEFAULT_CHECKPOINT_BYTES, DEFAULT_CHECKPOINT_INTERVAL, DEFAULT_LEASE, DEFAULT_MAX_RESULT_LEN,
-    DEFAULT_RETENTION, DEFAULT_SWEEP_INTERVAL, MAX_RESULT_LEN_LIMIT,
-};
+pub use builder::{Builder, Durability};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decide::Resolution;
 pub use engine::stats::Stats;
 pub use error::{Error, KeyPart, LeaseLostReason, Result};
 #[cfg(feature = "etcd")]
-pub use etcd::{
-    EtcdBuilder, EtcdSnapshot, EtcdStore, Sweeper, DEFAULT_ETCD_PREFIX, DEFAULT_MAX_TXN_OPS,
-    DEFAULT_OP_DEADLINE, DEFAULT_REQUEST_TIMEOUT,
-};
+pub use etcd::{EtcdBuilder, EtcdSnapshot, EtcdStore, EtcdSweeper};
 pub use fingerprint::Fingerprint;
 pub use format::log_file::LogFile;
-pub use inspect::{
-    FileInfo, Problem, ProblemKind, ScanFilter, StateCounts, Verification, VERIFY_PROGRESS_STEP,
-};
-pub use key::{Key, MAX_KEY_PART_LEN, MAX_NOTE_LEN};
+pub use inspect::{FileInfo, Problem, ProblemKind, ScanFilter, StateCounts, Verification};
+pub use key::Key;
 #[cfg(feature = "postgres")]
-pub use postgres::{
-    PgBuilder, PgStore, PgWork, DEFAULT_PG_OP_DEADLINE, DEFAULT_PG_POOL_SIZE,
-    DEFAULT_PG_STATEMENT_TIMEOUT, DEFAULT_PG_TABLE,
-};
+pub use postgres::{PgBuilder, PgStore, PgWork};
 pub use record::{Progress, Record, RecordClass, Status};
 pub use reservations::Reservations;
 pub use store::{compact, open_redb, open_redb_read_only, Store};

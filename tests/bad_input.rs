@@ -8,21 +8,18 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use idemstore::redb::{self, ReadableDatabase, TableDefinition};
-use idemstore::{
-    Builder, Error, Key, KeyPart, Reservation, Resolution, Status, Store, MAX_KEY_PART_LEN,
-    MAX_NOTE_LEN, MAX_RESULT_LEN_LIMIT,
-};
+use idemstore::{Builder, Error, Key, KeyPart, Reservation, Resolution, Status, Store};
 
 use crate::common::{acquire, change_stored, encoded, fp, key, replayed, Env};
 
-/// Each key part must be 1 to `MAX_KEY_PART_LEN` bytes; the error names the part, its
+/// Each key part must be 1 to `Key::MAX_PART_LEN` bytes; the error names the part, its
 /// length and the limit.
 #[test]
 fn oversized_and_empty_key_parts_are_refused_naming_the_part_and_limit() {
     let ok = "x";
-    let long = vec![b'x'; MAX_KEY_PART_LEN + 1];
+    let long = vec![b'x'; Key::MAX_PART_LEN + 1];
     let long = long.as_slice();
-    let max = vec![b'y'; MAX_KEY_PART_LEN];
+    let max = vec![b'y'; Key::MAX_PART_LEN];
     let cases = [
         (
             KeyPart::Scope,
@@ -48,16 +45,19 @@ fn oversized_and_empty_key_parts_are_refused_naming_the_part_and_limit() {
         let message = err.to_string();
         match err {
             Error::InvalidKey { part: got, len } => {
-                assert_eq!((got, len), (part, MAX_KEY_PART_LEN + 1))
+                assert_eq!((got, len), (part, Key::MAX_PART_LEN + 1))
             }
             other => panic!("{name}: expected InvalidKey, got {other:?}"),
         }
         assert!(message.contains(name), "{message}");
         assert!(
-            message.contains(&(MAX_KEY_PART_LEN + 1).to_string()),
+            message.contains(&(Key::MAX_PART_LEN + 1).to_string()),
             "{message}"
         );
-        assert!(message.contains(&MAX_KEY_PART_LEN.to_string()), "{message}");
+        assert!(
+            message.contains(&Key::MAX_PART_LEN.to_string()),
+            "{message}"
+        );
 
         let err = empty.expect_err(name);
         let message = err.to_string();
@@ -135,7 +135,7 @@ fn oversized_result_is_refused_and_the_key_stays_pending() {
     ));
 }
 
-/// A review note over `MAX_NOTE_LEN` is refused naming the key and the limit; the key stays
+/// A review note over `Key::MAX_NOTE_LEN` is refused naming the key and the limit; the key stays
 /// pending and a note of exactly the limit is accepted.
 #[test]
 fn oversized_note_is_refused_and_the_key_stays_pending() {
@@ -145,20 +145,23 @@ fn oversized_note_is_refused_and_the_key_stays_pending() {
     let lease = acquire(&store, &k, fp("b"));
     let before = store.get(&k).unwrap();
     let err = store
-        .mark_needs_review(&lease, &"n".repeat(MAX_NOTE_LEN + 1))
+        .mark_needs_review(&lease, &"n".repeat(Key::MAX_NOTE_LEN + 1))
         .unwrap_err();
     match &err {
         Error::NoteTooLarge { key: got, len } => {
-            assert_eq!((got, *len), (&k, MAX_NOTE_LEN + 1))
+            assert_eq!((got, *len), (&k, Key::MAX_NOTE_LEN + 1))
         }
         other => panic!("expected NoteTooLarge, got {other:?}"),
     }
     let message = err.to_string();
     assert!(message.contains(&k.to_string()), "{message}");
-    assert!(message.contains(&MAX_NOTE_LEN.to_string()), "{message}");
+    assert!(
+        message.contains(&Key::MAX_NOTE_LEN.to_string()),
+        "{message}"
+    );
     assert_eq!(store.get(&k).unwrap(), before);
 
-    let note = "n".repeat(MAX_NOTE_LEN);
+    let note = "n".repeat(Key::MAX_NOTE_LEN);
     store.mark_needs_review(&lease, &note).unwrap();
     assert_eq!(
         store.reserve(&k, fp("b")).unwrap(),
@@ -184,7 +187,7 @@ fn invalid_builder_settings_are_refused_at_open() {
             b.retention(Duration::ZERO);
         }),
         ("max_result_len", |b| {
-            b.max_result_len(MAX_RESULT_LEN_LIMIT + 1);
+            b.max_result_len(Builder::MAX_RESULT_LEN_LIMIT + 1);
         }),
     ];
     for (name, set) in cases {
@@ -207,7 +210,7 @@ fn invalid_builder_settings_are_refused_at_open() {
     env.builder()
         .lease(Duration::from_millis(1))
         .retention(Duration::from_millis(1))
-        .max_result_len(MAX_RESULT_LEN_LIMIT)
+        .max_result_len(Builder::MAX_RESULT_LEN_LIMIT)
         .open(&env.path)
         .expect("the limits themselves are valid");
 }

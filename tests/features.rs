@@ -223,13 +223,16 @@ fn a_default_store_sweeps_by_itself_and_preallocates_its_log() {
     let log_len = std::fs::metadata(dir.path().join("defaults.idem.wal"))
         .unwrap()
         .len();
-    assert_eq!(log_len, idemstore::DEFAULT_CHECKPOINT_BYTES + (1 << 20));
+    assert_eq!(
+        log_len,
+        idemstore::Builder::DEFAULT_CHECKPOINT_BYTES + (1 << 20)
+    );
     let n = 250;
     completed_keys(&store, "d", n);
     // Past the records' expiry and the end of their window (a 32nd of the retention).
     clock
         .advance(Duration::from_secs(60) + Duration::from_secs(60) / 32 + Duration::from_millis(1));
-    let deadline = Instant::now() + idemstore::DEFAULT_SWEEP_INTERVAL * 10;
+    let deadline = Instant::now() + idemstore::Builder::DEFAULT_SWEEP_INTERVAL * 10;
     while store.stats().swept < n as u64 && Instant::now() < deadline {
         thread::sleep(Duration::from_millis(20));
     }

@@ -168,10 +168,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         })
     };
     let n = arg(1, 1_000_000)?;
-    let cache_mib = arg(2, idemstore::DEFAULT_CACHE_SIZE >> 20)?;
-    let cache_records = arg(3, idemstore::DEFAULT_CACHE_RECORDS)?;
+    let cache_mib = arg(2, idemstore::Builder::DEFAULT_CACHE_SIZE >> 20)?;
+    let cache_records = arg(3, idemstore::Builder::DEFAULT_CACHE_RECORDS)?;
     let result_len = arg(4, 2)?;
-    let record_mib = arg(5, idemstore::DEFAULT_CACHE_RECORD_BYTES >> 20)?;
+    let record_mib = arg(5, idemstore::Builder::DEFAULT_CACHE_RECORD_BYTES >> 20)?;
     // Two stores, each with its page cache and its record cache, which takes the lesser of
     // its two limits (a record here: a 31-byte key and the result).
     let records_mib = ((cache_records * (RECORD_CACHE_ENTRY + 31 + result_len)) as f64

@@ -426,7 +426,7 @@ pub fn run_store(
     empty_baseline(dir, &mut run)?;
 
     let per_window = window / BATCH;
-    let step = idemstore::DEFAULT_RETENTION / u32::try_from(per_window)?;
+    let step = idemstore::Builder::DEFAULT_RETENTION / u32::try_from(per_window)?;
     let per_segment = per_window / 10;
     let empty_batches = (100_000 / BATCH).min(per_segment);
     let clock = ManualClock::new();
@@ -555,7 +555,7 @@ pub fn run_store(
     let written_steps = b + (THREADS as u64 * PER_THREAD) / BATCH;
     let expired_batches = written_steps.saturating_sub(per_window).min(b);
     let target = expired_batches * BATCH;
-    clock.advance(idemstore::DEFAULT_RETENTION / 32);
+    clock.advance(idemstore::Builder::DEFAULT_RETENTION / 32);
     let started = Instant::now();
     while store.stats().swept < target && started.elapsed() < DRAIN_LIMIT {
         thread::sleep(Duration::from_millis(20));

@@ -22,7 +22,7 @@ pub(crate) use with_etcd::run;
 mod with_etcd {
     use super::*;
 
-    use idemstore::{EtcdSnapshot, EtcdStore, FileInfo, DEFAULT_ETCD_PREFIX};
+    use idemstore::{EtcdBuilder, EtcdSnapshot, EtcdStore, FileInfo};
 
     /// What `--etcd-config` holds.
     const CONFIG_EXAMPLE: &str =
@@ -122,7 +122,7 @@ mod with_etcd {
             .prefix
             .clone()
             .or(config_prefix)
-            .unwrap_or_else(|| DEFAULT_ETCD_PREFIX.to_string());
+            .unwrap_or_else(|| EtcdBuilder::DEFAULT_PREFIX.to_string());
         Ok((endpoints, prefix))
     }
 

@@ -278,7 +278,7 @@ impl FjallPeer {
         let keys = db
             .keyspace("reservations", KeyspaceCreateOptions::default)
             .map_err(context("fjall: keyspace"))?;
-        let retention_ms = idemstore::DEFAULT_RETENTION.as_millis() as u64;
+        let retention_ms = idemstore::Builder::DEFAULT_RETENTION.as_millis() as u64;
         Ok(FjallPeer {
             db,
             keys,

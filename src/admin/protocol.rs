@@ -30,9 +30,9 @@ use crate::record::RecordClass;
 pub(crate) const VERSION: u8 = 2;
 
 /// The largest message either side accepts: a resolve carries one result (at most
-/// [`MAX_RESULT_LEN_LIMIT`](crate::MAX_RESULT_LEN_LIMIT)); a scan answer is bounded by its
+/// [`Builder::MAX_RESULT_LEN_LIMIT`](crate::Builder::MAX_RESULT_LEN_LIMIT)); a scan answer is bounded by its
 /// limit.
-pub(crate) const MAX_MESSAGE: usize = crate::MAX_RESULT_LEN_LIMIT + (1 << 20);
+pub(crate) const MAX_MESSAGE: usize = crate::Builder::MAX_RESULT_LEN_LIMIT + (1 << 20);
 
 /// What a client asks.
 #[derive(Debug, Clone, PartialEq)]

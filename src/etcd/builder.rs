@@ -9,21 +9,12 @@ use etcd_client::{Client, ConnectOptions};
 use super::hints::Hints;
 use super::layout::{Layout, MAX_SLOTS};
 use super::store::{EtcdStore, Inner};
-use crate::builder::{DEFAULT_LEASE, DEFAULT_MAX_RESULT_LEN, DEFAULT_RETENTION};
+use crate::builder::Builder;
 use crate::clock::{Clock, SystemClock};
 use crate::decide::policy::Policies;
 use crate::error::Error;
 use crate::record::TokenFloor;
 
-/// Default etcd key prefix of an [`EtcdStore`].
-pub const DEFAULT_ETCD_PREFIX: &str = "idemstore/";
-/// Default most operations in one etcd transaction: etcd's own default `--max-txn-ops`.
-pub const DEFAULT_MAX_TXN_OPS: usize = 128;
-/// Default time an operation keeps retrying while the cluster gives no answer (a leader
-/// election takes about one election timeout, 1 s by default).
-pub const DEFAULT_OP_DEADLINE: Duration = Duration::from_secs(10);
-/// Default time one request to a member may take before it is retried.
-pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 /// Largest value this store writes to etcd, under etcd's default `--max-request-bytes`
 /// (1.5 MiB) with room for the key and the envelope.
 const MAX_ETCD_RESULT_LEN: usize = 1_400 * 1024;
@@ -45,22 +36,35 @@ pub struct EtcdBuilder {
 impl Default for EtcdBuilder {
     fn default() -> Self {
         EtcdBuilder {
-            prefix: DEFAULT_ETCD_PREFIX.as_bytes().to_vec(),
-            lease: DEFAULT_LEASE,
-            retention: DEFAULT_RETENTION,
+            prefix: Self::DEFAULT_PREFIX.as_bytes().to_vec(),
+            lease: Builder::DEFAULT_LEASE,
+            retention: Builder::DEFAULT_RETENTION,
             retention_by_operation: Vec::new(),
-            max_result_len: DEFAULT_MAX_RESULT_LEN,
-            max_txn_ops: DEFAULT_MAX_TXN_OPS,
-            op_deadline: DEFAULT_OP_DEADLINE,
-            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            max_result_len: Builder::DEFAULT_MAX_RESULT_LEN,
+            max_txn_ops: Self::DEFAULT_MAX_TXN_OPS,
+            op_deadline: Self::DEFAULT_OP_DEADLINE,
+            request_timeout: Self::DEFAULT_REQUEST_TIMEOUT,
             clock: Arc::new(SystemClock),
         }
     }
 }
 
 impl EtcdBuilder {
+    /// Default etcd key prefix of an [`EtcdStore`].
+    pub const DEFAULT_PREFIX: &str = "idemstore/";
+
+    /// Default most operations in one etcd transaction: etcd's own default `--max-txn-ops`.
+    pub const DEFAULT_MAX_TXN_OPS: usize = 128;
+
+    /// Default time an operation keeps retrying while the cluster gives no answer (a leader
+    /// election takes about one election timeout, 1 s by default).
+    pub const DEFAULT_OP_DEADLINE: Duration = Duration::from_secs(10);
+
+    /// Default time one request to a member may take before it is retried.
+    pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+
     /// The etcd key prefix under which every key of this store lives; stores with different
-    /// prefixes share nothing. Default = [`DEFAULT_ETCD_PREFIX`].
+    /// prefixes share nothing. Default = [`EtcdBuilder::DEFAULT_PREFIX`].
     pub fn prefix(&mut self, prefix: impl AsRef<[u8]>) -> &mut Self {
         self.prefix = prefix.as_ref().to_vec();
         self
@@ -117,7 +121,7 @@ impl EtcdBuilder {
 
     /// The most operations one transaction may hold: the cluster's `--max-txn-ops`, at least
     /// 8. [`EtcdStore::reserve_many`] packs as many keys as fit. Default =
-    /// [`DEFAULT_MAX_TXN_OPS`].
+    /// [`EtcdBuilder::DEFAULT_MAX_TXN_OPS`].
     pub fn max_txn_ops(&mut self, ops: usize) -> &mut Self {
         self.max_txn_ops = ops;
         self
@@ -125,14 +129,14 @@ impl EtcdBuilder {
 
     /// How long an operation keeps retrying while the cluster gives no definite answer (no
     /// leader, a member down) before it returns [`Error::Cluster`]. Default =
-    /// [`DEFAULT_OP_DEADLINE`].
+    /// [`EtcdBuilder::DEFAULT_OP_DEADLINE`].
     pub fn op_deadline(&mut self, deadline: Duration) -> &mut Self {
         self.op_deadline = deadline;
         self
     }
 
     /// How long one request may take before it is sent again. Default =
-    /// [`DEFAULT_REQUEST_TIMEOUT`].
+    /// [`EtcdBuilder::DEFAULT_REQUEST_TIMEOUT`].
     pub fn request_timeout(&mut self, timeout: Duration) -> &mut Self {
         self.request_timeout = timeout;
         self

@@ -26,13 +26,10 @@ mod sweep;
 mod wait;
 mod write;
 
-pub use builder::{
-    EtcdBuilder, DEFAULT_ETCD_PREFIX, DEFAULT_MAX_TXN_OPS, DEFAULT_OP_DEADLINE,
-    DEFAULT_REQUEST_TIMEOUT,
-};
+pub use builder::EtcdBuilder;
 pub use snapshot::EtcdSnapshot;
 pub use store::EtcdStore;
-pub use sweep::Sweeper;
+pub use sweep::EtcdSweeper;
 
 crate::reservations::forward_reservations!(
     /// The cluster store, through the same trait as the local one: code written against

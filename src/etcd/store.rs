@@ -21,7 +21,6 @@ use crate::decide::Resolution;
 use crate::error::{Error, LeaseLostReason};
 use crate::fingerprint::Fingerprint;
 use crate::key::Key;
-use crate::key::MAX_NOTE_LEN;
 use crate::record::{Millis, Progress, Record};
 
 /// The shared state of an [`EtcdStore`] and its clones.
@@ -329,7 +328,7 @@ impl EtcdStore {
     /// # Errors
     /// [`Error::NoteTooLarge`], [`Error::LeaseLost`], [`Error::Cluster`].
     pub async fn mark_needs_review(&self, lease: &Lease, note: &str) -> Result<(), Error> {
-        if note.len() > MAX_NOTE_LEN {
+        if note.len() > Key::MAX_NOTE_LEN {
             return Err(Error::NoteTooLarge {
                 key: lease.key.clone(),
                 len: note.len(),

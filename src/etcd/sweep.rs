@@ -169,7 +169,7 @@ impl EtcdStore {
     /// # Errors
     /// [`Error::InvalidConfig`] when called outside a tokio runtime or with a zero interval or
     /// slice.
-    pub fn spawn_sweeper(&self, every: Duration, slice: usize) -> Result<Sweeper, Error> {
+    pub fn spawn_sweeper(&self, every: Duration, slice: usize) -> Result<EtcdSweeper, Error> {
         if every.is_zero() || slice == 0 {
             return Err(Error::InvalidConfig {
                 setting: "spawn_sweeper",
@@ -190,17 +190,17 @@ impl EtcdStore {
                 }
             }
         });
-        Ok(Sweeper { task })
+        Ok(EtcdSweeper { task })
     }
 }
 
 /// The background sweeper of [`EtcdStore::spawn_sweeper`]; dropping it stops the task.
 #[derive(Debug)]
-pub struct Sweeper {
+pub struct EtcdSweeper {
     task: tokio::task::JoinHandle<()>,
 }
 
-impl Drop for Sweeper {
+impl Drop for EtcdSweeper {
     fn drop(&mut self) {
         self.task.abort();
     }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use crate::grpc::IDEMPOTENCY_KEY;
 use crate::guard::{client_key, Refusal, Refused};
-use crate::MAX_KEY_PART_LEN;
+use crate::Key;
 
 /// Reads the request id from an encoded request message: `Ok(None)` when the field is empty,
 /// `Err` with a sentence when the message does not decode.
@@ -74,12 +74,13 @@ pub(crate) fn request_id_key(id: Option<Vec<u8>>, field: &str) -> Result<Option<
     }
 }
 
-/// Refuses a key over [`MAX_KEY_PART_LEN`] bytes, naming where it came from.
+/// Refuses a key over [`Key::MAX_PART_LEN`] bytes, naming where it came from.
 fn checked_len(id: &[u8], what: &str) -> Result<(), Refused> {
-    if id.len() > MAX_KEY_PART_LEN {
+    if id.len() > Key::MAX_PART_LEN {
         return Err(invalid(format!(
-            "{what} is {} bytes long; at most {MAX_KEY_PART_LEN} bytes are accepted",
-            id.len()
+            "{what} is {} bytes long; at most {} bytes are accepted",
+            id.len(),
+            Key::MAX_PART_LEN
         )));
     }
     Ok(())

@@ -42,7 +42,7 @@
 //! | Request | Answer |
 //! |---|---|
 //! | no key (no metadata entry, or an empty request id) | `INVALID_ARGUMENT` with a `BadRequest` naming the field ([`require_key(false)`](GrpcIdempotencyLayer::require_key) lets it through, unguarded) |
-//! | key empty, sent twice, or over [`MAX_KEY_PART_LEN`](crate::MAX_KEY_PART_LEN) bytes | `INVALID_ARGUMENT` naming the limit |
+//! | key empty, sent twice, or over [`Key::MAX_PART_LEN`](crate::Key::MAX_PART_LEN) bytes | `INVALID_ARGUMENT` naming the limit |
 //! | no scope found ([`scope`](GrpcIdempotencyLayer::scope) returned `None`) | `UNAUTHENTICATED` |
 //! | request over [`max_message`](GrpcIdempotencyLayer::max_message) | `RESOURCE_EXHAUSTED` naming the limit; the key is not reserved |
 //! | a request id that cannot be read (not one uncompressed message, or it does not decode) | `INVALID_ARGUMENT` |

@@ -3,7 +3,7 @@
 use std::borrow::Cow;
 
 use crate::guard::{Refusal, Refused};
-use crate::{Fingerprint, Key, MAX_KEY_PART_LEN};
+use crate::{Fingerprint, Key};
 
 /// The client's key from the values it sent (the `Idempotency-Key` header fields, say), read
 /// as draft-ietf-httpapi-idempotency-key-header-07 says: the value is an RFC 8941 sf-string.
@@ -19,7 +19,7 @@ use crate::{Fingerprint, Key, MAX_KEY_PART_LEN};
 /// | an sf-string with parameters (`"k";a=1`) or a list (`"a", "b"`) | refused: one key only |
 /// | unbalanced quotes (`"abc`, `abc"`), a comma, a space, a `;`, a control character or a non-ASCII byte outside quotes | refused, naming the character and its place |
 /// | an invalid sf-string (a control character or a non-ASCII byte inside the quotes, a `\` before anything but `"` or `\`) | refused, with the parser's reason |
-/// | an empty key (`""`), or over [`MAX_KEY_PART_LEN`](crate::MAX_KEY_PART_LEN) bytes once decoded | refused, naming the limit |
+/// | an empty key (`""`), or over [`Key::MAX_PART_LEN`](crate::Key::MAX_PART_LEN) bytes once decoded | refused, naming the limit |
 ///
 /// Spaces before and after the value are ignored (RFC 8941, section 4.2). Every refusal is
 /// [`KeyInvalid`](Refusal::KeyInvalid) with a detail naming the rule broken.
@@ -64,7 +64,7 @@ pub fn client_key<'a>(
 
 /// A key that is not a header field but a field of a request message (the gRPC request id of
 /// AIP-155): taken as it is, only refused when empty or over
-/// [`MAX_KEY_PART_LEN`](crate::MAX_KEY_PART_LEN) bytes.
+/// [`Key::MAX_PART_LEN`](crate::Key::MAX_PART_LEN) bytes.
 ///
 /// # Errors
 /// A [`Refused`] with [`Refusal::KeyInvalid`] naming the limit broken.
@@ -81,10 +81,11 @@ fn sized(id: Vec<u8>) -> Result<Vec<u8>, Refused> {
     if id.is_empty() {
         return Err(invalid("the Idempotency-Key is empty".into()));
     }
-    if id.len() > MAX_KEY_PART_LEN {
+    if id.len() > Key::MAX_PART_LEN {
         return Err(invalid(format!(
-            "the Idempotency-Key is {} bytes long; at most {MAX_KEY_PART_LEN} bytes are accepted",
-            id.len()
+            "the Idempotency-Key is {} bytes long; at most {} bytes are accepted",
+            id.len(),
+            Key::MAX_PART_LEN
         )));
     }
     Ok(id)
@@ -161,7 +162,7 @@ fn is_bare_char(b: u8) -> bool {
 }
 
 /// The stored key of a request: (scope, operation, client key). A scope or operation longer
-/// than [`MAX_KEY_PART_LEN`](crate::MAX_KEY_PART_LEN) bytes is replaced by `#` and the hex of
+/// than [`Key::MAX_PART_LEN`](crate::Key::MAX_PART_LEN) bytes is replaced by `#` and the hex of
 /// its BLAKE3 digest, so long paths and tokens still make distinct keys.
 ///
 /// # Errors
@@ -177,7 +178,7 @@ pub fn request_key(scope: Option<Vec<u8>>, operation: &[u8], id: &[u8]) -> Resul
 
 /// `part` itself when it fits in a key, else `#` and the hex of its BLAKE3 digest.
 fn bounded(part: &[u8]) -> Cow<'_, [u8]> {
-    if part.len() <= MAX_KEY_PART_LEN {
+    if part.len() <= Key::MAX_PART_LEN {
         return Cow::Borrowed(part);
     }
     let mut out = b"#".to_vec();

@@ -126,7 +126,7 @@ use crate::{Fingerprint, Key, Reservation, Reservations};
 pub const DEFAULT_MAX_RETRY_AFTER: Duration = Duration::from_secs(1);
 /// Default for [`Guard::max_stored_response`]: 1 MiB, the store's default
 /// [`max_result_len`](crate::Builder::max_result_len).
-pub const DEFAULT_MAX_STORED_RESPONSE: usize = crate::DEFAULT_MAX_RESULT_LEN;
+pub const DEFAULT_MAX_STORED_RESPONSE: usize = crate::Builder::DEFAULT_MAX_RESULT_LEN;
 
 /// What the guard reads on every request. Cloned only while it is configured.
 #[derive(Debug, Clone)]

@@ -17,7 +17,7 @@ pub enum Refusal {
     KeyMissing,
     /// The key is not one sf-string or bare token ([`client_key`](crate::guard::client_key)'s
     /// rules), is sent in more than one field, is empty, or is longer than
-    /// [`MAX_KEY_PART_LEN`](crate::MAX_KEY_PART_LEN) bytes (400).
+    /// [`Key::MAX_PART_LEN`](crate::Key::MAX_PART_LEN) bytes (400).
     KeyInvalid,
     /// The scope extractor found no scope (user, tenant) for the request (401).
     NoScope,

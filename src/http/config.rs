@@ -131,7 +131,7 @@ impl<R: Reservations + 'static> IdempotencyLayer<R> {
     ///
     /// Set it whenever clients are distinct users or tenants, from the identity the service
     /// has verified (a token's subject, say). A scope longer than
-    /// [`MAX_KEY_PART_LEN`](crate::MAX_KEY_PART_LEN) bytes is replaced by its BLAKE3 digest.
+    /// [`Key::MAX_PART_LEN`](crate::Key::MAX_PART_LEN) bytes is replaced by its BLAKE3 digest.
     ///
     /// Default: one scope, `*`, shared by every client.
     pub fn scope(self, scope: impl Fn(&Parts) -> Option<Vec<u8>> + Send + Sync + 'static) -> Self {

@@ -47,7 +47,7 @@
 //! | Request | Answer |
 //! |---|---|
 //! | no `Idempotency-Key` | 400 ([`require_key(false)`](IdempotencyLayer::require_key) lets it through, unguarded) |
-//! | a key that is not one RFC 8941 sf-string (`"k-1"`) or one bare key of token or UUID characters (`k-1`, the same key): a list, parameters, unbalanced quotes, a comma, space or control character outside quotes, more than one header field; or empty, or over [`MAX_KEY_PART_LEN`](crate::MAX_KEY_PART_LEN) bytes decoded | 400 naming the rule or the limit; the rules are [`client_key`](crate::guard::client_key)'s |
+//! | a key that is not one RFC 8941 sf-string (`"k-1"`) or one bare key of token or UUID characters (`k-1`, the same key): a list, parameters, unbalanced quotes, a comma, space or control character outside quotes, more than one header field; or empty, or over [`Key::MAX_PART_LEN`](crate::Key::MAX_PART_LEN) bytes decoded | 400 naming the rule or the limit; the rules are [`client_key`](crate::guard::client_key)'s |
 //! | no scope found ([`scope`](IdempotencyLayer::scope) returned `None`) | 401 with `WWW-Authenticate` ([`challenge`](IdempotencyLayer::challenge), default `Bearer`) |
 //! | body over [`max_body`](IdempotencyLayer::max_body) | 413 (or [the status chosen](IdempotencyLayer::body_too_large_status)) naming the limit; the key is not reserved |
 //! | a new key | the handler runs; its response is stored if [`store_status`](IdempotencyLayer::store_status) says so (default: all but 5xx), else the key is released so a retry runs the handler again |
@@ -67,7 +67,7 @@
 //! A key is (scope, operation, client key): the scope from the extractor, the operation from
 //! the method and path (`POST /orders`), so one caller's key never replays another caller's
 //! response and one key used on two routes is two keys. A scope or operation longer than
-//! [`MAX_KEY_PART_LEN`](crate::MAX_KEY_PART_LEN) bytes is replaced by its BLAKE3 digest.
+//! [`Key::MAX_PART_LEN`](crate::Key::MAX_PART_LEN) bytes is replaced by its BLAKE3 digest.
 //!
 //! # Exactly once
 //! The key is *reserved* before the handler runs, by the store's insert that only one caller

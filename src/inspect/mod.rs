@@ -290,5 +290,3 @@ mod scan;
 #[cfg(test)]
 mod tests;
 mod verify;
-
-pub use verify::VERIFY_PROGRESS_STEP;

@@ -4,8 +4,10 @@ use redb::ReadableTableMetadata;
 
 use super::*;
 
-/// How many entries [`Store::verify_with_progress`] checks between two progress calls.
-pub const VERIFY_PROGRESS_STEP: u64 = 4096;
+impl Verification {
+    /// How many entries [`Store::verify_with_progress`] checks between two progress calls.
+    pub const PROGRESS_STEP: u64 = 4096;
+}
 
 impl Store {
     /// Checks the whole store: every record's checksum and encoding, every key's encoding,
@@ -35,7 +37,7 @@ impl Store {
 
     /// [`verify`](Self::verify), calling `progress(checked, total)` as it goes: entries
     /// checked so far (records, then deadline index entries) out of all of them.
-    /// It is called every [`VERIFY_PROGRESS_STEP`] entries and once at the end, so a command
+    /// It is called every [`Verification::PROGRESS_STEP`] entries and once at the end, so a command
     /// line tool can draw a progress bar over a big store.
     ///
     /// ```
@@ -72,7 +74,7 @@ impl Store {
         let mut checked = 0u64;
         let mut tick = |progress: &mut dyn FnMut(u64, u64)| {
             checked += 1;
-            if checked.is_multiple_of(VERIFY_PROGRESS_STEP) {
+            if checked.is_multiple_of(Verification::PROGRESS_STEP) {
                 progress(checked, total.max(checked));
             }
         };

@@ -11,25 +11,15 @@ use tokio_postgres::NoTls;
 use super::schema::{self, Sql};
 use super::store::PgStore;
 use super::write::Inner;
-use crate::builder::{DEFAULT_LEASE, DEFAULT_MAX_RESULT_LEN, DEFAULT_RETENTION};
+use crate::builder::Builder;
 use crate::clock::{Clock, SystemClock};
 use crate::decide::policy::Policies;
 use crate::error::Error;
 use crate::record::TokenFloor;
 
-/// Default table name of a [`PgStore`].
-pub const DEFAULT_PG_TABLE: &str = "idemstore";
-/// Default most connections a [`PgStore`] opens.
-pub const DEFAULT_PG_POOL_SIZE: usize = 32;
-/// Default time an operation keeps retrying while PostgreSQL gives no answer (a restart or a
-/// failover to a standby takes seconds).
-pub const DEFAULT_PG_OP_DEADLINE: Duration = Duration::from_secs(15);
-/// Default time one statement (or waiting for a pooled connection) may take before it counts
-/// as unanswered.
-pub const DEFAULT_PG_STATEMENT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Largest result this store accepts: a `bytea` can hold 1 GB, but a result is sent in every
 /// replay; the local store's limit.
-const MAX_PG_RESULT_LEN: usize = crate::builder::MAX_RESULT_LEN_LIMIT;
+const MAX_PG_RESULT_LEN: usize = Builder::MAX_RESULT_LEN_LIMIT;
 
 /// Settings for [`PgStore::connect`]. Get one from [`PgStore::builder`].
 #[derive(Clone)]
@@ -48,24 +38,38 @@ pub struct PgBuilder {
 impl Default for PgBuilder {
     fn default() -> Self {
         PgBuilder {
-            table: DEFAULT_PG_TABLE.to_string(),
-            lease: DEFAULT_LEASE,
-            retention: DEFAULT_RETENTION,
+            table: Self::DEFAULT_TABLE.to_string(),
+            lease: Builder::DEFAULT_LEASE,
+            retention: Builder::DEFAULT_RETENTION,
             retention_by_operation: Vec::new(),
-            max_result_len: DEFAULT_MAX_RESULT_LEN,
-            pool_size: DEFAULT_PG_POOL_SIZE,
-            op_deadline: DEFAULT_PG_OP_DEADLINE,
-            statement_timeout: DEFAULT_PG_STATEMENT_TIMEOUT,
+            max_result_len: Builder::DEFAULT_MAX_RESULT_LEN,
+            pool_size: Self::DEFAULT_POOL_SIZE,
+            op_deadline: Self::DEFAULT_OP_DEADLINE,
+            statement_timeout: Self::DEFAULT_STATEMENT_TIMEOUT,
             clock: Arc::new(SystemClock),
         }
     }
 }
 
 impl PgBuilder {
+    /// Default table name of a [`PgStore`].
+    pub const DEFAULT_TABLE: &str = "idemstore";
+
+    /// Default most connections a [`PgStore`] opens.
+    pub const DEFAULT_POOL_SIZE: usize = 32;
+
+    /// Default time an operation keeps retrying while PostgreSQL gives no answer (a restart or a
+    /// failover to a standby takes seconds).
+    pub const DEFAULT_OP_DEADLINE: Duration = Duration::from_secs(15);
+
+    /// Default time one statement (or waiting for a pooled connection) may take before it counts
+    /// as unanswered.
+    pub const DEFAULT_STATEMENT_TIMEOUT: Duration = Duration::from_secs(5);
+
     /// The table that holds this store's keys (also the prefix of its index, sequence and
     /// version table names); stores with different tables share nothing. Lower-case ASCII
     /// letters, digits and `_`, at most 55 bytes; it may name a schema's search path table
-    /// only (no `schema.` part). Default = [`DEFAULT_PG_TABLE`].
+    /// only (no `schema.` part). Default = [`PgBuilder::DEFAULT_TABLE`].
     pub fn table(&mut self, table: impl Into<String>) -> &mut Self {
         self.table = table.into();
         self
@@ -104,7 +108,7 @@ impl PgBuilder {
         self
     }
 
-    /// The most connections this store opens (1 to 1024). Default = [`DEFAULT_PG_POOL_SIZE`].
+    /// The most connections this store opens (1 to 1024). Default = [`PgBuilder::DEFAULT_POOL_SIZE`].
     pub fn pool_size(&mut self, connections: usize) -> &mut Self {
         self.pool_size = connections;
         self
@@ -112,7 +116,7 @@ impl PgBuilder {
 
     /// How long an operation keeps retrying while PostgreSQL gives no definite answer (down,
     /// restarting, failing over) before it returns [`Error::Cluster`]. Default =
-    /// [`DEFAULT_PG_OP_DEADLINE`].
+    /// [`PgBuilder::DEFAULT_OP_DEADLINE`].
     pub fn op_deadline(&mut self, deadline: Duration) -> &mut Self {
         self.op_deadline = deadline;
         self
@@ -120,7 +124,7 @@ impl PgBuilder {
 
     /// How long one statement, or the wait for a pooled connection, may take before it counts
     /// as unanswered (also the server's `statement_timeout` on the store's connections).
-    /// Default = [`DEFAULT_PG_STATEMENT_TIMEOUT`].
+    /// Default = [`PgBuilder::DEFAULT_STATEMENT_TIMEOUT`].
     pub fn statement_timeout(&mut self, timeout: Duration) -> &mut Self {
         self.statement_timeout = timeout;
         self

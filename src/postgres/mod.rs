@@ -14,10 +14,7 @@ mod schema;
 mod store;
 mod write;
 
-pub use builder::{
-    PgBuilder, DEFAULT_PG_OP_DEADLINE, DEFAULT_PG_POOL_SIZE, DEFAULT_PG_STATEMENT_TIMEOUT,
-    DEFAULT_PG_TABLE,
-};
+pub use builder::PgBuilder;
 pub use store::{PgStore, PgWork};
 
 use std::time::Duration;

@@ -19,7 +19,7 @@ use crate::decide::op::{
 use crate::decide::{decide, Change, Resolution};
 use crate::error::{Error, LeaseLostReason};
 use crate::fingerprint::Fingerprint;
-use crate::key::{Key, MAX_NOTE_LEN};
+use crate::key::Key;
 use crate::record::{Millis, Progress, Record, RecordClass};
 
 /// The caller's own statements for [`PgStore::complete_with`]: run on the completion's
@@ -381,7 +381,7 @@ impl PgStore {
     /// # Errors
     /// [`Error::NoteTooLarge`], [`Error::LeaseLost`], [`Error::Cluster`].
     pub async fn mark_needs_review(&self, lease: &Lease, note: &str) -> Result<(), Error> {
-        if note.len() > MAX_NOTE_LEN {
+        if note.len() > Key::MAX_NOTE_LEN {
             return Err(Error::NoteTooLarge {
                 key: lease.key.clone(),
                 len: note.len(),

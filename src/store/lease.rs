@@ -15,7 +15,6 @@ use crate::engine::commit::{first, CommitKind, Committer};
 use crate::error::{Error, LeaseLostReason};
 use crate::format::tables::Tables;
 use crate::key::Key;
-use crate::key::MAX_NOTE_LEN;
 use crate::record::Progress;
 
 use super::many::extended;
@@ -227,7 +226,7 @@ impl Store {
     /// not expire while under review.
     ///
     /// # Errors
-    /// [`Error::NoteTooLarge`] over [`MAX_NOTE_LEN`](crate::MAX_NOTE_LEN) bytes;
+    /// [`Error::NoteTooLarge`] over [`Key::MAX_NOTE_LEN`](crate::Key::MAX_NOTE_LEN) bytes;
     /// [`Error::LeaseLost`] when the lease no longer owns the key.
     pub fn mark_needs_review(&self, lease: &Lease, note: &str) -> Result<(), Error> {
         let op = mark_op(lease, note)?;
@@ -384,7 +383,7 @@ impl Store {
 /// The operation that marks `lease`'s key for review with `note`, once the note's size is
 /// checked.
 fn mark_op(lease: &Lease, note: &str) -> Result<MarkNeedsReview, Error> {
-    if note.len() > MAX_NOTE_LEN {
+    if note.len() > Key::MAX_NOTE_LEN {
         return Err(Error::NoteTooLarge {
             key: lease.key.clone(),
             len: note.len(),

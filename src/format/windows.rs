@@ -34,7 +34,7 @@ pub(crate) const RECORDS_PREFIX: &str = "idemstore.records.";
 
 /// Windows per retention when a store is created: the share of a window's keys that may stay
 /// stored after they expired (until the window ends) is about one 32nd of the live keys at
-/// steady state.
+/// steady state (the figures behind the choice: BENCHMARKS.md, "Windows of expiry time").
 pub(crate) const WINDOWS_PER_RETENTION: u64 = 32;
 
 /// The windows' filters as the last durable commit saved them: window → encoded [`Filter`].

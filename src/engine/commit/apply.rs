@@ -270,7 +270,7 @@ pub(crate) struct Applier {
     /// Whether frames are applied before they are durable (buffered durability, where a
     /// batch is answered before its sync anyway).
     apply_unsynced: bool,
-    /// Whether the applier deletes ended windows when it commits (the background sweeper is
+    /// Whether ended windows are deleted where batches are applied (the background sweeper is
     /// on).
     drops_windows: bool,
     /// The last frame applied to a transaction.

@@ -326,9 +326,9 @@ impl Builder {
     /// Expired records already read as absent, so sweeping only reclaims disk space; without
     /// it a store keeps every key it ever saw. A store keeps its records in one table per
     /// window of expiry time (a 32nd of the retention the store was created with) and deletes
-    /// a window's table whole once the window has ended, without reading its records: the
-    /// applier thread does it when it commits its transaction, and the committer thread at
-    /// the next interval when the applier holds none. So an expired record stays stored,
+    /// a window's table whole once the window has ended, without reading its records: in the
+    /// transaction that applies logged batches to the file while the store is written, and on
+    /// the committer thread at the next interval when the applier holds none. So an expired record stays stored,
     /// reading as absent, until its window ends and the next look after.
     ///
     /// The interval is real time; what counts as expired follows the store's

@@ -13,7 +13,8 @@
 //! writer where a transaction outside the batch path (a checkpoint, a sweep) needs it.
 //!
 //! Only frames known durable are applied, so a commit (which new readers of redb see) never
-//! holds a change that a crash could still take back.
+//! holds a change that a crash could still take back. The transaction that applies batches
+//! also deletes the expiry windows that have ended (`Tables::drop_ended_windows`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};

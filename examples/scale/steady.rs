@@ -263,9 +263,6 @@ pub struct StoreRun {
     pub sweep_slices: u64,
     /// See [`StoreRun::sweep_slices`].
     pub swept: u64,
-    /// Deletions seen that removed more than one window's share of a slice: kept for the
-    /// JSON's shape, always 0 since expiry deletes whole windows.
-    pub full_slices: u64,
     /// File and log bytes after the drain, and the resident memory then.
     pub file_bytes_drained: u64,
     /// See [`StoreRun::file_bytes_drained`].
@@ -279,7 +276,6 @@ pub struct StoreRun {
 /// Watches `Stats::swept` every millisecond: each change is one deletion of ended windows.
 struct SweepWatch {
     slices: AtomicU64,
-    full: AtomicU64,
     stop: AtomicBool,
 }
 
@@ -434,7 +430,6 @@ pub fn run_store(
     let store = Arc::new(open_store(&path, &clock)?);
     let watch = Arc::new(SweepWatch {
         slices: AtomicU64::new(0),
-        full: AtomicU64::new(0),
         stop: AtomicBool::new(false),
     });
     let watcher = {
@@ -564,7 +559,6 @@ pub fn run_store(
     watch.stop.store(true, Ordering::Relaxed);
     watcher.join().map_err(|_| "the sweep watcher panicked")?;
     run.sweep_slices = watch.slices.load(Ordering::Relaxed);
-    run.full_slices = watch.full.load(Ordering::Relaxed);
     run.swept = store.stats().swept;
     let info = store.file_info()?;
     run.file_bytes_drained = info.file_bytes;
@@ -627,15 +621,14 @@ pub fn summary(run: &StoreRun) -> Vec<String> {
             run.counted_expired
         ),
         format!(
-            "after the writes: the sweeper deleted the rest in {}; {} slices in the whole run, {} \
-             full; file {:.0} MiB + log {:.0} MiB for {} live keys ({:.0} B/key, payload {PAYLOAD} \
+            "after the writes: the sweeper deleted the rest in {}; {} deletions in the whole run; \
+             file {:.0} MiB + log {:.0} MiB for {} live keys ({:.0} B/key, payload {PAYLOAD} \
              B); resident {:.0} MiB (peak at segment ends {:.0} MiB)",
             run.drain_seconds.map_or(
                 format!("more than {} s", DRAIN_LIMIT.as_secs()),
                 |s| format!("{s:.1} s")
             ),
             run.sweep_slices,
-            run.full_slices,
             mib(run.file_bytes_drained),
             mib(run.log_bytes_drained),
             run.window,

@@ -608,7 +608,6 @@ pub fn run(
                     "computed_expired": run.computed_expired,
                     "drain_seconds": run.drain_seconds,
                     "sweep_slices": run.sweep_slices,
-                    "full_slices": run.full_slices,
                     "swept": run.swept,
                     "file_bytes_drained": run.file_bytes_drained,
                     "log_bytes_drained": run.log_bytes_drained,

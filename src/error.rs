@@ -232,7 +232,7 @@ pub enum Error {
 
 impl Error {
     /// A storage error from redb while doing `context`; a block that failed its checksum in
-    /// the page layer (`format/pages.rs`) is [`Error::Corruption`] naming the file and the offset.
+    /// the page layer (`tree/pages.rs`) is [`Error::Corruption`] naming the file and the offset.
     pub(crate) fn storage(context: &'static str, source: impl Into<redb::Error>) -> Error {
         let source = source.into();
         if let redb::Error::Io(e) = &source {
@@ -397,7 +397,7 @@ impl std::error::Error for Error {
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 /// A damaged block of a store file, found by its checksum in the page layer
-/// (`format/pages.rs`); carried inside the `io::Error` redb returns.
+/// (`tree/pages.rs`); carried inside the `io::Error` redb returns.
 #[derive(Debug)]
 pub(crate) struct Damage {
     /// The file, as named to the user.

@@ -89,28 +89,28 @@
 pub mod actix;
 pub mod admin;
 mod answers;
-mod builder;
 mod clock;
+mod commit;
 mod decide;
-mod engine;
 mod error;
 #[cfg(feature = "etcd")]
 mod etcd;
 mod fingerprint;
-mod format;
 #[cfg(feature = "grpc")]
 pub mod grpc;
 #[cfg(feature = "http")]
 pub mod guard;
 #[cfg(feature = "http")]
 pub mod http;
-mod inspect;
 mod key;
+mod log;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod record;
 mod reservations;
+mod state;
 mod store;
+mod tree;
 // The internals the crate's own tests and fuzz targets reach (hidden feature, CONTRIBUTING.md).
 #[cfg(feature = "__whitebox")]
 #[doc(hidden)]
@@ -118,21 +118,21 @@ pub mod whitebox;
 
 pub use admin::{AdminClient, AdminSocket};
 pub use answers::{Completed, Lease, LiveLease, Reservation, Seen};
-pub use builder::{Builder, Durability};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decide::Resolution;
-pub use engine::stats::Stats;
 pub use error::{Error, KeyPart, LeaseLostReason, Result};
 #[cfg(feature = "etcd")]
 pub use etcd::{EtcdBuilder, EtcdSnapshot, EtcdStore, EtcdSweeper};
 pub use fingerprint::Fingerprint;
-pub use format::log_file::LogFile;
-pub use inspect::{FileInfo, Problem, ProblemKind, ScanFilter, StateCounts, Verification};
 pub use key::Key;
+pub use log::file::LogFile;
 #[cfg(feature = "postgres")]
 pub use postgres::{PgBuilder, PgStore, PgWork};
 pub use record::{Progress, Record, RecordClass, Status};
 pub use reservations::Reservations;
+pub use state::stats::Stats;
+pub use store::builder::{Builder, Durability};
+pub use store::inspect::{FileInfo, Problem, ProblemKind, ScanFilter, StateCounts, Verification};
 pub use store::{compact, open_redb, open_redb_read_only, Store};
 
 /// The redb crate this store is built on, for [`Store::complete_with`] callers.

@@ -10,18 +10,18 @@
 use std::path::PathBuf;
 
 pub use crate::clock::{from_millis, to_millis};
-pub use crate::engine::commit::CheckpointStart;
-pub use crate::engine::poison::reopen_room;
-pub use crate::engine::recovery::{LogPosition, Recovered};
-pub use crate::engine::wal::Wal;
-pub use crate::format::frame::{
+pub use crate::commit::CheckpointStart;
+pub use crate::log::frame::{
     decode_payload, encode, header_crc, padded, parse_header, Entry, Frame, Header, HEADER_LEN,
 };
-pub use crate::format::identity::LOG_HEADER_LEN;
+pub use crate::log::identity::LOG_HEADER_LEN;
+pub use crate::log::recovery::{LogPosition, Recovered};
+pub use crate::log::wal::Wal;
 pub use crate::record::Millis;
 use crate::record::Record;
+pub use crate::state::poison::reopen_room;
 
-/// A record's stored bytes (the record codec, `src/format/codec.rs`).
+/// A record's stored bytes (the record codec, `src/record/codec.rs`).
 pub fn encode_record(record: &Record) -> Vec<u8> {
     record.encode()
 }
@@ -34,12 +34,12 @@ pub fn decode_record(bytes: &[u8]) -> Result<Record, String> {
 /// Whether the store file on `db` (as a store writes it, checksummed pages and all) carries the
 /// clean-close mark.
 pub fn closed_clean(db: impl redb::StorageBackend) -> Result<bool, crate::Error> {
-    let pages = crate::format::pages::PageFile::new(db, crate::store::open::STORAGE_NAME)
+    let pages = crate::tree::pages::PageFile::new(db, crate::store::open::STORAGE_NAME)
         .map_err(|e| crate::Error::io("reading a page file's header", e))?;
     let db = redb::Builder::new()
         .create_with_backend(pages)
         .map_err(|e| crate::Error::storage("opening a page file", e))?;
-    crate::engine::clean_close::recorded(&db)
+    crate::log::clean_close::recorded(&db)
 }
 
 /// Every directory the store synced since the process started.
@@ -58,7 +58,7 @@ pub fn forget_synced(dir: &std::path::Path) {
 /// (opening converts a format-2 store).
 pub fn format_version(db: impl redb::StorageBackend) -> Result<Option<u64>, crate::Error> {
     use redb::ReadableDatabase;
-    let pages = crate::format::pages::PageFile::new(db, crate::store::open::STORAGE_NAME)
+    let pages = crate::tree::pages::PageFile::new(db, crate::store::open::STORAGE_NAME)
         .map_err(|e| crate::Error::io("reading a page file's header", e))?;
     let db = redb::Builder::new()
         .create_with_backend(pages)
@@ -67,10 +67,10 @@ pub fn format_version(db: impl redb::StorageBackend) -> Result<Option<u64>, crat
         .begin_read()
         .map_err(|e| crate::Error::storage("reading the format", e))?;
     let meta = txn
-        .open_table(crate::format::tables::META)
+        .open_table(crate::tree::tables::META)
         .map_err(|e| crate::Error::storage("reading the format", e))?;
     let version = meta
-        .get(crate::format::tables::META_FORMAT)
+        .get(crate::tree::tables::META_FORMAT)
         .map_err(|e| crate::Error::storage("reading the format", e))?;
     Ok(version.map(|v| v.value()))
 }
@@ -78,7 +78,7 @@ pub fn format_version(db: impl redb::StorageBackend) -> Result<Option<u64>, crat
 /// The page layer's work since the process started (the load generator divides it by the
 /// operations of a run): 4 KiB blocks checksummed, read or written, and sums blocks written.
 pub fn page_work() -> (u64, u64) {
-    use crate::format::pages::work;
+    use crate::tree::pages::work;
     use std::sync::atomic::Ordering::Relaxed;
     (work::SUMMED.load(Relaxed), work::SUMS_WRITTEN.load(Relaxed))
 }
@@ -86,5 +86,5 @@ pub fn page_work() -> (u64, u64) {
 /// The CRC-32 the page layer keeps for a data block: the block number, then its 4 KiB (the
 /// load generator times it).
 pub fn page_sum(index: u64, data: &[u8]) -> u32 {
-    crate::format::pages::sum(index, data)
+    crate::tree::pages::sum(index, data)
 }

@@ -1,5 +1,5 @@
 //! The clean-close mark: written at a clean close, cleared on open before anything else, so a
-//! crash after it replays the log (`src/engine/clean_close.rs`).
+//! crash after it replays the log (`src/log/clean_close.rs`).
 
 use std::time::Duration;
 

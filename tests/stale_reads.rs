@@ -1,5 +1,5 @@
 //! The state a reserve reads is handed to the writer, which decides against it instead of
-//! reading the key again (`engine/commit/request.rs`, `Known`). These tests make that state
+//! reading the key again (`commit/request.rs`, `Known`). These tests make that state
 //! go stale between the read and the writer's decision, each way the engine can change a key
 //! behind a reader's back, and check that the writer does not trust it.
 
@@ -124,7 +124,7 @@ fn a_new_key_is_acquired() {
 }
 
 /// The readers of one writer epoch share one redb snapshot of the records
-/// (`engine/overlay.rs`, `Overlay::committed`). Each way an epoch ends (the writer commits its
+/// (`state/overlay.rs`, `Overlay::committed`). Each way an epoch ends (the writer commits its
 /// open transaction and forgets its changes; `complete_with` commits outside the batch path),
 /// a read after it must not come from the snapshot of the epoch before, which lacks what the
 /// commit added. The record cache is off, so every read that misses the writer's changes goes

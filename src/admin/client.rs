@@ -12,10 +12,10 @@ use crate::answers::LiveLease;
 use crate::clock::{from_millis, to_millis};
 use crate::decide::Resolution;
 use crate::error::Error;
-use crate::inspect::{FileInfo, ScanFilter, StateCounts};
 use crate::key::Key;
 use crate::record::RecordClass;
 use crate::record::{Record, TokenFloor};
+use crate::store::inspect::{FileInfo, ScanFilter, StateCounts};
 
 /// How long a client waits for an answer. A sweep slice or a checkpoint of a large store
 /// can take a while.

@@ -50,7 +50,7 @@ use std::path::{Path, PathBuf};
 pub use client::AdminClient;
 pub(crate) use server::Server;
 
-pub use crate::builder::AdminSocket;
+pub use crate::store::builder::AdminSocket;
 
 /// The admin socket of the store at `store_path`: its name with `.admin` appended.
 pub fn socket_path(store_path: &Path) -> PathBuf {

@@ -21,10 +21,10 @@ use std::time::Duration;
 
 use crate::clock::duration_millis;
 use crate::decide::Resolution;
-use crate::inspect::{FileInfo, ScanFilter, StateCounts};
 use crate::key::Key;
 use crate::record::Record;
 use crate::record::RecordClass;
+use crate::store::inspect::{FileInfo, ScanFilter, StateCounts};
 
 /// The protocol version every request starts with.
 pub(crate) const VERSION: u8 = 2;

@@ -9,11 +9,11 @@ use etcd_client::{Client, ConnectOptions};
 use super::hints::Hints;
 use super::layout::{Layout, MAX_SLOTS};
 use super::store::{EtcdStore, Inner};
-use crate::builder::Builder;
 use crate::clock::{Clock, SystemClock};
 use crate::decide::policy::Policies;
 use crate::error::Error;
 use crate::record::TokenFloor;
+use crate::store::builder::Builder;
 
 /// Largest value this store writes to etcd, under etcd's default `--max-request-bytes`
 /// (1.5 MiB) with room for the key and the envelope.
@@ -164,7 +164,7 @@ impl EtcdBuilder {
         if self.retention < Duration::from_millis(1) {
             return invalid("retention", "it must be at least 1 ms");
         }
-        crate::builder::validate_retentions(&self.retention_by_operation)?;
+        crate::store::builder::validate_retentions(&self.retention_by_operation)?;
         if self.max_result_len > MAX_ETCD_RESULT_LEN {
             return invalid(
                 "max_result_len",

@@ -15,9 +15,9 @@ use etcd_client::{GetOptions, GetResponse, KeyValue};
 use super::layout::{self, Layout};
 use super::store::{EtcdStore, Inner};
 use crate::error::Error;
-use crate::inspect::{ScanFilter, StateCounts};
 use crate::key::Key;
 use crate::record::{Millis, Record, RecordClass, State, TokenFloor};
+use crate::store::inspect::{ScanFilter, StateCounts};
 
 /// Keys read per range request. A page is halved while the answer is over [`MAX_MESSAGE`]
 /// (each record may hold a result of up to 1,400 KiB).

@@ -11,11 +11,11 @@ use tokio_postgres::NoTls;
 use super::schema::{self, Sql};
 use super::store::PgStore;
 use super::write::Inner;
-use crate::builder::Builder;
 use crate::clock::{Clock, SystemClock};
 use crate::decide::policy::Policies;
 use crate::error::Error;
 use crate::record::TokenFloor;
+use crate::store::builder::Builder;
 
 /// Largest result this store accepts: a `bytea` can hold 1 GB, but a result is sent in every
 /// replay; the local store's limit.
@@ -146,7 +146,7 @@ impl PgBuilder {
         if self.retention < Duration::from_millis(1) {
             return invalid("retention", "it must be at least 1 ms".into());
         }
-        crate::builder::validate_retentions(&self.retention_by_operation)?;
+        crate::store::builder::validate_retentions(&self.retention_by_operation)?;
         if self.max_result_len > MAX_PG_RESULT_LEN {
             return invalid(
                 "max_result_len",

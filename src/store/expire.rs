@@ -2,13 +2,13 @@
 //! and commit path as every other write.
 
 use crate::answers::LiveLease;
+use crate::commit::first;
 use crate::decide::answer;
 use crate::decide::expire::{Expire, Expired};
-use crate::engine::commit::first;
-use crate::engine::stats::Counter;
 use crate::error::Error;
 use crate::key::Key;
 use crate::record::RecordClass;
+use crate::state::stats::Counter;
 
 use super::Store;
 

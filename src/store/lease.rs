@@ -6,16 +6,16 @@ use std::sync::Arc;
 use redb::WriteTransaction;
 
 use crate::answers::Lease;
+use crate::commit::{first, CommitKind, Committer};
 use crate::decide::answer;
 use crate::decide::op::{
     Complete, Completion, Extend, MarkNeedsReview, RecordStep, Release, Resolve,
 };
 use crate::decide::Resolution;
-use crate::engine::commit::{first, CommitKind, Committer};
 use crate::error::{Error, LeaseLostReason};
-use crate::format::tables::Tables;
 use crate::key::Key;
 use crate::record::Progress;
+use crate::tree::tables::Tables;
 
 use super::many::extended;
 use super::Store;

@@ -6,10 +6,10 @@
 
 use crate::answers::Lease;
 use crate::clock::from_millis;
+use crate::commit::Kind;
 use crate::decide::answer;
 use crate::decide::op::{Complete, Extend, Release};
 use crate::decide::Operation;
-use crate::engine::commit::Kind;
 use crate::error::Error;
 use crate::key::Key;
 

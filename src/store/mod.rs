@@ -1,6 +1,6 @@
 //! [`Store`]: the public operations. Reads of existing keys go straight to the overlay, the
 //! cache or a redb read transaction; every write goes through the commit path in
-//! [`crate::engine::commit`].
+//! [`crate::commit`].
 //!
 //! - `open/`: opening (checks, creation, recovery) and assembling the parts;
 //! - `reserve.rs`: reserve (one, many, async, waiting) and observe;
@@ -10,8 +10,10 @@
 //! - `expire.rs`: expire (one, forced, many, async);
 //! - `retain.rs`: completing or resolving with a retention of its own;
 
+pub(crate) mod builder;
 mod compact;
 mod expire;
+pub(crate) mod inspect;
 mod lease;
 mod many;
 pub(crate) mod open;
@@ -23,10 +25,10 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::engine::commit::{Committer, Engine, Writer};
-use crate::engine::stats::Stats;
+use crate::commit::{Committer, Engine, Writer};
 use crate::error::Error;
 use crate::record::{Millis, TokenFloor};
+use crate::state::stats::Stats;
 
 pub use compact::compact;
 pub use open::file::{open_redb, open_redb_read_only};
@@ -94,7 +96,7 @@ impl fmt::Debug for Store {
 
 impl Store {
     /// The expiry windows the store keeps its records in.
-    pub(crate) fn windows(&self) -> &crate::format::windows::Windows {
+    pub(crate) fn windows(&self) -> &crate::tree::windows::Windows {
         &self.engine.windows
     }
 }
@@ -240,7 +242,7 @@ impl Store {
     /// machine's speed let run before it.
     pub fn __before_checkpoint_commit_if(
         &self,
-        which: impl Fn(&crate::whitebox::CheckpointStart) -> bool + Send + 'static,
+        which: impl Fn(&crate::commit::CheckpointStart) -> bool + Send + 'static,
         hook: impl FnOnce() + Send + 'static,
     ) {
         self.engine.checkpoint.arm(Box::new(which), Box::new(hook));

@@ -2,11 +2,11 @@
 
 use redb::ReadableDatabase;
 
-use crate::engine::sweep;
+use crate::commit::sweep;
 use crate::error::Error;
-use crate::format::tables::{decode_record, DEADLINES};
 use crate::key::Key;
 use crate::record::Record;
+use crate::tree::tables::{decode_record, DEADLINES};
 
 use super::Store;
 
@@ -98,7 +98,7 @@ impl Store {
                     .db
                     .begin_read()
                     .map_err(|e| Error::storage(ctx, e))?;
-                crate::format::windows::Records::open(&txn, &self.engine.windows)
+                crate::tree::windows::Records::open(&txn, &self.engine.windows)
             })?;
             let value = table
                 .get_hashed(key.encoded(), key.hash64())
@@ -148,7 +148,7 @@ impl Store {
                 .db
                 .begin_read()
                 .map_err(|e| Error::storage(ctx, e))?;
-            let records = crate::format::windows::Records::open(&txn, &self.engine.windows)?;
+            let records = crate::tree::windows::Records::open(&txn, &self.engine.windows)?;
             let deadlines = txn
                 .open_table(DEADLINES)
                 .map_err(|e| Error::storage(ctx, e))?;

@@ -6,17 +6,17 @@ use std::time::{Duration, Instant};
 
 use crate::answers::{Reservation, Seen};
 use crate::clock::duration_millis;
+use crate::commit::{first, CallerDecision, Known};
 use crate::decide::answer;
 use crate::decide::op::{Observe, Reserve, Reserved};
 use crate::decide::{decide, Change, Operation};
-use crate::engine::commit::{first, CallerDecision, Known};
-use crate::engine::stats::Counter;
-use crate::engine::wait::{wake_at, Signal};
 use crate::error::Error;
 use crate::fingerprint::Fingerprint;
-use crate::format::tables::IndexEntries;
 use crate::key::Key;
 use crate::record::{Millis, Record};
+use crate::state::stats::Counter;
+use crate::state::wait::{wake_at, Signal};
+use crate::tree::tables::IndexEntries;
 
 use super::Store;
 

@@ -5,10 +5,10 @@ use std::time::Duration;
 
 use crate::answers::Lease;
 use crate::clock::duration_millis;
+use crate::commit::first;
 use crate::decide::answer;
 use crate::decide::op::{Complete, Resolve, WithRetention};
 use crate::decide::Resolution;
-use crate::engine::commit::first;
 use crate::error::Error;
 use crate::key::Key;
 

@@ -15,11 +15,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use redb::backends::FileBackend;
 use redb::{Database, DatabaseError, ReadableDatabase, StorageError, TableError};
 
-use crate::engine::wal::OsFile;
 use crate::error::Error;
-use crate::format::pages::PageFile;
-use crate::format::tables::{Tables, FORMAT_VERSION, META, META_FORMAT};
-use crate::format::windows::Windows;
+use crate::log::wal::OsFile;
+use crate::tree::pages::PageFile;
+use crate::tree::tables::{Tables, FORMAT_VERSION, META, META_FORMAT};
+use crate::tree::windows::Windows;
 
 /// The first bytes of every plain redb file (a store before page checksums).
 const REDB_SIGNATURE: [u8; 9] = [b'r', b'e', b'd', b'b', 0x1A, 0x0A, 0xA9, 0x0D, 0x0A];
@@ -84,7 +84,7 @@ fn not_a_store(path: &Path, reason: impl Into<String>) -> Error {
 }
 
 /// The backend of a store file: redb's file backend (its locks: one process owns a store)
-/// under the checksummed page layer (`format/pages.rs`).
+/// under the checksummed page layer (`tree/pages.rs`).
 pub(crate) fn page_file(file: File, path: &Path) -> Result<PageFile<FileBackend>, Error> {
     let backend = FileBackend::new(file).map_err(|e| open_error(path, "opening", e))?;
     PageFile::new(backend, &path.display().to_string()).map_err(|e| damaged_or_io(path, e))
@@ -92,7 +92,7 @@ pub(crate) fn page_file(file: File, path: &Path) -> Result<PageFile<FileBackend>
 
 /// An I/O error of the page layer, or the damage it found, naming `path`.
 fn damaged_or_io(path: &Path, e: io::Error) -> Error {
-    match crate::format::pages::Damage::of(&e) {
+    match crate::tree::pages::Damage::of(&e) {
         Some(damage) => damage.to_error("opening the store"),
         None => Error::io(format!("opening store {}", path.display()), e),
     }
@@ -116,7 +116,7 @@ fn open_existing(path: &Path, builder: impl Fn(bool) -> redb::Builder) -> Result
             "it is a plain redb file (another program's database, or a development format of idemstore from before page checksums, which this build does not read)",
         ));
     }
-    if let Err(reason) = crate::format::pages::check_header(&start) {
+    if let Err(reason) = crate::tree::pages::check_header(&start) {
         return Err(not_a_store(path, reason));
     }
     // Check the format through a read-only handle first, so a foreign database is refused
@@ -134,7 +134,7 @@ fn open_existing(path: &Path, builder: impl Fn(bool) -> redb::Builder) -> Result
     let (checked, closed_clean) = match read_only {
         Ok(read_only) => {
             check_format(&read_only, path)?;
-            (true, crate::engine::clean_close::recorded(&read_only)?)
+            (true, crate::log::clean_close::recorded(&read_only)?)
         }
         Err(e @ (Error::Corruption { .. } | Error::AlreadyOpen { .. })) => return Err(e),
         Err(_) => (false, false),
@@ -159,7 +159,7 @@ pub(crate) fn open_error(path: &Path, doing: &str, error: DatabaseError) -> Erro
         DatabaseError::DatabaseAlreadyOpen => Error::AlreadyOpen {
             path: path.to_path_buf(),
         },
-        DatabaseError::Storage(StorageError::Io(e)) => match crate::format::pages::Damage::of(&e) {
+        DatabaseError::Storage(StorageError::Io(e)) => match crate::tree::pages::Damage::of(&e) {
             Some(damage) => damage.to_error(doing),
             None => Error::io(format!("{doing} store {}", path.display()), e),
         },
@@ -254,8 +254,8 @@ fn initialize(db: &Database) -> Result<(), Error> {
     let ctx = "initializing a new store";
     let txn = db.begin_write().map_err(|e| Error::storage(ctx, e))?;
     Tables::open(&txn, &Windows::new(1))?.initialize()?;
-    // Nothing was logged yet: a new store is closed cleanly (`engine/lost_log.rs`).
-    crate::engine::clean_close::mark(&txn)?;
+    // Nothing was logged yet: a new store is closed cleanly (`log/lost_log.rs`).
+    crate::log::clean_close::mark(&txn)?;
     txn.commit().map_err(|e| Error::storage(ctx, e))
 }
 
@@ -431,5 +431,5 @@ fn check_page_file(path: &Path) -> Result<(), Error> {
     File::open(path)
         .and_then(|mut file| file.read_exact(&mut start))
         .map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
-    crate::format::pages::check_header(&start).map_err(|reason| not_a_store(path, reason))
+    crate::tree::pages::check_header(&start).map_err(|reason| not_a_store(path, reason))
 }

@@ -1,5 +1,5 @@
 //! Opening a store, all in one place: the file checks and crash-safe creation (`file.rs`),
-//! recovery ([`crate::engine::recovery`]), and assembling the commit path. Every open goes through
+//! recovery ([`crate::log::recovery`]), and assembling the commit path. Every open goes through
 //! [`Store::from_parts`].
 
 use std::path::{Path, PathBuf};
@@ -7,21 +7,21 @@ use std::sync::Arc;
 
 use redb::Database;
 
-use crate::builder::Builder;
+use crate::commit::{Committer, Engine, Schedule, Writer};
 use crate::decide::policy::Policies;
-use crate::engine::cache::RecordCache;
-use crate::engine::commit::{Committer, Engine, Schedule, Writer};
-use crate::engine::overlay::Overlay;
-use crate::engine::poison::{full_disk_at_open, replay_bound, Poison};
-use crate::engine::recovery;
-use crate::engine::settings::Durability;
-use crate::engine::stats::Counters;
-use crate::engine::wal::{log_path, LogFile};
 use crate::error::Error;
-use crate::format::identity::{self, Identity};
-use crate::format::tables::{window_width, Tables};
-use crate::format::windows::{width_for, Windows};
+use crate::log::identity::{self, Identity};
+use crate::log::recovery;
+use crate::log::wal::{log_path, LogFile};
 use crate::record::TokenFloor;
+use crate::state::cache::RecordCache;
+use crate::state::overlay::Overlay;
+use crate::state::poison::{full_disk_at_open, replay_bound, Poison};
+use crate::state::settings::Durability;
+use crate::state::stats::Counters;
+use crate::store::builder::Builder;
+use crate::tree::tables::{window_width, Tables};
+use crate::tree::windows::{width_for, Windows};
 
 use super::Store;
 
@@ -126,20 +126,16 @@ impl Store {
             file::create_without_pages(path, &redb_builder(builder, false))?
         };
         let store_id = store_id(&db)?;
-        let closed_clean = crate::engine::clean_close::recorded(&db)?;
+        let closed_clean = crate::log::clean_close::recorded(&db)?;
         let refuse = !closed_clean && !builder.accept_log_loss;
         if refuse && !log_path.exists() {
-            return Err(crate::engine::lost_log::refuse(
-                path,
-                &log_path,
-                "is missing",
-            ));
+            return Err(crate::log::lost_log::refuse(path, &log_path, "is missing"));
         }
         // Checked before the log is preallocated, which would grow a truncated log back.
-        let recorded = crate::engine::lost_log::recorded_len(&db)?;
+        let recorded = crate::log::lost_log::recorded_len(&db)?;
         match std::fs::metadata(&log_path) {
             Ok(meta) if refuse && meta.len() < recorded => {
-                return Err(crate::engine::lost_log::truncated(
+                return Err(crate::log::lost_log::truncated(
                     path,
                     &log_path,
                     meta.len(),
@@ -154,7 +150,7 @@ impl Store {
         let mut log = file::open_log(&log_path, preallocate)?;
         if let Identity::Other(other) = log_identity(&log, store_id, path, &log_path)? {
             if !closed_clean && !builder.accept_log_loss {
-                return Err(crate::engine::lost_log::refuse(
+                return Err(crate::log::lost_log::refuse(
                     path,
                     &log_path,
                     format!("is another store's log (store {other:#018x}; this store is {store_id:#018x})"),
@@ -194,14 +190,14 @@ impl Store {
             replay_bound(builder.checkpoint_bytes, builder.limits.frame_bytes as u64),
             || {
                 // The clean-close mark, read as `file::open_or_create` reads it.
-                // Every page checksummed, as on a file (`format/pages.rs`).
+                // Every page checksummed, as on a file (`tree/pages.rs`).
                 let pages = |disk: &B| {
-                    crate::format::pages::PageFile::new(disk.clone(), STORAGE_NAME)
+                    crate::tree::pages::PageFile::new(disk.clone(), STORAGE_NAME)
                         .map_err(|e| file::open_error(&path, "opening", e.into()))
                 };
                 let closed_clean =
                     match redb_builder(builder, false).open_read_only_with_backend(pages(&db)?) {
-                        Ok(read_only) => crate::engine::clean_close::recorded(&read_only)?,
+                        Ok(read_only) => crate::log::clean_close::recorded(&read_only)?,
                         Err(_) => false,
                     };
                 let db = redb_builder(builder, !closed_clean)
@@ -222,12 +218,12 @@ impl Store {
         path: PathBuf,
     ) -> Result<Store, Error> {
         let store_id = store_id(&db)?;
-        let closed_clean = crate::engine::clean_close::recorded(&db)?;
+        let closed_clean = crate::log::clean_close::recorded(&db)?;
         let refuse = !closed_clean && !builder.accept_log_loss;
         match log_identity(&*log, store_id, &path, &log_path)? {
             Identity::Ours => {}
             Identity::Fresh if refuse => {
-                return Err(crate::engine::lost_log::refuse(
+                return Err(crate::log::lost_log::refuse(
                     &path,
                     &log_path,
                     "is empty (a new log in place of the store's own)",
@@ -251,9 +247,9 @@ impl Store {
                 e,
             )
         })?;
-        let recorded = crate::engine::lost_log::recorded_len(&db)?;
+        let recorded = crate::log::lost_log::recorded_len(&db)?;
         if refuse && log_len < recorded {
-            return Err(crate::engine::lost_log::truncated(
+            return Err(crate::log::lost_log::truncated(
                 &path, &log_path, log_len, recorded,
             ));
         }

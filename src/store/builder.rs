@@ -6,11 +6,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::clock::{duration_millis, Clock, SystemClock};
-pub use crate::engine::settings::Durability;
-use crate::engine::settings::Limits;
 use crate::error::Error;
-use crate::format::log_file::LogFile;
 use crate::key::Key;
+use crate::log::file::LogFile;
+pub use crate::state::settings::Durability;
+use crate::state::settings::Limits;
 use crate::store::Store;
 
 /// Configures and opens a [`Store`].
@@ -633,7 +633,7 @@ impl Builder {
     }
 
     /// Benchmarks only: [`open`](Builder::open) creates a store whose B-tree file is a plain
-    /// redb file, without the checksummed page layer (`format/pages.rs`), so the load
+    /// redb file, without the checksummed page layer (`tree/pages.rs`), so the load
     /// generator measures the layer's cost against the same engine without it. Only a new
     /// store: opening an existing file this way is refused, and the file made is refused by
     /// every normal open (it has no page-file header), so it is never taken for a real store.

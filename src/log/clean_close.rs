@@ -5,7 +5,7 @@
 //! file carries the mark:
 //!
 //! - skips reading the log: the checkpoint holds every frame, and the frames left in the file
-//!   are under older salts, so none of them can be current (see [`crate::engine::wal`]);
+//!   are under older salts, so none of them can be current (see [`crate::log::wal`]);
 //! - skips redb's full integrity check ([`Builder::verify_on_open`](crate::Builder::verify_on_open)):
 //!   nothing was in flight when the file was last written. The mark is read through a
 //!   read-only handle before the store is opened for writing, so a store that was not closed
@@ -23,9 +23,8 @@
 
 use redb::{ReadableDatabase, TableError, WriteTransaction};
 
-use crate::engine::commit::{CommitKind, Writer};
 use crate::error::Error;
-use crate::format::tables::{META, META_CLOSED_CLEAN};
+use crate::tree::tables::{META, META_CLOSED_CLEAN};
 
 /// Whether the file carries the clean-close mark (read without writing).
 pub(crate) fn recorded(db: &impl ReadableDatabase) -> Result<bool, Error> {
@@ -60,12 +59,4 @@ pub(crate) fn mark(txn: &WriteTransaction) -> Result<(), Error> {
     meta.insert(META_CLOSED_CLEAN, 1)
         .map_err(|e| Error::storage(ctx, e))?;
     Ok(())
-}
-
-impl Writer {
-    /// The last checkpoint, on close: a durable commit that holds every frame and carries the
-    /// clean-close mark.
-    pub(crate) fn checkpoint_and_mark_clean(&mut self) -> Result<(), Error> {
-        self.transact(CommitKind::Durable, |_, txn, _, _| mark(txn).map(Ok))
-    }
 }

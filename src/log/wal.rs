@@ -33,12 +33,12 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-pub(crate) use crate::format::frame::Frame;
-pub(crate) use crate::format::identity::LOG_HEADER_LEN;
-pub(crate) use crate::format::log_file::{LogFile, OsFile};
+pub(crate) use crate::log::file::{LogFile, OsFile};
+pub(crate) use crate::log::frame::Frame;
+pub(crate) use crate::log::identity::LOG_HEADER_LEN;
 
 use crate::error::Error;
-use crate::format::frame;
+use crate::log::frame;
 
 /// An open log positioned for appending.
 #[derive(Debug)]
@@ -67,7 +67,7 @@ pub struct Wal {
     /// The bytes of the region left at the last switch, still to replay after a crash until
     /// the checkpoint covering them is durable ([`release`](Wal::release)).
     pub(super) left: u64,
-    /// The largest frame payload (see [`Limits`](crate::engine::settings::Limits)).
+    /// The largest frame payload (see [`Limits`](crate::state::settings::Limits)).
     pub(super) max_payload: usize,
     pub(super) buf: Vec<u8>,
     /// Where the frame in `buf` goes.

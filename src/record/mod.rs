@@ -1,6 +1,8 @@
 //! Records: the state stored for each key. The versioned, checksummed binary encoding is in
 //! [`codec`]; its layout is documented byte by byte in `docs/format.md`.
 
+pub(crate) mod codec;
+
 use std::time::SystemTime;
 
 use crate::clock::from_millis;

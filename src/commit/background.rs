@@ -4,10 +4,10 @@
 
 use std::time::{Duration, Instant};
 
-use crate::engine::settings::Durability;
+use crate::state::settings::Durability;
 
 use super::apply::TXN_SPAN;
-use super::Writer;
+use super::{CommitKind, Writer};
 
 /// How old the first change no redb commit holds may grow before the writer commits it
 /// itself: the applier commits every [`TXN_SPAN`], so this is reached only when it could not
@@ -120,7 +120,11 @@ impl Writer {
     pub(super) fn close(&mut self) {
         if self.engine.poison.check().is_ok() {
             let _ = self.flush();
-            let _ = self.checkpoint_and_mark_clean();
+            // The last checkpoint: a durable commit that holds every frame and carries the
+            // clean-close mark.
+            let _ = self.transact(CommitKind::Durable, |_, txn, _, _| {
+                crate::log::clean_close::mark(txn).map(Ok)
+            });
         }
     }
 }

@@ -15,13 +15,13 @@ use std::time::Duration;
 use redb::ReadableTable;
 
 use crate::clock::{describe_millis, duration_millis};
-use crate::engine::wal::log_path;
 use crate::error::Error;
-use crate::format::tables::{DEADLINES, LEASE, META, META_NEXT_TOKEN, META_WAL_SEQ};
-use crate::format::windows::{Probe, Records};
 use crate::key::Key;
+use crate::log::wal::log_path;
 use crate::record::{Millis, Record, RecordClass, State, TokenFloor};
 use crate::store::Store;
+use crate::tree::tables::{DEADLINES, LEASE, META, META_NEXT_TOKEN, META_WAL_SEQ};
+use crate::tree::windows::{Probe, Records};
 
 /// The time a record's age is measured from, for [`ScanFilter::older_than`].
 fn age_reference(record: &Record, class: RecordClass) -> Millis {

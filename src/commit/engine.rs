@@ -8,12 +8,12 @@ use redb::Database;
 
 use crate::clock::{to_millis, Clock};
 use crate::decide::policy::Policies;
-use crate::engine::cache::RecordCache;
-use crate::engine::overlay::Overlay;
-use crate::engine::poison::Poison;
-use crate::engine::stats::Counters;
-use crate::format::windows::Windows;
 use crate::record::Millis;
+use crate::state::cache::RecordCache;
+use crate::state::overlay::Overlay;
+use crate::state::poison::Poison;
+use crate::state::stats::Counters;
+use crate::tree::windows::Windows;
 
 /// See the module docs. Assembled once, when the store opens (`Store::from_parts`).
 pub(crate) struct Engine {

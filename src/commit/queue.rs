@@ -17,8 +17,8 @@ use crate::key::Key;
 
 use super::request::{CallerDecision, Kind, Known, Ops, Queued, Request, RequestResult, Waiter};
 use super::{Syncer, Writer};
-use crate::engine::poison::error_copy;
-use crate::engine::settings::{Durability, Limits};
+use crate::state::poison::error_copy;
+use crate::state::settings::{Durability, Limits};
 
 struct Queue {
     requests: Vec<Arc<dyn Queued>>,

@@ -6,7 +6,7 @@
 //! ```
 //! The magic's last byte is the log's layout: 4, two regions (frames after a checkpoint may
 //! start at the offset redb's meta records, and continue in the other region under the next
-//! salt; `engine/wal.rs`), every frame followed by a spare copy. It is the first layout of a
+//! salt; `log/wal.rs`), every frame followed by a spare copy. It is the first layout of a
 //! release: earlier ones were never written by a released version, and their blocks are not
 //! recognized (such a log is refused as not an idemstore log).
 //! `store_id` is the random identity made durable in the store's meta table when the store is
@@ -15,7 +15,7 @@
 
 use crate::error::Error;
 
-use super::log_file::LogFile;
+use super::file::LogFile;
 
 /// Bytes before the first frame.
 pub const LOG_HEADER_LEN: u64 = 32;

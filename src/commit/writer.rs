@@ -8,19 +8,19 @@ use std::time::Instant;
 use redb::WriteTransaction;
 
 use crate::decide::{decide, with_token, Change, Operation};
-use crate::engine::settings::Durability;
-use crate::engine::stats::Counter;
-use crate::engine::wal::Wal;
 use crate::error::Error;
-use crate::format::tables::IndexEntries;
 use crate::key::Key;
+use crate::log::wal::Wal;
 use crate::record::Millis;
+use crate::state::settings::Durability;
+use crate::state::stats::Counter;
+use crate::tree::tables::IndexEntries;
 
 use super::apply::{Applier, DeferredBatch, Deferring, Latest, Target, Written};
 use super::request::{CallerDecision, Decide, Known, Ops, Outcomes};
 use super::syncer::PendingBatch;
 use super::{Engine, Queued, Schedule, Syncer};
-use crate::engine::poison::error_copy;
+use crate::state::poison::error_copy;
 
 /// The single writer: owns the database's write side, the log and the fencing-token counter.
 pub(crate) struct Writer {

@@ -239,7 +239,7 @@ impl Store {
         let since = self.log_since_checkpoint()?;
         Ok(FileInfo {
             log_since_checkpoint: since,
-            checkpoint_room: crate::engine::poison::reopen_room(since),
+            checkpoint_room: crate::state::poison::reopen_room(since),
             file_bytes: size(self.path())?,
             log_bytes: size(&log_path)?,
             path: self.path().to_path_buf(),

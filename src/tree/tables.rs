@@ -49,7 +49,7 @@ pub(crate) const META_LOG_START: &str = "log_start";
 /// The salt of the next log region's frames, durable before any frame carries it.
 pub(crate) const META_NEXT_LOG_SALT: &str = "next_log_salt";
 /// Present (value 1) while the store is closed cleanly: set by the last checkpoint on close,
-/// removed by the next open (`engine/clean_close.rs`).
+/// removed by the next open (`log/clean_close.rs`).
 pub(crate) const META_CLOSED_CLEAN: &str = "closed_clean";
 
 /// The store format version written and read by this build: the first format of a release

@@ -9,13 +9,13 @@ use std::sync::Arc;
 
 use redb::{ReadOnlyTable, ReadableTable, ReadableTableMetadata};
 
-use crate::engine::commit::{CommitKind, Writer};
-use crate::engine::stats::Counter;
+use crate::commit::{CommitKind, Writer};
 use crate::error::Error;
-use crate::format::tables::{decode_record, IndexEntries, Tables, LEASE};
-use crate::format::windows::Records;
 use crate::key::Key;
 use crate::record::{Millis, Record, RecordClass, TokenFloor};
+use crate::state::stats::Counter;
+use crate::tree::tables::{decode_record, IndexEntries, Tables, LEASE};
+use crate::tree::windows::Records;
 
 impl Writer {
     /// Deletes up to `limit` expired records in one unlogged transaction, earliest expiry

@@ -25,13 +25,13 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 use redb::{Database, ReadableDatabase, WriteTransaction};
 
-use crate::engine::cache::RecordCache;
-use crate::engine::stats::Counter;
 use crate::error::Error;
-use crate::format::tables::{decode_record, IndexEntries, Tables};
-use crate::format::windows::{Records, Windows};
 use crate::key::Key;
 use crate::record::Record;
+use crate::state::cache::RecordCache;
+use crate::state::stats::Counter;
+use crate::tree::tables::{decode_record, IndexEntries, Tables};
+use crate::tree::windows::{Records, Windows};
 
 use super::{Engine, Syncer};
 

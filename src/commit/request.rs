@@ -14,8 +14,8 @@ use crate::decide::op::{
 };
 use crate::decide::{Decision, Operation};
 use crate::error::Error;
-use crate::format::tables::IndexEntries;
 use crate::key::Key;
+use crate::tree::tables::IndexEntries;
 
 /// One result per operation of a request.
 pub(crate) type Outcomes<T> = Vec<Result<T, Error>>;
@@ -24,7 +24,7 @@ pub(crate) type Outcomes<T> = Vec<Result<T, Error>>;
 pub(crate) type RequestResult<T> = Result<Outcomes<T>, Error>;
 
 /// What a caller decided for its operations (one per operation, in order) against the states
-/// it read at the start of a writer epoch ([`Overlay::epoch`](crate::engine::overlay::Overlay::epoch)).
+/// it read at the start of a writer epoch ([`Overlay::epoch`](crate::state::overlay::Overlay::epoch)).
 /// The writer takes these decisions, giving each the token it hands out, instead of reading
 /// the keys and deciding again, unless the epoch has ended since or the key changed in it.
 pub(crate) struct Known<O: Operation> {

@@ -19,7 +19,7 @@ use std::path::Path;
 use redb::{ReadableDatabase, TableError, WriteTransaction};
 
 use crate::error::Error;
-use crate::format::tables::META;
+use crate::tree::tables::META;
 
 /// The meta key of the log's length when the store last opened.
 pub(crate) const META_LOG_LEN: &str = "log_len";

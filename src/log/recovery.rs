@@ -1,7 +1,7 @@
 //! Recovery: reading the log back ([`Wal::recover`]: the run of frames after the checkpoint,
 //! and where appending resumes) and replaying it into redb when a store is opened.
 //!
-//! (Checkpoints, which make redb durable and rewind the log, are in `engine/commit/checkpoint.rs`.)
+//! (Checkpoints, which make redb durable and rewind the log, are in `commit/checkpoint.rs`.)
 //!
 //! Opening a store replays the log frames newer than the file's checkpoint into redb, in one
 //! durable transaction, and then rewinds the log. A store closed cleanly skips the log
@@ -13,13 +13,13 @@ use std::sync::Arc;
 
 use redb::Database;
 
-use crate::engine::wal::{Frame, LogFile, Wal};
 use crate::error::Error;
-use crate::format::frame::{self, parse_header, HEADER_LEN};
-use crate::format::identity::LOG_HEADER_LEN;
-use crate::format::tables::{new_salt, IndexEntries, Tables};
-use crate::format::windows::Windows;
+use crate::log::frame::{self, parse_header, HEADER_LEN};
+use crate::log::identity::LOG_HEADER_LEN;
+use crate::log::wal::{Frame, LogFile, Wal};
 use crate::record::Record;
+use crate::tree::tables::{new_salt, IndexEntries, Tables};
+use crate::tree::windows::Windows;
 
 /// Brings `db` up to date with the log and returns the log, rewound and ready for appends,
 /// and the next fencing token.
@@ -61,19 +61,19 @@ fn replay(
     let recorded_next = next_salt;
     let next_salt = next_salt.unwrap_or_else(new_salt);
     // The log never shrinks; its length now lets a later open tell a truncated log
-    // (`engine/lost_log.rs`).
+    // (`log/lost_log.rs`).
     let log_len = log.len().map_err(|e| {
         Error::io(
             format!("reading the length of log {}", log_path.display()),
             e,
         )
     })?;
-    let mut changed = crate::engine::lost_log::record_len(&txn, log_len)?;
+    let mut changed = crate::log::lost_log::record_len(&txn, log_len)?;
     if recorded_next.is_none() {
         Tables::open(&txn, windows)?.set_log_region(start, salt, next_salt)?;
         changed = true;
     }
-    if crate::engine::clean_close::take(&txn)? {
+    if crate::log::clean_close::take(&txn)? {
         // Closed cleanly: the checkpoint holds every frame, so the log is not read. The mark
         // is removed durably before any new frame can be written.
         txn.commit().map_err(|e| Error::storage(ctx, e))?;
@@ -207,7 +207,7 @@ impl Wal {
     ) -> Result<Recovered, Error> {
         let position = LogPosition {
             checkpoint_seq,
-            start: crate::format::identity::LOG_HEADER_LEN,
+            start: crate::log::identity::LOG_HEADER_LEN,
             salt,
             next_salt: None,
         };
@@ -270,7 +270,7 @@ impl Wal {
                 }
                 if let Some(next) = next_salt {
                     // The run may go on in the other region, under the next salt.
-                    let start = crate::format::identity::LOG_HEADER_LEN;
+                    let start = crate::log::identity::LOG_HEADER_LEN;
                     let next_frames = wal.valid_frames_after(next, start, len, expected)?;
                     if let Some(&(first, _)) = next_frames.iter().find(|(_, h)| h.seq == expected) {
                         next_salt = None;

@@ -6,7 +6,7 @@ use super::*;
 use crate::answers::Reservation;
 use crate::clock::ManualClock;
 use crate::fingerprint::Fingerprint;
-use crate::format::tables::Tables;
+use crate::tree::tables::Tables;
 
 fn store(dir: &tempfile::TempDir, clock: &ManualClock) -> Store {
     // These tests count expired records: no background sweeper deleting them meanwhile.
@@ -83,66 +83,63 @@ fn verify_reports_damage_and_index_mismatches_by_key() {
     store
         .committer
         .with_writer(|writer| {
-            writer.transact(
-                crate::engine::commit::CommitKind::Durable,
-                |_, txn, _, _| {
-                    let windows = store.windows();
-                    let mut tables = Tables::open(txn, windows)?;
-                    let ctx = "damaging";
-                    // a: flip a byte of the stored record.
-                    let window = |tables: &mut Tables<'_>, id: &str| -> Result<u64, Error> {
-                        let record = tables.load(key(id).encoded())?.unwrap().unwrap();
-                        Ok(windows.of(record.expires_at))
-                    };
-                    let wa = window(&mut tables, "a")?;
-                    let mut bytes = tables
-                        .window(wa)?
-                        .get(key("a").encoded())
-                        .map_err(|e| Error::storage(ctx, e))?
-                        .unwrap()
-                        .value()
-                        .to_vec();
-                    bytes[5] ^= 0xff;
-                    tables
-                        .window(wa)?
-                        .insert(key("a").encoded(), bytes.as_slice())
-                        .map_err(|e| Error::storage(ctx, e))?;
-                    // c: kept in the window after its own.
-                    let wc = window(&mut tables, "c")?;
-                    let bytes = tables
-                        .window(wc)?
-                        .remove(key("c").encoded())
-                        .map_err(|e| Error::storage(ctx, e))?
-                        .unwrap()
-                        .value()
-                        .to_vec();
-                    windows
-                        .filter(wc + 1)
-                        .insert(windows.hash(key("c").encoded()));
-                    tables
-                        .window(wc + 1)?
-                        .insert(key("c").encoded(), bytes.as_slice())
-                        .map_err(|e| Error::storage(ctx, e))?;
-                    // b: drop its lease index entry and add a stray one.
-                    let record = tables.load(key("b").encoded())?.unwrap().unwrap();
-                    let lease = record.lease_until().unwrap();
-                    tables
-                        .deadlines
-                        .remove((LEASE, lease, key("b").encoded()))
-                        .map_err(|e| Error::storage(ctx, e))?;
-                    tables
-                        .deadlines
-                        .insert((LEASE, lease + 1, key("b").encoded()), ())
-                        .map_err(|e| Error::storage(ctx, e))?;
-                    // d: completed, with its expiry entry, and a second entry (a lease one):
-                    // at most one entry per key.
-                    tables
-                        .deadlines
-                        .insert((LEASE, lease + 2, key("d").encoded()), ())
-                        .map_err(|e| Error::storage(ctx, e))?;
-                    Ok(Ok(()))
-                },
-            )
+            writer.transact(crate::commit::CommitKind::Durable, |_, txn, _, _| {
+                let windows = store.windows();
+                let mut tables = Tables::open(txn, windows)?;
+                let ctx = "damaging";
+                // a: flip a byte of the stored record.
+                let window = |tables: &mut Tables<'_>, id: &str| -> Result<u64, Error> {
+                    let record = tables.load(key(id).encoded())?.unwrap().unwrap();
+                    Ok(windows.of(record.expires_at))
+                };
+                let wa = window(&mut tables, "a")?;
+                let mut bytes = tables
+                    .window(wa)?
+                    .get(key("a").encoded())
+                    .map_err(|e| Error::storage(ctx, e))?
+                    .unwrap()
+                    .value()
+                    .to_vec();
+                bytes[5] ^= 0xff;
+                tables
+                    .window(wa)?
+                    .insert(key("a").encoded(), bytes.as_slice())
+                    .map_err(|e| Error::storage(ctx, e))?;
+                // c: kept in the window after its own.
+                let wc = window(&mut tables, "c")?;
+                let bytes = tables
+                    .window(wc)?
+                    .remove(key("c").encoded())
+                    .map_err(|e| Error::storage(ctx, e))?
+                    .unwrap()
+                    .value()
+                    .to_vec();
+                windows
+                    .filter(wc + 1)
+                    .insert(windows.hash(key("c").encoded()));
+                tables
+                    .window(wc + 1)?
+                    .insert(key("c").encoded(), bytes.as_slice())
+                    .map_err(|e| Error::storage(ctx, e))?;
+                // b: drop its lease index entry and add a stray one.
+                let record = tables.load(key("b").encoded())?.unwrap().unwrap();
+                let lease = record.lease_until().unwrap();
+                tables
+                    .deadlines
+                    .remove((LEASE, lease, key("b").encoded()))
+                    .map_err(|e| Error::storage(ctx, e))?;
+                tables
+                    .deadlines
+                    .insert((LEASE, lease + 1, key("b").encoded()), ())
+                    .map_err(|e| Error::storage(ctx, e))?;
+                // d: completed, with its expiry entry, and a second entry (a lease one):
+                // at most one entry per key.
+                tables
+                    .deadlines
+                    .insert((LEASE, lease + 2, key("d").encoded()), ())
+                    .map_err(|e| Error::storage(ctx, e))?;
+                Ok(Ok(()))
+            })
         })
         .unwrap();
     store.__clear_cache();

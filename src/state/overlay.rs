@@ -8,10 +8,10 @@ use std::sync::Arc;
 
 use parking_lot::RwLock;
 
-use crate::engine::cache::{Hasher, ReadState, RecordCache};
-use crate::engine::wait::Waiters;
 use crate::key::Key;
 use crate::record::Record;
+use crate::state::cache::{Hasher, ReadState, RecordCache};
+use crate::state::wait::Waiters;
 
 /// Records acknowledged but not yet committed to redb: the applier keeps one redb write
 /// transaction open across several batches, so readers must see these first. Every entry is
@@ -45,7 +45,7 @@ pub(crate) struct Overlay {
 }
 
 /// The records of one redb read transaction (every window's table).
-pub(crate) type RecordsTable = crate::format::windows::Records;
+pub(crate) type RecordsTable = crate::tree::windows::Records;
 
 /// One read snapshot of the records table and the epoch it was opened in (see
 /// [`Overlay::committed`]).
@@ -227,7 +227,7 @@ mod tests {
 
     #[test]
     fn readers_of_one_epoch_share_a_snapshot_and_a_new_epoch_gets_a_new_one() {
-        use crate::format::windows::{table_name, RecordsDef, Windows};
+        use crate::tree::windows::{table_name, RecordsDef, Windows};
         use redb::ReadableDatabase;
         let dir = tempfile::tempdir().unwrap();
         let db = redb::Database::create(dir.path().join("snapshot.redb")).unwrap();

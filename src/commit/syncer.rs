@@ -8,14 +8,14 @@ use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::engine::stats::Counter;
-use crate::engine::wal::{LogFile, Wal};
 use crate::error::Error;
 use crate::key::Key;
+use crate::log::wal::{LogFile, Wal};
 use crate::record::Record;
+use crate::state::stats::Counter;
 
 use super::{Engine, Queued};
-use crate::engine::poison::error_copy;
+use crate::state::poison::error_copy;
 
 /// A batch written to the log, waiting for a sync before its callers are answered.
 pub(super) struct PendingBatch {

@@ -36,6 +36,7 @@ mod checkpoint;
 mod engine;
 mod queue;
 mod request;
+pub(crate) mod sweep;
 mod syncer;
 mod writer;
 

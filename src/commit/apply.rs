@@ -251,6 +251,8 @@ struct Backlog {
     batches: Vec<DeferredBatch>,
     /// Changes in `batches`.
     changes: usize,
+    /// When the oldest batch in `batches` was queued.
+    since: Option<Instant>,
     shutdown: bool,
 }
 
@@ -262,6 +264,16 @@ const MAX_QUEUED: usize = 65536;
 /// How long the applier waits before looking again when the first queued frame is not yet
 /// known durable (a sync normally ends well within it).
 const SYNC_POLL: Duration = Duration::from_millis(1);
+
+/// How long the applier lets durable batches gather before applying them, unless
+/// [`GATHER_CHANGES`] are queued: each application opens the store's tables in the
+/// transaction and wakes the thread, so a store answering one small batch at a time applies
+/// several per wake-up. (Readers are unaffected: the overlay answers for a batch until a redb
+/// commit holds it.)
+const GATHER: Duration = Duration::from_millis(5);
+
+/// Queued changes that are applied at once, without waiting for [`GATHER`].
+const GATHER_CHANGES: usize = 1024;
 
 /// Applies queued batches to the open write transaction, on its own thread.
 pub(crate) struct Applier {
@@ -351,6 +363,7 @@ impl Applier {
     pub(super) fn push(&self, batch: DeferredBatch) -> bool {
         let mut queue = self.queue.lock();
         queue.changes += batch.changes.len();
+        queue.since.get_or_insert_with(Instant::now);
         queue.batches.push(batch);
         if queue.batches.len() == 1 {
             self.more.notify_one();
@@ -425,16 +438,24 @@ impl Applier {
                 if queue.shutdown {
                     return;
                 }
-                let ready = queue.batches.first().is_some_and(|b| b.seq <= durable);
+                let durable_first = queue.batches.first().is_some_and(|b| b.seq <= durable);
+                let gathered = queue.since.map_or(Duration::ZERO, |at| at.elapsed());
+                let ready =
+                    durable_first && (gathered >= GATHER || queue.changes >= GATHER_CHANGES);
                 let due = opened.is_some_and(|at| at.elapsed() >= TXN_SPAN);
                 let drain =
                     self.drain_to.load(Ordering::Acquire) > self.drained.load(Ordering::Acquire);
                 if !ready && !due && !drain {
-                    // Wait for a batch, for its frame's sync, or for the open transaction's
-                    // commit to be due, whichever comes first.
+                    // Wait for a batch, for its frame's sync, for the batches to gather, or
+                    // for the open transaction's commit to be due, whichever comes first.
                     let mut wait = opened.map(|at| TXN_SPAN.saturating_sub(at.elapsed()));
                     if !queue.batches.is_empty() {
-                        wait = Some(wait.map_or(SYNC_POLL, |w| w.min(SYNC_POLL)));
+                        let poll = if durable_first {
+                            GATHER.saturating_sub(gathered)
+                        } else {
+                            SYNC_POLL
+                        };
+                        wait = Some(wait.map_or(poll, |w| w.min(poll)));
                     }
                     match wait {
                         Some(wait) => {
@@ -481,6 +502,7 @@ impl Applier {
             let ready = queue.batches.partition_point(|b| b.seq <= durable);
             let batches: Vec<DeferredBatch> = queue.batches.drain(..ready).collect();
             queue.changes -= batches.iter().map(|b| b.changes.len()).sum::<usize>();
+            queue.since = (!queue.batches.is_empty()).then(Instant::now);
             batches
         };
         if batches.is_empty() {

@@ -122,7 +122,7 @@ impl Committer {
             let mut queue = shared.queue.lock();
             if !queued {
                 queued = true;
-                for request in &requests {
+                for request in requests.iter() {
                     queue.requests.push(Arc::clone(request) as Arc<dyn Queued>);
                 }
             }
@@ -131,7 +131,7 @@ impl Committer {
             let alone = queue.idle && queue.requests.len() <= requests.len() && !sync_busy;
             match alone.then(|| shared.writer.try_lock()).flatten() {
                 Some(mut writer) => {
-                    let batch = take_batch(&mut queue, shared.limits.batch_bytes);
+                    let batch = take_batch(&mut queue, shared.limits.batch_bytes, &shared.syncer);
                     drop(queue);
                     if !batch.is_empty() {
                         run_guarded(shared, &mut writer, batch);
@@ -252,6 +252,9 @@ fn entry_bytes<O: Operation>(key: &Key, op: &O) -> usize {
 /// The answers of a request's parts, in order, once every part is answered: one result per
 /// operation, or the first error of a whole part.
 fn collect<O: Kind>(requests: &[Arc<Request<O>>]) -> RequestResult<O::Outcome> {
+    if let [one] = requests {
+        return one.take_result().expect("every part is answered");
+    }
     let mut outcomes = Vec::new();
     let mut failed = None;
     for request in requests {
@@ -325,7 +328,7 @@ fn run(shared: &Shared) {
             if queue.requests.is_empty() && queue.shutdown {
                 break;
             }
-            take_batch(&mut queue, shared.limits.batch_bytes)
+            take_batch(&mut queue, shared.limits.batch_bytes, &shared.syncer)
         };
         let mut writer = shared.writer.lock();
         if !batch.is_empty() {
@@ -357,25 +360,28 @@ fn run(shared: &Shared) {
 /// Runs a batch; a panic (a bug, or inside redb) poisons the store and answers every caller
 /// instead of leaving them waiting.
 fn run_guarded(shared: &Shared, writer: &mut Writer, batch: Vec<Arc<dyn Queued>>) {
-    let requests = batch.clone();
+    let mut requests = std::mem::take(&mut writer.in_batch);
+    requests.extend(batch.iter().cloned());
     let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| writer.run_batch(batch)));
     if run.is_err() {
         let error = writer.fail(Error::Poisoned {
             cause: "a thread panicked while committing a batch".into(),
             io_kind: None,
         });
-        for request in requests {
+        for request in requests.drain(..) {
             if !request.is_answered() {
                 request.fail(error_copy(&error));
             }
         }
         shared.syncer.drive(None);
     }
+    requests.clear();
+    writer.in_batch = requests;
 }
 
 /// Takes the oldest queued requests, up to `limit` bytes of payload (at least one), and lets
 /// waiting async callers in when that made room.
-fn take_batch(queue: &mut Queue, limit: usize) -> Vec<Arc<dyn Queued>> {
+fn take_batch(queue: &mut Queue, limit: usize, syncer: &Syncer) -> Vec<Arc<dyn Queued>> {
     let mut bytes = 0;
     let requests = &mut queue.requests;
     let count = requests
@@ -388,7 +394,7 @@ fn take_batch(queue: &mut Queue, limit: usize) -> Vec<Arc<dyn Queued>> {
         .max(1)
         .min(requests.len());
     let batch: Vec<_> = if count == requests.len() {
-        std::mem::take(requests)
+        std::mem::replace(requests, syncer.spare_requests())
     } else {
         requests.drain(..count).collect()
     };
@@ -411,11 +417,11 @@ fn parts<O: Kind>(
     seen: Option<Known<O>>,
     limit: usize,
     waiter: impl Fn() -> Waiter,
-) -> Vec<Arc<Request<O>>> {
+) -> Parts<O> {
     let total: usize = ops.iter().map(|(key, op)| entry_bytes(key, op)).sum();
     if total <= limit {
         // The common case: one request, no copies.
-        return vec![Request::new(Ops { ops, seen }, total, waiter())];
+        return Parts::One(Request::new(Ops { ops, seen }, total, waiter()));
     }
     let (epoch, mut decided) = match seen {
         Some(seen) if seen.decided.len() == ops.len() => {
@@ -453,7 +459,24 @@ fn parts<O: Kind>(
         }
     }
     close(&mut chunk, &mut chunk_decided, bytes);
-    requests
+    Parts::Many(requests)
+}
+
+/// The requests a caller's operations were split into: almost always one.
+enum Parts<O: Kind> {
+    One(Arc<Request<O>>),
+    Many(Vec<Arc<Request<O>>>),
+}
+
+impl<O: Kind> std::ops::Deref for Parts<O> {
+    type Target = [Arc<Request<O>>];
+
+    fn deref(&self) -> &Self::Target {
+        match self {
+            Parts::One(one) => std::slice::from_ref(one),
+            Parts::Many(many) => many,
+        }
+    }
 }
 
 /// A future that resolves when its request has been answered.
@@ -469,7 +492,7 @@ enum FutureState<O: Kind> {
     /// Waiting for room in the queue.
     Waiting(Option<Ops<O>>),
     /// Queued: the request's parts.
-    Queued(Vec<Arc<Request<O>>>),
+    Queued(Parts<O>),
 }
 
 // Nothing of the future is pinned structurally: it only holds `Arc`s and the operations
@@ -495,7 +518,7 @@ impl<O: Kind + Unpin> Future for CommitFuture<O> {
                 Waiter::Task(Mutex::new(Some(cx.waker().clone())))
             });
             queue.tasks += requests.len();
-            for request in &requests {
+            for request in requests.iter() {
                 queue.requests.push(Arc::clone(request) as Arc<dyn Queued>);
             }
             wake_committer(&this.shared, queue);
@@ -508,7 +531,7 @@ impl<O: Kind + Unpin> Future for CommitFuture<O> {
         if all_answered(requests) {
             return Poll::Ready(collect(requests));
         }
-        for request in requests {
+        for request in requests.iter() {
             request.set_waker(cx.waker());
         }
         // An answer may have arrived between the first check and storing the waker.

@@ -9,19 +9,18 @@ use std::time::Duration;
 use parking_lot::{Condvar, Mutex};
 
 use crate::error::Error;
-use crate::key::Key;
 use crate::log::wal::{LogFile, Wal};
-use crate::record::Record;
 use crate::state::stats::Counter;
 
-use super::{Engine, Queued};
+use super::{Engine, Queued, Written};
 use crate::state::poison::error_copy;
 
 /// A batch written to the log, waiting for a sync before its callers are answered.
 pub(super) struct PendingBatch {
     pub(super) seq: u64,
     pub(super) requests: Vec<Arc<dyn Queued>>,
-    pub(super) changes: Vec<(Key, Option<Record>)>,
+    /// The batch's changes, as the writer recorded them.
+    pub(super) changes: Vec<Written>,
 }
 
 #[derive(Default)]
@@ -43,7 +42,19 @@ pub(crate) struct Syncer {
     /// Signalled whenever a sync ends (and `syncing` is cleared).
     pub(super) idle: Condvar,
     pub(super) engine: Arc<Engine>,
+    /// The emptied vectors of answered batches, for the next batches to fill.
+    spare: Mutex<Spare>,
 }
+
+/// Vectors of answered batches, emptied, kept for the next batches (a few of each).
+#[derive(Default)]
+struct Spare {
+    requests: Vec<Vec<Arc<dyn Queued>>>,
+    changes: Vec<Vec<Written>>,
+}
+
+/// How many emptied vectors of each kind are kept.
+const SPARE: usize = 4;
 
 impl Syncer {
     pub(super) fn new(wal: &Wal, engine: Arc<Engine>) -> Syncer {
@@ -58,7 +69,18 @@ impl Syncer {
             }),
             idle: Condvar::new(),
             engine,
+            spare: Mutex::new(Spare::default()),
         }
+    }
+
+    /// An empty vector for a batch's requests (one a batch answered before, when there is).
+    pub(super) fn spare_requests(&self) -> Vec<Arc<dyn Queued>> {
+        self.spare.lock().requests.pop().unwrap_or_default()
+    }
+
+    /// An empty vector for a batch's changes (one a batch answered before, when there is).
+    pub(super) fn spare_changes(&self) -> Vec<Written> {
+        self.spare.lock().changes.pop().unwrap_or_default()
     }
 
     /// Queues a batch whose frame `seq` was written, to be answered by the sync that covers
@@ -82,9 +104,22 @@ impl Syncer {
     }
 
     fn publish(&self, batch: PendingBatch) {
-        self.engine.overlay.publish(batch.changes, batch.seq);
-        for request in &batch.requests {
+        let PendingBatch {
+            seq,
+            mut requests,
+            mut changes,
+        } = batch;
+        let published = changes.drain(..).map(|w| (w.key, w.record));
+        self.engine.overlay.publish(published, seq);
+        for request in requests.drain(..) {
             request.publish();
+        }
+        let mut spare = self.spare.lock();
+        if spare.requests.len() < SPARE {
+            spare.requests.push(requests);
+        }
+        if spare.changes.len() < SPARE {
+            spare.changes.push(changes);
         }
     }
 

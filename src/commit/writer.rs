@@ -44,6 +44,9 @@ pub(crate) struct Writer {
     pub(super) last_sweep: Instant,
     /// The background checkpoint whose durable commit runs now, if any (`checkpoint.rs`).
     pub(super) checkpointing: Option<super::checkpoint::Running>,
+    /// The requests of the batch being run, kept to answer them if it panics (a buffer reused
+    /// from batch to batch).
+    pub(super) in_batch: Vec<Arc<dyn Queued>>,
 }
 
 impl Writer {
@@ -76,6 +79,7 @@ impl Writer {
             last_sync: Instant::now(),
             last_sweep: Instant::now(),
             checkpointing: None,
+            in_batch: Vec::new(),
         }
     }
 
@@ -118,11 +122,10 @@ impl Writer {
         match self.decide_and_log(&batch) {
             Ok((ops, written, seq)) => {
                 self.engine.counters.batch(ops as u64);
-                let changes = written.into_iter().map(|w| (w.key, w.record)).collect();
                 let pending = PendingBatch {
                     seq,
                     requests: batch,
-                    changes,
+                    changes: written,
                 };
                 match self.schedule.durability {
                     Durability::Buffered { .. } => self.syncer.publish_unsynced(pending),
@@ -160,7 +163,7 @@ impl Writer {
         );
         let result = (|| {
             let mut ops = 0;
-            let mut written = Vec::new();
+            let mut written = self.syncer.spare_changes();
             for request in batch {
                 // The request is data: its operations come out, are decided here, and their
                 // outcomes go back to wait for the sync.
@@ -370,24 +373,26 @@ impl Decide for Deciding<'_> {
         // What the caller read is the state still, unless the epoch ended since (the writer
         // committed to redb and forgot its own changes); a key changed within the epoch is in
         // the writer's `latest` (`Target::changed`).
-        let mut seen: Vec<Option<CallerDecision<O>>> = match seen {
+        let decided = match seen {
             Some(Known { epoch, decided })
                 if epoch == self.writer.engine.overlay.epoch() && decided.len() == count =>
             {
-                decided.into_iter().map(Some).collect()
+                decided
             }
             _ => Vec::new(),
         };
-        let mut seen_at = |index: usize| seen.get_mut(index).and_then(Option::take);
         let (now, writer, target) = (self.now, &mut *self.writer, &mut *self.target);
         if count <= 1 {
             let mut outcomes = Vec::with_capacity(count);
-            for (index, (key, op)) in ops.into_iter().enumerate() {
-                let seen = seen_at(index);
+            let mut decided = decided.into_iter();
+            for (key, op) in ops {
+                let seen = decided.next();
                 outcomes.push(writer.decide_queued(target, key, op, seen, now, self.written)?);
             }
             return Ok(outcomes);
         }
+        let mut seen: Vec<Option<CallerDecision<O>>> = decided.into_iter().map(Some).collect();
+        let mut seen_at = |index: usize| seen.get_mut(index).and_then(Option::take);
         // Many keys: apply them in key order, so the B-tree inserts of the records and of
         // both indexes (ordered by deadline, then key: one deadline per batch) walk each page
         // once instead of jumping between random leaves. The sort is stable, so operations on

@@ -160,15 +160,22 @@ impl Overlay {
     }
 
     /// Publishes acknowledged changes, logged by frame `seq`.
-    pub(crate) fn publish(&self, changes: Vec<(Key, Option<Record>)>, seq: u64) {
+    pub(crate) fn publish(
+        &self,
+        changes: impl ExactSizeIterator<Item = (Key, Option<Record>)>,
+        seq: u64,
+    ) {
         // Waiters are woken after the change is visible, or they would read the old state.
-        let keys: Vec<Key> = if self.waiters.any() {
-            changes.iter().map(|(key, _)| key.clone()).collect()
-        } else {
-            Vec::new()
-        };
+        let waiting = self.waiters.any();
+        let mut keys: Vec<Key> = Vec::new();
         let mut map = self.map.write();
-        map.extend(changes.into_iter().map(|(key, state)| (key, (state, seq))));
+        map.reserve(changes.len());
+        for (key, state) in changes {
+            if waiting {
+                keys.push(key.clone());
+            }
+            map.insert(key, (state, seq));
+        }
         self.occupied.store(!map.is_empty(), Ordering::Release);
         drop(map);
         self.waiters.notify(&keys);

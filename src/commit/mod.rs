@@ -46,6 +46,6 @@ pub(crate) use checkpoint::CommitKind;
 pub use engine::CheckpointStart;
 pub(crate) use engine::Engine;
 pub(crate) use queue::{first, Committer};
-pub(crate) use request::{CallerDecision, Kind, Known, Queued};
+pub(crate) use request::{CallerDecision, Kind, Known};
 pub(crate) use syncer::Syncer;
 pub(crate) use writer::Writer;

@@ -15,13 +15,13 @@ use crate::decide::Operation;
 use crate::error::Error;
 use crate::key::Key;
 
-use super::request::{CallerDecision, Kind, Known, Ops, Queued, Request, RequestResult, Waiter};
+use super::request::{CallerDecision, Kind, Known, Ops, Request, RequestResult, Waiter};
 use super::{Syncer, Writer};
 use crate::state::poison::error_copy;
 use crate::state::settings::{Durability, Limits};
 
 struct Queue {
-    requests: Vec<Arc<dyn Queued>>,
+    requests: Vec<Arc<Request>>,
     /// How many of `requests` are async (a blocked thread is its own bound; tasks are not).
     tasks: usize,
     /// Async callers waiting for room in the queue.
@@ -114,7 +114,7 @@ impl Committer {
         loop {
             // Woken with the answer: return without touching the queue or the syncer.
             if queued && requests.iter().all(|r| r.is_answered()) {
-                return collect(&requests);
+                return collect::<O>(&requests);
             }
             let sync_busy = shared.syncer.is_busy();
             // One hold of the queue lock per round: queue (the first time), see whether the
@@ -123,7 +123,7 @@ impl Committer {
             if !queued {
                 queued = true;
                 for request in requests.iter() {
-                    queue.requests.push(Arc::clone(request) as Arc<dyn Queued>);
+                    queue.requests.push(Arc::clone(request));
                 }
             }
             // Alone (the committer idle, nothing else queued, no sync running): lead. Otherwise
@@ -142,7 +142,7 @@ impl Committer {
                 None => wake_committer(shared, queue),
             }
             if requests.iter().all(|r| r.is_answered()) {
-                return collect(&requests);
+                return collect::<O>(&requests);
             }
             thread::park();
         }
@@ -197,7 +197,7 @@ impl Committer {
         queue
             .requests
             .iter()
-            .filter(|r| !r.waiter().is_thread())
+            .filter(|r| !r.waiter.is_thread())
             .count()
     }
 
@@ -251,14 +251,14 @@ fn entry_bytes<O: Operation>(key: &Key, op: &O) -> usize {
 
 /// The answers of a request's parts, in order, once every part is answered: one result per
 /// operation, or the first error of a whole part.
-fn collect<O: Kind>(requests: &[Arc<Request<O>>]) -> RequestResult<O::Outcome> {
+fn collect<O: Kind>(requests: &[Arc<Request>]) -> RequestResult<O::Outcome> {
     if let [one] = requests {
-        return one.take_result().expect("every part is answered");
+        return one.take_result::<O>().expect("every part is answered");
     }
     let mut outcomes = Vec::new();
     let mut failed = None;
     for request in requests {
-        match request.take_result().expect("every part is answered") {
+        match request.take_result::<O>().expect("every part is answered") {
             Ok(part) => outcomes.extend(part),
             Err(error) => {
                 failed.get_or_insert(error);
@@ -359,7 +359,7 @@ fn run(shared: &Shared) {
 
 /// Runs a batch; a panic (a bug, or inside redb) poisons the store and answers every caller
 /// instead of leaving them waiting.
-fn run_guarded(shared: &Shared, writer: &mut Writer, batch: Vec<Arc<dyn Queued>>) {
+fn run_guarded(shared: &Shared, writer: &mut Writer, batch: Vec<Arc<Request>>) {
     let mut requests = std::mem::take(&mut writer.in_batch);
     requests.extend(batch.iter().cloned());
     let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| writer.run_batch(batch)));
@@ -381,13 +381,13 @@ fn run_guarded(shared: &Shared, writer: &mut Writer, batch: Vec<Arc<dyn Queued>>
 
 /// Takes the oldest queued requests, up to `limit` bytes of payload (at least one), and lets
 /// waiting async callers in when that made room.
-fn take_batch(queue: &mut Queue, limit: usize, syncer: &Syncer) -> Vec<Arc<dyn Queued>> {
+fn take_batch(queue: &mut Queue, limit: usize, syncer: &Syncer) -> Vec<Arc<Request>> {
     let mut bytes = 0;
     let requests = &mut queue.requests;
     let count = requests
         .iter()
         .take_while(|r| {
-            bytes += r.bytes();
+            bytes += r.bytes;
             bytes <= limit
         })
         .count()
@@ -398,7 +398,7 @@ fn take_batch(queue: &mut Queue, limit: usize, syncer: &Syncer) -> Vec<Arc<dyn Q
     } else {
         requests.drain(..count).collect()
     };
-    let tasks = batch.iter().filter(|r| !r.waiter().is_thread()).count();
+    let tasks = batch.iter().filter(|r| !r.waiter.is_thread()).count();
     if tasks > 0 {
         queue.tasks -= tasks;
         for waker in queue.room.drain(..) {
@@ -417,7 +417,7 @@ fn parts<O: Kind>(
     seen: Option<Known<O>>,
     limit: usize,
     waiter: impl Fn() -> Waiter,
-) -> Parts<O> {
+) -> Parts {
     let total: usize = ops.iter().map(|(key, op)| entry_bytes(key, op)).sum();
     if total <= limit {
         // The common case: one request, no copies.
@@ -463,13 +463,13 @@ fn parts<O: Kind>(
 }
 
 /// The requests a caller's operations were split into: almost always one.
-enum Parts<O: Kind> {
-    One(Arc<Request<O>>),
-    Many(Vec<Arc<Request<O>>>),
+enum Parts {
+    One(Arc<Request>),
+    Many(Vec<Arc<Request>>),
 }
 
-impl<O: Kind> std::ops::Deref for Parts<O> {
-    type Target = [Arc<Request<O>>];
+impl std::ops::Deref for Parts {
+    type Target = [Arc<Request>];
 
     fn deref(&self) -> &Self::Target {
         match self {
@@ -492,7 +492,7 @@ enum FutureState<O: Kind> {
     /// Waiting for room in the queue.
     Waiting(Option<Ops<O>>),
     /// Queued: the request's parts.
-    Queued(Parts<O>),
+    Queued(Parts),
 }
 
 // Nothing of the future is pinned structurally: it only holds `Arc`s and the operations
@@ -519,7 +519,7 @@ impl<O: Kind + Unpin> Future for CommitFuture<O> {
             });
             queue.tasks += requests.len();
             for request in requests.iter() {
-                queue.requests.push(Arc::clone(request) as Arc<dyn Queued>);
+                queue.requests.push(Arc::clone(request));
             }
             wake_committer(&this.shared, queue);
             this.state = FutureState::Queued(requests);
@@ -527,16 +527,16 @@ impl<O: Kind + Unpin> Future for CommitFuture<O> {
         let FutureState::Queued(requests) = &this.state else {
             return Poll::Pending;
         };
-        let all_answered = |requests: &[Arc<Request<O>>]| requests.iter().all(|r| r.is_answered());
+        let all_answered = |requests: &[Arc<Request>]| requests.iter().all(|r| r.is_answered());
         if all_answered(requests) {
-            return Poll::Ready(collect(requests));
+            return Poll::Ready(collect::<O>(requests));
         }
         for request in requests.iter() {
             request.set_waker(cx.waker());
         }
         // An answer may have arrived between the first check and storing the waker.
         if all_answered(requests) {
-            Poll::Ready(collect(requests))
+            Poll::Ready(collect::<O>(requests))
         } else {
             Poll::Pending
         }

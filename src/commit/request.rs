@@ -46,40 +46,27 @@ pub(crate) struct Ops<O: Operation> {
     pub(crate) seen: Option<Known<O>>,
 }
 
-/// One caller's queued operations (all of one kind) and the slot their answer is delivered
-/// to.
-pub(crate) struct Request<O: Operation> {
-    pub(super) ops: Mutex<Ops<O>>,
+/// One caller's queued operations and the slot their answer is delivered to: plain data.
+/// The caller puts its operations in ([`Taken`], one variant per kind); the writer takes them
+/// out ([`take`](Request::take)), decides them and stages the outcomes
+/// ([`Decided`]); once the batch is durable the syncer publishes them and wakes the caller,
+/// who takes its own kind of outcomes back ([`take_result`](Request::take_result)). Nothing
+/// here calls the writer.
+pub(crate) struct Request {
+    ops: Mutex<Option<Taken>>,
     /// Payload bytes of the operations, for the batch limit.
     pub(super) bytes: usize,
     /// The decided outcomes, held until the batch's frame is durable.
-    pub(super) staged: Mutex<Option<Outcomes<O::Outcome>>>,
-    pub(super) result: Mutex<Option<RequestResult<O::Outcome>>>,
+    staged: Mutex<Option<Decided>>,
+    /// The answer: the outcomes (`None`: the request had no operations), or an error for
+    /// the whole request.
+    result: Mutex<Option<Result<Option<Decided>, Error>>>,
     pub(super) waiter: Waiter,
 }
 
 pub(crate) enum Waiter {
     Thread(Thread),
     Task(Mutex<Option<Waker>>),
-}
-
-/// A queued request of any kind, as the committer, the writer and the syncer see it. It holds
-/// data only: the writer takes the operations out ([`take`](Queued::take)), decides them
-/// itself, and hands the outcomes back ([`stage`](Queued::stage)); nothing here calls the
-/// writer.
-pub(crate) trait Queued: Send + Sync {
-    /// Payload bytes, for the batch limit.
-    fn bytes(&self) -> usize;
-    fn waiter(&self) -> &Waiter;
-    fn is_answered(&self) -> bool;
-    /// Moves the operations out (once), with what the caller decided of them.
-    fn take(&self) -> Taken;
-    /// Holds the writer's outcomes until [`publish`](Queued::publish).
-    fn stage(&self, decided: Decided);
-    /// Answers with the staged outcomes (the batch is durable) and wakes the caller.
-    fn publish(&self);
-    /// Answers with an error for the whole request and wakes the caller.
-    fn fail(&self, error: Error);
 }
 
 /// What decides the operations of a [`Taken`] request: the writer, for each kind of operation
@@ -89,8 +76,8 @@ pub(crate) trait Decide {
     fn decide<O: Operation>(&mut self, ops: Ops<O>) -> Result<Outcomes<O::Outcome>, Error>;
 }
 
-/// One kind of operation a request can carry: how its operations and outcomes travel between
-/// a [`Request`] and the writer without the writer knowing the request's type.
+/// One kind of operation a request can carry: how its operations and outcomes travel in a
+/// [`Request`], which holds every kind alike.
 pub(crate) trait Kind: Operation + Sized {
     /// The operations, as the writer takes them (the same vector, not a copy).
     fn taken(ops: Ops<Self>) -> Taken;
@@ -174,10 +161,10 @@ impl Waiter {
     }
 }
 
-impl<O: Kind> Request<O> {
-    pub(super) fn new(ops: Ops<O>, bytes: usize, waiter: Waiter) -> Arc<Request<O>> {
+impl Request {
+    pub(super) fn new<O: Kind>(ops: Ops<O>, bytes: usize, waiter: Waiter) -> Arc<Request> {
         Arc::new(Request {
-            ops: Mutex::new(ops),
+            ops: Mutex::new(Some(O::taken(ops))),
             bytes,
             staged: Mutex::new(None),
             result: Mutex::new(None),
@@ -192,50 +179,43 @@ impl<O: Kind> Request<O> {
         }
     }
 
-    pub(super) fn finish(&self, result: RequestResult<O::Outcome>) {
+    pub(super) fn is_answered(&self) -> bool {
+        self.result.lock().is_some()
+    }
+
+    /// Moves the operations out (once), with what the caller decided of them.
+    pub(super) fn take(&self) -> Option<Taken> {
+        self.ops.lock().take()
+    }
+
+    /// Holds the writer's outcomes until [`publish`](Request::publish).
+    pub(super) fn stage(&self, decided: Decided) {
+        *self.staged.lock() = Some(decided);
+    }
+
+    /// Answers with the staged outcomes (the batch is durable) and wakes the caller.
+    pub(super) fn publish(&self) {
+        let staged = self.staged.lock().take();
+        self.finish(Ok(staged));
+    }
+
+    /// Answers with an error for the whole request and wakes the caller.
+    pub(super) fn fail(&self, error: Error) {
+        self.finish(Err(error));
+    }
+
+    fn finish(&self, result: Result<Option<Decided>, Error>) {
         *self.result.lock() = Some(result);
         self.waiter.wake();
     }
 
-    pub(super) fn take_result(&self) -> Option<RequestResult<O::Outcome>> {
-        self.result.lock().take()
-    }
-}
-
-impl<O: Kind> Queued for Request<O> {
-    fn bytes(&self) -> usize {
-        self.bytes
-    }
-
-    fn waiter(&self) -> &Waiter {
-        &self.waiter
-    }
-
-    fn is_answered(&self) -> bool {
-        self.result.lock().is_some()
-    }
-
-    fn take(&self) -> Taken {
-        let ops = std::mem::replace(
-            &mut *self.ops.lock(),
-            Ops {
-                ops: Vec::new(),
-                seen: None,
-            },
-        );
-        O::taken(ops)
-    }
-
-    fn stage(&self, decided: Decided) {
-        *self.staged.lock() = O::outcomes(decided);
-    }
-
-    fn publish(&self) {
-        let outcomes = self.staged.lock().take().unwrap_or_default();
-        self.finish(Ok(outcomes));
-    }
-
-    fn fail(&self, error: Error) {
-        self.finish(Err(error));
+    /// The answer, once there is one, as the outcomes of the request's kind `O`.
+    pub(super) fn take_result<O: Kind>(&self) -> Option<RequestResult<O::Outcome>> {
+        let result = self.result.lock().take()?;
+        Some(result.map(|decided| {
+            decided
+                .map(|d| O::outcomes(d).expect("a request is answered in its own kind"))
+                .unwrap_or_default()
+        }))
     }
 }

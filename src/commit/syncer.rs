@@ -12,13 +12,14 @@ use crate::error::Error;
 use crate::log::wal::{LogFile, Wal};
 use crate::state::stats::Counter;
 
-use super::{Engine, Queued, Written};
+use super::request::Request;
+use super::{Engine, Written};
 use crate::state::poison::error_copy;
 
 /// A batch written to the log, waiting for a sync before its callers are answered.
 pub(super) struct PendingBatch {
     pub(super) seq: u64,
-    pub(super) requests: Vec<Arc<dyn Queued>>,
+    pub(super) requests: Vec<Arc<Request>>,
     /// The batch's changes, as the writer recorded them.
     pub(super) changes: Vec<Written>,
 }
@@ -49,7 +50,7 @@ pub(crate) struct Syncer {
 /// Vectors of answered batches, emptied, kept for the next batches (a few of each).
 #[derive(Default)]
 struct Spare {
-    requests: Vec<Vec<Arc<dyn Queued>>>,
+    requests: Vec<Vec<Arc<Request>>>,
     changes: Vec<Vec<Written>>,
 }
 
@@ -74,7 +75,7 @@ impl Syncer {
     }
 
     /// An empty vector for a batch's requests (one a batch answered before, when there is).
-    pub(super) fn spare_requests(&self) -> Vec<Arc<dyn Queued>> {
+    pub(super) fn spare_requests(&self) -> Vec<Arc<Request>> {
         self.spare.lock().requests.pop().unwrap_or_default()
     }
 
@@ -125,7 +126,7 @@ impl Syncer {
 
     /// Runs syncs until every written frame is durable, or until `own` (the calling waiter's
     /// request) is answered and another waiting thread can take over.
-    pub(crate) fn drive(&self, own: Option<&dyn Queued>) {
+    pub(crate) fn drive(&self, own: Option<&Request>) {
         let mut state = self.state.lock();
         if state.syncing {
             return;
@@ -137,7 +138,7 @@ impl Syncer {
     }
 
     /// The body of [`drive`](Syncer::drive), entered with `syncing` set; clears it on return.
-    fn run_syncs(&self, own: Option<&dyn Queued>) {
+    fn run_syncs(&self, own: Option<&Request>) {
         let mut state = self.state.lock();
         loop {
             if let Err(error) = self.engine.poison.check() {
@@ -185,11 +186,11 @@ impl Syncer {
                 let next = state
                     .pending
                     .front()
-                    .and_then(|b| b.requests.iter().find(|r| r.waiter().is_thread()).cloned());
+                    .and_then(|b| b.requests.iter().find(|r| r.waiter.is_thread()).cloned());
                 if let Some(next) = next {
                     state.syncing = false;
                     drop(state);
-                    next.waiter().wake();
+                    next.waiter.wake();
                     return;
                 }
             }

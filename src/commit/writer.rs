@@ -17,9 +17,10 @@ use crate::state::stats::Counter;
 use crate::tree::tables::IndexEntries;
 
 use super::apply::{Applier, DeferredBatch, Deferring, Latest, Target, Written};
+use super::request::Request;
 use super::request::{CallerDecision, Decide, Known, Ops, Outcomes};
 use super::syncer::PendingBatch;
-use super::{Engine, Queued, Schedule, Syncer};
+use super::{Engine, Schedule, Syncer};
 use crate::state::poison::error_copy;
 
 /// The single writer: owns the database's write side, the log and the fencing-token counter.
@@ -46,7 +47,7 @@ pub(crate) struct Writer {
     pub(super) checkpointing: Option<super::checkpoint::Running>,
     /// The requests of the batch being run, kept to answer them if it panics (a buffer reused
     /// from batch to batch).
-    pub(super) in_batch: Vec<Arc<dyn Queued>>,
+    pub(super) in_batch: Vec<Arc<Request>>,
 }
 
 impl Writer {
@@ -112,7 +113,7 @@ impl Writer {
 
     /// Decides and logs one batch; hands it to the syncer. Whoever ran it (a lone caller, or
     /// the committer thread) then drives its sync ([`Syncer::drive`]).
-    pub(super) fn run_batch(&mut self, batch: Vec<Arc<dyn Queued>>) {
+    pub(super) fn run_batch(&mut self, batch: Vec<Arc<Request>>) {
         if let Err(error) = self.engine.poison.check() {
             for request in &batch {
                 request.fail(error_copy(&error));
@@ -147,7 +148,7 @@ impl Writer {
     /// changed).
     fn decide_and_log(
         &mut self,
-        batch: &[Arc<dyn Queued>],
+        batch: &[Arc<Request>],
     ) -> Result<(usize, Vec<Written>, u64), Error> {
         let now = self.engine.now();
         self.drain_committed();
@@ -167,7 +168,9 @@ impl Writer {
             for request in batch {
                 // The request is data: its operations come out, are decided here, and their
                 // outcomes go back to wait for the sync.
-                let taken = request.take();
+                let Some(taken) = request.take() else {
+                    continue;
+                };
                 let mut deciding = Deciding {
                     writer: self,
                     target: &mut target,
@@ -222,7 +225,7 @@ impl Writer {
     /// `written`. The inner `Err` is an error for this operation alone (a corrupt record).
     pub(crate) fn decide_into<O: Operation>(
         &mut self,
-        tables: &mut dyn Target,
+        tables: &mut impl Target,
         key: &Key,
         op: O,
         now: Millis,
@@ -237,7 +240,7 @@ impl Writer {
     /// and decides.
     pub(super) fn decide_queued<O: Operation>(
         &mut self,
-        tables: &mut dyn Target,
+        tables: &mut impl Target,
         key: Key,
         op: O,
         caller: Option<CallerDecision<O>>,
@@ -359,14 +362,14 @@ impl Writer {
 
 /// The writer deciding the operations of one queued request ([`Decide`]), against `target`,
 /// with what the request's caller decided of them.
-struct Deciding<'a> {
+struct Deciding<'a, 'w> {
     writer: &'a mut Writer,
-    target: &'a mut dyn Target,
+    target: &'a mut Deferring<'w>,
     now: Millis,
     written: &'a mut Vec<Written>,
 }
 
-impl Decide for Deciding<'_> {
+impl Decide for Deciding<'_, '_> {
     fn decide<O: Operation>(&mut self, ops: Ops<O>) -> Result<Outcomes<O::Outcome>, Error> {
         let Ops { ops, seen } = ops;
         let count = ops.len();

@@ -270,7 +270,7 @@ const SYNC_POLL: Duration = Duration::from_millis(1);
 /// transaction and wakes the thread, so a store answering one small batch at a time applies
 /// several per wake-up. (Readers are unaffected: the overlay answers for a batch until a redb
 /// commit holds it.)
-const GATHER: Duration = Duration::from_millis(5);
+const GATHER: Duration = Duration::from_millis(25);
 
 /// Queued changes that are applied at once, without waiting for [`GATHER`].
 const GATHER_CHANGES: usize = 1024;

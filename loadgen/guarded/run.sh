@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The guarded-service benchmark (BENCHMARKS.md, "A guarded request against the plain service"):
 #
-#     bash benches/guarded/run.sh
+#     bash loadgen/guarded/run.sh
 #
 # Builds loadgen/src/guarded_service.rs (release), starts it and a Redis server (`appendfsync
 # always`, data in a temporary folder, a loopback port), then drives each route with wrk
@@ -17,7 +17,7 @@
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-here=benches/guarded
+here=loadgen/guarded
 DURATION=${DURATION:-10}
 PASSES=${PASSES:-3}
 CONNECTIONS=${CONNECTIONS:-64}

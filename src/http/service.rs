@@ -12,8 +12,8 @@ use http_body::Body;
 use http_body_util::{BodyExt, Either, Full, LengthLimitError, Limited};
 
 use crate::guard::{
-    client_key, encode_stored, request_key, walk_stored, Begin, Guard, Refusal, Refused, Release,
-    Running,
+    client_key, encode_stored, http_status, request_key, retry_after_secs, walk_stored, Begin,
+    Guard, Refusal, Refused, Release, Running,
 };
 use crate::http::config::Options;
 use crate::http::problem::problem;
@@ -96,7 +96,7 @@ where
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     RB: Body<Data = Bytes>,
 {
-    if !o.methods.contains(request.method()) {
+    if !o.adapter.methods.contains(request.method()) {
         return Ok(inner.call(request).await?.map(Either::Right));
     }
     let values = request.headers().get_all(IDEMPOTENCY_KEY);
@@ -115,7 +115,7 @@ where
         Ok(body) => body,
         Err(refused) => return Ok(answer(&o, refused)),
     };
-    let fingerprint = (o.fingerprint)(&parts, &body);
+    let fingerprint = (o.adapter.own.fingerprint)(&parts, &body);
     match guard.begin(&key, fingerprint).await {
         Begin::Run(running) => {
             let request = Request::from_parts(parts, B::from(body));
@@ -150,7 +150,7 @@ where
     let (parts, body) = response.into_parts();
     if !guard.stores_body(body.size_hint().exact()) {
         // A stream, or over the limit: passed through as it comes, never held whole.
-        if (o.store_status)(parts.status) {
+        if (o.stores)(parts.status) {
             // Completed with a marker: the work is done and must not run again. If even the
             // marker is not stored, the key is released; this client gets its answer anyway.
             let _ = running.complete_not_stored(parts.status.as_u16()).await;
@@ -167,8 +167,8 @@ where
             return Ok(answer(o, Refused::new(Refusal::ResponseUnreadable)));
         }
     };
-    if (o.store_status)(parts.status) {
-        let headers = o.replay_headers.iter().flat_map(|name| {
+    if (o.stores)(parts.status) {
+        let headers = o.adapter.replay_headers.iter().flat_map(|name| {
             let values = parts.headers.get_all(name).iter();
             values.map(move |value| (name.as_str(), value.as_bytes()))
         });
@@ -196,12 +196,12 @@ where
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-    if declared.is_some_and(|len| len > o.max_body as u64) {
-        return Err(Refused::body_too_large(o.max_body));
+    if declared.is_some_and(|len| len > o.max_request as u64) {
+        return Err(Refused::body_too_large(o.max_request));
     }
-    match Limited::new(body, o.max_body).collect().await {
+    match Limited::new(body, o.max_request).collect().await {
         Ok(body) => Ok(body.to_bytes()),
-        Err(error) if error.is::<LengthLimitError>() => Err(Refused::body_too_large(o.max_body)),
+        Err(error) if error.is::<LengthLimitError>() => Err(Refused::body_too_large(o.max_request)),
         Err(error) => {
             let detail = format!("the request body could not be read: {error}");
             Err(Refused::with_detail(Refusal::BodyUnreadable, detail))
@@ -221,7 +221,7 @@ fn replay<RB>(o: &Options, request: &Parts, bytes: Vec<u8>) -> Response<Idempote
     response
         .headers_mut()
         .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
-    if let Some(hook) = &o.on_replay {
+    if let Some(hook) = &o.adapter.own.on_replay {
         hook(request, &mut response);
     }
     response.map(|body| Either::Left(Full::new(body)))
@@ -248,26 +248,8 @@ fn to_http(bytes: Bytes) -> Option<(StatusCode, HeaderMap, Bytes)> {
 
 /// The HTTP status of each refusal.
 fn status_of(o: &Options, refusal: Refusal) -> StatusCode {
-    refusal_status(refusal, o.body_too_large)
-}
-
-/// The HTTP status of each refusal, `body_too_large` for [`Refusal::BodyTooLarge`]; shared by
-/// every HTTP adapter (the actix-web middleware answers the same).
-pub(crate) fn refusal_status(refusal: Refusal, body_too_large: StatusCode) -> StatusCode {
-    match refusal {
-        Refusal::KeyMissing | Refusal::KeyInvalid | Refusal::BodyUnreadable => {
-            StatusCode::BAD_REQUEST
-        }
-        Refusal::NoScope => StatusCode::UNAUTHORIZED,
-        Refusal::BodyTooLarge => body_too_large,
-        Refusal::InProgress | Refusal::UnderReview => StatusCode::CONFLICT,
-        Refusal::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
-        Refusal::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
-        Refusal::StoredResponseUnreadable | Refusal::ResponseUnreadable => {
-            StatusCode::INTERNAL_SERVER_ERROR
-        }
-        Refusal::ResponseNotStored => StatusCode::GONE,
-    }
+    let status = http_status(refusal, o.adapter.body_too_large.as_u16());
+    StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
 }
 
 /// A refusal as an RFC 9457 problem with its status and headers: `Retry-After` in whole
@@ -276,20 +258,19 @@ pub(crate) fn refusal_status(refusal: Refusal, body_too_large: StatusCode) -> St
 fn answer<RB>(o: &Options, refused: Refused) -> Response<IdempotencyBody<RB>> {
     let status = status_of(o, refused.refusal);
     let mut response = problem(
-        &o.problem_base,
+        &o.adapter.problem_base,
         refused.refusal,
         status,
         &refused.detail,
         refused.limit,
     );
     let headers = response.headers_mut();
-    if let Some(delay) = refused.retry_after {
-        let secs = delay.as_secs_f64().ceil().max(1.0);
-        headers.insert(header::RETRY_AFTER, HeaderValue::from(secs as u64));
+    if let Some(secs) = retry_after_secs(&refused) {
+        headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
     }
     match refused.refusal {
         Refusal::NoScope => {
-            headers.insert(header::WWW_AUTHENTICATE, o.challenge.clone());
+            headers.insert(header::WWW_AUTHENTICATE, o.adapter.challenge.clone());
         }
         Refusal::BodyTooLarge => {
             headers.insert(header::CONNECTION, HeaderValue::from_static("close"));

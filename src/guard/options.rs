@@ -132,9 +132,10 @@ macro_rules! guard_setters {
         }
 
         #[doc = concat!(
-            "Who a request belongs to: keys are scoped by it (and by the operation), so one \
-             caller's key never replays another caller's response. `None` refuses the request \
-             with ", $no_scope, " ([`Refusal::NoScope`](crate::guard::Refusal::NoScope)).\n\n",
+            "Who a request belongs to: keys are scoped by it (and by the operation: the method \
+             and path over HTTP, the RPC's path in gRPC), so one caller's key never replays \
+             another caller's response. `None` refuses the request \
+             ([`Refusal::NoScope`](crate::guard::Refusal::NoScope)): ", $no_scope, ".\n\n",
             "Set it whenever clients are distinct users or tenants, from the identity the \
              service has verified (a token's subject, say). A scope longer than \
              [`Key::MAX_PART_LEN`](crate::Key::MAX_PART_LEN) bytes is replaced by its BLAKE3 \
@@ -151,8 +152,8 @@ macro_rules! guard_setters {
         #[doc = concat!(
             "Whether a guarded request must carry a key. `false` lets a request without one \
              through, unguarded (it runs every time it is sent).\n\n",
-            "Default: `true`, a request without a key gets ", $no_key,
-            " ([`Refusal::KeyMissing`](crate::guard::Refusal::KeyMissing))."
+            "Default: `true`: a request without a key is refused \
+             ([`Refusal::KeyMissing`](crate::guard::Refusal::KeyMissing)): ", $no_key, "."
         )]
         pub fn require_key(self, require: bool) -> Self {
             self.with(|o| o.require_key = require)

@@ -11,10 +11,9 @@ use std::time::Duration;
 
 use bytes::{Buf, BufMut};
 use idemstore::grpc::GrpcIdempotencyLayer;
-use idemstore::{
-    Error, Fingerprint, Key, Lease, LiveLease, Record, RecordClass, Reservation, Reservations,
-    Resolution, Seen, Store,
-};
+
+use crate::http::Faulty;
+use idemstore::{Fingerprint, Key, Reservation, Reservations, Store};
 use prost::Message;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::codegen::tokio_stream;
@@ -776,122 +775,6 @@ async fn guarded_answers_are_framed_as_a_plain_tonic_service_frames_them() {
     );
 }
 
-/// A store that fails every reservation of the client key `store-down` (as a store whose disk
-/// failed would), and is a [`Store`] for every other key.
-struct FailsFor(Store);
-
-impl FailsFor {
-    fn check(key: &Key) -> Result<(), Error> {
-        if key.id() == b"store-down" {
-            return Err(Error::InvalidConfig {
-                setting: "test",
-                reason: "the store fails for this key (deliberately)".into(),
-            });
-        }
-        Ok(())
-    }
-}
-
-impl Reservations for FailsFor {
-    async fn reserve(&self, key: &Key, fingerprint: Fingerprint) -> Result<Reservation, Error> {
-        FailsFor::check(key)?;
-        Reservations::reserve(&self.0, key, fingerprint).await
-    }
-    async fn reserve_many(
-        &self,
-        items: &[(Key, Fingerprint)],
-    ) -> Result<Vec<Result<Reservation, Error>>, Error> {
-        Reservations::reserve_many(&self.0, items).await
-    }
-    async fn complete(&self, lease: &Lease, result: Vec<u8>) -> Result<(), Error> {
-        Reservations::complete(&self.0, lease, result).await
-    }
-    async fn release_if_pending(&self, lease: &Lease) -> Result<bool, Error> {
-        Reservations::release_if_pending(&self.0, lease).await
-    }
-    async fn extend(&self, lease: &Lease) -> Result<Lease, Error> {
-        Reservations::extend(&self.0, lease).await
-    }
-    async fn mark_needs_review(&self, lease: &Lease, note: &str) -> Result<(), Error> {
-        Reservations::mark_needs_review(&self.0, lease, note).await
-    }
-    async fn resolve(&self, key: &Key, resolution: Resolution) -> Result<(), Error> {
-        Reservations::resolve(&self.0, key, resolution).await
-    }
-    async fn get(&self, key: &Key) -> Result<Option<Record>, Error> {
-        Reservations::get(&self.0, key).await
-    }
-    async fn stale(&self, limit: usize) -> Result<Vec<(Key, Record)>, Error> {
-        Reservations::stale(&self.0, limit).await
-    }
-    async fn sweep(&self, limit: usize) -> Result<usize, Error> {
-        Reservations::sweep(&self.0, limit).await
-    }
-    async fn expire(&self, key: &Key, live: LiveLease) -> Result<Option<RecordClass>, Error> {
-        Reservations::expire(&self.0, key, live).await
-    }
-    async fn record_step(&self, lease: &Lease, step: u32, data: &[u8]) -> Result<(), Error> {
-        Reservations::record_step(&self.0, lease, step, data).await
-    }
-    async fn observe(&self, key: &Key, window: Duration) -> Result<Seen, Error> {
-        Reservations::observe(&self.0, key, window).await
-    }
-    async fn observe_many(
-        &self,
-        keys: &[Key],
-        window: Duration,
-    ) -> Result<Vec<Result<Seen, Error>>, Error> {
-        Reservations::observe_many(&self.0, keys, window).await
-    }
-    async fn reserve_or_wait(
-        &self,
-        key: &Key,
-        fingerprint: Fingerprint,
-        timeout: Duration,
-    ) -> Result<Reservation, Error> {
-        FailsFor::check(key)?;
-        Reservations::reserve_or_wait(&self.0, key, fingerprint, timeout).await
-    }
-    async fn complete_many(
-        &self,
-        items: Vec<(&Lease, Vec<u8>)>,
-    ) -> Result<Vec<Result<(), Error>>, Error> {
-        Reservations::complete_many(&self.0, items).await
-    }
-    async fn release_if_pending_many(
-        &self,
-        leases: &[&Lease],
-    ) -> Result<Vec<Result<bool, Error>>, Error> {
-        Reservations::release_if_pending_many(&self.0, leases).await
-    }
-    async fn extend_many(&self, leases: &[&Lease]) -> Result<Vec<Result<Lease, Error>>, Error> {
-        Reservations::extend_many(&self.0, leases).await
-    }
-    async fn expire_many(
-        &self,
-        keys: &[Key],
-        live: LiveLease,
-    ) -> Result<Vec<Result<Option<RecordClass>, Error>>, Error> {
-        Reservations::expire_many(&self.0, keys, live).await
-    }
-    async fn complete_with_retention(
-        &self,
-        lease: &Lease,
-        result: Vec<u8>,
-        retention: Duration,
-    ) -> Result<(), Error> {
-        Reservations::complete_with_retention(&self.0, lease, result, retention).await
-    }
-    async fn resolve_with_retention(
-        &self,
-        key: &Key,
-        resolution: Resolution,
-        retention: Duration,
-    ) -> Result<(), Error> {
-        Reservations::resolve_with_retention(&self.0, key, resolution, retention).await
-    }
-}
-
 /// The variable that names the Python interpreter of a virtualenv with `grpcio`,
 /// `grpcio-status` and `grpcio-tools` (tests/grpc_python/requirements.txt).
 const PYTHON: &str = "IDEMSTORE_GRPC_PYTHON";
@@ -938,7 +821,7 @@ async fn python_client_sees_every_answer() {
     store
         .mark_needs_review(&lease, "checked by hand")
         .expect("mark");
-    let layer = guarding(Arc::new(FailsFor(store)))
+    let layer = guarding(Arc::new(Faulty::fails_for(store, b"store-down")))
         .scope(|request| Some(request.headers.get("authorization")?.as_bytes().to_vec()))
         .max_message(1024)
         .max_stored_response(256);

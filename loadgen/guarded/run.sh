@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The guarded-service benchmark (BENCHMARKS.md, "A guarded request against the plain service"):
 #
-#     bash benches/guarded/run.sh
+#     bash loadgen/guarded/run.sh
 #
 # Builds loadgen/src/guarded_service.rs (release), starts it and a Redis server (`appendfsync
 # always`, data in a temporary folder, a loopback port), then drives each route with wrk
@@ -14,10 +14,13 @@
 #
 # Settings (environment): DURATION=10 PASSES=3 CONNECTIONS=64 THREADS=2 PORT=8088
 # REDIS_PORT=6390 RAW=<file for the per-run lines> SERVER_BIN=<a server built before>.
+# BASE_BIN=<another build of the server> runs it beside (on PORT+1, its own stores) and adds
+# its two guarded routes as `base-layer` and `base-buffered`, interleaved with the others, so two
+# versions of the layer are compared in one run, against the same plain runs.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
-here=benches/guarded
+here=loadgen/guarded
 DURATION=${DURATION:-10}
 PASSES=${PASSES:-3}
 CONNECTIONS=${CONNECTIONS:-64}
@@ -62,12 +65,20 @@ done
 "$server_bin" --listen "127.0.0.1:$PORT" --dir "$work/stores" \
     --redis "redis://127.0.0.1:$REDIS_PORT/" >"$work/server.log" 2>&1 &
 pids+=("$!")
-for _ in $(seq 100); do
-    curl -sf "http://127.0.0.1:$PORT/stats" >/dev/null && break
-    sleep 0.1
+if [ -n "${BASE_BIN:-}" ]; then
+    "$BASE_BIN" --listen "127.0.0.1:$((PORT + 1))" --dir "$work/base-stores" \
+        >"$work/base-server.log" 2>&1 &
+    pids+=("$!")
+fi
+for port in "$PORT" ${BASE_BIN:+$((PORT + 1))}; do
+    for _ in $(seq 100); do
+        curl -sf "http://127.0.0.1:$port/stats" >/dev/null && break
+        sleep 0.1
+    done
 done
 
-stat() { curl -sf "http://127.0.0.1:$PORT/stats"; }
+# The stats of the server on port $1.
+stat() { curl -sf "http://127.0.0.1:$1/stats"; }
 field() { sed -n "s/.*$1=\([0-9.]*\).*/\1/p"; }
 # redis-server's CPU so far, µs (utime + stime of /proc/PID/stat).
 redis_cpu() {
@@ -78,12 +89,15 @@ redis_cpu() {
 # orders-check".
 cell() {
     local mode=$1 keys=$2 tag=$3 seconds=$4
-    local before after rbefore rafter out
-    before=$(stat)
+    local before after rbefore rafter out port=$PORT route=$mode
+    if [[ $mode == base-* ]]; then
+        port=$((PORT + 1)) route=${mode#base-}
+    fi
+    before=$(stat "$port")
     rbefore=$(redis_cpu)
     out=$(wrk -t"$THREADS" -c"$CONNECTIONS" -d"${seconds}s" -s "$here/keys.lua" \
-        "http://127.0.0.1:$PORT/$mode/api" -- "$keys" "$tag" | grep '^RESULT')
-    after=$(stat)
+        "http://127.0.0.1:$port/$route/api" -- "$keys" "$tag" | grep '^RESULT')
+    after=$(stat "$port")
     rafter=$(redis_cpu)
     local requests seconds_run p50 p99 non2xx errors cpu orders
     requests=$(field requests <<<"$out")
@@ -100,7 +114,7 @@ cell() {
             m, k, r / s, p50, p99, c / r, rc / r, n, e, o }'
 }
 
-modes=(plain layer buffered redis)
+modes=(plain layer buffered redis ${BASE_BIN:+base-layer base-buffered})
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "warm-up: 1000 duplicate keys per guarded route, and every route for 2 s"
 run=$(date +%s)

@@ -61,12 +61,10 @@
 //! fingerprinted, then handed to the handler; a guarded handler's response body is read in
 //! full to be stored. Requests that pass through are not buffered.
 
-use std::fmt;
 use std::future::{ready, Future, Ready};
 use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::time::Duration;
 
 use actix_web::body::{to_bytes, BodySize, BoxBody, EitherBody, MessageBody};
 use actix_web::dev::{Payload, Service, ServiceRequest, ServiceResponse, Transform};
@@ -75,36 +73,21 @@ use actix_web::http::{Method, StatusCode};
 use actix_web::{web, HttpRequest, HttpResponse};
 
 use crate::guard::{
-    client_key, encode_stored, request_key, Begin, Guard, Refusal, Refused, Release, Running,
-    StoredResponse,
+    builder_traits, client_key, encode_stored, guard_setters, http_defaults, http_setters,
+    http_status, problem_json, request_key, retry_after_secs, Begin, Guard, HttpOptions, Refusal,
+    Refused, Release, Running, StoredResponse, PROBLEM_JSON,
 };
-use crate::http::{problem_json, PROBLEM_JSON};
+pub use crate::guard::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
 pub use crate::http::{DEFAULT_MAX_BODY, DEFAULT_MAX_RETRY_AFTER, DEFAULT_PROBLEM_BASE};
 use crate::{Fingerprint, Reservations};
 
-/// The request header that carries the client's key.
-pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
-/// Set to `true` on a response replayed from the store.
-pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
-
-/// Finds who a request belongs to; see [`Idempotency::scope`].
-type ScopeFn = dyn Fn(&HttpRequest) -> Option<Vec<u8>> + Send + Sync;
-/// Says which response statuses are stored; see [`Idempotency::store_status`].
-type StatusFn = dyn Fn(StatusCode) -> bool + Send + Sync;
-
-/// What the middleware reads on every request.
-#[derive(Clone)]
-struct Options {
-    scope: Arc<ScopeFn>,
-    methods: Vec<Method>,
-    require_key: bool,
-    store_status: Arc<StatusFn>,
-    replay_headers: Vec<HeaderName>,
-    max_body: usize,
-    body_too_large: StatusCode,
-    problem_base: String,
-    challenge: HeaderValue,
-}
+/// What the middleware reads on every request: the options every adapter shares and those of
+/// the HTTP adapters, in actix-web's http types.
+type Options = crate::guard::AdapterOptions<
+    HttpRequest,
+    StatusCode,
+    HttpOptions<Method, HeaderName, HeaderValue, StatusCode>,
+>;
 
 /// The actix-web middleware ([`Transform`]) that makes the requests it guards idempotent by
 /// their `Idempotency-Key` header, on any [`Reservations`] backend: `App::new().wrap(...)`.
@@ -114,135 +97,32 @@ pub struct Idempotency<R> {
     options: Arc<Options>,
 }
 
-impl<R> Clone for Idempotency<R> {
-    fn clone(&self) -> Self {
-        Idempotency {
-            guard: self.guard.clone(),
-            options: Arc::clone(&self.options),
-        }
-    }
-}
-
-impl<R> fmt::Debug for Idempotency<R> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let o = &self.options;
-        f.debug_struct("Idempotency")
-            .field("methods", &o.methods)
-            .field("require_key", &o.require_key)
-            .field("replay_headers", &o.replay_headers)
-            .field("max_body", &o.max_body)
-            .field("guard", &self.guard)
-            .finish_non_exhaustive()
-    }
-}
+builder_traits!(Idempotency);
 
 impl<R: Reservations + 'static> Idempotency<R> {
-    /// A middleware over `store` with the defaults of every setter below.
+    /// A middleware over `store` with the defaults of every setter below (those of the tower
+    /// layer).
     pub fn new(store: Arc<R>) -> Idempotency<R> {
         Idempotency {
             guard: Guard::new(store),
-            options: Arc::new(Options {
-                scope: Arc::new(|_: &HttpRequest| Some(b"*".to_vec())),
-                methods: vec![Method::POST, Method::PATCH],
-                require_key: true,
-                store_status: Arc::new(|status: StatusCode| !status.is_server_error()),
-                replay_headers: vec![header::CONTENT_TYPE, header::LOCATION],
-                max_body: DEFAULT_MAX_BODY,
-                body_too_large: StatusCode::PAYLOAD_TOO_LARGE,
-                problem_base: DEFAULT_PROBLEM_BASE.to_owned(),
-                challenge: HeaderValue::from_static("Bearer"),
-            }),
+            options: Arc::new(http_defaults!(())),
         }
     }
 
-    fn with(mut self, change: impl FnOnce(&mut Options)) -> Self {
-        change(Arc::make_mut(&mut self.options));
-        self
-    }
+    guard_setters!(
+        options: Options,
+        request: HttpRequest,
+        no_scope: "401 and `WWW-Authenticate` ([`challenge`](Self::challenge))",
+        no_key: "400, as the draft says",
+        in_progress: "409 (`Retry-After`, rounded up to whole seconds, at least 1)",
+    );
 
-    /// Who a request belongs to: keys are scoped by it. `None` refuses the request with 401.
-    /// Default: one scope, `*`, shared by every client. As
-    /// [`IdempotencyLayer::scope`](crate::http::IdempotencyLayer::scope).
-    pub fn scope(
-        self,
-        scope: impl Fn(&HttpRequest) -> Option<Vec<u8>> + Send + Sync + 'static,
-    ) -> Self {
-        self.with(|o| o.scope = Arc::new(scope))
-    }
-
-    /// The request methods guarded; every other method passes through untouched.
-    /// Default: `POST` and `PATCH`.
-    pub fn methods(self, methods: impl IntoIterator<Item = Method>) -> Self {
-        self.with(|o| o.methods = methods.into_iter().collect())
-    }
-
-    /// Whether a guarded request must carry an `Idempotency-Key`; `false` lets it through,
-    /// unguarded. Default: `true` (400 without one).
-    pub fn require_key(self, require: bool) -> Self {
-        self.with(|o| o.require_key = require)
-    }
-
-    /// Which handler responses are stored and replayed; the key of any other is released.
-    /// Default: every status but 5xx.
-    pub fn store_status(self, store: impl Fn(StatusCode) -> bool + Send + Sync + 'static) -> Self {
-        self.with(|o| o.store_status = Arc::new(store))
-    }
-
-    /// The response headers stored and replayed with status and body.
-    /// Default: `content-type` and `location`.
-    pub fn replay_headers(self, names: impl IntoIterator<Item = HeaderName>) -> Self {
-        self.with(|o| o.replay_headers = names.into_iter().collect())
-    }
-
-    /// The largest request body read and fingerprinted, in bytes; a larger one is refused
-    /// before the key is reserved. Default: [`DEFAULT_MAX_BODY`], 1 MiB.
-    pub fn max_body(self, bytes: usize) -> Self {
-        self.with(|o| o.max_body = bytes)
-    }
-
-    /// The status of the refusal of a body over [`max_body`](Self::max_body).
-    /// Default: 413 Content Too Large.
-    pub fn body_too_large_status(self, status: StatusCode) -> Self {
-        self.with(|o| o.body_too_large = status)
-    }
-
-    /// The longest `Retry-After` sent with a 409 while the first request runs.
-    /// Default: [`DEFAULT_MAX_RETRY_AFTER`], 1 s.
-    pub fn max_retry_after(mut self, max: Duration) -> Self {
-        self.guard = self.guard.max_retry_after(max);
-        self
-    }
-
-    /// How long a duplicate of a request still running waits for its answer instead of being
-    /// refused; see [`Guard::wait_for_first`](crate::guard::Guard::wait_for_first).
-    ///
-    /// Default: off.
-    pub fn wait_for_first(mut self, max: Duration) -> Self {
-        self.guard = self.guard.wait_for_first(max);
-        self
-    }
-
-    /// The largest response stored and replayed, in bytes; a larger one is answered but not
-    /// stored, and its key completed with a marker so the work does not run again; see
-    /// [`Guard::max_stored_response`](crate::guard::Guard::max_stored_response).
-    ///
-    /// Default: [`DEFAULT_MAX_STORED_RESPONSE`](crate::guard::DEFAULT_MAX_STORED_RESPONSE), 1 MiB.
-    pub fn max_stored_response(mut self, bytes: usize) -> Self {
-        self.guard = self.guard.max_stored_response(bytes);
-        self
-    }
-
-    /// The start of every problem `type` URI. Default: [`DEFAULT_PROBLEM_BASE`].
-    pub fn problem_base(self, base: impl Into<String>) -> Self {
-        let base = base.into();
-        self.with(|o| o.problem_base = base)
-    }
-
-    /// The `WWW-Authenticate` challenge sent with the 401 of a request without a scope.
-    /// Default: `Bearer`.
-    pub fn challenge(self, challenge: HeaderValue) -> Self {
-        self.with(|o| o.challenge = challenge)
-    }
+    http_setters!(
+        method: Method,
+        status: StatusCode,
+        header_name: HeaderName,
+        header_value: HeaderValue,
+    );
 }
 
 /// The body of every response of the middleware: the handler's own, untouched (requests let
@@ -313,7 +193,7 @@ where
     B: MessageBody,
     R: Reservations + 'static,
 {
-    if !o.methods.contains(request.method()) {
+    if !o.adapter.methods.contains(request.method()) {
         return Ok(inner.call(request).await?.map_into_left_body());
     }
     let values = request.headers().get_all(IDEMPOTENCY_KEY);
@@ -373,7 +253,7 @@ where
     };
     if !guard.stores_body(len) {
         // A stream, or over the limit: passed through as it comes, never held whole.
-        if (o.store_status)(head.status()) {
+        if (o.stores)(head.status()) {
             // Completed with a marker: the work is done and must not run again. If even the
             // marker is not stored, the key is released; this client gets its answer anyway.
             let _ = running.complete_not_stored(head.status().as_u16()).await;
@@ -390,8 +270,8 @@ where
         return Ok(answer_parts(o, request, refused));
     };
     let status = head.status();
-    if (o.store_status)(status) {
-        let headers = o.replay_headers.iter().flat_map(|name| {
+    if (o.stores)(status) {
+        let headers = o.adapter.replay_headers.iter().flat_map(|name| {
             let values = head.headers().get_all(name);
             values.map(move |value| (name.as_str(), value.as_bytes()))
         });
@@ -412,8 +292,8 @@ async fn read_body(o: &Options, request: &mut ServiceRequest) -> Result<web::Byt
         .headers()
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-    if declared.is_some_and(|len| len > o.max_body as u64) {
-        return Err(Refused::body_too_large(o.max_body));
+    if declared.is_some_and(|len| len > o.max_request as u64) {
+        return Err(Refused::body_too_large(o.max_request));
     }
     let payload = match request.extract::<web::Payload>().await {
         Ok(payload) => payload,
@@ -422,13 +302,13 @@ async fn read_body(o: &Options, request: &mut ServiceRequest) -> Result<web::Byt
             return Err(Refused::with_detail(Refusal::BodyUnreadable, detail));
         }
     };
-    match payload.to_bytes_limited(o.max_body).await {
+    match payload.to_bytes_limited(o.max_request).await {
         Ok(Ok(body)) => Ok(body),
         Ok(Err(error)) => {
             let detail = format!("the request body could not be read: {error}");
             Err(Refused::with_detail(Refusal::BodyUnreadable, detail))
         }
-        Err(_) => Err(Refused::body_too_large(o.max_body)),
+        Err(_) => Err(Refused::body_too_large(o.max_request)),
     }
 }
 
@@ -480,11 +360,9 @@ fn answer_parts<B>(
     request: HttpRequest,
     refused: Refused,
 ) -> ServiceResponse<IdempotencyBody<B>> {
-    let too_large = ::http::StatusCode::from_u16(o.body_too_large.as_u16())
-        .unwrap_or(::http::StatusCode::PAYLOAD_TOO_LARGE);
-    let status = crate::http::refusal_status(refused.refusal, too_large).as_u16();
+    let status = http_status(refused.refusal, o.adapter.body_too_large.as_u16());
     let json = problem_json(
-        &o.problem_base,
+        &o.adapter.problem_base,
         refused.refusal,
         status,
         &refused.detail,
@@ -493,13 +371,12 @@ fn answer_parts<B>(
     let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let mut response = HttpResponse::build(status);
     response.insert_header((header::CONTENT_TYPE, PROBLEM_JSON));
-    if let Some(delay) = refused.retry_after {
-        let secs = delay.as_secs_f64().ceil().max(1.0) as u64;
+    if let Some(secs) = retry_after_secs(&refused) {
         response.insert_header((header::RETRY_AFTER, secs));
     }
     match refused.refusal {
         Refusal::NoScope => {
-            response.insert_header((header::WWW_AUTHENTICATE, o.challenge.clone()));
+            response.insert_header((header::WWW_AUTHENTICATE, o.adapter.challenge.clone()));
         }
         Refusal::BodyTooLarge => {
             response.insert_header((header::CONNECTION, "close"));

@@ -3,33 +3,22 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
 
 use http::request::Parts;
 use tonic::Code;
 
 use crate::grpc::key::KeySource;
 use crate::grpc::service::GrpcIdempotency;
-use crate::guard::Guard;
 pub use crate::guard::DEFAULT_MAX_RETRY_AFTER;
+use crate::guard::{guard_setters, Guard};
 use crate::Reservations;
 
 /// Default for [`GrpcIdempotencyLayer::max_message`]: 1 MiB.
 pub const DEFAULT_MAX_MESSAGE: usize = 1 << 20;
 
-/// Finds who a request belongs to; see [`GrpcIdempotencyLayer::scope`].
-pub(crate) type ScopeFn = dyn Fn(&Parts) -> Option<Vec<u8>> + Send + Sync;
-/// Says which status codes are stored; see [`GrpcIdempotencyLayer::store_code`].
-pub(crate) type CodeFn = dyn Fn(Code) -> bool + Send + Sync;
-/// What the service reads on every request. Cloned only while the layer is configured.
-#[derive(Clone)]
-pub(crate) struct Options {
-    pub(crate) scope: Arc<ScopeFn>,
-    pub(crate) methods: HashMap<String, KeySource>,
-    pub(crate) require_key: bool,
-    pub(crate) store_code: Arc<CodeFn>,
-    pub(crate) max_message: usize,
-}
+/// What the service reads on every request: the options every adapter shares, and the RPCs
+/// guarded with where each one's key is read.
+pub(crate) type Options = crate::guard::AdapterOptions<Parts, Code, HashMap<String, KeySource>>;
 
 /// A tower [`Layer`](tower::Layer) for tonic servers that makes the RPCs it guards idempotent,
 /// by their `idempotency-key` metadata entry or by a request id in the request message
@@ -85,12 +74,12 @@ impl<R> Clone for GrpcIdempotencyLayer<R> {
 impl<R> fmt::Debug for GrpcIdempotencyLayer<R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let o = &self.options;
-        let mut methods: Vec<&String> = o.methods.keys().collect();
+        let mut methods: Vec<&String> = o.adapter.keys().collect();
         methods.sort();
         f.debug_struct("GrpcIdempotencyLayer")
             .field("methods", &methods)
             .field("require_key", &o.require_key)
-            .field("max_message", &o.max_message)
+            .field("max_message", &o.max_request)
             .field("guard", &self.guard)
             .finish_non_exhaustive()
     }
@@ -101,20 +90,21 @@ impl<R: Reservations + 'static> GrpcIdempotencyLayer<R> {
     pub fn new(store: Arc<R>) -> GrpcIdempotencyLayer<R> {
         GrpcIdempotencyLayer {
             guard: Guard::new(store),
-            options: Arc::new(Options {
-                scope: Arc::new(|_: &Parts| Some(b"*".to_vec())),
-                methods: HashMap::new(),
-                require_key: true,
-                store_code: Arc::new(stored_by_default),
-                max_message: DEFAULT_MAX_MESSAGE,
-            }),
+            options: Arc::new(Options::new(
+                stored_by_default,
+                DEFAULT_MAX_MESSAGE,
+                HashMap::new(),
+            )),
         }
     }
 
-    fn with(mut self, change: impl FnOnce(&mut Options)) -> Self {
-        change(Arc::make_mut(&mut self.options));
-        self
-    }
+    guard_setters!(
+        options: Options,
+        request: Parts,
+        no_scope: "`UNAUTHENTICATED`",
+        no_key: "`INVALID_ARGUMENT`",
+        in_progress: "`ABORTED` (in `google.rpc.RetryInfo`)",
+    );
 
     /// Guards the RPC at `path` (`/package.Service/Method`, as tonic routes it) by the
     /// `idempotency-key` metadata entry.
@@ -125,7 +115,7 @@ impl<R: Reservations + 'static> GrpcIdempotencyLayer<R> {
     pub fn method(self, path: impl Into<String>) -> Self {
         let path = path.into();
         self.with(|o| {
-            o.methods.insert(path, KeySource::Metadata);
+            o.adapter.insert(path, KeySource::Metadata);
         })
     }
 
@@ -154,25 +144,8 @@ impl<R: Reservations + 'static> GrpcIdempotencyLayer<R> {
             Ok((!id.is_empty()).then(|| id.as_bytes().to_vec()))
         };
         self.with(|o| {
-            o.methods.insert(path, KeySource::RequestId(Arc::new(read)));
+            o.adapter.insert(path, KeySource::RequestId(Arc::new(read)));
         })
-    }
-
-    /// Who a request belongs to, from its metadata (the request's HTTP/2 headers): keys are
-    /// scoped by it (and by the RPC's path), so one caller's key never replays another
-    /// caller's response. `None` refuses the request with `UNAUTHENTICATED`.
-    ///
-    /// Default: one scope, `*`, shared by every client.
-    pub fn scope(self, scope: impl Fn(&Parts) -> Option<Vec<u8>> + Send + Sync + 'static) -> Self {
-        self.with(|o| o.scope = Arc::new(scope))
-    }
-
-    /// Whether a guarded RPC must carry a key. `false` lets a request without one through,
-    /// unguarded.
-    ///
-    /// Default: `true`, a request without a key gets `INVALID_ARGUMENT`.
-    pub fn require_key(self, require: bool) -> Self {
-        self.with(|o| o.require_key = require)
     }
 
     /// Which final status codes are stored and replayed. The key of any other answer is
@@ -185,7 +158,7 @@ impl<R: Reservations + 'static> GrpcIdempotencyLayer<R> {
     /// `UNKNOWN`, `DEADLINE_EXCEEDED`, `RESOURCE_EXHAUSTED`, `ABORTED`, `CANCELLED`,
     /// `UNIMPLEMENTED`, `DATA_LOSS`), and a response without a `grpc-status`.
     pub fn store_code(self, store: impl Fn(Code) -> bool + Send + Sync + 'static) -> Self {
-        self.with(|o| o.store_code = Arc::new(store))
+        self.with(|o| o.stores = Arc::new(store))
     }
 
     /// The largest request read and fingerprinted, in bytes of the encoded stream (each
@@ -194,35 +167,7 @@ impl<R: Reservations + 'static> GrpcIdempotencyLayer<R> {
     ///
     /// Default: [`DEFAULT_MAX_MESSAGE`], 1 MiB.
     pub fn max_message(self, bytes: usize) -> Self {
-        self.with(|o| o.max_message = bytes)
-    }
-
-    /// The longest retry delay given (in `google.rpc.RetryInfo`) with the `ABORTED` that
-    /// answers a duplicate while the first request runs.
-    ///
-    /// Default: [`DEFAULT_MAX_RETRY_AFTER`], 1 s.
-    pub fn max_retry_after(mut self, max: Duration) -> Self {
-        self.guard = self.guard.max_retry_after(max);
-        self
-    }
-
-    /// How long a duplicate of a request still running waits for its answer instead of being
-    /// refused; see [`Guard::wait_for_first`](crate::guard::Guard::wait_for_first).
-    ///
-    /// Default: off.
-    pub fn wait_for_first(mut self, max: Duration) -> Self {
-        self.guard = self.guard.wait_for_first(max);
-        self
-    }
-
-    /// The largest response stored and replayed, in bytes; a larger one is answered but not
-    /// stored, and its key completed with a marker so the work does not run again; see
-    /// [`Guard::max_stored_response`](crate::guard::Guard::max_stored_response).
-    ///
-    /// Default: [`DEFAULT_MAX_STORED_RESPONSE`](crate::guard::DEFAULT_MAX_STORED_RESPONSE), 1 MiB.
-    pub fn max_stored_response(mut self, bytes: usize) -> Self {
-        self.guard = self.guard.max_stored_response(bytes);
-        self
+        self.with(|o| o.max_request = bytes)
     }
 }
 

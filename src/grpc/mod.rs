@@ -95,12 +95,7 @@ mod key;
 mod service;
 mod status;
 
+pub use crate::guard::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
 pub use config::{GrpcIdempotencyLayer, DEFAULT_MAX_MESSAGE, DEFAULT_MAX_RETRY_AFTER};
 pub use service::{GrpcIdempotency, ResponseFuture};
 pub use status::{code_of, ERROR_DOMAIN};
-
-/// The metadata entry that carries the client's key.
-pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
-/// Set to `true` on an answer replayed from the store: in its initial metadata when it has
-/// messages, in its trailing metadata (with the status) when it is an error.
-pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";

@@ -92,7 +92,7 @@ where
     RB::Error: Into<BoxError>,
 {
     let path = request.uri().path();
-    let Some(source) = o.methods.get(path).cloned() else {
+    let Some(source) = o.adapter.get(path).cloned() else {
         return Ok(inner.call(request).await?.map(Body::new));
     };
     let (parts, body) = request.into_parts();
@@ -183,7 +183,7 @@ where
     let code = status
         .get(tonic::Status::GRPC_STATUS)
         .map(|value| Code::from_bytes(value.as_bytes()));
-    match code.filter(|code| (o.store_code)(*code)) {
+    match code.filter(|code| (o.stores)(*code)) {
         // Over the limit: answered, and the key completed with a marker (the work is done).
         Some(_) if !guard.stores_body(Some(data.len() as u64)) => {
             drop(running.complete_not_stored(parts.status.as_u16()).await);
@@ -216,9 +216,9 @@ fn stored(headers: &HeaderMap) -> HeaderMap {
 
 /// Reads the request stream, up to the limit.
 async fn read_request(o: &Options, body: Body) -> Result<Bytes, Refused> {
-    match Limited::new(body, o.max_message).collect().await {
+    match Limited::new(body, o.max_request).collect().await {
         Ok(body) => Ok(body.to_bytes()),
-        Err(error) if error.is::<LengthLimitError>() => Err(Refused::body_too_large(o.max_message)),
+        Err(error) if error.is::<LengthLimitError>() => Err(Refused::body_too_large(o.max_request)),
         Err(error) => {
             let detail = format!("the request stream could not be read: {error}");
             Err(Refused::with_detail(Refusal::BodyUnreadable, detail))

@@ -1,8 +1,8 @@
 //! Keeps a running handler's lease alive: without it, a handler that runs longer than the
 //! store's lease would see its key taken over by a duplicate, and the work would run twice.
 
-use std::future::{poll_fn, Future};
-use std::pin::{pin, Pin};
+use std::future::Future;
+use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
@@ -23,22 +23,50 @@ const MIN_PERIOD: Duration = Duration::from_millis(10);
 /// own deadline, read against the system clock then; a deadline already past (or a store on a
 /// manual clock far from it) means no renewals. The timer is tokio's, so the runtime must have
 /// timers enabled (`enable_time`, or `enable_all` as `#[tokio::main]` does).
-pub(crate) async fn while_running<R, F>(store: &R, lease: &Lease, work: F) -> F::Output
+///
+/// A named future rather than an `async fn`, so the work's future is held once, where it is
+/// polled (an `async fn` would keep the argument and its pinned copy).
+pub(crate) fn while_running<'a, R, F>(
+    store: &'a R,
+    lease: &'a Lease,
+    work: F,
+) -> WhileRunning<'a, R, F>
 where
     R: Reservations,
     F: Future,
 {
-    let mut work = pin!(work);
-    let mut renewals: Option<Renewals<'_>> = None;
-    poll_fn(|cx| {
-        if let Poll::Ready(output) = work.as_mut().poll(cx) {
+    WhileRunning {
+        work,
+        store,
+        lease,
+        renewals: None,
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// [`while_running`]'s future.
+    pub(crate) struct WhileRunning<'a, R, F> {
+        #[pin]
+        work: F,
+        store: &'a R,
+        lease: &'a Lease,
+        renewals: Option<Renewals<'a>>,
+    }
+}
+
+impl<'a, R: Reservations, F: Future> Future for WhileRunning<'a, R, F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = self.project();
+        if let Poll::Ready(output) = this.work.poll(cx) {
             return Poll::Ready(output);
         }
-        let renewals = renewals.get_or_insert_with(|| Renewals::start(lease));
-        renewals.poll(store, lease, cx);
+        let lease: &'a Lease = this.lease;
+        let renewals = this.renewals.get_or_insert_with(|| Renewals::start(lease));
+        renewals.poll(*this.store, lease, cx);
         Poll::Pending
-    })
-    .await
+    }
 }
 
 /// The renewals of one running request's lease, made when its work first waits.

@@ -56,7 +56,10 @@ pub fn client_key<'a>(
     }
     let value = trim_spaces(value);
     let id = match value.first() {
-        Some(b'"') => sf_string(value)?,
+        Some(b'"') => match unescaped_string(value) {
+            Some(id) => id.to_vec(),
+            None => sf_string(value)?,
+        },
         _ => bare(value)?.to_vec(),
     };
     sized(id).map(Some)
@@ -100,6 +103,16 @@ fn trim_spaces(value: &[u8]) -> &[u8] {
         .rposition(|&b| b != b' ')
         .map_or(start, |i| i + 1);
     &value[start..end]
+}
+
+/// The content of `value` when it is a quoted string without escapes, the usual key, read
+/// without the parser: RFC 8941 reads `"` then `unescaped` characters (printable ASCII but `"`
+/// and `\`) then `"` as exactly the characters between the quotes. Anything else (an escape, a
+/// second string, parameters, a list) is `None`, for [`sf_string`].
+fn unescaped_string(value: &[u8]) -> Option<&[u8]> {
+    let inner = value.strip_prefix(b"\"")?.strip_suffix(b"\"")?;
+    let unescaped = |b: &u8| matches!(b, 0x20..=0x21 | 0x23..=0x5b | 0x5d..=0x7e);
+    inner.iter().all(unescaped).then_some(inner)
 }
 
 /// The content of `value`, one sf-string (RFC 8941, section 3.3.3) and nothing else.
@@ -211,6 +224,25 @@ mod tests {
         assert!(detail(&[b"a", b"b"]).contains("one"));
         assert_eq!(trim_spaces(b"   "), b"");
         assert_eq!(trim_spaces(b" \ta "), b"\ta");
+    }
+
+    #[test]
+    fn the_parser_is_skipped_only_for_what_it_would_read_the_same() {
+        for value in [&b"\"k-1\""[..], b"\"a b,c;d=e\"", b"\"\"", b"\"~!#\""] {
+            let fast = unescaped_string(value).expect("a string without escapes");
+            assert_eq!(Ok(fast.to_vec()), sf_string(value), "{value:?}");
+        }
+        for value in [
+            &b"\"a\\\"b\""[..],
+            b"\"x\", \"y\"",
+            b"\"a\";p=1",
+            b"\"",
+            b"\"tab\there\"",
+            b"\"\xc3\xa9\"",
+            b"k-1",
+        ] {
+            assert_eq!(unescaped_string(value), None, "{value:?}");
+        }
     }
 
     #[test]

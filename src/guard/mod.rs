@@ -100,6 +100,8 @@
 mod events;
 mod heartbeat;
 mod key;
+mod options;
+mod problem;
 mod refusal;
 mod release;
 mod running;
@@ -115,12 +117,26 @@ use events::{count, Event};
 use waiting::Runs;
 
 pub use key::{client_key, plain_key, request_key};
+pub(crate) use options::{
+    builder_traits, guard_setters, http_defaults, http_setters, AdapterOptions, HttpOptions,
+};
+pub use problem::PROBLEM_JSON;
+pub(crate) use problem::{http_status, problem_json, retry_after_secs};
 pub use refusal::{Refusal, Refused};
 pub use running::{Release, Running};
 pub use stored::StoredResponse;
 pub(crate) use stored::{encode as encode_stored, walk as walk_stored};
 
 use crate::{Fingerprint, Key, Reservation, Reservations};
+
+/// The request header (HTTP) or metadata entry (gRPC) that carries the client's key; every
+/// adapter reads it by this name (the HTTP layer as a `HeaderName`,
+/// [`http::IDEMPOTENCY_KEY`](crate::http::IDEMPOTENCY_KEY)).
+pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+/// Set to `true` on an answer replayed from the store, by every adapter: a response header
+/// (HTTP); in gRPC, in the initial metadata of an answer with messages, in the trailing
+/// metadata (with the status) of an error.
+pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
 
 /// Default for [`Guard::max_retry_after`]: 1 s.
 pub const DEFAULT_MAX_RETRY_AFTER: Duration = Duration::from_secs(1);

@@ -1,5 +1,6 @@
 //! [`ReleaseGuard`]: the key of a request that never finished is released, not left pending.
 
+use std::future::Future;
 use std::sync::Arc;
 
 use crate::guard::waiting::Watch;
@@ -62,13 +63,16 @@ impl<R: Reservations + 'static> ReleaseGuard<R> {
 
     /// Releases the key now. The lease stays held while the release runs, so if this future
     /// is dropped half-way the drop releases again (a second release changes nothing).
-    pub(crate) async fn release(mut self) {
-        if let Some(lease) = &self.lease {
-            let result = self.store.release_if_pending(lease).await;
-            self.lease = None;
-            report(result);
-            if let Some(watch) = self.watch.take() {
-                watch.finish();
+    #[allow(clippy::manual_async_fn)] // `self` held once in the future, not twice.
+    pub(crate) fn release(mut self) -> impl Future<Output = ()> {
+        async move {
+            if let Some(lease) = &self.lease {
+                let result = self.store.release_if_pending(lease).await;
+                self.lease = None;
+                report(result);
+                if let Some(watch) = self.watch.take() {
+                    watch.finish();
+                }
             }
         }
     }

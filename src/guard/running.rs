@@ -51,8 +51,8 @@ impl<R: Reservations + 'static> Running<R> {
     /// not taken over by a duplicate. A failed renewal stops the renewals, not the work.
     ///
     /// The timer is tokio's: the runtime must have timers enabled.
-    pub async fn work<F: Future>(&self, work: F) -> F::Output {
-        heartbeat::while_running(self.guard.store(), self.guard.lease(), work).await
+    pub fn work<F: Future>(&self, work: F) -> impl Future<Output = F::Output> + use<'_, R, F> {
+        heartbeat::while_running(self.guard.store(), self.guard.lease(), work)
     }
 
     /// Stores `result` as the key's response: every duplicate from now on gets it.
@@ -62,34 +62,38 @@ impl<R: Reservations + 'static> Running<R> {
     /// [`max_result_len`](crate::Builder::max_result_len), the lease was lost, the store
     /// failed); the key is then released, so a retry runs the handler again, and the client of
     /// this request should still get its answer.
-    pub async fn complete(self, result: Vec<u8>) -> Result<(), Error> {
-        match self
-            .guard
-            .store()
-            .complete(self.guard.lease(), result)
-            .await
-        {
-            Ok(()) => {
-                self.guard.disarm();
-                Ok(())
-            }
-            Err(error) => {
-                #[cfg(feature = "tracing")]
-                tracing::warn!(%error, "response not stored; the key is released");
-                self.guard.release().await;
-                Err(error)
+    #[allow(clippy::manual_async_fn)] // `self` held once in the future, not twice.
+    pub fn complete(self, result: Vec<u8>) -> impl Future<Output = Result<(), Error>> {
+        async move {
+            let stored = self
+                .guard
+                .store()
+                .complete(self.guard.lease(), result)
+                .await;
+            match stored {
+                Ok(()) => {
+                    self.guard.disarm();
+                    Ok(())
+                }
+                Err(error) => {
+                    #[cfg(feature = "tracing")]
+                    tracing::warn!(%error, "response not stored; the key is released");
+                    // Boxed: the usual path's future need not have room for the release's.
+                    Box::pin(self.guard.release()).await;
+                    Err(error)
+                }
             }
         }
     }
 
     /// Releases the key now (if this lease still holds it pending): a retry runs the handler
     /// again.
-    pub async fn release(self, why: Release) {
+    pub fn release(self, why: Release) -> impl Future<Output = ()> {
         count(match why {
             Release::NotStored => Event::ReleasedNotStored,
             Release::Failed => Event::ReleasedFailed,
         });
-        self.guard.release().await;
+        self.guard.release()
     }
 
     /// Completes the key with a marker instead of the response: the response (with this
@@ -102,8 +106,8 @@ impl<R: Reservations + 'static> Running<R> {
     ///
     /// # Errors
     /// As for [`complete`](Self::complete); the key is then released.
-    pub async fn complete_not_stored(self, status: u16) -> Result<(), Error> {
+    pub fn complete_not_stored(self, status: u16) -> impl Future<Output = Result<(), Error>> {
         count(Event::NotStored);
-        self.complete(stored::not_stored(status)).await
+        self.complete(stored::not_stored(status))
     }
 }

@@ -126,21 +126,23 @@ pub(crate) fn encode<'a>(
     headers: impl IntoIterator<Item = (&'a str, &'a [u8])>,
     body: &[u8],
 ) -> Vec<u8> {
-    let chosen: Vec<(&str, &[u8])> = headers
+    let chosen = headers
         .into_iter()
         .filter(|(name, value)| name.len() <= 255 && value.len() <= usize::from(u16::MAX))
-        .take(255)
-        .collect();
-    let mut out = Vec::with_capacity(4 + body.len());
+        .take(255);
+    let mut out = Vec::with_capacity(4 + 64 + body.len());
     out.push(FORMAT);
     out.extend_from_slice(&status.to_le_bytes());
-    out.push(chosen.len() as u8);
+    out.push(0); // The count, written once the headers are.
+    let mut count = 0u8;
     for (name, value) in chosen {
         out.push(name.len() as u8);
         out.extend_from_slice(name.as_bytes());
         out.extend_from_slice(&(value.len() as u16).to_le_bytes());
         out.extend_from_slice(value);
+        count += 1;
     }
+    out[3] = count;
     out.extend_from_slice(body);
     out
 }

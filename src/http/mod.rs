@@ -113,12 +113,12 @@ pub use config::{
 };
 pub use problem::{Refusal, PROBLEM_JSON};
 pub use service::{Idempotency, IdempotencyBody, ResponseFuture};
-#[cfg(feature = "actix")]
-pub(crate) use {problem::problem_json, service::refusal_status};
 
 use ::http::HeaderName;
 
-/// The request header that carries the client's key.
-pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
-/// Set to `true` on a response replayed from the store.
-pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+/// The request header that carries the client's key ([`guard::IDEMPOTENCY_KEY`](crate::guard::IDEMPOTENCY_KEY)).
+pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static(crate::guard::IDEMPOTENCY_KEY);
+/// Set to `true` on a response replayed from the store
+/// ([`guard::IDEMPOTENT_REPLAYED`](crate::guard::IDEMPOTENT_REPLAYED)).
+pub const IDEMPOTENT_REPLAYED: HeaderName =
+    HeaderName::from_static(crate::guard::IDEMPOTENT_REPLAYED);

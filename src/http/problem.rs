@@ -4,10 +4,8 @@ use bytes::Bytes;
 use http::{header, HeaderValue, Response, StatusCode};
 use http_body_util::Full;
 
-pub use crate::guard::Refusal;
-
-/// The media type of every refusal body.
-pub const PROBLEM_JSON: &str = "application/problem+json";
+use crate::guard::problem_json;
+pub use crate::guard::{Refusal, PROBLEM_JSON};
 
 /// Builds the problem response. `limit` adds a `limit` member (bytes).
 pub(crate) fn problem(
@@ -24,47 +22,6 @@ pub(crate) fn problem(
         .headers_mut()
         .insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
     response
-}
-
-/// The problem's JSON text; shared by every HTTP adapter (the actix-web middleware answers the
-/// same).
-pub(crate) fn problem_json(
-    base: &str,
-    refusal: Refusal,
-    status: u16,
-    detail: &str,
-    limit: Option<usize>,
-) -> String {
-    let mut json = format!(
-        r#"{{"type":"{}{}","title":"{}","status":{},"detail":"{}""#,
-        escape(base),
-        refusal.slug(),
-        refusal.title(),
-        status,
-        escape(detail)
-    );
-    if let Some(limit) = limit {
-        json += &format!(r#","limit":{limit}"#);
-    }
-    json.push('}');
-    json
-}
-
-/// `text` as the inside of a JSON string.
-fn escape(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if u32::from(c) < 0x20 => out.push_str(&format!("\\u{:04x}", u32::from(c))),
-            c => out.push(c),
-        }
-    }
-    out
 }
 
 #[cfg(test)]

@@ -1,24 +1,25 @@
 //! [`Idempotency`]: the service the layer wraps a handler in, and what it does per request.
 
+use std::borrow::Cow;
 use std::future::Future;
-use std::pin::Pin;
+use std::pin::{pin, Pin};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use bytes::Bytes;
+use bytes::{Buf, Bytes, BytesMut};
 use http::request::Parts;
 use http::{header, HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode};
 use http_body::Body;
 use http_body_util::{BodyExt, Either, Full, LengthLimitError, Limited};
 
 use crate::guard::{
-    client_key, encode_stored, request_key, walk_stored, Begin, Guard, Refusal, Refused, Release,
-    Running,
+    client_key, encode_stored, http_status, request_key, retry_after_secs, walk_stored, Begin,
+    Guard, Refusal, Refused, Release, Running,
 };
 use crate::http::config::Options;
 use crate::http::problem::problem;
 use crate::http::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
-use crate::Reservations;
+use crate::{Key, Reservations};
 
 /// The body of every response of [`Idempotency`]: a buffered one (an answer of the layer, a
 /// replay, or a handler response that was read to be stored) or the handler's own, untouched
@@ -76,19 +77,24 @@ where
         let ready = std::mem::replace(&mut self.inner, fresh);
         let guard = self.guard.clone();
         let options = Arc::clone(&self.options);
-        Box::pin(handle(ready, guard, options, request))
+        let (parts, body) = request.into_parts();
+        Box::pin(handle(ready, guard, options, parts, body))
     }
 }
 
-/// One request, from its key to the stored response: the HTTP side of the steps of the
+/// One request, from its key to the stored response (an `async` block rather than an
+/// `async fn`, here and in [`run`], so the arguments are held once in the request's future,
+/// not twice): the HTTP side of the steps of the
 /// [guard](crate::guard) (reading the key, scope, body and fingerprint from the request;
 /// writing the guard's decisions as HTTP answers). See the module docs.
-async fn handle<S, R, B, RB>(
+#[allow(clippy::manual_async_fn)] // The arguments held once (above).
+fn handle<S, R, B, RB>(
     mut inner: S,
     guard: Guard<R>,
     o: Arc<Options>,
-    request: Request<B>,
-) -> Result<Response<IdempotencyBody<RB>>, S::Error>
+    parts: Parts,
+    body: B,
+) -> impl Future<Output = Result<Response<IdempotencyBody<RB>>, S::Error>>
 where
     S: tower::Service<Request<B>, Response = Response<RB>>,
     R: Reservations + 'static,
@@ -96,95 +102,126 @@ where
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
     RB: Body<Data = Bytes>,
 {
-    if !o.methods.contains(request.method()) {
-        return Ok(inner.call(request).await?.map(Either::Right));
-    }
-    let values = request.headers().get_all(IDEMPOTENCY_KEY);
-    let id = match client_key(values.iter().map(HeaderValue::as_bytes)) {
-        Ok(Some(id)) => id,
-        Ok(None) if !o.require_key => return Ok(inner.call(request).await?.map(Either::Right)),
-        Ok(None) => return Ok(answer(&o, Refused::new(Refusal::KeyMissing))),
-        Err(refused) => return Ok(answer(&o, refused)),
-    };
-    let (parts, body) = request.into_parts();
-    let key = match request_key((o.scope)(&parts), &operation(&parts), &id) {
-        Ok(key) => key,
-        Err(refused) => return Ok(answer(&o, refused)),
-    };
-    let body = match read_body(&o, &parts.headers, body).await {
-        Ok(body) => body,
-        Err(refused) => return Ok(answer(&o, refused)),
-    };
-    let fingerprint = (o.fingerprint)(&parts, &body);
-    match guard.begin(&key, fingerprint).await {
-        Begin::Run(running) => {
-            let request = Request::from_parts(parts, B::from(body));
-            run(inner, &guard, &o, running, request).await
+    async move {
+        if !o.adapter.methods.contains(&parts.method) {
+            let request = Request::from_parts(parts, body);
+            return Ok(inner.call(request).await?.map(Either::Right));
         }
-        Begin::Replay(stored) => Ok(replay(&o, &parts, stored)),
-        Begin::Refuse(refused) => Ok(answer(&o, refused)),
+        let id = client_key(
+            parts
+                .headers
+                .get_all(IDEMPOTENCY_KEY)
+                .iter()
+                .map(HeaderValue::as_bytes),
+        );
+        let id = match id {
+            Ok(Some(id)) => id,
+            Ok(None) if !o.require_key => {
+                let request = Request::from_parts(parts, body);
+                return Ok(inner.call(request).await?.map(Either::Right));
+            }
+            Ok(None) => return Ok(answer(&o, Refused::new(Refusal::KeyMissing))),
+            Err(refused) => return Ok(answer(&o, refused)),
+        };
+        // In blocks, so that nothing but the key is held across the awaits below.
+        let key = {
+            let mut buffer = [0; Key::MAX_PART_LEN];
+            match request_key((o.scope)(&parts), &operation(&parts, &mut buffer), &id) {
+                Ok(key) => key,
+                Err(refused) => return Ok(answer(&o, refused)),
+            }
+        };
+        drop(id);
+        let body = match read_body(&o, &parts.headers, body).await {
+            Ok(body) => body,
+            Err(refused) => return Ok(answer(&o, refused)),
+        };
+        let fingerprint = (o.adapter.own.fingerprint)(&parts, &body);
+        let running = match guard.begin(&key, fingerprint).await {
+            Begin::Run(running) => running,
+            Begin::Replay(stored) => return Ok(replay(&o, &parts, stored)),
+            Begin::Refuse(refused) => return Ok(answer(&o, refused)),
+        };
+        drop(key);
+        let request = Request::from_parts(parts, B::from(body));
+        run(inner, &guard, &o, running, request).await
     }
 }
 
 /// Runs the handler under the running key, then stores its response (or releases the key) and
 /// returns it. Dropping this future before that releases the key (see [`Running`]).
-async fn run<S, R, B, RB>(
+#[allow(clippy::manual_async_fn)] // The arguments held once (see `handle`).
+fn run<'a, S, R, B, RB>(
     mut inner: S,
-    guard: &Guard<R>,
-    o: &Options,
+    guard: &'a Guard<R>,
+    o: &'a Options,
     running: Running<R>,
     request: Request<B>,
-) -> Result<Response<IdempotencyBody<RB>>, S::Error>
+) -> impl Future<Output = Result<Response<IdempotencyBody<RB>>, S::Error>> + use<'a, S, R, B, RB>
 where
     S: tower::Service<Request<B>, Response = Response<RB>>,
     R: Reservations + 'static,
     RB: Body<Data = Bytes>,
 {
-    let response = match running.work(inner.call(request)).await {
-        Ok(response) => response,
-        Err(error) => {
-            running.release(Release::Failed).await;
-            return Err(error);
+    async move {
+        let response = match running.work(inner.call(request)).await {
+            Ok(response) => response,
+            Err(error) => {
+                running.release(Release::Failed).await;
+                return Err(error);
+            }
+        };
+        let (parts, body) = response.into_parts();
+        if !guard.stores_body(body.size_hint().exact()) {
+            // A stream, or over the limit: passed through as it comes, never held whole.
+            if (o.stores)(parts.status) {
+                // Completed with a marker: the work is done and must not run again. If even the
+                // marker is not stored, the key is released; this client gets its answer anyway.
+                let _ = running.complete_not_stored(parts.status.as_u16()).await;
+            } else {
+                running.release(Release::NotStored).await;
+            }
+            return Ok(Response::from_parts(parts, Either::Right(body)));
         }
-    };
-    let (parts, body) = response.into_parts();
-    if !guard.stores_body(body.size_hint().exact()) {
-        // A stream, or over the limit: passed through as it comes, never held whole.
-        if (o.store_status)(parts.status) {
-            // Completed with a marker: the work is done and must not run again. If even the
-            // marker is not stored, the key is released; this client gets its answer anyway.
-            let _ = running.complete_not_stored(parts.status.as_u16()).await;
+        // `ok()`: the body's error need not be `Send`, and is not kept across the release.
+        let body = match read_all(body).await.ok() {
+            Some(body) => body,
+            None => {
+                running.release(Release::Failed).await;
+                return Ok(answer(o, Refused::new(Refusal::ResponseUnreadable)));
+            }
+        };
+        if (o.stores)(parts.status) {
+            let headers = o.adapter.replay_headers.iter().flat_map(|name| {
+                let values = parts.headers.get_all(name).iter();
+                values.map(move |value| (name.as_str(), value.as_bytes()))
+            });
+            let encoded = encode_stored(parts.status.as_u16(), headers, &body);
+            // Not stored (too large, lease lost): this client still gets its answer, and the key
+            // is released so a retry runs the handler again.
+            let _ = running.complete(encoded).await;
         } else {
             running.release(Release::NotStored).await;
         }
-        return Ok(Response::from_parts(parts, Either::Right(body)));
+        Ok(Response::from_parts(parts, Either::Left(Full::new(body))))
     }
-    // `ok()`: the body's error need not be `Send`, and is not kept across the release.
-    let body = match body.collect().await.ok() {
-        Some(body) => body.to_bytes(),
-        None => {
-            running.release(Release::Failed).await;
-            return Ok(answer(o, Refused::new(Refusal::ResponseUnreadable)));
-        }
-    };
-    if (o.store_status)(parts.status) {
-        let headers = o.replay_headers.iter().flat_map(|name| {
-            let values = parts.headers.get_all(name).iter();
-            values.map(move |value| (name.as_str(), value.as_bytes()))
-        });
-        let encoded = encode_stored(parts.status.as_u16(), headers, &body);
-        // Not stored (too large, lease lost): this client still gets its answer, and the key
-        // is released so a retry runs the handler again.
-        let _ = running.complete(encoded).await;
-    } else {
-        running.release(Release::NotStored).await;
-    }
-    Ok(Response::from_parts(parts, Either::Left(Full::new(body))))
 }
 
-/// The operation a key is scoped to: method and path (`POST /orders/7/refunds`).
-fn operation(parts: &Parts) -> Vec<u8> {
-    format!("{} {}", parts.method, parts.uri.path()).into_bytes()
+/// The operation a key is scoped to: method and path (`POST /orders/7/refunds`), written in
+/// `buffer` when it fits (a key part's most), so the usual request allocates nothing for it.
+fn operation<'a>(parts: &Parts, buffer: &'a mut [u8; Key::MAX_PART_LEN]) -> Cow<'a, [u8]> {
+    let (method, path) = (
+        parts.method.as_str().as_bytes(),
+        parts.uri.path().as_bytes(),
+    );
+    let len = method.len() + 1 + path.len();
+    if len > buffer.len() {
+        return Cow::Owned([method, b" ", path].concat());
+    }
+    buffer[..method.len()].copy_from_slice(method);
+    buffer[method.len()] = b' ';
+    buffer[method.len() + 1..len].copy_from_slice(path);
+    Cow::Borrowed(&buffer[..len])
 }
 
 /// Reads the request body, up to the limit.
@@ -196,17 +233,43 @@ where
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-    if declared.is_some_and(|len| len > o.max_body as u64) {
-        return Err(Refused::body_too_large(o.max_body));
+    if declared.is_some_and(|len| len > o.max_request as u64) {
+        return Err(Refused::body_too_large(o.max_request));
     }
-    match Limited::new(body, o.max_body).collect().await {
-        Ok(body) => Ok(body.to_bytes()),
-        Err(error) if error.is::<LengthLimitError>() => Err(Refused::body_too_large(o.max_body)),
+    match read_all(Limited::new(body, o.max_request)).await {
+        Ok(body) => Ok(body),
+        Err(error) if error.is::<LengthLimitError>() => Err(Refused::body_too_large(o.max_request)),
         Err(error) => {
             let detail = format!("the request body could not be read: {error}");
             Err(Refused::with_detail(Refusal::BodyUnreadable, detail))
         }
     }
+}
+
+/// A body's bytes, read whole. A body of one data frame (the usual case) is that frame's
+/// bytes, taken as they are; only a body of several frames is copied into one buffer.
+/// Trailers are dropped, as `collect().to_bytes()` drops them.
+async fn read_all<B: Body>(body: B) -> Result<Bytes, B::Error> {
+    let mut body = pin!(body);
+    let mut first: Option<Bytes> = None;
+    let mut joined: Option<BytesMut> = None;
+    while let Some(frame) = body.frame().await {
+        let Ok(mut data) = frame?.into_data() else {
+            continue;
+        };
+        let data = data.copy_to_bytes(data.remaining());
+        match (&first, &mut joined) {
+            (None, _) => first = Some(data),
+            (Some(_), Some(joined)) => joined.extend_from_slice(&data),
+            (Some(first), None) => {
+                let mut both = BytesMut::with_capacity(first.len() + data.len());
+                both.extend_from_slice(first);
+                both.extend_from_slice(&data);
+                joined = Some(both);
+            }
+        }
+    }
+    Ok(joined.map_or_else(|| first.unwrap_or_default(), BytesMut::freeze))
 }
 
 /// The stored response, marked as a replay, then adjusted by the replay hook. Header values
@@ -221,7 +284,7 @@ fn replay<RB>(o: &Options, request: &Parts, bytes: Vec<u8>) -> Response<Idempote
     response
         .headers_mut()
         .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
-    if let Some(hook) = &o.on_replay {
+    if let Some(hook) = &o.adapter.own.on_replay {
         hook(request, &mut response);
     }
     response.map(|body| Either::Left(Full::new(body)))
@@ -248,26 +311,8 @@ fn to_http(bytes: Bytes) -> Option<(StatusCode, HeaderMap, Bytes)> {
 
 /// The HTTP status of each refusal.
 fn status_of(o: &Options, refusal: Refusal) -> StatusCode {
-    refusal_status(refusal, o.body_too_large)
-}
-
-/// The HTTP status of each refusal, `body_too_large` for [`Refusal::BodyTooLarge`]; shared by
-/// every HTTP adapter (the actix-web middleware answers the same).
-pub(crate) fn refusal_status(refusal: Refusal, body_too_large: StatusCode) -> StatusCode {
-    match refusal {
-        Refusal::KeyMissing | Refusal::KeyInvalid | Refusal::BodyUnreadable => {
-            StatusCode::BAD_REQUEST
-        }
-        Refusal::NoScope => StatusCode::UNAUTHORIZED,
-        Refusal::BodyTooLarge => body_too_large,
-        Refusal::InProgress | Refusal::UnderReview => StatusCode::CONFLICT,
-        Refusal::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
-        Refusal::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
-        Refusal::StoredResponseUnreadable | Refusal::ResponseUnreadable => {
-            StatusCode::INTERNAL_SERVER_ERROR
-        }
-        Refusal::ResponseNotStored => StatusCode::GONE,
-    }
+    let status = http_status(refusal, o.adapter.body_too_large.as_u16());
+    StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
 }
 
 /// A refusal as an RFC 9457 problem with its status and headers: `Retry-After` in whole
@@ -276,20 +321,19 @@ pub(crate) fn refusal_status(refusal: Refusal, body_too_large: StatusCode) -> St
 fn answer<RB>(o: &Options, refused: Refused) -> Response<IdempotencyBody<RB>> {
     let status = status_of(o, refused.refusal);
     let mut response = problem(
-        &o.problem_base,
+        &o.adapter.problem_base,
         refused.refusal,
         status,
         &refused.detail,
         refused.limit,
     );
     let headers = response.headers_mut();
-    if let Some(delay) = refused.retry_after {
-        let secs = delay.as_secs_f64().ceil().max(1.0);
-        headers.insert(header::RETRY_AFTER, HeaderValue::from(secs as u64));
+    if let Some(secs) = retry_after_secs(&refused) {
+        headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
     }
     match refused.refusal {
         Refusal::NoScope => {
-            headers.insert(header::WWW_AUTHENTICATE, o.challenge.clone());
+            headers.insert(header::WWW_AUTHENTICATE, o.adapter.challenge.clone());
         }
         Refusal::BodyTooLarge => {
             headers.insert(header::CONNECTION, HeaderValue::from_static("close"));

@@ -130,7 +130,7 @@ pub use format::log_file::LogFile;
 pub use inspect::{FileInfo, Problem, ProblemKind, ScanFilter, StateCounts, Verification};
 pub use key::Key;
 #[cfg(feature = "postgres")]
-pub use postgres::{PgBuilder, PgStore, PgWork};
+pub use postgres::{PgBuilder, PgSnapshot, PgStore, PgWork};
 pub use record::{Progress, Record, RecordClass, Status};
 pub use reservations::Reservations;
 pub use store::{compact, open_redb, open_redb_read_only, Store};

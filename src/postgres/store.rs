@@ -175,8 +175,7 @@ impl PgStore {
             }
             // Register before marking the row, so that no notification is missed.
             let registration = inner.waiters.register(key.encoded());
-            let notified = registration.notify.notified();
-            tokio::pin!(notified);
+            let mut notified = std::pin::pin!(registration.notify.notified());
             notified.as_mut().enable();
             let marked = inner
                 .read_query(&inner.sql.mark, &[&key.encoded()], || {
@@ -188,10 +187,8 @@ impl PgStore {
                 continue;
             }
             let pause = inner.wait_poll.min(*retry_after).min(left);
-            tokio::select! {
-                () = &mut notified => {}
-                () = tokio::time::sleep(pause.max(Duration::from_millis(1))) => {}
-            }
+            // Woken, or the pause is over: ask again either way.
+            let _ = tokio::time::timeout(pause.max(Duration::from_millis(1)), notified).await;
         }
     }
 

@@ -119,40 +119,39 @@ async fn listen(waiters: Weak<Waiters>) {
         let (config, channel) = (strong.config.clone(), strong.channel.clone());
         drop(strong);
         if let Ok((client, mut connection)) = config.connect(NoTls).await {
-            let statement = format!("LISTEN {channel}");
-            let listened = {
-                let answered = client.batch_execute(&statement);
-                tokio::pin!(answered);
-                // Drive the connection while LISTEN is answered.
-                loop {
-                    tokio::select! {
-                        result = &mut answered => break result.is_ok(),
-                        message = std::future::poll_fn(|cx| connection.poll_message(cx)) => {
-                            if !matches!(message, Some(Ok(_))) {
-                                break false;
-                            }
-                        }
-                    }
-                }
-            };
-            if listened {
-                if let Some(strong) = waiters.upgrade() {
-                    strong.wake_all();
-                }
+            // The connection's messages, notifications forwarded, until it closes.
+            let (sender, mut payloads) = tokio::sync::mpsc::unbounded_channel::<String>();
+            let driver = tokio::spawn(async move {
                 while let Some(Ok(message)) =
                     std::future::poll_fn(|cx| connection.poll_message(cx)).await
                 {
-                    let AsyncMessage::Notification(note) = message else {
-                        continue;
-                    };
+                    if let AsyncMessage::Notification(note) = message {
+                        if sender.send(note.payload().to_string()).is_err() {
+                            return;
+                        }
+                    }
+                }
+            });
+            if client
+                .batch_execute(&format!("LISTEN {channel}"))
+                .await
+                .is_ok()
+            {
+                // Notifications sent before now are lost: every waiter asks again.
+                if let Some(strong) = waiters.upgrade() {
+                    strong.wake_all();
+                }
+                while let Some(payload) = payloads.recv().await {
                     let Some(strong) = waiters.upgrade() else {
+                        driver.abort();
                         return;
                     };
-                    if let Some(key) = unhex(note.payload()) {
+                    if let Some(key) = unhex(&payload) {
                         strong.wake(&key);
                     }
                 }
             }
+            driver.abort();
             drop(client);
         }
         let Some(strong) = waiters.upgrade() else {

@@ -398,6 +398,34 @@ async fn main() {
         total as f64 / live.max(1) as f64,
         total as f64 / live.max(1) as f64 / payload as f64
     );
+    // Where the bytes are (pgstattuple, a contrib module Debian's server package ships): the
+    // live rows' own bytes, dead rows and free space, per live key.
+    if admin
+        .batch_execute("CREATE EXTENSION IF NOT EXISTS pgstattuple")
+        .await
+        .is_ok()
+    {
+        let row = admin
+            .query_one(
+                "SELECT tuple_count, tuple_len, dead_tuple_len, free_space, table_len \
+                 FROM pgstattuple('bench_steady')",
+                &[],
+            )
+            .await
+            .unwrap();
+        let (count, tuples, dead, free, len): (i64, i64, i64, i64, i64) =
+            (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
+        let per = |bytes: i64| bytes as f64 / count.max(1) as f64;
+        println!(
+            "bench_steady heap per live row: {:.0} B of which row data {:.0} B, dead rows {:.0} B, \
+             free space {:.0} B; indexes {:.0} B",
+            per(len),
+            per(tuples),
+            per(dead),
+            per(free),
+            per(indexes)
+        );
+    }
     for table in ["bench_store", "bench_steady"] {
         let row = admin
             .query_one(

@@ -31,7 +31,7 @@ use crate::error::Error;
 pub(crate) const SCHEMA_VERSION: i32 = 2;
 /// The table's `fillfactor`: the part of each page inserts fill, the rest kept for the
 /// completions' new row versions (BENCHMARKS.md, "PostgreSQL").
-const FILLFACTOR: u32 = 85;
+const FILLFACTOR: u32 = 95;
 /// The longest table name accepted: PostgreSQL's identifiers are at most 63 bytes, and the
 /// longest derived name adds 8.
 pub(crate) const MAX_TABLE_LEN: usize = 55;

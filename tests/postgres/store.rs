@@ -380,3 +380,65 @@ fn completions_are_hot_updates() {
         );
     });
 }
+
+/// The listening connection dropped (its backend terminated) while a caller waits: the wait
+/// still ends with the completion's answer, by the listener's reconnection or the poll.
+#[test]
+fn a_wait_outlives_a_dropped_listening_connection() {
+    let server = Server::start();
+    runtime().block_on(async {
+        let store = PgStore::builder()
+            .table("dropped")
+            .lease(Duration::from_secs(600))
+            .wait_poll(Duration::from_millis(300))
+            .connect(&server.config())
+            .await
+            .unwrap();
+        let client = raw(&server).await;
+        let key = key("dropped");
+        let lease = acquire(&store, &key).await;
+        let waiter = {
+            let (store, key) = (store.clone(), key.clone());
+            tokio::spawn(async move {
+                store
+                    .reserve_or_wait(&key, Fingerprint::of(b"cart"), Duration::from_secs(120))
+                    .await
+            })
+        };
+        // The waiter has marked the row and the listener answers: end the listener's backend.
+        let terminated = loop {
+            let row = client
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity WHERE query = 'LISTEN dropped_wake'",
+                    &[],
+                )
+                .await
+                .unwrap();
+            let watched = client
+                .query_one(
+                    "SELECT watched FROM dropped WHERE key = $1",
+                    &[&crate::common::encoded(&key)],
+                )
+                .await
+                .unwrap();
+            if row.get::<_, i64>(0) == 1 && watched.get::<_, bool>(0) {
+                break client
+                    .query_one(
+                        "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) \
+                         FROM pg_stat_activity WHERE query = 'LISTEN dropped_wake'",
+                        &[],
+                    )
+                    .await
+                    .unwrap()
+                    .get::<_, i64>(0);
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        assert_eq!(terminated, 1, "the listening connection's backend");
+        store.complete(&lease, b"done".to_vec()).await.unwrap();
+        match waiter.await.unwrap().unwrap() {
+            Reservation::Completed(done) => assert_eq!(done.result, b"done"),
+            other => panic!("{other:?}"),
+        }
+    });
+}

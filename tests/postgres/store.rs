@@ -381,8 +381,9 @@ fn completions_are_hot_updates() {
     });
 }
 
-/// The listening connection dropped (its backend terminated) while a caller waits: the wait
-/// still ends with the completion's answer, by the listener's reconnection or the poll.
+/// The listening connection dropped (its backend terminated) while a caller waits, and the
+/// completion's notification went nowhere: the wait still ends with the completion's answer,
+/// woken when the listener reconnects (it then wakes every waiter) or by the poll.
 #[test]
 fn a_wait_outlives_a_dropped_listening_connection() {
     let server = Server::start();
@@ -436,7 +437,14 @@ fn a_wait_outlives_a_dropped_listening_connection() {
         };
         assert_eq!(terminated, 1, "the listening connection's backend");
         store.complete(&lease, b"done".to_vec()).await.unwrap();
-        match waiter.await.unwrap().unwrap() {
+        // Nothing but the listener's reconnection or the 300 ms poll can end the wait before
+        // its 120 s timeout (the lease lasts 10 min).
+        let answer = tokio::time::timeout(Duration::from_secs(50), waiter)
+            .await
+            .expect("woken by the reconnected listener or the poll, not the wait's timeout")
+            .unwrap()
+            .unwrap();
+        match answer {
             Reservation::Completed(done) => assert_eq!(done.result, b"done"),
             other => panic!("{other:?}"),
         }

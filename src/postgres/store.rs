@@ -616,8 +616,9 @@ impl PgStore {
     }
 
     /// Reservations whose lease ran out and that have not expired, oldest lease first, up to
-    /// `limit`; see [`Store::stale`](crate::Store::stale). Walks the partial index of pending
-    /// rows' lease ends.
+    /// `limit`; see [`Store::stale`](crate::Store::stale). Reads the table (no index on
+    /// `lease_until`: a completion changes it, and would then not be a HOT update), so call it
+    /// at intervals of a lease or more on a large table.
     ///
     /// # Errors
     /// [`Error::Corruption`] for a damaged row; [`Error::Database`].
@@ -646,8 +647,9 @@ impl PgStore {
             .collect()
     }
 
-    /// Deletes up to `limit` expired rows, oldest deadline first, in one statement that walks
-    /// the deadline index (never the whole table); returns how many. Rows another sweeper
+    /// Deletes up to `limit` expired rows, by `sweep_at` (at most one lease after a completed
+    /// row's expiry), in one statement that walks the `sweep_at` index up to now plus the
+    /// lease (never the whole table); returns how many. Rows another sweeper
     /// holds are skipped, so several instances may sweep at once.
     ///
     /// # Errors

@@ -198,6 +198,18 @@ pub enum Error {
         /// The client's last error.
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// A database-backed store (feature `postgres`) got no definite answer from PostgreSQL:
+    /// it was unreachable or restarting for longer than the store's operation deadline, or it
+    /// refused a statement. The context says what was being done, naming the key when there
+    /// is one, and what is known about the write: that nothing was applied, or that a write
+    /// whose answer was lost may or may not have been applied.
+    Database {
+        /// What was being done, naming the key when there is one, and whether a write may
+        /// have landed.
+        context: String,
+        /// The client's (or the pool's) last error.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     /// A store operation that needs the writer (any write, `checkpoint`, `sweep`, `stale`,
     /// inspection) was called from inside a [`Store::complete_with`](crate::Store::complete_with)
     /// closure, which runs while the store's writer is held. Reads work there; do the rest
@@ -352,6 +364,9 @@ impl fmt::Display for Error {
                 write!(f, "complete_with callback failed, transaction rolled back: {source}")
             }
             Error::Cluster { context, source } => write!(f, "cluster error while {context}: {source}"),
+            Error::Database { context, source } => {
+                write!(f, "PostgreSQL error while {context}: {source}")
+            }
             Error::Reentrant => f.write_str(
                 "a store operation that needs the writer was called from inside a complete_with \
                  closure, which runs while the writer is held; reads work there, do the rest \
@@ -388,6 +403,7 @@ impl std::error::Error for Error {
             Error::Storage { source, .. } => Some(source.as_ref()),
             Error::Callback { source } => Some(source.as_ref()),
             Error::Cluster { source, .. } => Some(source.as_ref()),
+            Error::Database { source, .. } => Some(source.as_ref()),
             _ => None,
         }
     }

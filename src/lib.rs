@@ -127,7 +127,7 @@ pub use fingerprint::Fingerprint;
 pub use key::Key;
 pub use log::file::LogFile;
 #[cfg(feature = "postgres")]
-pub use postgres::{PgBuilder, PgStore, PgWork};
+pub use postgres::{PgBuilder, PgSnapshot, PgStore, PgWork};
 pub use record::{Progress, Record, RecordClass, Status};
 pub use reservations::Reservations;
 pub use state::stats::Stats;

@@ -26,7 +26,14 @@ ENDPOINTS (or --etcd-config FILE) and --prefix instead of the store file, for st
 get, expire and resolve, e.g. `idemstore --etcd 127.0.0.1:2379 --prefix app/ get u1 charge k1`.
 stats, list and get read one etcd revision: every count and record shown is as it was at
 that revision. The cluster's errors exit 1; --etcd without the etcd feature, or with a
-store file or another command, exits 2.";
+store file or another command, exits 2.
+
+A store in a PostgreSQL database (PgStore, a build with `--features postgres`): give
+--postgres CONFIG and --table instead of the store file, for the same commands, e.g.
+`idemstore --postgres 'host=db user=app dbname=app' --table idemstore get u1 charge k1`.
+stats, list and get read in one read-only transaction: every count and record shown is as it
+was when it began. The database's errors exit 1; --postgres without the postgres feature, or
+with a store file or another command, exits 2.";
 
 #[derive(Parser)]
 #[command(
@@ -72,6 +79,17 @@ pub(crate) struct Cli {
     #[arg(long, global = true, value_parser = humantime::parse_duration,
           value_name = "DURATION", default_value = "5s")]
     pub(crate) etcd_timeout: Duration,
+
+    /// Use the store in this PostgreSQL database instead of a file: a connection string,
+    /// "host=db user=app dbname=app" or "postgresql://app@db/app". For stats, list, get,
+    /// expire and resolve, in a build with `--features postgres`
+    #[arg(long, global = true, value_name = "CONFIG", conflicts_with_all = ["etcd", "etcd_config"])]
+    pub(crate) postgres: Option<String>,
+
+    /// With --postgres: the store's table, as the service's PgBuilder::table (default
+    /// idemstore)
+    #[arg(long, global = true, value_name = "TABLE")]
+    pub(crate) table: Option<String>,
 
     #[command(subcommand)]
     pub(crate) command: Command,
@@ -203,15 +221,16 @@ impl KeyArgs {
         Ok((file.clone(), key))
     }
 
-    /// The key, for a store on a cluster: exactly three parts, no file. `Err` is a usage
-    /// error's message.
-    #[cfg(feature = "etcd")]
-    pub(crate) fn cluster(&self) -> std::result::Result<Result<Key>, String> {
-        let usage = "with --etcd, give the key's scope, operation and id, and no store file";
+    /// The key, for a store named by `flag` (`--etcd`, `--postgres`): exactly three parts,
+    /// no file. `Err` is a usage error's message.
+    #[cfg(any(feature = "etcd", feature = "postgres"))]
+    pub(crate) fn remote(&self, flag: &str) -> std::result::Result<Result<Key>, String> {
+        let usage =
+            format!("with {flag}, give the key's scope, operation and id, and no store file");
         let (Some(scope), Some(operation), Some(id), None) =
             (&self.file, &self.scope, &self.operation, &self.id)
         else {
-            return Err(usage.to_string());
+            return Err(usage);
         };
         let Some(scope) = scope.to_str() else {
             return Err(format!("the scope {} is not UTF-8", scope.display()));

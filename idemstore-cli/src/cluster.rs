@@ -33,74 +33,15 @@ mod with_etcd {
         let (endpoints, prefix) = target(&cli)?;
         let json = cli.json;
         // Check the arguments before connecting: a usage error needs no cluster.
-        let command = match cli.command {
-            Command::Stats { file: Some(_) } | Command::List { file: Some(_), .. } => {
-                usage_error("with --etcd, give no store file")
-            }
-            Command::Get { key, raw } => Ready::Get(cluster_key(&key), raw),
-            Command::Expire { key, force } => Ready::Expire(cluster_key(&key), force),
-            Command::Resolve {
-                key,
-                action,
-                retention,
-            } => {
-                let key = cluster_key(&key);
-                let resolution = match action.complete {
-                    Some(path) => Resolution::Complete(read_result(&path)?),
-                    None => Resolution::Release,
-                };
-                Ready::Resolve(key, resolution, retention)
-            }
-            Command::Stats { file: None } => Ready::Stats,
-            Command::List {
-                file: None,
-                state,
-                older_than,
-                limit,
-            } => Ready::List(commands::scan_filter(state, older_than), limit),
-            Command::Sweep { .. }
-            | Command::Check { .. }
-            | Command::Recover { .. }
-            | Command::Compact { .. } => usage_error(
-                "--etcd works with stats, list, get, expire and resolve; sweep, check, recover \
-                 and compact work on a store file (a cluster sweeps with \
-                 EtcdStore::spawn_sweeper, and etcd checks its own data)",
-            ),
-        };
+        let command = remote::ready(
+            cli.command,
+            "--etcd",
+            "a cluster sweeps with EtcdStore::spawn_sweeper, and etcd checks its own data",
+        )?;
         let cluster = Cluster::connect(&endpoints, &prefix, cli.etcd_timeout)?;
-        let mut out = io::stdout().lock();
-        match command {
-            Ready::Stats => stats(&cluster, &mut out, json)?,
-            Ready::List(filter, limit) => list(&cluster, &filter, limit, &mut out, json)?,
-            Ready::Get(key, raw) => get(&cluster, &key?, &mut out, json, raw)?,
-            Ready::Expire(key, force) => {
-                let live = if force {
-                    LiveLease::Take
-                } else {
-                    LiveLease::Refuse
-                };
-                expire(&cluster, &key?, live, &mut out, json)?
-            }
-            Ready::Resolve(key, resolution, retention) => {
-                resolve(&cluster, &key?, resolution, retention, &mut out, json)?
-            }
-        }
-        out.flush()?;
-        Ok(())
-    }
-
-    /// A command whose arguments were checked.
-    enum Ready {
-        Stats,
-        List(ScanFilter, usize),
-        Get(Result<Key>, bool),
-        Expire(Result<Key>, bool),
-        Resolve(Result<Key>, Resolution, Option<Duration>),
-    }
-
-    /// The key of a command on a cluster; a usage error exits 2.
-    fn cluster_key(key: &KeyArgs) -> Result<Key> {
-        key.cluster().unwrap_or_else(|message| usage_error(message))
+        remote::execute(&cluster, command, json, |mut out| {
+            stats(&cluster, &mut out, json)
+        })
     }
 
     /// The endpoints and the prefix, from the flags or the config file.

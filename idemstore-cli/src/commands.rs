@@ -7,6 +7,12 @@ pub(crate) fn run(cli: Cli) -> Result<Option<ProblemsFound>> {
     if cli.etcd.is_some() || cli.etcd_config.is_some() {
         return cluster::run(cli).map(|()| None);
     }
+    if cli.postgres.is_some() {
+        return database::run(cli).map(|()| None);
+    }
+    if cli.table.is_some() {
+        usage_error("--table names a store's table in PostgreSQL: give --postgres too");
+    }
     if cli.prefix.is_some() {
         usage_error("--prefix names a store on an etcd cluster: give --etcd or --etcd-config too");
     }

@@ -19,7 +19,9 @@
 //!
 //! With `--etcd ENDPOINTS --prefix P` (or `--etcd-config FILE`), `stats`, `list`, `get`,
 //! `expire` and `resolve` work on a store on an etcd cluster instead (`cluster.rs`; a build
-//! with the `etcd` feature): the reads at one etcd revision.
+//! with the `etcd` feature): the reads at one etcd revision. With `--postgres CONFIG --table
+//! T`, the same commands work on a store in a PostgreSQL table (`database.rs`; a build with
+//! the `postgres` feature): the reads in one read-only transaction.
 
 use std::fmt::Write as _;
 use std::io::{self, IsTerminal, Read, Write};
@@ -39,6 +41,9 @@ use serde_json::{json, Value};
 mod args;
 mod cluster;
 mod commands;
+mod database;
+#[cfg(any(feature = "etcd", feature = "postgres"))]
+mod remote;
 mod render;
 mod view;
 

@@ -21,3 +21,14 @@ mod live;
 mod cluster;
 #[cfg(feature = "etcd")]
 mod etcd_cli;
+
+// A throwaway PostgreSQL server, the library suite's harness.
+#[cfg(feature = "postgres")]
+mod pg_cli;
+#[cfg(feature = "postgres")]
+#[path = "../../tests/postgres/server.rs"]
+#[allow(
+    dead_code,
+    reason = "the library suite's harness; the CLI's tests do not kill the server"
+)]
+mod server;

@@ -37,7 +37,47 @@ struct Args {
     /// Result bytes stored per completion.
     #[arg(long, default_value_t = 64)]
     result: usize,
+    /// The PostgreSQL server's process id (the postmaster), when it runs on this machine: each
+    /// cell then also reports the server's CPU per operation (the postmaster and its children:
+    /// backends, WAL writer, checkpointer, autovacuum).
+    #[arg(long)]
+    server_pid: Option<u32>,
 }
+
+/// CPU time of the server's processes (user + system), seconds; 0 without `--server-pid`.
+fn server_cpu() -> f64 {
+    let Some(pid) = SERVER.get().copied().flatten() else {
+        return 0.0;
+    };
+    let mut total = 0.0;
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        let Some((head, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let own: u32 = head
+            .split_whitespace()
+            .next()
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(0);
+        let parent: u32 = fields.get(1).and_then(|p| p.parse().ok()).unwrap_or(0);
+        if own == pid || parent == pid {
+            let ticks = |i: usize| {
+                fields
+                    .get(i)
+                    .and_then(|v| v.parse::<f64>().ok())
+                    .unwrap_or(0.0)
+            };
+            total += (ticks(11) + ticks(12)) / 100.0;
+        }
+    }
+    total
+}
+
+static SERVER: std::sync::OnceLock<Option<u32>> = std::sync::OnceLock::new();
 
 /// CPU time of this process (user + system), seconds.
 fn cpu() -> f64 {
@@ -66,6 +106,7 @@ struct Cell {
     ops: u64,
     secs: f64,
     cpu: f64,
+    server_cpu: f64,
 }
 
 impl Cell {
@@ -74,9 +115,10 @@ impl Cell {
     }
     fn show(&self, name: &str, per: &str) {
         println!(
-            "{name:<34} {:>9.0} {per}/s  client CPU {:>6.1} us/{per}",
+            "{name:<34} {:>9.0} {per}/s  client CPU {:>6.1} us/{per}  server CPU {:>6.1} us/{per}",
             self.rate(),
-            self.cpu / self.ops.max(1) as f64 * 1e6
+            self.cpu / self.ops.max(1) as f64 * 1e6,
+            self.server_cpu / self.ops.max(1) as f64 * 1e6
         );
     }
 }
@@ -89,6 +131,7 @@ where
 {
     let stop = Arc::new(AtomicBool::new(false));
     let cpu0 = cpu();
+    let server0 = server_cpu();
     let started = Instant::now();
     let handles: Vec<_> = (0..tasks)
         .map(|t| tokio::spawn(body(t, stop.clone())))
@@ -103,6 +146,7 @@ where
         ops,
         secs: started.elapsed().as_secs_f64(),
         cpu: cpu() - cpu0,
+        server_cpu: server_cpu() - server0,
     }
 }
 
@@ -123,6 +167,7 @@ fn key(run: u64, task: usize, i: u64) -> Key {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let args = Args::parse();
+    SERVER.set(args.server_pid).expect("set once");
     let admin = client(&args.config).await;
     admin
         .batch_execute(
@@ -353,5 +398,50 @@ async fn main() {
         total as f64 / live.max(1) as f64,
         total as f64 / live.max(1) as f64 / payload as f64
     );
+    // Where the bytes are (pgstattuple, a contrib module Debian's server package ships): the
+    // live rows' own bytes, dead rows and free space, per live key.
+    if admin
+        .batch_execute("CREATE EXTENSION IF NOT EXISTS pgstattuple")
+        .await
+        .is_ok()
+    {
+        let row = admin
+            .query_one(
+                "SELECT tuple_count, tuple_len, dead_tuple_len, free_space, table_len \
+                 FROM pgstattuple('bench_steady')",
+                &[],
+            )
+            .await
+            .unwrap();
+        let (count, tuples, dead, free, len): (i64, i64, i64, i64, i64) =
+            (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
+        let per = |bytes: i64| bytes as f64 / count.max(1) as f64;
+        println!(
+            "bench_steady heap per live row: {:.0} B of which row data {:.0} B, dead rows {:.0} B, \
+             free space {:.0} B; indexes {:.0} B",
+            per(len),
+            per(tuples),
+            per(dead),
+            per(free),
+            per(indexes)
+        );
+    }
+    for table in ["bench_store", "bench_steady"] {
+        let row = admin
+            .query_one(
+                "SELECT n_tup_upd, n_tup_hot_upd, n_dead_tup, n_live_tup, autovacuum_count \
+                 FROM pg_stat_user_tables WHERE relname = $1",
+                &[&table],
+            )
+            .await
+            .unwrap();
+        let (upd, hot, dead, live, vacuums): (i64, i64, i64, i64, i64) =
+            (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
+        println!(
+            "{table}: {upd} updates, {hot} HOT ({:.0}%), {dead} dead and {live} live rows, \
+             {vacuums} autovacuums",
+            hot as f64 * 100.0 / upd.max(1) as f64
+        );
+    }
     println!("load average after: {}", load());
 }

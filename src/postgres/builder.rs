@@ -32,6 +32,7 @@ pub struct PgBuilder {
     pool_size: usize,
     op_deadline: Duration,
     statement_timeout: Duration,
+    wait_poll: Duration,
     clock: Arc<dyn Clock>,
 }
 
@@ -46,6 +47,7 @@ impl Default for PgBuilder {
             pool_size: Self::DEFAULT_POOL_SIZE,
             op_deadline: Self::DEFAULT_OP_DEADLINE,
             statement_timeout: Self::DEFAULT_STATEMENT_TIMEOUT,
+            wait_poll: Self::DEFAULT_WAIT_POLL,
             clock: Arc::new(SystemClock),
         }
     }
@@ -65,6 +67,10 @@ impl PgBuilder {
     /// Default time one statement (or waiting for a pooled connection) may take before it counts
     /// as unanswered.
     pub const DEFAULT_STATEMENT_TIMEOUT: Duration = Duration::from_secs(5);
+
+    /// Default longest time a [`PgStore::reserve_or_wait`] caller sleeps without a
+    /// notification before asking again.
+    pub const DEFAULT_WAIT_POLL: Duration = Duration::from_secs(5);
 
     /// The table that holds this store's keys (also the prefix of its index, sequence and
     /// version table names); stores with different tables share nothing. Lower-case ASCII
@@ -115,7 +121,7 @@ impl PgBuilder {
     }
 
     /// How long an operation keeps retrying while PostgreSQL gives no definite answer (down,
-    /// restarting, failing over) before it returns [`Error::Cluster`]. Default =
+    /// restarting, failing over) before it returns [`Error::Database`]. Default =
     /// [`PgBuilder::DEFAULT_OP_DEADLINE`].
     pub fn op_deadline(&mut self, deadline: Duration) -> &mut Self {
         self.op_deadline = deadline;
@@ -127,6 +133,16 @@ impl PgBuilder {
     /// Default = [`PgBuilder::DEFAULT_STATEMENT_TIMEOUT`].
     pub fn statement_timeout(&mut self, timeout: Duration) -> &mut Self {
         self.statement_timeout = timeout;
+        self
+    }
+
+    /// The longest a [`PgStore::reserve_or_wait`] caller sleeps before asking again when no
+    /// notification wakes it: waiters are woken by PostgreSQL notifications when the key
+    /// changes, and ask again at this interval only while the store's listening connection is
+    /// down or a notification was lost (at least 1 ms). Default =
+    /// [`PgBuilder::DEFAULT_WAIT_POLL`].
+    pub fn wait_poll(&mut self, interval: Duration) -> &mut Self {
+        self.wait_poll = interval;
         self
     }
 
@@ -162,6 +178,9 @@ impl PgBuilder {
                 format!("{} connections is outside 1..=1024", self.pool_size),
             );
         }
+        if self.wait_poll < Duration::from_millis(1) {
+            return invalid("wait_poll", "it must be at least 1 ms".into());
+        }
         if self.op_deadline.is_zero() || self.statement_timeout < Duration::from_millis(1) {
             return invalid(
                 "op_deadline",
@@ -178,7 +197,7 @@ impl PgBuilder {
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] for a setting out of range, a connection string that does not
-    /// parse, or a table of another schema version (naming both); [`Error::Cluster`] when
+    /// parse, or a table of another schema version (naming both); [`Error::Database`] when
     /// PostgreSQL cannot be reached.
     pub async fn connect(&self, config: &str) -> Result<PgStore, Error> {
         let config =
@@ -214,7 +233,7 @@ impl PgBuilder {
             config
                 .connect(NoTls)
                 .await
-                .map_err(|source| Error::Cluster {
+                .map_err(|source| Error::Database {
                     context: "connecting to PostgreSQL".to_string(),
                     source: Box::new(source),
                 })?;
@@ -223,6 +242,7 @@ impl PgBuilder {
         drop(client);
         let _ = driver.await;
         checked?;
+        let waiters = Arc::new(super::wait::Waiters::new(&self.table, config.clone()));
         let manager = Manager::from_config(
             config,
             NoTls,
@@ -249,12 +269,15 @@ impl PgBuilder {
             ),
             clock: self.clock.clone(),
             max_result_len: self.max_result_len,
+            lease: crate::clock::duration_millis(self.lease),
             op_deadline: self.op_deadline,
             statement_timeout: self.statement_timeout,
             nonce_base: random_id(),
             writes: AtomicU64::new(0),
             resends: AtomicU64::new(0),
             hints: parking_lot::Mutex::new(std::collections::HashMap::new()),
+            waiters,
+            wait_poll: self.wait_poll,
         }))
     }
 }

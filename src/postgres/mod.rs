@@ -8,13 +8,19 @@
 //! - [`write`]: read (or guess absent), decide, conditional multi-row writes, retry; answers
 //!   lost with a connection settled by the write's nonce.
 //! - [`store`]: the public operations, `complete_with` on the caller's transaction, sweeping.
+//! - [`wait`]: waking `reserve_or_wait` callers with `LISTEN`/`NOTIFY`.
+//! - [`snapshot`]: counts and listings in one read-only transaction (the command line's
+//!   `stats`, `list` and `get`).
 
 mod builder;
 mod schema;
+mod snapshot;
 mod store;
+mod wait;
 mod write;
 
 pub use builder::PgBuilder;
+pub use snapshot::PgSnapshot;
 pub use store::{PgStore, PgWork};
 
 use std::time::Duration;

@@ -6,20 +6,37 @@
 //! - `T`: one row per key. `key` is [`Key`](crate::Key)'s own length-prefixed encoding (the
 //!   primary key), `token` the fencing token of the acquisition that made the state, `nonce`
 //!   a value unique to the write that made the row as it is (every conditional write compares
-//!   on it, and after a lost answer it tells a writer whether its write landed), `expires_at`
-//!   when the row reads as absent (milliseconds since the epoch), `lease_until` the lease end
-//!   of a pending row (NULL otherwise), `body` the record in the local store's encoding
-//!   (`docs/format.md`) with its token field zero: the column is the token.
-//! - `T_expires`: an index on `expires_at`, which sweeping walks; `T_leases`: a partial index
-//!   on `lease_until` of pending rows, which `stale` walks.
-//! - `T_tokens`: the sequence tokens come from (no cache: a later acquisition always gets a
-//!   higher token, whichever connection asks).
+//!   on it, and after a lost answer it tells a writer whether its write landed),
+//!   `sweep_at` where the row sits in the sweep index (milliseconds since the epoch): never
+//!   before the record's expiry (a write raises it to the new record's expiry when that is
+//!   later, and leaves it otherwise), `expires_at` when the row reads as absent (not
+//!   indexed), `watched` whether a `reserve_or_wait` caller waits for the row to change
+//!   (`wait.rs`), `lease_until` the lease end of a pending row
+//!   (NULL otherwise), `body` the record in the local store's encoding (`docs/format.md`) with
+//!   its token field zero: the column is the token.
+//! - `T_sweep`: an index on `sweep_at`, which sweeping walks. It is the only index besides the
+//!   primary key, and a completion leaves `sweep_at` as the reserve wrote it (a pending
+//!   record's expiry, its lease end plus the retention, is never earlier than the completed
+//!   record's), so a completion changes no indexed column: PostgreSQL writes it as a
+//!   heap-only (HOT) update on the same page, with no new index entries and no dead ones. The
+//!   table's `fillfactor` leaves each page room for that. `stale` reads the table itself: no
+//!   index on `lease_until`, which a completion changes.
+//! - `T_tokens`: the sequence tokens come from, stepping by [`TOKEN_BLOCK`]: each value is a
+//!   block of tokens for the rows of one statement (no cache: a later acquisition always gets
+//!   a higher token, whichever connection asks).
 //! - `T_meta`: `schema_version` = [`SCHEMA_VERSION`].
 
 use crate::error::Error;
 
 /// The schema version this build reads and writes.
-pub(crate) const SCHEMA_VERSION: i32 = 1;
+pub(crate) const SCHEMA_VERSION: i32 = 2;
+/// The table's `fillfactor`: the part of each page inserts fill, the rest kept for the
+/// completions' new row versions (BENCHMARKS.md, "PostgreSQL").
+const FILLFACTOR: u32 = 95;
+/// How many tokens one `nextval` of the token sequence stands for: the sequence steps by this
+/// much, and a value `v` gives the tokens `v .. v + TOKEN_BLOCK` to the rows of one statement
+/// (`docs/postgres.md`, "Fencing tokens").
+const TOKEN_BLOCK: i64 = 1024;
 /// The longest table name accepted: PostgreSQL's identifiers are at most 63 bytes, and the
 /// longest derived name adds 8.
 pub(crate) const MAX_TABLE_LEN: usize = 55;
@@ -53,11 +70,15 @@ pub(crate) struct Sql {
     pub(crate) table: String,
     pub(crate) read: String,
     pub(crate) insert: String,
+    pub(crate) insert_one: String,
     pub(crate) update: String,
+    pub(crate) update_one: String,
     pub(crate) delete: String,
     pub(crate) read_for_update: String,
     pub(crate) sweep: String,
     pub(crate) stale: String,
+    pub(crate) mark: String,
+    pub(crate) notify: String,
 }
 
 impl Sql {
@@ -66,36 +87,69 @@ impl Sql {
         Sql {
             table: t.to_string(),
             read: format!("SELECT key, token, nonce, body FROM {t} WHERE key = ANY($1::bytea[])"),
+            // Tokens in blocks: the sequence steps by TOKEN_BLOCK, and one `nextval` per block
+            // of rows gives each new row `value + its place in the block` (a `nextval` per row
+            // cost about 4 µs of server time per row in a batch of 1000).
             insert: format!(
-                "INSERT INTO {t} (key, token, nonce, expires_at, lease_until, body) \
-                 SELECT k, CASE WHEN nt THEN nextval('{t}_tokens') ELSE tk END, n, e, l, b \
+                "INSERT INTO {t} (key, token, nonce, sweep_at, expires_at, lease_until, body) \
+                 SELECT k, CASE WHEN nt THEN blocks.v[(o - 1) / {TOKEN_BLOCK} + 1] \
+                 + (o - 1) % {TOKEN_BLOCK} ELSE tk END, n, e, e, l, b \
                  FROM unnest($1::bytea[], $2::bool[], $3::int8[], $4::int8[], $5::int8[], \
-                 $6::int8[], $7::bytea[]) AS u(k, nt, tk, n, e, l, b) \
+                 $6::int8[], $7::bytea[]) WITH ORDINALITY AS u(k, nt, tk, n, e, l, b, o), \
+                 (SELECT array_agg(nextval('{t}_tokens')) AS v FROM generate_series(1, \
+                 (cardinality($1::bytea[]) + {TOKEN_BLOCK} - 1) / {TOKEN_BLOCK})) AS blocks \
                  ON CONFLICT (key) DO NOTHING RETURNING key, token"
             ),
+            // One key: the same insert with plain parameters (no arrays to build and unnest).
+            insert_one: format!(
+                "INSERT INTO {t} (key, token, nonce, sweep_at, expires_at, lease_until, body) \
+                 VALUES ($1, CASE WHEN $2 THEN nextval('{t}_tokens') ELSE $3 END, $4, $5, $5, $6, \
+                 $7) \
+                 ON CONFLICT (key) DO NOTHING RETURNING key, token"
+            ),
+            // `sweep_at` only rises: a completion leaves it as it was, so it is a HOT update.
             update: format!(
                 "UPDATE {t} SET token = CASE WHEN u.nt THEN nextval('{t}_tokens') ELSE u.tk END, \
-                 nonce = u.n, expires_at = u.e, lease_until = u.l, body = u.b \
+                 nonce = u.n, sweep_at = GREATEST({t}.sweep_at, u.e), expires_at = u.e, \
+                 lease_until = u.l, body = u.b \
                  FROM unnest($1::bytea[], $2::int8[], $3::bool[], $4::int8[], $5::int8[], \
                  $6::int8[], $7::int8[], $8::bytea[]) AS u(k, o, nt, tk, n, e, l, b) \
-                 WHERE {t}.key = u.k AND {t}.nonce = u.o RETURNING {t}.key, {t}.token"
+                 WHERE {t}.key = u.k AND {t}.nonce = u.o RETURNING {t}.key, {t}.token, {t}.watched"
+            ),
+            update_one: format!(
+                "UPDATE {t} SET token = CASE WHEN $3 THEN nextval('{t}_tokens') ELSE $4 END, \
+                 nonce = $5, sweep_at = GREATEST(sweep_at, $6), expires_at = $6, lease_until = $7, \
+                 body = $8 \
+                 WHERE key = $1 AND nonce = $2 RETURNING key, token, watched"
             ),
             delete: format!(
                 "DELETE FROM {t} USING unnest($1::bytea[], $2::int8[]) AS u(k, o) \
-                 WHERE {t}.key = u.k AND {t}.nonce = u.o RETURNING {t}.key"
+                 WHERE {t}.key = u.k AND {t}.nonce = u.o RETURNING {t}.key, {t}.watched"
             ),
             read_for_update: format!(
                 "SELECT key, token, nonce, body FROM {t} WHERE key = ANY($1::bytea[]) FOR UPDATE"
             ),
-            // The inner select walks the deadline index; the outer condition is checked again
-            // on a row a concurrent write changed meanwhile.
+            // The inner select walks the sweep index up to `$3` (now plus the lease: a
+            // completion leaves `sweep_at` at the pending record's expiry, at most one lease
+            // after its own) and keeps the rows that expired; the outer condition is checked
+            // again on a row a concurrent write changed meanwhile.
             sweep: format!(
-                "DELETE FROM {t} WHERE key IN (SELECT key FROM {t} WHERE expires_at <= $1 \
-                 ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED) AND expires_at <= $1"
+                "DELETE FROM {t} WHERE key IN (SELECT key FROM {t} WHERE sweep_at <= $3 \
+                 AND expires_at <= $1 ORDER BY sweep_at LIMIT $2 FOR UPDATE SKIP LOCKED) \
+                 AND expires_at <= $1"
             ),
             stale: format!(
-                "SELECT key, token, nonce, body FROM {t} WHERE lease_until IS NOT NULL \
-                 AND lease_until <= $1 AND expires_at > $1 ORDER BY lease_until, key LIMIT $2"
+                "SELECT key, token, nonce, body FROM {t} WHERE lease_until <= $1 \
+                 AND expires_at > $1 ORDER BY lease_until, key LIMIT $2"
+            ),
+            // A waiter marks a pending row (`wait.rs`); no row: the key changed, ask again.
+            mark: format!(
+                "UPDATE {t} SET watched = true WHERE key = $1 AND lease_until IS NOT NULL \
+                 RETURNING 1"
+            ),
+            notify: format!(
+                "SELECT pg_notify('{}', k) FROM unnest($1::text[]) AS k",
+                super::wait::channel(t)
             ),
         }
     }
@@ -104,14 +158,21 @@ impl Sql {
     pub(crate) fn create(&self) -> Vec<String> {
         let t = &self.table;
         vec![
-            format!("CREATE SEQUENCE {t}_tokens AS bigint MINVALUE 1 NO CYCLE CACHE 1"),
+            format!(
+                "CREATE SEQUENCE {t}_tokens AS bigint MINVALUE 1 INCREMENT BY {TOKEN_BLOCK} \
+                 NO CYCLE CACHE 1"
+            ),
+            // fillfactor: room on each page for the completion's new row version (HOT);
+            // autovacuum at 2% dead rows rather than 20%, so the space of swept rows is reused
+            // within a small part of the retention window.
             format!(
                 "CREATE TABLE {t} (key bytea PRIMARY KEY, token bigint NOT NULL, \
-                 nonce bigint NOT NULL, expires_at bigint NOT NULL, lease_until bigint, \
-                 body bytea NOT NULL)"
+                 nonce bigint NOT NULL, sweep_at bigint NOT NULL, expires_at bigint NOT NULL, \
+                 lease_until bigint, body bytea NOT NULL, \
+                 watched boolean NOT NULL DEFAULT false) WITH (fillfactor = {FILLFACTOR}, \
+                 autovacuum_vacuum_scale_factor = 0.02, autovacuum_vacuum_insert_scale_factor = 0.02)"
             ),
-            format!("CREATE INDEX {t}_expires ON {t} (expires_at)"),
-            format!("CREATE INDEX {t}_leases ON {t} (lease_until) WHERE lease_until IS NOT NULL"),
+            format!("CREATE INDEX {t}_sweep ON {t} (sweep_at)"),
             format!("CREATE TABLE {t}_meta (name text PRIMARY KEY, value text NOT NULL)"),
             format!(
                 "INSERT INTO {t}_meta (name, value) VALUES ('schema_version', '{SCHEMA_VERSION}')"
@@ -137,14 +198,14 @@ pub(crate) fn lock_key(table: &str) -> i64 {
 /// # Errors
 /// [`Error::InvalidConfig`] naming the table and both versions when it holds another schema
 /// version, or when a table of that name exists without idemstore's version row;
-/// [`Error::Cluster`] when PostgreSQL refuses.
+/// [`Error::Database`] when PostgreSQL refuses.
 pub(crate) async fn connect_schema(
     client: &mut tokio_postgres::Client,
     sql: &Sql,
 ) -> Result<(), Error> {
     let t = &sql.table;
-    let failed = |what: &str, source: tokio_postgres::Error| Error::Cluster {
-        context: format!("{what} of table `{t}` on PostgreSQL"),
+    let failed = |what: &str, source: tokio_postgres::Error| Error::Database {
+        context: format!("{what} of table `{t}`"),
         source: Box::new(source),
     };
     let tx = client

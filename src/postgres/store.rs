@@ -86,6 +86,10 @@ impl PgStore {
         }
     }
 
+    pub(crate) fn inner(&self) -> &Inner {
+        &self.inner
+    }
+
     /// The table that holds this store's keys.
     pub fn table(&self) -> &str {
         &self.inner.sql.table
@@ -104,7 +108,7 @@ impl PgStore {
     /// `Acquired` is returned only after PostgreSQL committed the row.
     ///
     /// # Errors
-    /// [`Error::Corruption`] for a damaged row; [`Error::Cluster`] when PostgreSQL gave no
+    /// [`Error::Corruption`] for a damaged row; [`Error::Database`] when PostgreSQL gave no
     /// definite answer within the operation deadline (saying whether the write may have
     /// landed: an acquisition nobody was told of goes stale when its lease runs out).
     pub async fn reserve(&self, key: &Key, fingerprint: Fingerprint) -> Result<Reservation, Error> {
@@ -117,7 +121,7 @@ impl PgStore {
     /// appears twice is decided again after the first was written.
     ///
     /// # Errors
-    /// The outer error is a failure of the database ([`Error::Cluster`]); an item's error (a
+    /// The outer error is a failure of the database ([`Error::Database`]); an item's error (a
     /// damaged row) does not fail the others.
     pub async fn reserve_many(
         &self,
@@ -143,8 +147,12 @@ impl PgStore {
     }
 
     /// Reserves `key`, waiting while another caller holds it, up to `timeout`; see
-    /// [`Store::reserve_or_wait`](crate::Store::reserve_or_wait). PostgreSQL has no watch on
-    /// a row: the waiter asks again every 50 ms, or when the lease ends if sooner.
+    /// [`Store::reserve_or_wait`](crate::Store::reserve_or_wait). A waiter is woken by a
+    /// PostgreSQL notification when the key's row changes (completed, released, marked for
+    /// review, taken over, expired): it marks the row as watched, and the writer that changes
+    /// it sends `NOTIFY` on the store's channel, heard on one listening connection per store.
+    /// Without a notification it asks again when the lease ends, or every
+    /// [`PgBuilder::wait_poll`] (while the listening connection is down, for instance).
     ///
     /// # Errors
     /// As for [`reserve`](PgStore::reserve).
@@ -155,6 +163,7 @@ impl PgStore {
         timeout: Duration,
     ) -> Result<Reservation, Error> {
         let started = std::time::Instant::now();
+        let inner = &self.inner;
         loop {
             let answer = self.reserve(key, fingerprint).await?;
             let Reservation::InProgress { retry_after, .. } = &answer else {
@@ -164,15 +173,29 @@ impl PgStore {
             if left.is_zero() {
                 return Ok(answer);
             }
-            let pause = Duration::from_millis(50).min(*retry_after).min(left);
-            tokio::time::sleep(pause.max(Duration::from_millis(1))).await;
+            // Register before marking the row, so that no notification is missed.
+            let registration = inner.waiters.register(key.encoded());
+            let mut notified = std::pin::pin!(registration.notify.notified());
+            notified.as_mut().enable();
+            let marked = inner
+                .read_query(&inner.sql.mark, &[&key.encoded()], || {
+                    format!("marking key {key} as waited for")
+                })
+                .await?;
+            if marked.is_empty() {
+                // No pending row any more: ask again at once.
+                continue;
+            }
+            let pause = inner.wait_poll.min(*retry_after).min(left);
+            // Woken, or the pause is over: ask again either way.
+            let _ = tokio::time::timeout(pause.max(Duration::from_millis(1)), notified).await;
         }
     }
 
     /// Stores the lease's result; see [`Store::complete`](crate::Store::complete).
     ///
     /// # Errors
-    /// [`Error::ResultTooLarge`], [`Error::LeaseLost`], [`Error::Cluster`].
+    /// [`Error::ResultTooLarge`], [`Error::LeaseLost`], [`Error::Database`].
     pub async fn complete(&self, lease: &Lease, result: Vec<u8>) -> Result<(), Error> {
         self.check_result(&lease.key, &result)?;
         let op = Complete {
@@ -235,7 +258,7 @@ impl PgStore {
     /// # Errors
     /// [`Error::LeaseLost`] when the lease no longer owns the key or already completed it
     /// (`work` does not run); [`Error::Callback`] when `work` failed (rolled back, the key
-    /// still pending); [`Error::Cluster`] when PostgreSQL failed: before the commit was sent
+    /// still pending); [`Error::Database`] when PostgreSQL failed: before the commit was sent
     /// nothing was applied, and an unanswered commit says that both may or may not be
     /// committed (read the key: completed means both were). Not retried, since `work` would
     /// have to run again.
@@ -253,8 +276,8 @@ impl PgStore {
         let inner = &self.inner;
         let key = &lease.key;
         let failed =
-            |what: &str, source: Box<dyn std::error::Error + Send + Sync>| Error::Cluster {
-                context: format!("{what} for key {key} on PostgreSQL; nothing was applied"),
+            |what: &str, source: Box<dyn std::error::Error + Send + Sync>| Error::Database {
+                context: format!("{what} for key {key}; nothing was applied"),
                 source,
             };
         let mut client = inner
@@ -306,10 +329,11 @@ impl PgStore {
         body.token = 0;
         let old = current.as_ref().map_or(0, |row| row.nonce);
         let written = tx
-            .execute(
+            .query(
                 &format!(
-                    "UPDATE {} SET nonce = $2, expires_at = $3, lease_until = NULL, body = $4 \
-                     WHERE key = $1 AND nonce = $5",
+                    "UPDATE {} SET nonce = $2, sweep_at = GREATEST(sweep_at, $3), \
+                     expires_at = $3, lease_until = NULL, body = $4 \
+                     WHERE key = $1 AND nonce = $5 RETURNING watched",
                     inner.sql.table
                 ),
                 &[
@@ -322,28 +346,33 @@ impl PgStore {
             )
             .await
             .map_err(|e| failed("writing the completion", Box::new(e)))?;
-        if written != 1 {
+        if written.len() != 1 {
             return Err(failed(
                 "writing the completion",
                 "the locked row changed".into(),
             ));
         }
         inner.note(&keys[0], None);
-        tx.commit().await.map_err(|source| Error::Cluster {
+        let watched = written[0].get::<_, bool>(0);
+        tx.commit().await.map_err(|source| Error::Database {
             context: format!(
-                "committing the completion of key {key} and the caller's statements on \
-                 PostgreSQL; no answer, so both may or may not be committed (read the key: \
+                "committing the completion of key {key} and the caller's statements; \
+                 no answer, so both may or may not be committed (read the key: \
                  completed means both were)"
             ),
             source: Box::new(source),
-        })
+        })?;
+        if watched {
+            inner.wake(&[key.encoded()]).await;
+        }
+        Ok(())
     }
 
     /// Records a recovery point for multi-step work; see
     /// [`Store::record_step`](crate::Store::record_step).
     ///
     /// # Errors
-    /// [`Error::ResultTooLarge`], [`Error::LeaseLost`], [`Error::Cluster`].
+    /// [`Error::ResultTooLarge`], [`Error::LeaseLost`], [`Error::Database`].
     pub async fn record_step(&self, lease: &Lease, step: u32, data: &[u8]) -> Result<(), Error> {
         self.check_result(&lease.key, data)?;
         let op = RecordStep {
@@ -360,7 +389,7 @@ impl PgStore {
     /// [`Store::release_if_pending`](crate::Store::release_if_pending).
     ///
     /// # Errors
-    /// [`Error::LeaseLost`], [`Error::Cluster`].
+    /// [`Error::LeaseLost`], [`Error::Database`].
     pub async fn release_if_pending(&self, lease: &Lease) -> Result<bool, Error> {
         let op = Release { token: lease.token };
         answer::with_lease(lease, self.inner.apply(&lease.key, op, false).await?)
@@ -369,7 +398,7 @@ impl PgStore {
     /// Renews the lease; see [`Store::extend`](crate::Store::extend).
     ///
     /// # Errors
-    /// [`Error::LeaseLost`], [`Error::Cluster`].
+    /// [`Error::LeaseLost`], [`Error::Database`].
     pub async fn extend(&self, lease: &Lease) -> Result<Lease, Error> {
         let op = Extend { token: lease.token };
         extended(lease, self.inner.apply(&lease.key, op, false).await?)
@@ -379,7 +408,7 @@ impl PgStore {
     /// [`Store::mark_needs_review`](crate::Store::mark_needs_review).
     ///
     /// # Errors
-    /// [`Error::NoteTooLarge`], [`Error::LeaseLost`], [`Error::Cluster`].
+    /// [`Error::NoteTooLarge`], [`Error::LeaseLost`], [`Error::Database`].
     pub async fn mark_needs_review(&self, lease: &Lease, note: &str) -> Result<(), Error> {
         if note.len() > Key::MAX_NOTE_LEN {
             return Err(Error::NoteTooLarge {
@@ -398,7 +427,7 @@ impl PgStore {
     /// [`Store::resolve`](crate::Store::resolve).
     ///
     /// # Errors
-    /// [`Error::NotResolvable`], [`Error::ResultTooLarge`], [`Error::Cluster`].
+    /// [`Error::NotResolvable`], [`Error::ResultTooLarge`], [`Error::Database`].
     pub async fn resolve(&self, key: &Key, resolution: Resolution) -> Result<(), Error> {
         if let Resolution::Complete(result) = &resolution {
             self.check_result(key, result)?;
@@ -434,7 +463,7 @@ impl PgStore {
     ///
     /// # Errors
     /// [`Error::LeaseLive`] naming the lease's end when a live lease holds the key (nothing
-    /// is changed); [`Error::Corruption`]; [`Error::Cluster`].
+    /// is changed); [`Error::Corruption`]; [`Error::Database`].
     pub async fn expire(&self, key: &Key) -> Result<Option<RecordClass>, Error> {
         self.expire_with(key, LiveLease::Refuse).await
     }
@@ -467,7 +496,7 @@ impl PgStore {
     /// The dedup window; see [`Store::observe`](crate::Store::observe).
     ///
     /// # Errors
-    /// [`Error::Corruption`], [`Error::Cluster`].
+    /// [`Error::Corruption`], [`Error::Database`].
     pub async fn observe(&self, key: &Key, window: Duration) -> Result<Seen, Error> {
         let op = Observe {
             window: duration_millis(window),
@@ -576,7 +605,7 @@ impl PgStore {
     /// The stored record, `None` when absent or expired.
     ///
     /// # Errors
-    /// [`Error::Corruption`], [`Error::Cluster`].
+    /// [`Error::Corruption`], [`Error::Database`].
     pub async fn get(&self, key: &Key) -> Result<Option<Record>, Error> {
         let now = self.inner.now();
         let mut rows = self.inner.read_rows(&[key.encoded().to_vec()]).await?;
@@ -587,11 +616,12 @@ impl PgStore {
     }
 
     /// Reservations whose lease ran out and that have not expired, oldest lease first, up to
-    /// `limit`; see [`Store::stale`](crate::Store::stale). Walks the partial index of pending
-    /// rows' lease ends.
+    /// `limit`; see [`Store::stale`](crate::Store::stale). Reads the table (no index on
+    /// `lease_until`: a completion changes it, and would then not be a HOT update), so call it
+    /// at intervals of a lease or more on a large table.
     ///
     /// # Errors
-    /// [`Error::Corruption`] for a damaged row; [`Error::Cluster`].
+    /// [`Error::Corruption`] for a damaged row; [`Error::Database`].
     pub async fn stale(&self, limit: usize) -> Result<Vec<(Key, Record)>, Error> {
         let now = self.inner.now();
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
@@ -617,12 +647,13 @@ impl PgStore {
             .collect()
     }
 
-    /// Deletes up to `limit` expired rows, oldest deadline first, in one statement that walks
-    /// the deadline index (never the whole table); returns how many. Rows another sweeper
+    /// Deletes up to `limit` expired rows, by `sweep_at` (at most one lease after a completed
+    /// row's expiry), in one statement that walks the `sweep_at` index up to now plus the
+    /// lease (never the whole table); returns how many. Rows another sweeper
     /// holds are skipped, so several instances may sweep at once.
     ///
     /// # Errors
-    /// [`Error::Cluster`].
+    /// [`Error::Database`].
     pub async fn sweep(&self, limit: usize) -> Result<usize, Error> {
         if limit == 0 {
             return Ok(0);
@@ -637,7 +668,11 @@ impl PgStore {
                     "WITH gone AS ({} RETURNING 1) SELECT count(*) FROM gone",
                     self.inner.sql.sweep
                 ),
-                &[&now, &limit],
+                &[
+                    &now,
+                    &limit,
+                    &now.saturating_add(sql_millis(self.inner.lease)),
+                ],
                 || "sweeping expired keys".to_string(),
             )
             .await?;

@@ -33,6 +33,8 @@ pub(crate) struct Inner {
     pub(crate) policies: Policies,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) max_result_len: usize,
+    /// The lease of new acquisitions (how far past now sweeping looks, `schema.rs`).
+    pub(crate) lease: Millis,
     pub(crate) op_deadline: Duration,
     pub(crate) statement_timeout: Duration,
     pub(crate) nonce_base: u64,
@@ -43,6 +45,10 @@ pub(crate) struct Inner {
     /// extend, release) is decided on it and sent at once under its nonce, with no read; a
     /// wrong guess costs only the compare that matches nothing, then a read.
     pub(crate) hints: parking_lot::Mutex<HashMap<Vec<u8>, Row>>,
+    /// The `reserve_or_wait` callers, woken by notifications (`wait.rs`).
+    pub(crate) waiters: Arc<super::wait::Waiters>,
+    /// The longest a waiting call sleeps without a notification.
+    pub(crate) wait_poll: Duration,
 }
 
 /// Most pending rows remembered as hints; the map is emptied when full.
@@ -201,6 +207,16 @@ impl Inner {
         }
     }
 
+    /// Notifies the waiters of keys (encoded) whose watched rows a committed write changed
+    /// (`wait.rs`). A failure is not reported: the waiters ask again at their poll interval.
+    pub(crate) async fn wake(&self, keys: &[&[u8]]) {
+        if keys.is_empty() {
+            return;
+        }
+        let payloads: Vec<String> = keys.iter().map(|key| super::wait::hex(key)).collect();
+        let _ = self.query(&self.sql.notify, &[&payloads]).await;
+    }
+
     /// Runs one statement once, on a pooled connection.
     pub(crate) async fn query(
         &self,
@@ -243,20 +259,16 @@ impl Inner {
             let source = match self.query(sql, params).await {
                 Ok(rows) => return Ok(rows),
                 Err(Failure::Refused(error)) => {
-                    return Err(Error::Cluster {
-                        context: format!("{} on PostgreSQL; it refused the statement", what()),
+                    return Err(Error::Database {
+                        context: format!("{}; it refused the statement", what()),
                         source: Box::new(error),
                     })
                 }
                 Err(Failure::Retry(error) | Failure::Unknown(error)) => error,
             };
             if started.elapsed() + pause > self.op_deadline {
-                return Err(Error::Cluster {
-                    context: format!(
-                        "{} on PostgreSQL; no answer within {:?}",
-                        what(),
-                        self.op_deadline
-                    ),
+                return Err(Error::Database {
+                    context: format!("{}; no answer within {:?}", what(), self.op_deadline),
                     source,
                 });
             }
@@ -355,9 +367,9 @@ impl Inner {
                 } else {
                     "a write whose answer was lost may or may not have been applied"
                 };
-                return Err(Error::Cluster {
+                return Err(Error::Database {
                     context: format!(
-                        "writing {} of {} keys (first: {}) on PostgreSQL; no answer within {:?}, {landed}",
+                        "writing {} of {} keys (first: {}); no answer within {:?}, {landed}",
                         todo.len(),
                         ops.len(),
                         ops[todo[0]].0,
@@ -598,7 +610,36 @@ impl Inner {
             body.token = 0;
             bodies.push(body.encode());
         }
-        let answer = if update {
+        let answer = if n == 1 && update {
+            self.query(
+                &self.sql.update_one,
+                &[
+                    &keys[0],
+                    &olds[0],
+                    &fresh[0],
+                    &tokens[0],
+                    &nonces[0],
+                    &expires[0],
+                    &leases[0],
+                    &bodies[0],
+                ],
+            )
+            .await
+        } else if n == 1 {
+            self.query(
+                &self.sql.insert_one,
+                &[
+                    &keys[0],
+                    &fresh[0],
+                    &tokens[0],
+                    &nonces[0],
+                    &expires[0],
+                    &leases[0],
+                    &bodies[0],
+                ],
+            )
+            .await
+        } else if update {
             self.query(
                 &self.sql.update,
                 &[
@@ -619,6 +660,13 @@ impl Inner {
                     .iter()
                     .map(|row| (row.get::<_, Vec<u8>>(0), row.get::<_, i64>(1)))
                     .collect();
+                // An insert makes an unwatched row; an update says whether the row was.
+                let watched: Vec<&[u8]> = rows
+                    .iter()
+                    .filter(|row| row.len() > 2 && row.get::<_, bool>(2))
+                    .map(|row| row.get::<_, &[u8]>(0))
+                    .collect();
+                self.wake(&watched).await;
                 for (sending, _) in puts {
                     let key = ops[sending.item].0.encoded().to_vec();
                     match written.get(&key) {
@@ -708,6 +756,12 @@ impl Inner {
             Ok(rows) => {
                 let gone: std::collections::HashSet<Vec<u8>> =
                     rows.iter().map(|row| row.get::<_, Vec<u8>>(0)).collect();
+                let watched: Vec<&[u8]> = rows
+                    .iter()
+                    .filter(|row| row.get::<_, bool>(1))
+                    .map(|row| row.get::<_, &[u8]>(0))
+                    .collect();
+                self.wake(&watched).await;
                 for (sending, _) in deletes {
                     let key = ops[sending.item].0.encoded().to_vec();
                     self.note(&key, None);
@@ -740,9 +794,9 @@ impl Inner {
 
 /// The error of a statement PostgreSQL refused for good.
 fn refused<O>(ops: &[(Key, O)], count: usize, error: tokio_postgres::Error) -> Error {
-    Error::Cluster {
+    Error::Database {
         context: format!(
-            "writing {count} of {} keys (first: {}) on PostgreSQL; it refused the statement, \
+            "writing {count} of {} keys (first: {}); it refused the statement, \
              so that statement applied nothing",
             ops.len(),
             ops.first()

@@ -1,6 +1,9 @@
 //! Helpers shared by the integration test modules: a store in a temporary directory driven by
 //! a [`ManualClock`], short policy times, and assertions that unwrap one expected outcome.
 
+#[cfg(any(feature = "etcd", feature = "postgres"))]
+pub mod fault;
+
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 

@@ -1,6 +1,7 @@
-//! What the scenarios do not tell: the schema and its version check, `complete_with` on the
-//! caller's transaction, settings refused, tokens from the sequence, and the error of an
-//! unreachable server.
+//! What the scenarios do not tell: the schema and its version check, completions written as
+//! HOT updates, `complete_with` on the caller's transaction, settings refused, tokens from the
+//! sequence, `reserve_or_wait` woken by a notification, and the error of an unreachable
+//! server.
 
 use std::time::Duration;
 
@@ -54,26 +55,31 @@ fn a_schema_of_another_version_is_refused_naming_both() {
             .expect("second connect");
         drop(store);
         let client = raw(&server).await;
-        client
-            .execute(
-                "UPDATE versioned_meta SET value = '7' WHERE name = 'schema_version'",
-                &[],
-            )
-            .await
-            .unwrap();
-        match PgStore::builder()
-            .table("versioned")
-            .connect(&server.config())
-            .await
-        {
-            Err(Error::InvalidConfig { setting, reason }) => {
-                assert_eq!(setting, "table");
-                assert!(
-                    reason.contains("version 7") && reason.contains("version 1"),
-                    "{reason}"
-                );
+        // A later build's table, and the first schema's (an expiry index, a lease index,
+        // completions that were not HOT updates): both refused, naming both versions.
+        for found in ["7", "1"] {
+            client
+                .execute(
+                    "UPDATE versioned_meta SET value = $1 WHERE name = 'schema_version'",
+                    &[&found],
+                )
+                .await
+                .unwrap();
+            match PgStore::builder()
+                .table("versioned")
+                .connect(&server.config())
+                .await
+            {
+                Err(Error::InvalidConfig { setting, reason }) => {
+                    assert_eq!(setting, "table");
+                    assert!(
+                        reason.contains(&format!("version {found};"))
+                            && reason.contains("writes version 2"),
+                        "{reason}"
+                    );
+                }
+                other => panic!("expected version {found} to be refused, got {other:?}"),
             }
-            other => panic!("expected the version to be refused, got {other:?}"),
         }
         // A table of the same name that idemstore did not make is refused too.
         client
@@ -112,7 +118,7 @@ fn bad_settings_name_the_setting() {
                 assert!(!ok, "{table:?} refused");
                 assert_eq!(setting, "table");
             }
-            Err(Error::Cluster { context, .. }) => {
+            Err(Error::Database { context, .. }) => {
                 assert!(ok, "{table:?} should be refused before connecting");
                 assert!(context.contains("connecting to PostgreSQL"), "{context}");
             }
@@ -259,9 +265,188 @@ fn an_unreachable_server_is_an_error_naming_postgres() {
         "host=127.0.0.1 port={port} user=postgres connect_timeout=2"
     )));
     match result {
-        Err(error @ Error::Cluster { .. }) => {
-            assert!(error.to_string().contains("PostgreSQL"), "{error}")
+        Err(error @ Error::Database { .. }) => {
+            let text = error.to_string();
+            assert!(
+                text.starts_with("PostgreSQL error while connecting"),
+                "{text}"
+            );
+            assert!(!text.contains("cluster"), "{text}");
         }
         other => panic!("expected a connection error, got {other:?}"),
     }
+}
+
+/// A waiter is woken by the completion's notification, not by its poll: with the poll at 60 s
+/// and the lease at 10 min, only a notification can end the wait within 55 s. The waiter
+/// has marked the row (`watched`) before the key is completed, so the wake is the
+/// notification's and not the first reserve's.
+#[test]
+fn a_waiter_is_woken_by_the_completion_not_by_polling() {
+    let server = Server::start();
+    runtime().block_on(async {
+        let store = PgStore::builder()
+            .table("waits")
+            .lease(Duration::from_secs(600))
+            .wait_poll(Duration::from_secs(60))
+            .connect(&server.config())
+            .await
+            .unwrap();
+        let client = raw(&server).await;
+        for round in 0..2 {
+            let key = key(&format!("waited-{round}"));
+            let lease = acquire(&store, &key).await;
+            let waiter = {
+                let (store, key) = (store.clone(), key.clone());
+                tokio::spawn(async move {
+                    store
+                        .reserve_or_wait(&key, Fingerprint::of(b"cart"), Duration::from_secs(120))
+                        .await
+                })
+            };
+            // Wait until the waiter has marked the row, however long that takes.
+            loop {
+                let row = client
+                    .query_one(
+                        "SELECT watched FROM waits WHERE key = $1",
+                        &[&crate::common::encoded(&key)],
+                    )
+                    .await
+                    .unwrap();
+                if row.get::<_, bool>(0) {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            if round == 0 {
+                store.complete(&lease, b"done".to_vec()).await.unwrap();
+            } else {
+                // A release wakes too, and the waiter then acquires the key.
+                assert!(store.release_if_pending(&lease).await.unwrap());
+            }
+            let answer = tokio::time::timeout(Duration::from_secs(55), waiter)
+                .await
+                .expect("woken by the notification, before the 60 s poll")
+                .unwrap()
+                .unwrap();
+            match (round, answer) {
+                (0, Reservation::Completed(done)) => assert_eq!(done.result, b"done"),
+                (1, Reservation::Acquired(again)) => assert!(again.token() > lease.token()),
+                (_, other) => panic!("round {round}: {other:?}"),
+            }
+        }
+    });
+}
+
+/// A completion changes no indexed column: PostgreSQL writes it as a heap-only (HOT) update,
+/// with no new index entries and none left dead (`pg_stat_user_tables.n_tup_hot_upd`).
+#[test]
+fn completions_are_hot_updates() {
+    let server = Server::start();
+    runtime().block_on(async {
+        let store = PgStore::builder()
+            .table("hot")
+            .connect(&server.config())
+            .await
+            .unwrap();
+        for i in 0..50 {
+            let lease = acquire(&store, &key(&format!("h{i}"))).await;
+            store.complete(&lease, vec![7; 64]).await.unwrap();
+        }
+        let client = raw(&server).await;
+        // The statistics reach the view when the backends report them (at most every second
+        // while busy, at once when idle); wait for all 50 updates to be counted.
+        let (updates, hot) = loop {
+            let row = client
+                .query_one(
+                    "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'hot'",
+                    &[],
+                )
+                .await
+                .unwrap();
+            let counted: (i64, i64) = (row.get(0), row.get(1));
+            if counted.0 >= 50 {
+                break counted;
+            }
+            client.batch_execute("SELECT pg_stat_clear_snapshot()").await.unwrap();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        // A HOT update also needs room on the row's page, which pruning makes unless a
+        // concurrent snapshot (an autovacuum's ANALYZE) holds the old versions back: nearly
+        // all, then. A schema that indexed a column the completion changes makes none.
+        assert!(
+            hot * 10 >= updates * 9,
+            "{hot} of {updates} completions were HOT updates"
+        );
+    });
+}
+
+/// The listening connection dropped (its backend terminated) while a caller waits, and the
+/// completion's notification went nowhere: the wait still ends with the completion's answer,
+/// woken when the listener reconnects (it then wakes every waiter) or by the poll.
+#[test]
+fn a_wait_outlives_a_dropped_listening_connection() {
+    let server = Server::start();
+    runtime().block_on(async {
+        let store = PgStore::builder()
+            .table("dropped")
+            .lease(Duration::from_secs(600))
+            .wait_poll(Duration::from_millis(300))
+            .connect(&server.config())
+            .await
+            .unwrap();
+        let client = raw(&server).await;
+        let key = key("dropped");
+        let lease = acquire(&store, &key).await;
+        let waiter = {
+            let (store, key) = (store.clone(), key.clone());
+            tokio::spawn(async move {
+                store
+                    .reserve_or_wait(&key, Fingerprint::of(b"cart"), Duration::from_secs(120))
+                    .await
+            })
+        };
+        // The waiter has marked the row and the listener answers: end the listener's backend.
+        let terminated = loop {
+            let row = client
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity WHERE query = 'LISTEN dropped_wake'",
+                    &[],
+                )
+                .await
+                .unwrap();
+            let watched = client
+                .query_one(
+                    "SELECT watched FROM dropped WHERE key = $1",
+                    &[&crate::common::encoded(&key)],
+                )
+                .await
+                .unwrap();
+            if row.get::<_, i64>(0) == 1 && watched.get::<_, bool>(0) {
+                break client
+                    .query_one(
+                        "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) \
+                         FROM pg_stat_activity WHERE query = 'LISTEN dropped_wake'",
+                        &[],
+                    )
+                    .await
+                    .unwrap()
+                    .get::<_, i64>(0);
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        assert_eq!(terminated, 1, "the listening connection's backend");
+        store.complete(&lease, b"done".to_vec()).await.unwrap();
+        // Nothing but the listener's reconnection or the 300 ms poll can end the wait before
+        // its 120 s timeout (the lease lasts 10 min).
+        let answer = tokio::time::timeout(Duration::from_secs(50), waiter)
+            .await
+            .expect("woken by the reconnected listener or the poll, not the wait's timeout")
+            .unwrap()
+            .unwrap();
+        match answer {
+            Reservation::Completed(done) => assert_eq!(done.result, b"done"),
+            other => panic!("{other:?}"),
+        }
+    });
 }

@@ -6,7 +6,7 @@
 use super::store::PgStore;
 use super::write::Inner;
 use crate::error::Error;
-use crate::inspect::{ScanFilter, StateCounts};
+use crate::store::inspect::{ScanFilter, StateCounts};
 use crate::key::Key;
 use crate::record::{Millis, Record, RecordClass, TokenFloor};
 

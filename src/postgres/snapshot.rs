@@ -6,9 +6,9 @@
 use super::store::PgStore;
 use super::write::Inner;
 use crate::error::Error;
-use crate::store::inspect::{ScanFilter, StateCounts};
 use crate::key::Key;
 use crate::record::{Millis, Record, RecordClass, TokenFloor};
+use crate::store::inspect::{ScanFilter, StateCounts};
 
 /// Rows read per statement while counting or listing.
 const PAGE: i64 = 512;

@@ -118,65 +118,7 @@ mod with_postgres {
         )
     }
 
-    impl View for Database {
-        fn file_info(&self) -> idemstore::Result<FileInfo> {
-            Err(no_file("file_info"))
-        }
-        fn counts(&self) -> idemstore::Result<StateCounts> {
-            self.runtime.block_on(self.snapshot.counts())
-        }
-        fn get(&self, key: &Key) -> idemstore::Result<Option<Record>> {
-            self.runtime.block_on(self.snapshot.get(key))
-        }
-        fn scan(&self, filter: &ScanFilter, limit: usize) -> idemstore::Result<Vec<(Key, Record)>> {
-            self.runtime.block_on(self.snapshot.scan(filter, limit))
-        }
-        fn class_of(&self, record: &Record) -> RecordClass {
-            self.snapshot.class_of(record)
-        }
-        fn expire(&self, key: &Key, live: LiveLease) -> idemstore::Result<Option<RecordClass>> {
-            self.runtime.block_on(self.store.expire_with(key, live))
-        }
-        fn resolve(
-            &self,
-            key: &Key,
-            resolution: Resolution,
-            retention: Option<Duration>,
-        ) -> idemstore::Result<()> {
-            self.runtime.block_on(async {
-                match retention {
-                    Some(retention) => {
-                        self.store
-                            .resolve_with_retention(key, resolution, retention)
-                            .await
-                    }
-                    None => self.store.resolve(key, resolution).await,
-                }
-            })
-        }
-        fn sweep(&self, _limit: usize) -> idemstore::Result<usize> {
-            Err(no_file("sweep"))
-        }
-        fn checkpoint(&self) -> idemstore::Result<()> {
-            Ok(())
-        }
-        fn socket(&self) -> Option<&Path> {
-            None
-        }
-        fn damage_hint(&self) -> &'static str {
-            // A table has no file to check; `get` names what is wrong with a key.
-            "`get` shows why"
-        }
-    }
-
-    /// What a command that needs a store file answers on a database (the arguments are
-    /// checked before, so no command gets here).
-    fn no_file(what: &'static str) -> Error {
-        Error::InvalidConfig {
-            setting: what,
-            reason: "a store in PostgreSQL has no file".into(),
-        }
-    }
+    crate::remote::remote_view!(Database, "a store in PostgreSQL");
 
     /// `stats` on a database: where it was read, then the counts as for a file.
     fn stats(database: &Database, out: &mut impl Write, json: bool) -> Result<()> {

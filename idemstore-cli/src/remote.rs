@@ -83,3 +83,76 @@ pub(crate) fn execute(
     out.flush()?;
     Ok(())
 }
+
+/// A command that needs a store file, refused on a store that has none (`place` names where
+/// the store lives). The arguments are checked before, so no command gets here.
+pub(crate) fn no_file(what: &'static str, place: &str) -> Error {
+    Error::InvalidConfig {
+        setting: what,
+        reason: format!("{place} has no file"),
+    }
+}
+
+/// The [`View`] of a store that lives elsewhere (`$ty` holds its `runtime`, `store` and
+/// `snapshot`): reads through the snapshot, writes through the store, and nothing that needs
+/// a file (`$place` names where the store lives, for the refusals). Written once for the etcd
+/// and PostgreSQL stores, whose snapshots and stores have the same calls.
+macro_rules! remote_view {
+    ($ty:ty, $place:literal) => {
+        impl View for $ty {
+            fn file_info(&self) -> idemstore::Result<FileInfo> {
+                Err($crate::remote::no_file("file_info", $place))
+            }
+            fn counts(&self) -> idemstore::Result<StateCounts> {
+                self.runtime.block_on(self.snapshot.counts())
+            }
+            fn get(&self, key: &Key) -> idemstore::Result<Option<Record>> {
+                self.runtime.block_on(self.snapshot.get(key))
+            }
+            fn scan(
+                &self,
+                filter: &ScanFilter,
+                limit: usize,
+            ) -> idemstore::Result<Vec<(Key, Record)>> {
+                self.runtime.block_on(self.snapshot.scan(filter, limit))
+            }
+            fn class_of(&self, record: &Record) -> RecordClass {
+                self.snapshot.class_of(record)
+            }
+            fn expire(&self, key: &Key, live: LiveLease) -> idemstore::Result<Option<RecordClass>> {
+                self.runtime.block_on(self.store.expire_with(key, live))
+            }
+            fn resolve(
+                &self,
+                key: &Key,
+                resolution: Resolution,
+                retention: Option<Duration>,
+            ) -> idemstore::Result<()> {
+                self.runtime.block_on(async {
+                    match retention {
+                        Some(retention) => {
+                            self.store
+                                .resolve_with_retention(key, resolution, retention)
+                                .await
+                        }
+                        None => self.store.resolve(key, resolution).await,
+                    }
+                })
+            }
+            fn sweep(&self, _limit: usize) -> idemstore::Result<usize> {
+                Err($crate::remote::no_file("sweep", $place))
+            }
+            fn checkpoint(&self) -> idemstore::Result<()> {
+                Ok(())
+            }
+            fn socket(&self) -> Option<&Path> {
+                None
+            }
+            fn damage_hint(&self) -> &'static str {
+                // Such a store has no file to check; `get` names what is wrong with a key.
+                "`get` shows why"
+            }
+        }
+    };
+}
+pub(crate) use remote_view;

@@ -7,7 +7,6 @@
 //! [`ManualClock`] set in the past: a reservation made "two hours ago" with a one-hour lease is
 //! stale now.
 
-use std::process::{Command, Output};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
@@ -21,16 +20,7 @@ use serde_json::Value;
 
 use crate::cluster::Cluster;
 use crate::common::{encoded, fp, key};
-
-const HOUR: Duration = Duration::from_secs(3600);
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
+use crate::run::{acquire, fill, ids, run, run_json, runtime, HOUR};
 
 async fn store(cluster: &Cluster, prefix: &str, clock: &ManualClock) -> EtcdStore {
     EtcdStore::builder()
@@ -43,44 +33,12 @@ async fn store(cluster: &Cluster, prefix: &str, clock: &ManualClock) -> EtcdStor
         .expect("connect to the test cluster")
 }
 
-async fn acquire(store: &EtcdStore, key: &Key, fingerprint: Fingerprint) -> idemstore::Lease {
-    match store.reserve(key, fingerprint).await.unwrap() {
-        Reservation::Acquired(lease) => lease,
-        other => panic!("expected to acquire {key}, got {other:?}"),
-    }
-}
-
-/// One record in each state under `prefix`, as `tests/cli.rs` makes in a file:
-/// - `u1/charge/live`: reserved now, lease 1 h: pending;
-/// - `u1/charge/stale`: reserved 2 h ago: stale for 1 h;
-/// - `u1/charge/review`: reserved 2 h ago, marked for review;
-/// - `u1/charge/done`: completed 30 min ago with `201 created`;
-/// - `u2/refund/old`: completed 48 h ago: expired, not swept.
+/// One record in each state under `prefix` ([`fill`]); returns a store on the system clock, as
+/// the command line reads.
 async fn fixture(cluster: &Cluster, prefix: &str) -> EtcdStore {
     let clock = ManualClock::new();
     let store = store(cluster, prefix, &clock).await;
-    let now = SystemTime::now();
-    clock.set(now - 48 * HOUR);
-    let old = acquire(&store, &key("u2", "refund", "old"), fp("r")).await;
-    store
-        .complete(&old, b"200 refunded".to_vec())
-        .await
-        .unwrap();
-    clock.set(now - 2 * HOUR);
-    acquire(&store, &key("u1", "charge", "stale"), fp("s")).await;
-    let review = acquire(&store, &key("u1", "charge", "review"), fp("v")).await;
-    store
-        .mark_needs_review(&review, "gateway timed out")
-        .await
-        .unwrap();
-    clock.set(now - HOUR / 2);
-    let done = acquire(&store, &key("u1", "charge", "done"), fp("d")).await;
-    store
-        .complete(&done, b"201 created".to_vec())
-        .await
-        .unwrap();
-    clock.set(now);
-    acquire(&store, &key("u1", "charge", "live"), fp("l")).await;
+    fill(&store, &clock).await;
     // The checks below read with the system clock, as the command line does.
     EtcdStore::builder()
         .prefix(prefix)
@@ -88,44 +46,6 @@ async fn fixture(cluster: &Cluster, prefix: &str) -> EtcdStore {
         .connect(&cluster.endpoints())
         .await
         .unwrap()
-}
-
-fn idemstore(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_idemstore"))
-        .args(args)
-        .output()
-        .expect("run idemstore")
-}
-
-/// Runs the command, expects exit status `code`, and returns its stdout and stderr.
-#[track_caller]
-fn run(args: &[&str], code: i32) -> (String, String) {
-    let output = idemstore(args);
-    let (out, err) = (
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    );
-    assert_eq!(
-        output.status.code(),
-        Some(code),
-        "idemstore {args:?}\nstdout:\n{out}\nstderr:\n{err}"
-    );
-    (out, err)
-}
-
-#[track_caller]
-fn run_json(args: &[&str], code: i32) -> Value {
-    let (text, _) = run(args, code);
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}):\n{text}"))
-}
-
-fn ids(records: &Value) -> Vec<&str> {
-    records
-        .as_array()
-        .expect("an array")
-        .iter()
-        .map(|r| r["id"].as_str().expect("an id"))
-        .collect()
 }
 
 /// `--etcd ENDPOINTS --prefix P` and the rest of the arguments.

@@ -6,13 +6,14 @@
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Output, Stdio};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::Duration;
 
 use idemstore::{AdminClient, AdminSocket, Error, Key, Reservation, Store};
 use serde_json::Value;
 
 use crate::common::fp;
+use crate::run::{run, run_json};
 
 /// Set in the child: `<rw|ro> <store path>`.
 const CHILD_ENV: &str = "IDEMSTORE_LIVE_CHILD";
@@ -118,34 +119,6 @@ impl Holder {
     }
 }
 
-fn idemstore(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_idemstore"))
-        .args(args)
-        .output()
-        .expect("run idemstore")
-}
-
-#[track_caller]
-fn run(args: &[&str], code: i32) -> (String, String) {
-    let output = idemstore(args);
-    let (out, err) = (
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    );
-    assert_eq!(
-        output.status.code(),
-        Some(code),
-        "idemstore {args:?}\nstdout:\n{out}\nstderr:\n{err}"
-    );
-    (out, err)
-}
-
-#[track_caller]
-fn run_json(args: &[&str]) -> Value {
-    let (out, _) = run(args, 0);
-    serde_json::from_str(&out).unwrap_or_else(|e| panic!("not JSON ({e}):\n{out}"))
-}
-
 fn fresh_store() -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().expect("temporary directory");
     let path = dir.path().join("live.idem");
@@ -165,7 +138,7 @@ fn the_tool_reads_and_expires_in_a_store_a_running_process_holds() {
     let token = holder.send("reserve a");
     assert!(token.starts_with("acquired a "), "{token}");
     let token: u64 = token["acquired a ".len()..].parse().unwrap();
-    let stats = run_json(&["stats", file, "--json"]);
+    let stats = run_json(&["stats", file, "--json"], 0);
     assert_eq!(stats["counts"]["pending"], 1, "{stats}");
     assert_eq!(stats["next_token"].as_u64().unwrap(), token + 1, "{stats}");
     assert!(stats["live_socket"]
@@ -174,17 +147,17 @@ fn the_tool_reads_and_expires_in_a_store_a_running_process_holds() {
         .ends_with("live.idem.admin"));
     let (text, _) = run(&["stats", file], 0);
     assert!(text.contains("the running service"), "{text}");
-    let got = run_json(&["get", file, "u1", "charge", "a", "--json"]);
+    let got = run_json(&["get", file, "u1", "charge", "a", "--json"], 0);
     assert_eq!(
         (got["state"].as_str(), got["token"].as_u64()),
         (Some("pending"), Some(token))
     );
-    let listed = run_json(&["list", file, "--state", "pending", "--json"]);
+    let listed = run_json(&["list", file, "--state", "pending", "--json"], 0);
     assert_eq!(listed["records"][0]["id"], "a", "{listed}");
 
     // The holder keeps working, and the tool sees each step at once.
     assert_eq!(holder.send("complete a"), "completed a");
-    let got = run_json(&["get", file, "u1", "charge", "a", "--json"]);
+    let got = run_json(&["get", file, "u1", "charge", "a", "--json"], 0);
     assert_eq!(got["result"], "done a", "{got}");
     let (text, _) = run(&["expire", file, "u1", "charge", "a"], 0);
     assert!(text.contains("(was completed)"), "{text}");
@@ -194,7 +167,10 @@ fn the_tool_reads_and_expires_in_a_store_a_running_process_holds() {
     let (_, err) = run(&["expire", file, "u1", "charge", "b"], 1);
     assert!(err.contains("live lease until"), "{err}");
     assert!(err.contains("--force"), "{err}");
-    let forced = run_json(&["expire", file, "u1", "charge", "b", "--force", "--json"]);
+    let forced = run_json(
+        &["expire", file, "u1", "charge", "b", "--force", "--json"],
+        0,
+    );
     assert_eq!(forced["was"], "pending", "{forced}");
     assert_eq!(
         holder.send("complete b"),
@@ -206,7 +182,7 @@ fn the_tool_reads_and_expires_in_a_store_a_running_process_holds() {
     let (_, err) = run(&["check", file], 1);
     assert!(err.contains("already open"), "{err}");
     assert!(err.contains("admin socket"), "{err}");
-    let stats = run_json(&["stats", file, "--json"]);
+    let stats = run_json(&["stats", file, "--json"], 0);
     assert_eq!(stats["counts"]["pending"], 1, "{stats}");
     assert_eq!(stats["counts"]["total"], 1, "{stats}");
 
@@ -217,7 +193,7 @@ fn the_tool_reads_and_expires_in_a_store_a_running_process_holds() {
     );
     // Without a holder the tool opens the file itself, and finds what the holder left: a
     // reservation whose lease ended with the holder's process.
-    let stats = run_json(&["stats", file, "--json"]);
+    let stats = run_json(&["stats", file, "--json"], 0);
     assert_eq!(stats["live_socket"], Value::Null);
     assert_eq!(stats["counts"]["pending"], 0, "{stats}");
     assert_eq!(stats["counts"]["stale"], 1, "{stats}");
@@ -230,7 +206,10 @@ fn a_read_only_socket_refuses_changes() {
     let file = path.to_str().expect("UTF-8 path");
     let mut holder = Holder::start("ro", &path);
     assert!(holder.send("reserve a").starts_with("acquired a "));
-    assert_eq!(run_json(&["stats", file, "--json"])["counts"]["pending"], 1);
+    assert_eq!(
+        run_json(&["stats", file, "--json"], 0)["counts"]["pending"],
+        1
+    );
     for args in [
         &["expire", file, "u1", "charge", "a", "--force"][..],
         &["sweep", file][..],
@@ -266,7 +245,7 @@ fn a_stale_socket_file_is_replaced_and_ignored() {
     assert!(socket.exists());
     let file = path.to_str().unwrap();
     assert_eq!(
-        run_json(&["stats", file, "--json"])["live_socket"],
+        run_json(&["stats", file, "--json"], 0)["live_socket"],
         Value::Null
     );
     let store = Store::builder()

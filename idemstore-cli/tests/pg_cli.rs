@@ -8,7 +8,6 @@
 //! [`ManualClock`] set in the past: a reservation made "two hours ago" with a one-hour lease is
 //! stale now.
 
-use std::process::{Command, Output};
 use std::time::{Duration, Instant, SystemTime};
 
 use idemstore::{
@@ -17,33 +16,11 @@ use idemstore::{
 use serde_json::Value;
 
 use crate::common::{fp, key};
+use crate::run::{fill, ids, run, run_json, runtime, HOUR};
 use crate::server::Server;
 
-const HOUR: Duration = Duration::from_secs(3600);
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
-async fn acquire(store: &PgStore, key: &Key, fingerprint: Fingerprint) -> idemstore::Lease {
-    match store.reserve(key, fingerprint).await.unwrap() {
-        Reservation::Acquired(lease) => lease,
-        other => panic!("expected to acquire {key}, got {other:?}"),
-    }
-}
-
-/// One record in each state in `table`, as `tests/cli.rs` makes in a file:
-/// - `u1/charge/live`: reserved now, lease 1 h: pending;
-/// - `u1/charge/stale`: reserved 2 h ago: stale for 1 h;
-/// - `u1/charge/review`: reserved 2 h ago, marked for review;
-/// - `u1/charge/done`: completed 30 min ago with `201 created`;
-/// - `u2/refund/old`: completed 48 h ago: expired, not swept.
-///
-/// Returns a store on the system clock, as the command line reads.
+/// One record in each state in `table` ([`fill`]); returns a store on the system clock, as
+/// the command line reads.
 async fn fixture(server: &Server, table: &str) -> PgStore {
     let clock = ManualClock::new();
     let store = PgStore::builder()
@@ -54,72 +31,13 @@ async fn fixture(server: &Server, table: &str) -> PgStore {
         .connect(&server.config())
         .await
         .expect("connect to the test server");
-    let now = SystemTime::now();
-    clock.set(now - 48 * HOUR);
-    let old = acquire(&store, &key("u2", "refund", "old"), fp("r")).await;
-    store
-        .complete(&old, b"200 refunded".to_vec())
-        .await
-        .unwrap();
-    clock.set(now - 2 * HOUR);
-    acquire(&store, &key("u1", "charge", "stale"), fp("s")).await;
-    let review = acquire(&store, &key("u1", "charge", "review"), fp("v")).await;
-    store
-        .mark_needs_review(&review, "gateway timed out")
-        .await
-        .unwrap();
-    clock.set(now - HOUR / 2);
-    let done = acquire(&store, &key("u1", "charge", "done"), fp("d")).await;
-    store
-        .complete(&done, b"201 created".to_vec())
-        .await
-        .unwrap();
-    clock.set(now);
-    acquire(&store, &key("u1", "charge", "live"), fp("l")).await;
+    fill(&store, &clock).await;
     PgStore::builder()
         .table(table)
         .lease(HOUR)
         .connect(&server.config())
         .await
         .unwrap()
-}
-
-fn idemstore(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_idemstore"))
-        .args(args)
-        .output()
-        .expect("run idemstore")
-}
-
-/// Runs the command, expects exit status `code`, and returns its stdout and stderr.
-#[track_caller]
-fn run(args: &[&str], code: i32) -> (String, String) {
-    let output = idemstore(args);
-    let (out, err) = (
-        String::from_utf8_lossy(&output.stdout).into_owned(),
-        String::from_utf8_lossy(&output.stderr).into_owned(),
-    );
-    assert_eq!(
-        output.status.code(),
-        Some(code),
-        "idemstore {args:?}\nstdout:\n{out}\nstderr:\n{err}"
-    );
-    (out, err)
-}
-
-#[track_caller]
-fn run_json(args: &[&str], code: i32) -> Value {
-    let (text, _) = run(args, code);
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}):\n{text}"))
-}
-
-fn ids(records: &Value) -> Vec<&str> {
-    records
-        .as_array()
-        .expect("an array")
-        .iter()
-        .map(|r| r["id"].as_str().expect("an id"))
-        .collect()
 }
 
 /// Runs `idemstore --postgres CONFIG --table TABLE REST...`.

@@ -10,6 +10,7 @@ mod common;
 
 mod cli;
 mod live;
+mod run;
 
 // A 3-member etcd cluster on loopback ports, the library suite's harness.
 #[cfg(feature = "etcd")]

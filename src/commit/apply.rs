@@ -362,10 +362,14 @@ impl Applier {
     /// full, in which case the caller applies it ([`apply_queued`](Applier::apply_queued)).
     pub(super) fn push(&self, batch: DeferredBatch) -> bool {
         let mut queue = self.queue.lock();
+        let before = queue.changes;
         queue.changes += batch.changes.len();
         queue.since.get_or_insert_with(Instant::now);
         queue.batches.push(batch);
-        if queue.batches.len() == 1 {
+        // The applier waits for the first batch, then for the batches to gather: wake it
+        // when enough have (it would otherwise wait out the rest of `GATHER`).
+        if queue.batches.len() == 1 || (before < GATHER_CHANGES && queue.changes >= GATHER_CHANGES)
+        {
             self.more.notify_one();
         }
         queue.changes > MAX_QUEUED

@@ -54,6 +54,36 @@ pub(crate) struct Inner {
 /// Most pending rows remembered as hints; the map is emptied when full.
 const MAX_HINTS: usize = 65_536;
 
+/// Where the token field starts in a record's encoding (after the format version, the state
+/// tag and the fingerprint; docs/format.md), and its length. A row's `body` leaves the field
+/// out: the `token` column holds the token.
+const TOKEN_AT: usize = 2 + crate::Fingerprint::LEN;
+const TOKEN_LEN: usize = 8;
+
+/// A record as a row's `body` holds it: its encoding with the token zero (the checksum covers
+/// that zero), less the token field.
+pub(crate) fn stored_body(record: &Record) -> Vec<u8> {
+    let mut zeroed = record.clone();
+    zeroed.token = 0;
+    let mut bytes = zeroed.encode();
+    bytes.drain(TOKEN_AT..TOKEN_AT + TOKEN_LEN);
+    bytes
+}
+
+/// The record of a row's `body` (its token zero): the token field put back, then decoded and
+/// its checksum checked. A body too short to hold the fields before the token is decoded as
+/// it is, which reports it.
+pub(crate) fn record_of(body: &[u8]) -> Result<Record, String> {
+    if body.len() < TOKEN_AT {
+        return Record::decode(body);
+    }
+    let mut bytes = Vec::with_capacity(body.len() + TOKEN_LEN);
+    bytes.extend_from_slice(&body[..TOKEN_AT]);
+    bytes.extend_from_slice(&[0; TOKEN_LEN]);
+    bytes.extend_from_slice(&body[TOKEN_AT..]);
+    Record::decode(&bytes)
+}
+
 /// A row as read: the record (its token from the column), and the nonce of the write that
 /// made it.
 #[derive(Debug, Clone)]
@@ -284,7 +314,7 @@ impl Inner {
         let token: i64 = row.get(1);
         let nonce: i64 = row.get(2);
         let body: &[u8] = row.get(3);
-        let decoded = Record::decode(body)
+        let decoded = record_of(body)
             .map(|mut record| {
                 record.token = token.cast_unsigned();
                 Row { record, nonce }
@@ -606,9 +636,7 @@ impl Inner {
             nonces.push(sending.nonce);
             expires.push(sql_millis(record.expires_at));
             leases.push(record.lease_until().map(sql_millis));
-            let mut body = record.clone();
-            body.token = 0;
-            bodies.push(body.encode());
+            bodies.push(stored_body(record));
         }
         let answer = if n == 1 && update {
             self.query(

@@ -54,6 +54,22 @@ pub(crate) struct Inner {
 /// Most pending rows remembered as hints; the map is emptied when full.
 const MAX_HINTS: usize = 65_536;
 
+/// Keeps (or drops) the hint of a key: the pending row this process wrote (see
+/// [`Inner::note`]).
+fn note(hints: &mut HashMap<Vec<u8>, Row>, key: &[u8], row: Option<&Row>) {
+    match row.filter(|row| row.record.lease_until().is_some()) {
+        Some(row) => {
+            if hints.len() >= MAX_HINTS {
+                hints.clear();
+            }
+            hints.insert(key.to_vec(), row.clone());
+        }
+        None => {
+            hints.remove(key);
+        }
+    }
+}
+
 /// Where the token field starts in a record's encoding (after the format version, the state
 /// tag and the fingerprint; docs/format.md), and its length. A row's `body` leaves the field
 /// out: the `token` column holds the token.
@@ -223,18 +239,7 @@ impl Inner {
     /// Remembers what this process wrote to `key`: a pending row as a hint, anything else
     /// forgets the key.
     pub(crate) fn note(&self, key: &[u8], row: Option<&Row>) {
-        let mut hints = self.hints.lock();
-        match row.filter(|row| row.record.lease_until().is_some()) {
-            Some(row) => {
-                if hints.len() >= MAX_HINTS {
-                    hints.clear();
-                }
-                hints.insert(key.to_vec(), row.clone());
-            }
-            None => {
-                hints.remove(key);
-            }
-        }
+        note(&mut self.hints.lock(), key, row);
     }
 
     /// Notifies the waiters of keys (encoded) whose watched rows a committed write changed
@@ -684,9 +689,9 @@ impl Inner {
         };
         match answer {
             Ok(rows) => {
-                let written: HashMap<Vec<u8>, i64> = rows
+                let written: HashMap<&[u8], i64> = rows
                     .iter()
-                    .map(|row| (row.get::<_, Vec<u8>>(0), row.get::<_, i64>(1)))
+                    .map(|row| (row.get::<_, &[u8]>(0), row.get::<_, i64>(1)))
                     .collect();
                 // An insert makes an unwatched row; an update says whether the row was.
                 let watched: Vec<&[u8]> = rows
@@ -695,9 +700,11 @@ impl Inner {
                     .map(|row| row.get::<_, &[u8]>(0))
                     .collect();
                 self.wake(&watched).await;
+                // The hints of the whole statement under one lock.
+                let mut hints = self.hints.lock();
                 for (sending, _) in puts {
                     let key = ops[sending.item].0.encoded().to_vec();
-                    match written.get(&key) {
+                    match written.get(key.as_slice()) {
                         Some(&token) => {
                             let token = token.cast_unsigned();
                             let mut record = sending.record.expect("a put has a record");
@@ -706,14 +713,14 @@ impl Inner {
                                 record,
                                 nonce: sending.nonce,
                             };
-                            self.note(&key, Some(&row));
+                            note(&mut hints, &key, Some(&row));
                             known.insert(key, (Some(row), false));
                             results[sending.item] = Some(Ok(sending.outcome.with_token(token)));
                             unsettled.remove(&sending.item);
                         }
                         None => {
                             // The row changed (or exists) since it was decided on.
-                            self.note(&key, None);
+                            note(&mut hints, &key, None);
                             known.remove(&key);
                             again.push(sending.item);
                         }

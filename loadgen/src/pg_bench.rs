@@ -10,7 +10,7 @@
 //! DO NOTHING`; reserve then complete against a bare insert then update; batches of 1000 new
 //! keys (`reserve_many`) against a bare multi-row insert; then the steady state: reserve +
 //! complete with a retention of `--retention` seconds and a sweeper, for two turnovers,
-//! against the same cycle on the empty table, with the table's size per live key.
+//! against the same cycle on an empty table of its own, with the table's size per live key.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;

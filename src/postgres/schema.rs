@@ -7,13 +7,14 @@
 //!   primary key), `token` the fencing token of the acquisition that made the state, `nonce`
 //!   a value unique to the write that made the row as it is (every conditional write compares
 //!   on it, and after a lost answer it tells a writer whether its write landed),
-//!   `sweep_at` where the row sits in the sweep index (milliseconds since the epoch): never
-//!   before the record's expiry (a write raises it to the new record's expiry when that is
-//!   later, and leaves it otherwise), `expires_at` when the row reads as absent (not
+//!   `sweep_at` where the row sits in the sweep index (milliseconds since the epoch): the
+//!   record's expiry rounded up to a whole second (a write raises it to the new record's
+//!   rounded expiry when that is later, and leaves it otherwise), `expires_at` when the row reads as absent (not
 //!   indexed), `watched` whether a `reserve_or_wait` caller waits for the row to change
 //!   (`wait.rs`), `lease_until` the lease end of a pending row
-//!   (NULL otherwise), `body` the record in the local store's encoding (`docs/format.md`) with
-//!   its token field zero: the column is the token.
+//!   (NULL otherwise), `body` the record in the local store's encoding (`docs/format.md`)
+//!   encoded with its token zero, less the token field (`write::stored_body`): the column is
+//!   the token. The 8-byte columns come first, so no padding sits between columns.
 //! - `T_sweep`: an index on `sweep_at`, which sweeping walks. It is the only index besides the
 //!   primary key, and a completion leaves `sweep_at` as the reserve wrote it (a pending
 //!   record's expiry, its lease end plus the retention, is never earlier than the completed

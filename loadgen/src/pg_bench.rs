@@ -10,7 +10,7 @@
 //! DO NOTHING`; reserve then complete against a bare insert then update; batches of 1000 new
 //! keys (`reserve_many`) against a bare multi-row insert; then the steady state: reserve +
 //! complete with a retention of `--retention` seconds and a sweeper, for two turnovers,
-//! against the same cycle on the empty table, with the table's size per live key.
+//! against the same cycle on an empty table of its own, with the table's size per live key.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -42,6 +42,10 @@ struct Args {
     /// backends, WAL writer, checkpointer, autovacuum).
     #[arg(long)]
     server_pid: Option<u32>,
+    /// Only the batch cells (the bare multi-row insert and `reserve_many`), e.g. to profile
+    /// them.
+    #[arg(long)]
+    batch_only: bool,
 }
 
 /// CPU time of the server's processes (user + system), seconds; 0 without `--server-pid`.
@@ -158,52 +162,20 @@ async fn client(config: &str) -> tokio_postgres::Client {
     client
 }
 
-static RUN: AtomicU64 = AtomicU64::new(0);
-
-fn key(run: u64, task: usize, i: u64) -> Key {
-    Key::new("bench", "POST /charges", format!("r{run}-t{task}-{i}")).expect("key")
-}
-
-#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() {
-    let args = Args::parse();
-    SERVER.set(args.server_pid).expect("set once");
-    let admin = client(&args.config).await;
-    admin
-        .batch_execute(
-            "DROP TABLE IF EXISTS bare; CREATE TABLE bare (key bytea PRIMARY KEY, \
-             body bytea NOT NULL)",
-        )
-        .await
-        .expect("bare table");
-    for table in ["bench_store", "bench_steady"] {
-        admin
-            .batch_execute(&format!(
-                "DROP TABLE IF EXISTS {table}, {table}_meta; DROP SEQUENCE IF EXISTS {table}_tokens"
-            ))
-            .await
-            .expect("drop");
-    }
-    let store = PgStore::builder()
-        .table("bench_store")
-        .pool_size(args.conns)
-        .connect(&args.config)
-        .await
-        .expect("connect the store");
-    let result = vec![7u8; args.result];
-    let body = vec![1u8; 60];
-    let fp = Fingerprint::of(b"amount=100");
-    println!("load average before: {}", load());
-
-    // Bare INSERT ... ON CONFLICT DO NOTHING, one client per task.
-    let mut clients = Vec::new();
-    for _ in 0..args.conns {
-        clients.push(Arc::new(client(&args.config).await));
-    }
+/// The single-key cells: reserve against a bare insert, reserve + complete against a bare
+/// insert + update.
+async fn single_cells(
+    args: &Args,
+    store: &PgStore,
+    clients: &[Arc<tokio_postgres::Client>],
+    body: &[u8],
+    result: &[u8],
+    fp: Fingerprint,
+) {
     let run = RUN.fetch_add(1, Ordering::Relaxed);
     let bare_insert = timed(args.conns, args.secs, |t, stop| {
         let c = clients[t].clone();
-        let body = body.clone();
+        let body = body.to_vec();
         async move {
             let stmt = c
                 .prepare("INSERT INTO bare (key, body) VALUES ($1, $2) ON CONFLICT DO NOTHING")
@@ -248,7 +220,7 @@ async fn main() {
     let run = RUN.fetch_add(1, Ordering::Relaxed);
     let bare_cycle = timed(args.conns, args.secs, |t, stop| {
         let c = clients[t].clone();
-        let (body, result) = (body.clone(), result.clone());
+        let (body, result) = (body.to_vec(), result.to_vec());
         async move {
             let insert = c
                 .prepare("INSERT INTO bare (key, body) VALUES ($1, $2) ON CONFLICT DO NOTHING")
@@ -272,7 +244,7 @@ async fn main() {
     let run = RUN.fetch_add(1, Ordering::Relaxed);
     let cycle = timed(args.conns, args.secs, |t, stop| {
         let store = store.clone();
-        let result = result.clone();
+        let result = result.to_vec();
         async move {
             let mut n = 0;
             while !stop.load(Ordering::Relaxed) {
@@ -291,66 +263,32 @@ async fn main() {
     bare_cycle.show("bare insert + update", "cycle");
     cycle.show("PgStore reserve + complete", "cycle");
     println!("cycle / bare: {:.2}x", cycle.rate() / bare_cycle.rate());
+}
 
-    // Batches of 1000 new keys.
-    let batch_tasks = 4.min(args.conns);
-    let run = RUN.fetch_add(1, Ordering::Relaxed);
-    let bare_batch = timed(batch_tasks, args.secs, |t, stop| {
-        let c = clients[t].clone();
-        let body = body.clone();
-        async move {
-            let stmt = c
-                .prepare(
-                    "INSERT INTO bare (key, body) SELECT * FROM unnest($1::bytea[], $2::bytea[]) \
-                     ON CONFLICT DO NOTHING",
-                )
-                .await
-                .unwrap();
-            let mut n = 0;
-            while !stop.load(Ordering::Relaxed) {
-                let keys: Vec<Vec<u8>> = (0..1000)
-                    .map(|i| key(run, t, n + i).to_string().into_bytes())
-                    .collect();
-                let bodies = vec![body.clone(); 1000];
-                c.execute(&stmt, &[&keys, &bodies]).await.unwrap();
-                n += 1000;
-            }
-            n
-        }
-    })
-    .await;
-    let run = RUN.fetch_add(1, Ordering::Relaxed);
-    let batch = timed(batch_tasks, args.secs, |t, stop| {
-        let store = store.clone();
-        async move {
-            let mut n = 0;
-            while !stop.load(Ordering::Relaxed) {
-                let items: Vec<(Key, Fingerprint)> =
-                    (0..1000).map(|i| (key(run, t, n + i), fp)).collect();
-                for r in store.reserve_many(&items).await.unwrap() {
-                    assert!(matches!(r, Ok(Reservation::Acquired(_))));
-                }
-                n += 1000;
-            }
-            n
-        }
-    })
-    .await;
-    bare_batch.show("bare multi-row insert (1000)", "key");
-    batch.show("PgStore reserve_many (1000)", "key");
-    println!("batch / bare: {:.2}x", batch.rate() / bare_batch.rate());
-
+/// The steady state: a retention window, a sweeper, two turnovers, against the empty table,
+/// with the table's bytes per live key.
+async fn steady_cells(args: &Args, admin: &tokio_postgres::Client, result: &[u8], fp: Fingerprint) {
     // Steady state: a retention window, a sweeper, two turnovers, against the empty table.
-    let steady = PgStore::builder()
-        .table("bench_steady")
-        .pool_size(args.conns + 1)
-        .lease(Duration::from_secs(5))
-        .retention(Duration::from_secs(args.retention))
-        .connect(&args.config)
-        .await
-        .expect("connect the steady store");
+    // The empty-table cell on a table of its own: its keys would otherwise add to the first
+    // window of the steady table, which would then hold more than one window at its peak, and
+    // a table keeps the pages of its peak.
+    let steady_store = |table: &'static str| {
+        let config = args.config.clone();
+        async move {
+            PgStore::builder()
+                .table(table)
+                .pool_size(args.conns + 1)
+                .lease(Duration::from_secs(5))
+                .retention(Duration::from_secs(args.retention))
+                .connect(&config)
+                .await
+                .expect("connect the steady store")
+        }
+    };
+    let empty_store = steady_store("bench_empty").await;
+    let steady = steady_store("bench_steady").await;
     let cycle_cell = |store: PgStore, secs: u64| {
-        let result = result.clone();
+        let result = result.to_vec();
         let run = RUN.fetch_add(1, Ordering::Relaxed);
         timed(args.conns, secs, move |t, stop| {
             let store = store.clone();
@@ -370,7 +308,7 @@ async fn main() {
             }
         })
     };
-    let empty = cycle_cell(steady.clone(), args.secs).await;
+    let empty = cycle_cell(empty_store.clone(), args.secs).await;
     let sweeper = steady.spawn_sweeper(Duration::from_millis(200), 5000);
     // Fill a window, then measure over the next two.
     let _fill = cycle_cell(steady.clone(), args.retention).await;
@@ -442,6 +380,104 @@ async fn main() {
              {vacuums} autovacuums",
             hot as f64 * 100.0 / upd.max(1) as f64
         );
+    }
+}
+
+static RUN: AtomicU64 = AtomicU64::new(0);
+
+fn key(run: u64, task: usize, i: u64) -> Key {
+    Key::new("bench", "POST /charges", format!("r{run}-t{task}-{i}")).expect("key")
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let args = Args::parse();
+    SERVER.set(args.server_pid).expect("set once");
+    let admin = client(&args.config).await;
+    admin
+        .batch_execute(
+            "DROP TABLE IF EXISTS bare; CREATE TABLE bare (key bytea PRIMARY KEY, \
+             body bytea NOT NULL)",
+        )
+        .await
+        .expect("bare table");
+    for table in ["bench_store", "bench_empty", "bench_steady"] {
+        admin
+            .batch_execute(&format!(
+                "DROP TABLE IF EXISTS {table}, {table}_meta; DROP SEQUENCE IF EXISTS {table}_tokens"
+            ))
+            .await
+            .expect("drop");
+    }
+    let store = PgStore::builder()
+        .table("bench_store")
+        .pool_size(args.conns)
+        .connect(&args.config)
+        .await
+        .expect("connect the store");
+    let result = vec![7u8; args.result];
+    let body = vec![1u8; 60];
+    let fp = Fingerprint::of(b"amount=100");
+    println!("load average before: {}", load());
+
+    // Bare INSERT ... ON CONFLICT DO NOTHING, one client per task.
+    let mut clients = Vec::new();
+    for _ in 0..args.conns {
+        clients.push(Arc::new(client(&args.config).await));
+    }
+    if !args.batch_only {
+        single_cells(&args, &store, &clients, &body, &result, fp).await;
+    }
+    // Batches of 1000 new keys.
+    let batch_tasks = 4.min(args.conns);
+    let run = RUN.fetch_add(1, Ordering::Relaxed);
+    let bare_batch = timed(batch_tasks, args.secs, |t, stop| {
+        let c = clients[t].clone();
+        let body = body.clone();
+        async move {
+            let stmt = c
+                .prepare(
+                    "INSERT INTO bare (key, body) SELECT * FROM unnest($1::bytea[], $2::bytea[]) \
+                     ON CONFLICT DO NOTHING",
+                )
+                .await
+                .unwrap();
+            let mut n = 0;
+            while !stop.load(Ordering::Relaxed) {
+                let keys: Vec<Vec<u8>> = (0..1000)
+                    .map(|i| key(run, t, n + i).to_string().into_bytes())
+                    .collect();
+                let bodies = vec![body.clone(); 1000];
+                c.execute(&stmt, &[&keys, &bodies]).await.unwrap();
+                n += 1000;
+            }
+            n
+        }
+    })
+    .await;
+    let run = RUN.fetch_add(1, Ordering::Relaxed);
+    let batch = timed(batch_tasks, args.secs, |t, stop| {
+        let store = store.clone();
+        async move {
+            let mut n = 0;
+            while !stop.load(Ordering::Relaxed) {
+                let items: Vec<(Key, Fingerprint)> =
+                    (0..1000).map(|i| (key(run, t, n + i), fp)).collect();
+                for r in store.reserve_many(&items).await.unwrap() {
+                    assert!(matches!(r, Ok(Reservation::Acquired(_))));
+                }
+                n += 1000;
+            }
+            n
+        }
+    })
+    .await;
+    bare_batch.show("bare multi-row insert (1000)", "key");
+    batch.show("PgStore reserve_many (1000)", "key");
+    println!("batch / bare: {:.2}x", batch.rate() / bare_batch.rate());
+
+    if !args.batch_only {
+        steady_cells(&args, &admin, &result, fp).await;
     }
     println!("load average after: {}", load());
 }

@@ -7,13 +7,14 @@
 //!   primary key), `token` the fencing token of the acquisition that made the state, `nonce`
 //!   a value unique to the write that made the row as it is (every conditional write compares
 //!   on it, and after a lost answer it tells a writer whether its write landed),
-//!   `sweep_at` where the row sits in the sweep index (milliseconds since the epoch): never
-//!   before the record's expiry (a write raises it to the new record's expiry when that is
-//!   later, and leaves it otherwise), `expires_at` when the row reads as absent (not
+//!   `sweep_at` where the row sits in the sweep index (milliseconds since the epoch): the
+//!   record's expiry rounded up to a whole second (a write raises it to the new record's
+//!   rounded expiry when that is later, and leaves it otherwise), `expires_at` when the row reads as absent (not
 //!   indexed), `watched` whether a `reserve_or_wait` caller waits for the row to change
 //!   (`wait.rs`), `lease_until` the lease end of a pending row
-//!   (NULL otherwise), `body` the record in the local store's encoding (`docs/format.md`) with
-//!   its token field zero: the column is the token.
+//!   (NULL otherwise), `body` the record in the local store's encoding (`docs/format.md`)
+//!   encoded with its token zero, less the token field (`write::stored_body`): the column is
+//!   the token. The 8-byte columns come first, so no padding sits between columns.
 //! - `T_sweep`: an index on `sweep_at`, which sweeping walks. It is the only index besides the
 //!   primary key, and a completion leaves `sweep_at` as the reserve wrote it (a pending
 //!   record's expiry, its lease end plus the retention, is never earlier than the completed
@@ -29,7 +30,7 @@
 use crate::error::Error;
 
 /// The schema version this build reads and writes.
-pub(crate) const SCHEMA_VERSION: i32 = 2;
+pub(crate) const SCHEMA_VERSION: i32 = 3;
 /// The table's `fillfactor`: the part of each page inserts fill, the rest kept for the
 /// completions' new row versions (BENCHMARKS.md, "PostgreSQL").
 const FILLFACTOR: u32 = 95;
@@ -37,6 +38,11 @@ const FILLFACTOR: u32 = 95;
 /// much, and a value `v` gives the tokens `v .. v + TOKEN_BLOCK` to the rows of one statement
 /// (`docs/postgres.md`, "Fencing tokens").
 const TOKEN_BLOCK: i64 = 1024;
+/// `sweep_at` is the record's expiry rounded up to a multiple of this many milliseconds: the
+/// rows of one second share one value, which the sweep index stores once with a list of the
+/// rows (B-tree deduplication), 6 bytes a row instead of a 16-byte entry
+/// (BENCHMARKS.md, "PostgreSQL").
+pub(crate) const SWEEP_STEP_MS: i64 = 1000;
 /// The longest table name accepted: PostgreSQL's identifiers are at most 63 bytes, and the
 /// longest derived name adds 8.
 pub(crate) const MAX_TABLE_LEN: usize = 55;
@@ -84,6 +90,12 @@ pub(crate) struct Sql {
 impl Sql {
     pub(crate) fn new(table: &str) -> Sql {
         let t = table;
+        let (up_e, up_5, up_ue, up_6) = (
+            sweep_at("e"),
+            sweep_at("$5"),
+            sweep_at("u.e"),
+            sweep_at("$6"),
+        );
         Sql {
             table: t.to_string(),
             read: format!("SELECT key, token, nonce, body FROM {t} WHERE key = ANY($1::bytea[])"),
@@ -93,7 +105,7 @@ impl Sql {
             insert: format!(
                 "INSERT INTO {t} (key, token, nonce, sweep_at, expires_at, lease_until, body) \
                  SELECT k, CASE WHEN nt THEN blocks.v[(o - 1) / {TOKEN_BLOCK} + 1] \
-                 + (o - 1) % {TOKEN_BLOCK} ELSE tk END, n, e, e, l, b \
+                 + (o - 1) % {TOKEN_BLOCK} ELSE tk END, n, {up_e}, e, l, b \
                  FROM unnest($1::bytea[], $2::bool[], $3::int8[], $4::int8[], $5::int8[], \
                  $6::int8[], $7::bytea[]) WITH ORDINALITY AS u(k, nt, tk, n, e, l, b, o), \
                  (SELECT array_agg(nextval('{t}_tokens')) AS v FROM generate_series(1, \
@@ -103,14 +115,14 @@ impl Sql {
             // One key: the same insert with plain parameters (no arrays to build and unnest).
             insert_one: format!(
                 "INSERT INTO {t} (key, token, nonce, sweep_at, expires_at, lease_until, body) \
-                 VALUES ($1, CASE WHEN $2 THEN nextval('{t}_tokens') ELSE $3 END, $4, $5, $5, $6, \
+                 VALUES ($1, CASE WHEN $2 THEN nextval('{t}_tokens') ELSE $3 END, $4, {up_5}, $5, $6, \
                  $7) \
                  ON CONFLICT (key) DO NOTHING RETURNING key, token"
             ),
             // `sweep_at` only rises: a completion leaves it as it was, so it is a HOT update.
             update: format!(
                 "UPDATE {t} SET token = CASE WHEN u.nt THEN nextval('{t}_tokens') ELSE u.tk END, \
-                 nonce = u.n, sweep_at = GREATEST({t}.sweep_at, u.e), expires_at = u.e, \
+                 nonce = u.n, sweep_at = GREATEST({t}.sweep_at, {up_ue}), expires_at = u.e, \
                  lease_until = u.l, body = u.b \
                  FROM unnest($1::bytea[], $2::int8[], $3::bool[], $4::int8[], $5::int8[], \
                  $6::int8[], $7::int8[], $8::bytea[]) AS u(k, o, nt, tk, n, e, l, b) \
@@ -118,7 +130,7 @@ impl Sql {
             ),
             update_one: format!(
                 "UPDATE {t} SET token = CASE WHEN $3 THEN nextval('{t}_tokens') ELSE $4 END, \
-                 nonce = $5, sweep_at = GREATEST(sweep_at, $6), expires_at = $6, lease_until = $7, \
+                 nonce = $5, sweep_at = GREATEST(sweep_at, {up_6}), expires_at = $6, lease_until = $7, \
                  body = $8 \
                  WHERE key = $1 AND nonce = $2 RETURNING key, token, watched"
             ),
@@ -162,14 +174,16 @@ impl Sql {
                 "CREATE SEQUENCE {t}_tokens AS bigint MINVALUE 1 INCREMENT BY {TOKEN_BLOCK} \
                  NO CYCLE CACHE 1"
             ),
+            // Columns by alignment: the 8-byte ones first, then the boolean, then the two
+            // byte strings (1-byte headers, no alignment), so no padding between columns.
             // fillfactor: room on each page for the completion's new row version (HOT);
             // autovacuum at 2% dead rows rather than 20%, so the space of swept rows is reused
             // within a small part of the retention window.
             format!(
-                "CREATE TABLE {t} (key bytea PRIMARY KEY, token bigint NOT NULL, \
-                 nonce bigint NOT NULL, sweep_at bigint NOT NULL, expires_at bigint NOT NULL, \
-                 lease_until bigint, body bytea NOT NULL, \
-                 watched boolean NOT NULL DEFAULT false) WITH (fillfactor = {FILLFACTOR}, \
+                "CREATE TABLE {t} (token bigint NOT NULL, nonce bigint NOT NULL, \
+                 sweep_at bigint NOT NULL, expires_at bigint NOT NULL, lease_until bigint, \
+                 watched boolean NOT NULL DEFAULT false, key bytea PRIMARY KEY, \
+                 body bytea NOT NULL) WITH (fillfactor = {FILLFACTOR}, \
                  autovacuum_vacuum_scale_factor = 0.02, autovacuum_vacuum_insert_scale_factor = 0.02)"
             ),
             format!("CREATE INDEX {t}_sweep ON {t} (sweep_at)"),
@@ -179,6 +193,20 @@ impl Sql {
             ),
         ]
     }
+}
+
+/// The SQL of `sweep_at` for an expiry `e` (milliseconds): `e` rounded up to a multiple of
+/// [`SWEEP_STEP_MS`]. Rounding up keeps `sweep_at` at or after the expiry, and keeps its order:
+/// a completion, which expires no later than the pending record, leaves it as it was. An
+/// expiry within a step of the largest bigint (never) is kept as it is.
+pub(crate) fn sweep_at(e: &str) -> String {
+    // "Never" (a record under review: the largest bigint) stays as it is.
+    format!(
+        "(CASE WHEN {e}::int8 > {} THEN {e}::int8 \
+         ELSE ({e}::int8 + {}) / {SWEEP_STEP_MS} * {SWEEP_STEP_MS} END)",
+        i64::MAX - SWEEP_STEP_MS,
+        SWEEP_STEP_MS - 1
+    )
 }
 
 /// The advisory lock key that serializes schema creation among stores connecting at once.

@@ -325,22 +325,22 @@ impl PgStore {
         work(&tx).await.map_err(|source| Error::Callback {
             source: source.into(),
         })?;
-        let mut body = record.clone();
-        body.token = 0;
+        let body = super::write::stored_body(&record);
         let old = current.as_ref().map_or(0, |row| row.nonce);
         let written = tx
             .query(
                 &format!(
-                    "UPDATE {} SET nonce = $2, sweep_at = GREATEST(sweep_at, $3), \
+                    "UPDATE {} SET nonce = $2, sweep_at = GREATEST(sweep_at, {}), \
                      expires_at = $3, lease_until = NULL, body = $4 \
                      WHERE key = $1 AND nonce = $5 RETURNING watched",
-                    inner.sql.table
+                    inner.sql.table,
+                    super::schema::sweep_at("$3")
                 ),
                 &[
                     &keys[0],
                     &inner.nonce(),
                     &sql_millis(record.expires_at),
-                    &body.encode(),
+                    &body,
                     &old,
                 ],
             )
@@ -647,9 +647,9 @@ impl PgStore {
             .collect()
     }
 
-    /// Deletes up to `limit` expired rows, by `sweep_at` (at most one lease after a completed
-    /// row's expiry), in one statement that walks the `sweep_at` index up to now plus the
-    /// lease (never the whole table); returns how many. Rows another sweeper
+    /// Deletes up to `limit` expired rows, by `sweep_at` (at most one lease and a second after
+    /// a completed row's expiry), in one statement that walks the `sweep_at` index up to now
+    /// plus the lease and a second (never the whole table); returns how many. Rows another sweeper
     /// holds are skipped, so several instances may sweep at once.
     ///
     /// # Errors
@@ -671,7 +671,9 @@ impl PgStore {
                 &[
                     &now,
                     &limit,
-                    &now.saturating_add(sql_millis(self.inner.lease)),
+                    // `sweep_at` is the expiry rounded up by at most a step.
+                    &now.saturating_add(sql_millis(self.inner.lease))
+                        .saturating_add(super::schema::SWEEP_STEP_MS),
                 ],
                 || "sweeping expired keys".to_string(),
             )

@@ -54,6 +54,52 @@ pub(crate) struct Inner {
 /// Most pending rows remembered as hints; the map is emptied when full.
 const MAX_HINTS: usize = 65_536;
 
+/// Keeps (or drops) the hint of a key: the pending row this process wrote (see
+/// [`Inner::note`]).
+fn note(hints: &mut HashMap<Vec<u8>, Row>, key: &[u8], row: Option<&Row>) {
+    match row.filter(|row| row.record.lease_until().is_some()) {
+        Some(row) => {
+            if hints.len() >= MAX_HINTS {
+                hints.clear();
+            }
+            hints.insert(key.to_vec(), row.clone());
+        }
+        None => {
+            hints.remove(key);
+        }
+    }
+}
+
+/// Where the token field starts in a record's encoding (after the format version, the state
+/// tag and the fingerprint; docs/format.md), and its length. A row's `body` leaves the field
+/// out: the `token` column holds the token.
+const TOKEN_AT: usize = 2 + crate::Fingerprint::LEN;
+const TOKEN_LEN: usize = 8;
+
+/// A record as a row's `body` holds it: its encoding with the token zero (the checksum covers
+/// that zero), less the token field.
+pub(crate) fn stored_body(record: &Record) -> Vec<u8> {
+    let mut zeroed = record.clone();
+    zeroed.token = 0;
+    let mut bytes = zeroed.encode();
+    bytes.drain(TOKEN_AT..TOKEN_AT + TOKEN_LEN);
+    bytes
+}
+
+/// The record of a row's `body` (its token zero): the token field put back, then decoded and
+/// its checksum checked. A body too short to hold the fields before the token is decoded as
+/// it is, which reports it.
+pub(crate) fn record_of(body: &[u8]) -> Result<Record, String> {
+    if body.len() < TOKEN_AT {
+        return Record::decode(body);
+    }
+    let mut bytes = Vec::with_capacity(body.len() + TOKEN_LEN);
+    bytes.extend_from_slice(&body[..TOKEN_AT]);
+    bytes.extend_from_slice(&[0; TOKEN_LEN]);
+    bytes.extend_from_slice(&body[TOKEN_AT..]);
+    Record::decode(&bytes)
+}
+
 /// A row as read: the record (its token from the column), and the nonce of the write that
 /// made it.
 #[derive(Debug, Clone)]
@@ -193,18 +239,7 @@ impl Inner {
     /// Remembers what this process wrote to `key`: a pending row as a hint, anything else
     /// forgets the key.
     pub(crate) fn note(&self, key: &[u8], row: Option<&Row>) {
-        let mut hints = self.hints.lock();
-        match row.filter(|row| row.record.lease_until().is_some()) {
-            Some(row) => {
-                if hints.len() >= MAX_HINTS {
-                    hints.clear();
-                }
-                hints.insert(key.to_vec(), row.clone());
-            }
-            None => {
-                hints.remove(key);
-            }
-        }
+        note(&mut self.hints.lock(), key, row);
     }
 
     /// Notifies the waiters of keys (encoded) whose watched rows a committed write changed
@@ -284,7 +319,7 @@ impl Inner {
         let token: i64 = row.get(1);
         let nonce: i64 = row.get(2);
         let body: &[u8] = row.get(3);
-        let decoded = Record::decode(body)
+        let decoded = record_of(body)
             .map(|mut record| {
                 record.token = token.cast_unsigned();
                 Row { record, nonce }
@@ -606,9 +641,7 @@ impl Inner {
             nonces.push(sending.nonce);
             expires.push(sql_millis(record.expires_at));
             leases.push(record.lease_until().map(sql_millis));
-            let mut body = record.clone();
-            body.token = 0;
-            bodies.push(body.encode());
+            bodies.push(stored_body(record));
         }
         let answer = if n == 1 && update {
             self.query(
@@ -656,9 +689,9 @@ impl Inner {
         };
         match answer {
             Ok(rows) => {
-                let written: HashMap<Vec<u8>, i64> = rows
+                let written: HashMap<&[u8], i64> = rows
                     .iter()
-                    .map(|row| (row.get::<_, Vec<u8>>(0), row.get::<_, i64>(1)))
+                    .map(|row| (row.get::<_, &[u8]>(0), row.get::<_, i64>(1)))
                     .collect();
                 // An insert makes an unwatched row; an update says whether the row was.
                 let watched: Vec<&[u8]> = rows
@@ -667,9 +700,11 @@ impl Inner {
                     .map(|row| row.get::<_, &[u8]>(0))
                     .collect();
                 self.wake(&watched).await;
+                // The hints of the whole statement under one lock.
+                let mut hints = self.hints.lock();
                 for (sending, _) in puts {
                     let key = ops[sending.item].0.encoded().to_vec();
-                    match written.get(&key) {
+                    match written.get(key.as_slice()) {
                         Some(&token) => {
                             let token = token.cast_unsigned();
                             let mut record = sending.record.expect("a put has a record");
@@ -678,14 +713,14 @@ impl Inner {
                                 record,
                                 nonce: sending.nonce,
                             };
-                            self.note(&key, Some(&row));
+                            note(&mut hints, &key, Some(&row));
                             known.insert(key, (Some(row), false));
                             results[sending.item] = Some(Ok(sending.outcome.with_token(token)));
                             unsettled.remove(&sending.item);
                         }
                         None => {
                             // The row changed (or exists) since it was decided on.
-                            self.note(&key, None);
+                            note(&mut hints, &key, None);
                             known.remove(&key);
                             again.push(sending.item);
                         }

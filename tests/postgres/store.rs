@@ -74,7 +74,7 @@ fn a_schema_of_another_version_is_refused_naming_both() {
                     assert_eq!(setting, "table");
                     assert!(
                         reason.contains(&format!("version {found};"))
-                            && reason.contains("writes version 2"),
+                            && reason.contains("writes version 3"),
                         "{reason}"
                     );
                 }
@@ -447,6 +447,124 @@ fn a_wait_outlives_a_dropped_listening_connection() {
         match answer {
             Reservation::Completed(done) => assert_eq!(done.result, b"done"),
             other => panic!("{other:?}"),
+        }
+    });
+}
+
+/// `sweep_at` is the expiry rounded up to the second, so the rows of one second share one
+/// entry of the sweep index (B-tree deduplication), and a completion leaves it as it was; the
+/// sweep still finds a row once it expired, although its `sweep_at` is later.
+#[test]
+fn sweep_at_is_the_expiry_rounded_up_to_the_second_and_sweeping_finds_it() {
+    let server = Server::start();
+    // A time between two whole seconds, so rounding shows.
+    let clock = idemstore::ManualClock::starting_at(
+        std::time::UNIX_EPOCH + Duration::from_millis(1_700_000_000_123),
+    );
+    runtime().block_on(async {
+        let store = PgStore::builder()
+            .table("rounded")
+            .lease(Duration::from_millis(300))
+            .retention(Duration::from_secs(10))
+            .clock(clock.clone())
+            .connect(&server.config())
+            .await
+            .unwrap();
+        let keys: Vec<Key> = (0..40).map(|i| key(&format!("s{i}"))).collect();
+        let mut leases = Vec::new();
+        for k in &keys[..20] {
+            leases.push(acquire(&store, k).await);
+        }
+        let items: Vec<(Key, Fingerprint)> = keys[20..]
+            .iter()
+            .map(|k| (k.clone(), Fingerprint::of(b"cart")))
+            .collect();
+        for answer in store.reserve_many(&items).await.unwrap() {
+            match answer.unwrap() {
+                Reservation::Acquired(lease) => leases.push(lease),
+                other => panic!("expected to acquire, got {other:?}"),
+            }
+        }
+        for lease in &leases[..30] {
+            store.complete(lease, b"done".to_vec()).await.unwrap();
+        }
+        let client = raw(&server).await;
+        let row = client
+            .query_one(
+                "SELECT count(*) FILTER (WHERE sweep_at % 1000 <> 0 OR sweep_at < expires_at), \
+                 count(DISTINCT sweep_at), min(sweep_at) FROM rounded",
+                &[],
+            )
+            .await
+            .unwrap();
+        let (off, distinct, sweep_at): (i64, i64, i64) = (row.get(0), row.get(1), row.get(2));
+        assert_eq!(
+            off, 0,
+            "rows whose sweep_at is not a whole second at or after their expiry"
+        );
+        // Reserved at one instant: the pending expiry is ...10.423 s, rounded to ...11 s; the
+        // completions expire earlier (...10.123 s) and leave it there.
+        assert_eq!((distinct, sweep_at), (1, 1_700_000_011_000));
+        // At the completions' expiry, 0.877 s before their sweep_at, a sweep deletes them.
+        clock.advance(Duration::from_secs(10));
+        assert_eq!(
+            store.sweep(100).await.unwrap(),
+            30,
+            "completed rows swept at expiry"
+        );
+        clock.advance(Duration::from_millis(300));
+        assert_eq!(
+            store.sweep(100).await.unwrap(),
+            10,
+            "pending rows swept at expiry"
+        );
+    });
+}
+
+/// A row's `body` is the record's encoding less its token field (the `token` column holds
+/// it): 8 bytes shorter, read back whole with the column's token, and a damaged body is still
+/// reported as corruption naming the key (the checksum covers the token's place).
+#[test]
+fn the_body_leaves_the_token_to_its_column_and_damage_is_reported() {
+    let server = Server::start();
+    runtime().block_on(async {
+        let store = PgStore::builder()
+            .table("bodies")
+            .connect(&server.config())
+            .await
+            .unwrap();
+        let k = key("b1");
+        let lease = acquire(&store, &k).await;
+        store.complete(&lease, b"done".to_vec()).await.unwrap();
+        let record = store.get(&k).await.unwrap().expect("the record");
+        assert_eq!(
+            record.token(),
+            lease.token(),
+            "the token comes from its column"
+        );
+        let client = raw(&server).await;
+        let row = client
+            .query_one("SELECT octet_length(body), token FROM bodies", &[])
+            .await
+            .unwrap();
+        let (len, token): (i32, i64) = (row.get(0), row.get(1));
+        assert_eq!(token.cast_unsigned(), lease.token());
+        // The encoding: version, tag, fingerprint (32), token (8), attempt (4), two times (16),
+        // payload length (4), the 4-byte result, checksum (4): 74 bytes, 66 without the token.
+        assert_eq!(len, 66, "the stored body's length");
+        // One bit flipped after the token's place.
+        client
+            .execute(
+                "UPDATE bodies SET body = set_byte(body, 40, get_byte(body, 40) # 1)",
+                &[],
+            )
+            .await
+            .unwrap();
+        match store.get(&k).await {
+            Err(Error::Corruption { location, .. }) => {
+                assert!(location.contains(&k.to_string()), "{location}")
+            }
+            other => panic!("expected the damaged row to be reported, got {other:?}"),
         }
     });
 }

@@ -16,8 +16,8 @@ use super::layout::{self, Layout};
 use super::store::{EtcdStore, Inner};
 use crate::error::Error;
 use crate::key::Key;
-use crate::record::{Millis, Record, RecordClass, State, TokenFloor};
-use crate::store::inspect::{ScanFilter, StateCounts};
+use crate::record::{Millis, Record, RecordClass, TokenFloor};
+use crate::store::inspect::{self, ScanFilter, StateCounts};
 
 /// Keys read per range request. A page is halved while the answer is over [`MAX_MESSAGE`]
 /// (each record may hold a result of up to 1,400 KiB).
@@ -130,25 +130,15 @@ impl EtcdSnapshot {
     /// [`Error::Cluster`], for a compacted revision too.
     pub async fn counts(&self) -> Result<StateCounts, Error> {
         let mut counts = StateCounts::default();
-        let mut oldest: Option<(Millis, Key, Record)> = None;
         self.each_record(|kv, key| {
             let (Some(key), Ok(record)) = (key, decode(kv)) else {
                 counts.damaged += 1;
                 return true;
             };
-            let class = self.class_of(&record);
-            counts.add(class);
-            if let (RecordClass::Pending | RecordClass::Stale, Some(lease_until)) =
-                (class, lease_of(&record))
-            {
-                if oldest.as_ref().is_none_or(|(t, _, _)| lease_until < *t) {
-                    oldest = Some((lease_until, key, record));
-                }
-            }
+            counts.count(self.class_of(&record), key, record);
             true
         })
         .await?;
-        counts.oldest_pending = oldest.map(|(_, key, record)| (key, record));
         Ok(counts)
     }
 
@@ -187,9 +177,7 @@ impl EtcdSnapshot {
         })
         .await?;
         if by_deadline {
-            // Stable: records of one deadline stay in key order.
-            found.sort_by_key(|(_, record)| lease_of(record).unwrap_or(record.expires_at));
-            found.truncate(limit);
+            inspect::by_deadline(&mut found, limit);
         }
         Ok(found)
     }
@@ -223,13 +211,6 @@ impl EtcdSnapshot {
 /// A record read from etcd, its token resolved.
 fn decode(kv: &KeyValue) -> Result<Record, String> {
     layout::decode(kv.value(), kv.mod_revision(), kv.create_revision()).map(|stored| stored.record)
-}
-
-fn lease_of(record: &Record) -> Option<Millis> {
-    match record.state {
-        State::Pending { lease_until, .. } => Some(lease_until),
-        _ => None,
-    }
 }
 
 /// The range `[start, end)` of every record's etcd key: the layout's record key of any key,

@@ -8,7 +8,7 @@ use super::write::Inner;
 use crate::error::Error;
 use crate::key::Key;
 use crate::record::{Millis, Record, RecordClass, TokenFloor};
-use crate::store::inspect::{ScanFilter, StateCounts};
+use crate::store::inspect::{self, ScanFilter, StateCounts};
 
 /// Rows read per statement while counting or listing.
 const PAGE: i64 = 512;
@@ -118,25 +118,15 @@ impl PgSnapshot {
     /// [`Error::Database`].
     pub async fn counts(&self) -> Result<StateCounts, Error> {
         let mut counts = StateCounts::default();
-        let mut oldest: Option<(Millis, Key, Record)> = None;
         self.each_record(|key, record| {
             let (Some(key), Ok(record)) = (key, record) else {
                 counts.damaged += 1;
                 return true;
             };
-            let class = self.class_of(&record);
-            counts.add(class);
-            if let (RecordClass::Pending | RecordClass::Stale, Some(lease_until)) =
-                (class, record.lease_until())
-            {
-                if oldest.as_ref().is_none_or(|(t, _, _)| lease_until < *t) {
-                    oldest = Some((lease_until, key, record));
-                }
-            }
+            counts.count(self.class_of(&record), key, record);
             true
         })
         .await?;
-        counts.oldest_pending = oldest.map(|(_, key, record)| (key, record));
         Ok(counts)
     }
 
@@ -171,9 +161,7 @@ impl PgSnapshot {
         })
         .await?;
         if by_deadline {
-            // Stable: records of one deadline stay in key order.
-            found.sort_by_key(|(_, record)| record.lease_until().unwrap_or(record.expires_at));
-            found.truncate(limit);
+            inspect::by_deadline(&mut found, limit);
         }
         Ok(found)
     }

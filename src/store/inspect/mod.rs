@@ -132,6 +132,23 @@ impl StateCounts {
             RecordClass::Expired => &mut self.expired,
         } += 1;
     }
+
+    /// Counts one record of `class`, and keeps it as the oldest reservation when it is pending
+    /// or stale and its lease ends before the one kept: how every backend's `counts` tallies.
+    pub(crate) fn count(&mut self, class: RecordClass, key: Key, record: Record) {
+        self.add(class);
+        if let (RecordClass::Pending | RecordClass::Stale, Some(lease_until)) =
+            (class, record.lease_until())
+        {
+            let kept = self.oldest_pending.as_ref();
+            if kept
+                .and_then(|(_, kept)| kept.lease_until())
+                .is_none_or(|kept| lease_until < kept)
+            {
+                self.oldest_pending = Some((key, record));
+            }
+        }
+    }
 }
 
 /// Facts about a store's files, from [`Store::file_info`].
@@ -290,3 +307,12 @@ mod scan;
 #[cfg(test)]
 mod tests;
 mod verify;
+
+/// Orders a listing by deadline (a reservation's lease end, any other record's expiry),
+/// keeping records of one deadline in the order they were found, and keeps the first
+/// `limit`: how the backends that read every record list reservations and expired records.
+#[cfg(any(feature = "etcd", feature = "postgres"))]
+pub(crate) fn by_deadline(found: &mut Vec<(Key, Record)>, limit: usize) {
+    found.sort_by_key(|(_, record)| record.lease_until().unwrap_or(record.expires_at));
+    found.truncate(limit);
+}

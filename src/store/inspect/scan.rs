@@ -56,7 +56,6 @@ impl Store {
         let now = self.now();
         let floor = self.token_floor();
         let mut counts = StateCounts::default();
-        let mut oldest: Option<(Millis, Key, Record)> = None;
         for (_, table) in records.tables() {
             for entry in table.iter().map_err(storage)? {
                 let (key, value) = entry.map_err(storage)?;
@@ -66,18 +65,9 @@ impl Store {
                     counts.damaged += 1;
                     continue;
                 };
-                let class = record.class(now, floor);
-                counts.add(class);
-                if let (RecordClass::Pending | RecordClass::Stale, Some(lease_until)) =
-                    (class, record.lease_until())
-                {
-                    if oldest.as_ref().is_none_or(|(t, _, _)| lease_until < *t) {
-                        oldest = Some((lease_until, key, record));
-                    }
-                }
+                counts.count(record.class(now, floor), key, record);
             }
         }
-        counts.oldest_pending = oldest.map(|(_, key, record)| (key, record));
         Ok(counts)
     }
 

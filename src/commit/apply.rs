@@ -5,9 +5,9 @@
 //! redb last committed them (its `latest` map, each change with the frame that logged it),
 //! then the record cache, then the committed redb state; it appends the frame and queues the
 //! batch's changes here. The applier thread applies them, in order and once their frame is
-//! durable, to the write transaction it keeps open, and commits that transaction itself
-//! (non-durably) when it is [`TXN_SPAN`] old. The writer then forgets the changes that commit
-//! holds ([`Writer::drain_committed`](super::Writer::drain_committed)), keeping those of
+//! durable, several batches at a time ([`GATHER`]), to the write transaction it keeps open,
+//! and commits that transaction itself (non-durably) when it is [`TXN_SPAN`] old. The writer
+//! then forgets the changes that commit holds ([`Writer::drain_committed`](super::Writer::drain_committed)), keeping those of
 //! later frames. So neither the B-tree inserts nor the periodic commit hold the writer;
 //! [`Writer::flush`](super::Writer::flush) still applies and commits everything on the
 //! writer where a transaction outside the batch path (a checkpoint, a sweep) needs it.

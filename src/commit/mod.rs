@@ -11,7 +11,7 @@
 //! changes are appended to the log as one frame. The changes are queued for the applier thread (`apply.rs`), which
 //! writes them into a redb write transaction kept open across batches, off the batch path.
 //! The batch is then handed to the [`Syncer`]: one fdatasync makes every frame written so far
-//! durable, after which the batch's changes are published to the [`Overlay`] (what readers see before redb commits) and its
+//! durable, after which the batch's changes are published to the [`Overlay`](crate::state::overlay::Overlay) (what readers see before redb commits) and its
 //! callers are answered. Nobody hears an answer before its batch is durable.
 //!
 //! A lone caller (the committer idle, nothing else queued, no sync running) runs its batch and

@@ -3,7 +3,7 @@
 //! non-durable transaction; a periodic durable redb commit (a checkpoint) makes the log's
 //! contents redundant, after which the log is rewound and overwritten in place from its first
 //! frame, so a sync flushes data blocks only, not file metadata. The log starts with its
-//! store's identity ([`identity`]), so a store never replays another store's log.
+//! store's identity ([`identity`](super::identity)), so a store never replays another store's log.
 //!
 //! Every append writes its frame twice, back to back, in one write covered by one sync: the
 //! frame, then a spare copy of it. The next frame starts where that copy starts (overwriting

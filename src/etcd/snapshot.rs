@@ -159,27 +159,19 @@ impl EtcdSnapshot {
         filter: &ScanFilter,
         limit: usize,
     ) -> Result<Vec<(Key, Record)>, Error> {
-        let mut found = Vec::new();
         if limit == 0 {
-            return Ok(found);
+            return Ok(Vec::new());
         }
-        let by_deadline = matches!(
-            filter.class,
-            Some(RecordClass::Stale | RecordClass::Pending | RecordClass::Expired)
-        );
-        self.each_record(|kv, key| {
-            if let (Some(key), Ok(record)) = (key, decode(kv)) {
-                if filter.matches(&record, self.class_of(&record), self.now) {
-                    found.push((key, record));
-                }
+        let mut listing = inspect::Listing::new(filter, limit);
+        self.each_record(|kv, key| match (key, decode(kv)) {
+            (Some(key), Ok(record)) => {
+                let class = self.class_of(&record);
+                listing.offer(key, record, class, self.now)
             }
-            by_deadline || found.len() < limit
+            _ => true,
         })
         .await?;
-        if by_deadline {
-            inspect::by_deadline(&mut found, limit);
-        }
-        Ok(found)
+        Ok(listing.finish())
     }
 
     /// Calls `visit` with every record of the store in key order (the key `None` when it

@@ -308,11 +308,55 @@ mod scan;
 mod tests;
 mod verify;
 
-/// Orders a listing by deadline (a reservation's lease end, any other record's expiry),
-/// keeping records of one deadline in the order they were found, and keeps the first
-/// `limit`: how the backends that read every record list reservations and expired records.
+/// A listing of the records that match a filter, for the backends that read every record in
+/// key order: in key order it is complete at `limit` matches; by deadline (reservations,
+/// expired records) it reads on, then orders the matches by deadline (a reservation's lease
+/// end, any other record's expiry), those of one deadline in the order they were found, and
+/// keeps the first `limit`.
 #[cfg(any(feature = "etcd", feature = "postgres"))]
-pub(crate) fn by_deadline(found: &mut Vec<(Key, Record)>, limit: usize) {
-    found.sort_by_key(|(_, record)| record.lease_until().unwrap_or(record.expires_at));
-    found.truncate(limit);
+pub(crate) struct Listing<'f> {
+    filter: &'f ScanFilter,
+    limit: usize,
+    by_deadline: bool,
+    found: Vec<(Key, Record)>,
+}
+
+#[cfg(any(feature = "etcd", feature = "postgres"))]
+impl<'f> Listing<'f> {
+    pub(crate) fn new(filter: &'f ScanFilter, limit: usize) -> Listing<'f> {
+        let by_deadline = matches!(
+            filter.class,
+            Some(RecordClass::Stale | RecordClass::Pending | RecordClass::Expired)
+        );
+        Listing {
+            filter,
+            limit,
+            by_deadline,
+            found: Vec::new(),
+        }
+    }
+
+    /// Keeps `record` (of `class` at `now`) if it matches; returns whether to read on.
+    pub(crate) fn offer(
+        &mut self,
+        key: Key,
+        record: Record,
+        class: RecordClass,
+        now: Millis,
+    ) -> bool {
+        if self.filter.matches(&record, class, now) {
+            self.found.push((key, record));
+        }
+        self.by_deadline || self.found.len() < self.limit
+    }
+
+    /// The matches, in the listing's order.
+    pub(crate) fn finish(mut self) -> Vec<(Key, Record)> {
+        if self.by_deadline {
+            self.found
+                .sort_by_key(|(_, record)| record.lease_until().unwrap_or(record.expires_at));
+            self.found.truncate(self.limit);
+        }
+        self.found
+    }
 }

@@ -125,7 +125,7 @@ pub use error::{Error, KeyPart, LeaseLostReason, Result};
 pub use etcd::{EtcdBuilder, EtcdSnapshot, EtcdStore, EtcdSweeper};
 pub use fingerprint::Fingerprint;
 pub use key::Key;
-pub use log::file::LogFile;
+pub use log::wal::LogFile;
 #[cfg(feature = "postgres")]
 pub use postgres::{PgBuilder, PgSnapshot, PgStore, PgWork};
 pub use record::{Progress, Record, RecordClass, Status};

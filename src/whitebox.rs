@@ -11,12 +11,12 @@ use std::path::PathBuf;
 
 pub use crate::clock::{from_millis, to_millis};
 pub use crate::commit::CheckpointStart;
-pub use crate::log::frame::{
-    decode_payload, encode, header_crc, padded, parse_header, Entry, Frame, Header, HEADER_LEN,
-};
 pub use crate::log::identity::LOG_HEADER_LEN;
 pub use crate::log::recovery::{LogPosition, Recovered};
 pub use crate::log::wal::Wal;
+pub use crate::log::wal::{
+    decode_payload, encode, header_crc, padded, parse_header, Entry, Frame, Header, HEADER_LEN,
+};
 pub use crate::record::Millis;
 use crate::record::Record;
 pub use crate::state::poison::reopen_room;

@@ -1,5 +1,5 @@
 //! The state a reserve reads is handed to the writer, which decides against it instead of
-//! reading the key again (`commit/request.rs`, `Known`). These tests make that state
+//! reading the key again (`commit/queue.rs`, `Known`). These tests make that state
 //! go stale between the read and the writer's decision, each way the engine can change a key
 //! behind a reader's back, and check that the writer does not trust it.
 

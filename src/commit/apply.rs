@@ -28,7 +28,7 @@ use redb::{Database, ReadableDatabase, WriteTransaction};
 use crate::error::Error;
 use crate::key::Key;
 use crate::record::Record;
-use crate::state::cache::RecordCache;
+use crate::state::overlay::RecordCache;
 use crate::state::stats::Counter;
 use crate::tree::tables::{decode_record, IndexEntries, Tables};
 use crate::tree::windows::{Records, Windows};

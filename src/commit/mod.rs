@@ -2,7 +2,7 @@
 //!
 //! Callers queue a request (one or many key operations) and wait. The batch's leader (a caller
 //! that is alone, or else the committer thread) takes everything queued; the writer takes
-//! each request's operations out as data (`request.rs`: a request never calls the writer).
+//! each request's operations out as data (`queue.rs`: a request never calls the writer).
 //! An operation its caller decided against the state it read in the current epoch
 //! ([`Known`]) keeps that decision, given the writer's next token
 //! ([`with_token`](crate::decide::with_token)), unless the writer changed the key since;
@@ -35,7 +35,6 @@ mod background;
 mod checkpoint;
 mod engine;
 mod queue;
-mod request;
 pub(crate) mod sweep;
 mod syncer;
 mod writer;
@@ -46,6 +45,6 @@ pub(crate) use checkpoint::CommitKind;
 pub use engine::CheckpointStart;
 pub(crate) use engine::Engine;
 pub(crate) use queue::{first, Committer};
-pub(crate) use request::{CallerDecision, Kind, Known};
+pub(crate) use queue::{CallerDecision, Kind, Known};
 pub(crate) use syncer::Syncer;
 pub(crate) use writer::Writer;

@@ -12,7 +12,7 @@ use crate::error::Error;
 use crate::log::wal::{LogFile, Wal};
 use crate::state::stats::Counter;
 
-use super::request::Request;
+use super::queue::Request;
 use super::{Engine, Written};
 use crate::state::poison::error_copy;
 

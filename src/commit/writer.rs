@@ -17,8 +17,8 @@ use crate::state::stats::Counter;
 use crate::tree::tables::IndexEntries;
 
 use super::apply::{Applier, DeferredBatch, Deferring, Latest, Target, Written};
-use super::request::Request;
-use super::request::{CallerDecision, Decide, Known, Ops, Outcomes};
+use super::queue::Request;
+use super::queue::{CallerDecision, Decide, Known, Ops, Outcomes};
 use super::syncer::PendingBatch;
 use super::{Engine, Schedule, Syncer};
 use crate::state::poison::error_copy;

@@ -15,7 +15,7 @@
 
 use crate::error::Error;
 
-use super::file::LogFile;
+use super::wal::LogFile;
 
 /// Bytes before the first frame.
 pub const LOG_HEADER_LEN: u64 = 32;

@@ -14,9 +14,8 @@ use std::sync::Arc;
 use redb::Database;
 
 use crate::error::Error;
-use crate::log::frame::{self, parse_header, HEADER_LEN};
 use crate::log::identity::LOG_HEADER_LEN;
-use crate::log::wal::{Frame, LogFile, Wal};
+use crate::log::wal::{self, parse_header, Frame, LogFile, Wal, HEADER_LEN};
 use crate::record::Record;
 use crate::tree::tables::{new_salt, IndexEntries, Tables};
 use crate::tree::windows::Windows;
@@ -281,7 +280,7 @@ impl Wal {
                 }
                 break later;
             };
-            let frame = frame::decode_payload(&header, &payload, wal.offset)?;
+            let frame = wal::decode_payload(&header, &payload, wal.offset)?;
             previous = Some(header.seq);
             wal.offset += header.frame_len() as u64;
             if header.seq > checkpoint_seq {
@@ -328,7 +327,7 @@ impl Wal {
     }
 
     /// The checksum-valid frame at `offset`, or `None` if there is none (end of the log).
-    fn read_frame(&self, offset: u64, len: u64) -> Result<Option<(frame::Header, Vec<u8>)>, Error> {
+    fn read_frame(&self, offset: u64, len: u64) -> Result<Option<(wal::Header, Vec<u8>)>, Error> {
         self.read_frame_under(self.salt, offset, len)
     }
 
@@ -338,7 +337,7 @@ impl Wal {
         salt: u64,
         offset: u64,
         len: u64,
-    ) -> Result<Option<(frame::Header, Vec<u8>)>, Error> {
+    ) -> Result<Option<(wal::Header, Vec<u8>)>, Error> {
         if offset + HEADER_LEN as u64 > len {
             return Ok(None);
         }
@@ -367,7 +366,7 @@ impl Wal {
         from: u64,
         len: u64,
         expected: u64,
-    ) -> Result<Vec<(u64, frame::Header)>, Error> {
+    ) -> Result<Vec<(u64, wal::Header)>, Error> {
         const CHUNK: u64 = 1 << 20;
         let mut found = Vec::new();
         let mut start = from;
@@ -385,7 +384,7 @@ impl Wal {
                         found.push((offset, header));
                     }
                 }
-                at += frame::ALIGN;
+                at += wal::ALIGN;
             }
             start += CHUNK;
         }

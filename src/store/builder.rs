@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::clock::{duration_millis, Clock, SystemClock};
 use crate::error::Error;
 use crate::key::Key;
-use crate::log::file::LogFile;
+use crate::log::wal::LogFile;
 pub use crate::state::settings::Durability;
 use crate::state::settings::Limits;
 use crate::store::Store;

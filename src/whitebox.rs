@@ -15,7 +15,8 @@ pub use crate::log::identity::LOG_HEADER_LEN;
 pub use crate::log::recovery::{LogPosition, Recovered};
 pub use crate::log::wal::Wal;
 pub use crate::log::wal::{
-    decode_payload, encode, header_crc, padded, parse_header, Entry, Frame, Header, HEADER_LEN,
+    decode_payload, encode, header_crc, padded, parse_header, Entry, EntryRecord, Frame, Header,
+    HEADER_LEN,
 };
 pub use crate::record::Millis;
 use crate::record::Record;

@@ -676,7 +676,7 @@ fn a_result_shaped_like_a_log_frame_does_not_stop_the_store_from_opening() {
         1 << 40,
         1 << 40,
         1,
-        std::iter::empty(),
+        std::iter::empty::<(&[u8], Option<&[u8]>)>(),
         &mut fake,
     );
     // Copies 41 bytes apart: one of the eight starts at a multiple of 8 in the log.

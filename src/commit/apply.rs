@@ -28,7 +28,7 @@ use redb::{Database, ReadableDatabase, WriteTransaction};
 use crate::error::Error;
 use crate::key::Key;
 use crate::record::Record;
-use crate::state::overlay::RecordCache;
+use crate::state::overlay::{Held, RecordCache};
 use crate::state::stats::Counter;
 use crate::tree::tables::{decode_record, IndexEntries, Tables};
 use crate::tree::windows::{Records, Windows};
@@ -44,18 +44,20 @@ use super::{Engine, Syncer};
 /// figures behind 250 ms: BENCHMARKS.md, "How long the applier's transaction stays open").
 pub(super) const TXN_SPAN: Duration = Duration::from_millis(250);
 
-/// A change made by a transaction: for the log, the overlay and the cache.
+/// A change made by a transaction: for the log, the overlay and the cache. The new record is
+/// held once, shared by everything that holds the change until redb does (the writer's
+/// `latest`, the overlay, the applier's queue, then the record cache), and encoded where its
+/// bytes go (the log frame, the applier's insert) rather than kept encoded beside it.
 pub(crate) struct Written {
     pub(super) key: Key,
-    pub(super) record: Option<Record>,
-    pub(super) encoded: Option<Vec<u8>>,
+    pub(super) record: Held,
     /// Where the record it replaced was indexed (for the applier).
     pub(super) old: Option<IndexEntries>,
 }
 
 /// The writer's changes since redb last committed them: each key's latest state, with the
 /// log frame that logged it.
-pub(super) type Latest = HashMap<Key, (Option<Record>, u64)>;
+pub(super) type Latest = HashMap<Key, (Held, u64)>;
 
 /// Where an operation reads the state it is decided against and writes the new one: a write
 /// transaction's tables directly ([`Tables`]), or the batch path's [`Deferring`].
@@ -69,13 +71,12 @@ pub(crate) trait Target {
         let _ = key;
         true
     }
-    /// Stores `record` (encoded as `encoded`) where `old` was indexed.
+    /// Stores `record` where `old` was indexed.
     fn put(
         &mut self,
         key: &Key,
         old: Option<IndexEntries>,
-        record: &Record,
-        encoded: &[u8],
+        record: &Arc<Record>,
     ) -> Result<(), Error>;
     /// Deletes `key`, indexed at `old`.
     fn delete(&mut self, key: &Key, old: Option<IndexEntries>) -> Result<(), Error>;
@@ -90,10 +91,9 @@ impl Target for Tables<'_> {
         &mut self,
         key: &Key,
         old: Option<IndexEntries>,
-        record: &Record,
-        encoded: &[u8],
+        record: &Arc<Record>,
     ) -> Result<(), Error> {
-        Tables::put(self, key.encoded(), old, record, encoded)
+        Tables::put(self, key.encoded(), old, record, &record.encode())
     }
 
     fn delete(&mut self, key: &Key, old: Option<IndexEntries>) -> Result<(), Error> {
@@ -101,12 +101,12 @@ impl Target for Tables<'_> {
     }
 }
 
-/// One change to apply: the key, where its old record was indexed, and the new record with
-/// its index entries and encoding (`None`: a deletion).
+/// One change to apply: the key, where its old record was indexed, and the new record
+/// (`None`: a deletion).
 struct TreeChange {
     key: Key,
     old: Option<IndexEntries>,
-    new: Option<(IndexEntries, Vec<u8>)>,
+    new: Held,
 }
 
 /// A logged batch's changes, with the frame that logged them and the token counter after it.
@@ -117,18 +117,14 @@ pub(super) struct DeferredBatch {
 }
 
 impl DeferredBatch {
-    /// The changes of a batch logged as frame `seq`, taken from what the writer recorded
-    /// (the encodings move here: the frame is written already).
-    pub(super) fn logged(written: &mut [Written], seq: u64, next_token: u64) -> DeferredBatch {
+    /// The changes of a batch logged as frame `seq`, taken from what the writer recorded.
+    pub(super) fn logged(written: &[Written], seq: u64, next_token: u64) -> DeferredBatch {
         let changes = written
-            .iter_mut()
+            .iter()
             .map(|w| TreeChange {
                 key: w.key.clone(),
                 old: w.old,
-                new: w.record.as_ref().map(|record| {
-                    let encoded = w.encoded.take().expect("a stored record is logged encoded");
-                    (IndexEntries::of(record), encoded)
-                }),
+                new: w.record.clone(),
             })
             .collect();
         DeferredBatch {
@@ -181,7 +177,7 @@ impl Target for Deferring<'_> {
 
     fn load(&mut self, key: &Key) -> Result<Result<Option<Record>, Error>, Error> {
         if let Some((state, _)) = self.latest.get(key) {
-            return Ok(Ok(state.clone()));
+            return Ok(Ok(state.as_deref().cloned()));
         }
         if let Some(record) = self.cache.get(key) {
             return Ok(Ok(Some(record)));
@@ -204,11 +200,10 @@ impl Target for Deferring<'_> {
         &mut self,
         key: &Key,
         _old: Option<IndexEntries>,
-        record: &Record,
-        _encoded: &[u8],
+        record: &Arc<Record>,
     ) -> Result<(), Error> {
         self.latest
-            .insert(key.clone(), (Some(record.clone()), self.seq));
+            .insert(key.clone(), (Some(Arc::clone(record)), self.seq));
         Ok(())
     }
 
@@ -528,10 +523,15 @@ impl Applier {
         let (open, _) = txn.as_ref().expect("opened above");
         let mut tables = Tables::open(open, &self.engine.windows)?;
         let last = batches.last().map(|b| (b.seq, b.next_token));
+        let mut encoded = Vec::new();
         for change in merged(batches) {
             let key = change.key.encoded();
             match change.new {
-                Some((index, encoded)) => tables.put_indexed(key, change.old, index, &encoded)?,
+                Some(record) => {
+                    encoded.clear();
+                    record.encode_into(&mut encoded);
+                    tables.put(key, change.old, &record, &encoded)?;
+                }
                 None => tables.delete(key, change.old)?,
             }
         }
@@ -581,7 +581,18 @@ mod tests {
         TreeChange {
             key: key(id),
             old: old.map(index),
-            new: new.map(|at| (index(at), at.to_le_bytes().to_vec())),
+            new: new.map(|at| {
+                Arc::new(Record {
+                    fingerprint: crate::fingerprint::Fingerprint::of(b"x"),
+                    token: 1,
+                    attempt: 1,
+                    expires_at: at,
+                    state: crate::record::State::Completed {
+                        completed_at: 0,
+                        result: Vec::new(),
+                    },
+                })
+            }),
         }
     }
 
@@ -611,7 +622,7 @@ mod tests {
         ]);
         let got: Vec<(Key, Option<IndexEntries>, Option<IndexEntries>)> = merged
             .into_iter()
-            .map(|c| (c.key, c.old, c.new.map(|(index, _)| index)))
+            .map(|c| (c.key, c.old, c.new.map(|record| IndexEntries::of(&record))))
             .collect();
         assert_eq!(
             got,

@@ -183,13 +183,13 @@ impl Writer {
             }
             Ok((ops, written))
         })();
-        let logged = result.and_then(|(ops, mut written)| {
+        let logged = result.and_then(|(ops, written)| {
             if written.is_empty() {
                 return Ok((ops, written, self.wal.last_seq(), None));
             }
             let entries = written
                 .iter()
-                .map(|w| (w.key.encoded(), w.encoded.as_deref()));
+                .map(|w| (w.key.encoded(), w.record.as_deref()));
             let durable = self.syncer.synced_seq();
             self.wal.encode(self.next_token, durable, entries);
             if !self.wal.fits() {
@@ -203,7 +203,7 @@ impl Writer {
                 seq, next_seq,
                 "the changes were recorded under another frame"
             );
-            let deferred = DeferredBatch::logged(&mut written, seq, self.next_token);
+            let deferred = DeferredBatch::logged(&written, seq, self.next_token);
             Ok((ops, written, seq, Some(deferred)))
         });
         self.latest = latest;
@@ -268,12 +268,11 @@ impl Writer {
         match decision.change {
             Change::Keep => {}
             Change::Put(record) => {
-                let encoded = record.encode();
-                tables.put(&key, old_index, &record, &encoded)?;
+                let record = Arc::new(record);
+                tables.put(&key, old_index, &record)?;
                 written.push(Written {
                     key,
                     record: Some(record),
-                    encoded: Some(encoded),
                     old: old_index,
                 });
             }
@@ -282,7 +281,6 @@ impl Writer {
                 written.push(Written {
                     key,
                     record: None,
-                    encoded: None,
                     old: old_index,
                 });
             }
@@ -295,7 +293,6 @@ impl Writer {
         written.push(Written {
             key,
             record: None,
-            encoded: None,
             old: None,
         });
     }

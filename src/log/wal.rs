@@ -67,6 +67,7 @@ use std::sync::Arc;
 
 use crate::error::Error;
 pub(crate) use crate::log::identity::LOG_HEADER_LEN;
+use crate::record::Record;
 
 /// An open log positioned for appending.
 #[derive(Debug)]
@@ -162,11 +163,11 @@ impl Wal {
     }
 
     /// Encodes the next frame (and its spare copy) without writing it.
-    pub(crate) fn encode<'a>(
+    pub(crate) fn encode<'a, R: EntryRecord>(
         &mut self,
         next_token: u64,
         durable: u64,
-        entries: impl ExactSizeIterator<Item = (&'a [u8], Option<&'a [u8]>)>,
+        entries: impl ExactSizeIterator<Item = (&'a [u8], Option<R>)>,
     ) {
         self.pending_at = if durable >= self.last_seq() {
             self.offset
@@ -411,15 +412,34 @@ pub fn padded(len: usize) -> usize {
     len.div_ceil(ALIGN) * ALIGN
 }
 
+/// A put entry's record as [`encode`] writes it into a frame: bytes encoded already, or a
+/// record encoded in place (the writer's batches: no vector of its own per record).
+pub trait EntryRecord {
+    /// Appends the record's stored bytes to `out`.
+    fn append_to(&self, out: &mut Vec<u8>);
+}
+
+impl EntryRecord for &[u8] {
+    fn append_to(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(self);
+    }
+}
+
+impl EntryRecord for &Record {
+    fn append_to(&self, out: &mut Vec<u8>) {
+        self.encode_into(out);
+    }
+}
+
 /// Appends the encoding of a frame to `out` (which must start at an aligned length).
 /// Each entry is a key and its new encoded record, or `None` for a deletion.
-pub fn encode<'a>(
+pub fn encode<'a, R: EntryRecord>(
     max_payload: usize,
     salt: u64,
     seq: u64,
     durable: u64,
     next_token: u64,
-    entries: impl ExactSizeIterator<Item = (&'a [u8], Option<&'a [u8]>)>,
+    entries: impl ExactSizeIterator<Item = (&'a [u8], Option<R>)>,
     out: &mut Vec<u8>,
 ) {
     let start = out.len();
@@ -436,9 +456,11 @@ pub fn encode<'a>(
         out.extend_from_slice(&key_len.to_le_bytes());
         out.extend_from_slice(key);
         if let Some(record) = record {
-            let len = u32::try_from(record.len()).expect("records are below 4 GiB");
-            out.extend_from_slice(&len.to_le_bytes());
-            out.extend_from_slice(record);
+            let at = out.len();
+            out.extend_from_slice(&[0; 4]);
+            record.append_to(out);
+            let len = u32::try_from(out.len() - at - 4).expect("records are below 4 GiB");
+            out[at..at + 4].copy_from_slice(&len.to_le_bytes());
         }
     }
     let payload_len = out.len() - start - HEADER_LEN;

@@ -20,27 +20,25 @@ const CRC_LEN: usize = 4;
 impl Record {
     /// Encodes the record in the current layout, checksum included.
     pub(crate) fn encode(&self) -> Vec<u8> {
-        let progress_bytes;
-        let (tag, time, payload): (u8, Millis, &[u8]) = match &self.state {
-            State::Pending {
-                lease_until,
-                progress,
-            } => {
-                progress_bytes = progress
-                    .as_ref()
-                    .map(|p| [&p.step.to_le_bytes()[..], &p.data].concat())
-                    .unwrap_or_default();
-                (TAG_PENDING, *lease_until, progress_bytes.as_slice())
-            }
-            State::Completed {
-                completed_at,
-                result,
-            } => (TAG_COMPLETED, *completed_at, result),
-            State::NeedsReview { since, note } => (TAG_NEEDS_REVIEW, *since, note.as_bytes()),
-        };
+        let mut out = Vec::with_capacity(self.encoded_len());
+        self.encode_into(&mut out);
+        out
+    }
+
+    /// The length of [`encode`](Record::encode)'s bytes.
+    pub(crate) fn encoded_len(&self) -> usize {
+        HEADER_LEN + self.payload().1 + CRC_LEN
+    }
+
+    /// Appends [`encode`](Record::encode)'s bytes to `out` (the log frame being written, or
+    /// the applier's buffer: a logged record is encoded where it goes, with no vector of its
+    /// own).
+    pub(crate) fn encode_into(&self, out: &mut Vec<u8>) {
+        let start = out.len();
+        let ((tag, time), payload_len) = self.payload();
         let payload_len =
-            u32::try_from(payload.len()).expect("payload length is validated before encoding");
-        let mut out = Vec::with_capacity(HEADER_LEN + payload.len() + CRC_LEN);
+            u32::try_from(payload_len).expect("payload length is validated before encoding");
+        out.reserve(HEADER_LEN + payload_len as usize + CRC_LEN);
         out.push(RECORD_VERSION);
         out.push(tag);
         out.extend_from_slice(self.fingerprint.as_bytes());
@@ -49,10 +47,36 @@ impl Record {
         out.extend_from_slice(&time.to_le_bytes());
         out.extend_from_slice(&self.expires_at.to_le_bytes());
         out.extend_from_slice(&payload_len.to_le_bytes());
-        out.extend_from_slice(payload);
-        let crc = crc32fast::hash(&out);
+        match &self.state {
+            State::Pending { progress, .. } => {
+                if let Some(p) = progress {
+                    out.extend_from_slice(&p.step.to_le_bytes());
+                    out.extend_from_slice(&p.data);
+                }
+            }
+            State::Completed { result, .. } => out.extend_from_slice(result),
+            State::NeedsReview { note, .. } => out.extend_from_slice(note.as_bytes()),
+        }
+        let crc = crc32fast::hash(&out[start..]);
         out.extend_from_slice(&crc.to_le_bytes());
-        out
+    }
+
+    /// The state's tag and time, and its payload's length.
+    fn payload(&self) -> ((u8, Millis), usize) {
+        match &self.state {
+            State::Pending {
+                lease_until,
+                progress,
+            } => (
+                (TAG_PENDING, *lease_until),
+                progress.as_ref().map_or(0, |p| 4 + p.data.len()),
+            ),
+            State::Completed {
+                completed_at,
+                result,
+            } => ((TAG_COMPLETED, *completed_at), result.len()),
+            State::NeedsReview { since, note } => ((TAG_NEEDS_REVIEW, *since), note.len()),
+        }
     }
 
     /// Decodes a stored record. Never panics: any damage is an `Err` with a reason.

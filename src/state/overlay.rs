@@ -23,6 +23,11 @@ use crate::key::Key;
 use crate::record::{Record, State};
 use crate::state::wait::Waiters;
 
+/// A key's changed state as memory holds it until redb does: its new record, or `None` for a
+/// deletion. The record is shared, not copied, by the writer's latest states, the overlay,
+/// the applier's queue and then the record cache.
+pub(crate) type Held = Option<Arc<Record>>;
+
 /// Records acknowledged but not yet committed to redb: the applier keeps one redb write
 /// transaction open across several batches, so readers must see these first. Every entry is
 /// the latest acknowledged state of its key (`None` is a deletion), with the log frame that
@@ -37,7 +42,7 @@ use crate::state::wait::Waiters;
 /// reading the key and deciding again.
 #[derive(Debug, Default)]
 pub(crate) struct Overlay {
-    map: RwLock<HashMap<Key, (Option<Record>, u64), Hasher>>,
+    map: RwLock<HashMap<Key, (Held, u64), Hasher>>,
     /// Whether `map` holds an entry: set under its write lock after the entries are in (with
     /// release), cleared under it when it is emptied. A reader that finds it unset skips the
     /// lock: a publication it misses is not acknowledged yet (changes are published before they
@@ -148,7 +153,7 @@ impl Overlay {
         if map.is_empty() {
             return None;
         }
-        map.get(key).map(|(state, _)| state.clone())
+        map.get(key).map(|(state, _)| state.as_deref().cloned())
     }
 
     /// [`get`](Overlay::get) for many keys under one lock: for each `keys[i]` changed since the
@@ -163,18 +168,14 @@ impl Overlay {
         }
         for (i, key) in keys.iter().enumerate() {
             if let Some((state, _)) = map.get(*key) {
-                states[i] = Ok(state.clone());
+                states[i] = Ok(state.as_deref().cloned());
                 found[i] = true;
             }
         }
     }
 
     /// Publishes acknowledged changes, logged by frame `seq`.
-    pub(crate) fn publish(
-        &self,
-        changes: impl ExactSizeIterator<Item = (Key, Option<Record>)>,
-        seq: u64,
-    ) {
+    pub(crate) fn publish(&self, changes: impl ExactSizeIterator<Item = (Key, Held)>, seq: u64) {
         // Waiters are woken after the change is visible, or they would read the old state.
         let waiting = self.waiters.any();
         let mut keys: Vec<Key> = Vec::new();
@@ -208,7 +209,7 @@ impl Overlay {
     /// replaced.
     pub(crate) fn drain_through(&self, seq: u64, cache: &RecordCache) {
         let _one_at_a_time = self.draining.lock();
-        let moving: Vec<(Key, Option<Record>, u64)> = self
+        let moving: Vec<(Key, Held, u64)> = self
             .map
             .read()
             .iter()
@@ -299,7 +300,7 @@ pub(crate) type Hasher = FixedState;
 
 #[derive(Debug, Default)]
 struct Shard {
-    map: HashMap<Key, Record, Hasher>,
+    map: HashMap<Key, Arc<Record>, Hasher>,
     order: VecDeque<Key>,
     /// The [`entry_bytes`] of the entries in `map`.
     bytes: usize,
@@ -351,7 +352,11 @@ impl RecordCache {
         if self.per_shard == 0 {
             return None;
         }
-        self.shard(key).read().map.get(key).cloned()
+        self.shard(key)
+            .read()
+            .map
+            .get(key)
+            .map(|r| Record::clone(r))
     }
 
     /// The index of [`shard`](RecordCache::shard)'s shard.
@@ -395,7 +400,7 @@ impl RecordCache {
                 let i = i as usize;
                 if !found[i] {
                     if let Some(record) = shard.map.get(keys[i]) {
-                        states[i] = Ok(Some(record.clone()));
+                        states[i] = Ok(Some(Record::clone(record)));
                         found[i] = true;
                     }
                 }
@@ -403,8 +408,9 @@ impl RecordCache {
         }
     }
 
-    /// Records the committed state of `key`: `None` for a deletion.
-    pub(crate) fn set(&self, key: &Key, record: Option<Record>) {
+    /// Records the committed state of `key`: `None` for a deletion. The record is the one
+    /// the overlay held (shared, not copied).
+    pub(crate) fn set(&self, key: &Key, record: Held) {
         if self.per_shard == 0 {
             return;
         }
@@ -477,7 +483,7 @@ mod cache_tests {
             .map(|i| Key::new("s", "op", format!("{i}")).unwrap())
             .collect();
         for (i, key) in keys.iter().enumerate() {
-            cache.set(key, Some(record(i as u64)));
+            cache.set(key, Some(Arc::new(record(i as u64))));
         }
         let held = keys.iter().filter(|k| cache.get(k).is_some()).count();
         assert!(held <= 32 && held > 0, "{held}");
@@ -486,7 +492,7 @@ mod cache_tests {
         cache.set(last, None);
         assert_eq!(cache.get(last), None);
         let disabled = RecordCache::new(0, usize::MAX);
-        disabled.set(last, Some(record(1)));
+        disabled.set(last, Some(Arc::new(record(1))));
         assert_eq!(disabled.get(last), None);
     }
 
@@ -508,7 +514,7 @@ mod cache_tests {
             .map(|i| Key::new("s", "op", format!("{i:04}")).unwrap())
             .collect();
         for key in &keys {
-            cache.set(key, Some(completed(4096)));
+            cache.set(key, Some(Arc::new(completed(4096))));
         }
         let held: Vec<&Key> = keys.iter().filter(|k| cache.get(k).is_some()).collect();
         let bytes: usize = held.iter().map(|k| entry_bytes(k, &completed(4096))).sum();
@@ -520,7 +526,7 @@ mod cache_tests {
         );
         // Each shard's count follows its replacements and removals too.
         for key in &held {
-            cache.set(key, Some(completed(4096)));
+            cache.set(key, Some(Arc::new(completed(4096))));
         }
         for key in &held {
             cache.set(key, None);
@@ -529,12 +535,12 @@ mod cache_tests {
             assert_eq!(shard.read().bytes, 0);
         }
         // A record larger than a shard's share is not kept.
-        cache.set(&keys[0], Some(completed(budget)));
+        cache.set(&keys[0], Some(Arc::new(completed(budget))));
         assert_eq!(cache.get(&keys[0]), None);
         // Small records: the count limit binds first.
         let small = RecordCache::new(32, budget);
         for key in &keys {
-            small.set(key, Some(record(1)));
+            small.set(key, Some(Arc::new(record(1))));
         }
         let held = keys.iter().filter(|k| small.get(k).is_some()).count();
         assert!(held <= 32 && held > 0, "{held}");

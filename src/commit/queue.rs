@@ -342,11 +342,17 @@ fn run(shared: &Shared) {
             take_batch(&mut queue, shared.limits.batch_bytes, &shared.syncer)
         };
         let mut writer = shared.writer.lock();
+        let written_before = writer.wal.last_seq();
         if !batch.is_empty() {
             run_guarded(shared, &mut writer, batch);
         }
-        let sync = matches!(writer.schedule.durability, Durability::Immediate);
         writer.background_work();
+        // The committer syncs the frames it wrote in this round. A frame a lone caller wrote
+        // is that caller's to sync (it drives the sync right after writing it): were the
+        // committer to start that sync on its tick, a request queued meanwhile would wait
+        // for the sync to end instead of being written while it runs.
+        let sync = matches!(writer.schedule.durability, Durability::Immediate)
+            && writer.wal.last_seq() != written_before;
         drop(writer);
         if sync {
             // Callers wait without driving syncs while the committer works: it syncs every

@@ -354,18 +354,7 @@ impl Inner {
     /// The first of `n` nonces in a row (`first .. first + n`, no overflow), which no other
     /// write uses: a statement sends the first and each row adds its place.
     pub(crate) fn nonces(&self, n: usize) -> i64 {
-        let n = n.max(1) as u64;
-        loop {
-            let first = self
-                .nonce_base
-                .wrapping_add(self.writes.fetch_add(n, Ordering::Relaxed))
-                .cast_signed();
-            // A range that would pass the largest bigint is skipped (the server would refuse
-            // the sum).
-            if first.checked_add((n - 1).cast_signed()).is_some() {
-                return first;
-            }
-        }
+        nonce_range(self.nonce_base, &self.writes, n)
     }
 
     /// Remembers what this process wrote to `key`: a pending row as a hint, anything else
@@ -1073,6 +1062,38 @@ impl Inner {
                 Ok(())
             }
         }
+    }
+}
+
+/// The first of `n` consecutive nonces from `base` and the counter `writes`, skipping a range
+/// that would pass the largest bigint (the server would refuse the sum `first + place`).
+fn nonce_range(base: u64, writes: &AtomicU64, n: usize) -> i64 {
+    let n = n.max(1) as u64;
+    loop {
+        let first = base
+            .wrapping_add(writes.fetch_add(n, Ordering::Relaxed))
+            .cast_signed();
+        if first.checked_add((n - 1).cast_signed()).is_some() {
+            return first;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_statements_nonces_never_pass_the_largest_bigint() {
+        let base = (i64::MAX - 5).cast_unsigned();
+        let writes = AtomicU64::new(0);
+        let first = nonce_range(base, &writes, 10);
+        assert!(first.checked_add(9).is_some(), "{first}");
+        // The range that crossed was skipped, not handed out.
+        assert_eq!(writes.load(Ordering::Relaxed), 20);
+        // Ranges that fit are consecutive.
+        let next = nonce_range(base, &writes, 3);
+        assert_eq!(next, first + 10);
     }
 }
 

@@ -1079,24 +1079,6 @@ fn nonce_range(base: u64, writes: &AtomicU64, n: usize) -> i64 {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_statements_nonces_never_pass_the_largest_bigint() {
-        let base = (i64::MAX - 5).cast_unsigned();
-        let writes = AtomicU64::new(0);
-        let first = nonce_range(base, &writes, 10);
-        assert!(first.checked_add(9).is_some(), "{first}");
-        // The range that crossed was skipped, not handed out.
-        assert_eq!(writes.load(Ordering::Relaxed), 20);
-        // Ranges that fit are consecutive.
-        let next = nonce_range(base, &writes, 3);
-        assert_eq!(next, first + 10);
-    }
-}
-
 /// A record's token as the statements take it: whether the write is an acquisition (the
 /// token comes from the sequence) and otherwise the token it keeps.
 fn token_param(record: &Record) -> (bool, i64) {
@@ -1118,5 +1100,23 @@ fn refused<K: Borrow<Key>, O>(ops: &[(K, O)], count: usize, error: tokio_postgre
                 .map_or_else(String::new, |(key, _)| key.borrow().to_string())
         ),
         source: Box::new(error),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_statements_nonces_never_pass_the_largest_bigint() {
+        let base = (i64::MAX - 5).cast_unsigned();
+        let writes = AtomicU64::new(0);
+        let first = nonce_range(base, &writes, 10);
+        assert!(first.checked_add(9).is_some(), "{first}");
+        // The range that crossed was skipped, not handed out.
+        assert_eq!(writes.load(Ordering::Relaxed), 20);
+        // Ranges that fit are consecutive.
+        let next = nonce_range(base, &writes, 3);
+        assert_eq!(next, first + 10);
     }
 }

@@ -171,17 +171,29 @@ where
 
 /// Runs a bare cell and the store's cell `rounds` times, alternating, and prints each
 /// round's ratio, then both totals and their ratio.
-async fn pair<B, BF, S, SF>(rounds: usize, names: [&str; 3], per: &str, bare: B, store: S)
-where
-    B: Fn() -> BF,
+async fn pair<B, BF, S, SF>(
+    rounds: usize,
+    secs: u64,
+    names: [&str; 3],
+    per: &str,
+    bare: B,
+    store: S,
+) where
+    B: Fn(u64) -> BF,
     BF: std::future::Future<Output = Cell>,
-    S: Fn() -> SF,
+    S: Fn(u64) -> SF,
     SF: std::future::Future<Output = Cell>,
 {
+    if rounds > 1 {
+        // One second of each, not counted: the first cell of a run otherwise also pays for
+        // its connections' first statements and the table's first pages.
+        bare(1).await;
+        store(1).await;
+    }
     let (mut bare_total, mut store_total) = (Cell::default(), Cell::default());
     for round in 0..rounds {
-        let b = bare().await;
-        let s = store().await;
+        let b = bare(secs).await;
+        let s = store(secs).await;
         if rounds > 1 {
             println!(
                 "  round {}: {} {:.0}/s, {} {:.0}/s: {:.2}x (load {})",
@@ -225,9 +237,9 @@ async fn single_cells(
     fp: Fingerprint,
 ) {
     let (clients, body, result) = (clients, body, result);
-    let bare_insert = move || async move {
+    let bare_insert = move |secs| async move {
         let run = RUN.fetch_add(1, Ordering::Relaxed);
-        timed(args.conns, args.secs, |t, stop| {
+        timed(args.conns, secs, |t, stop| {
             let c = clients[t].clone();
             let body = body.to_vec();
             async move {
@@ -248,9 +260,9 @@ async fn single_cells(
         })
         .await
     };
-    let reserve = move || async move {
+    let reserve = move |secs| async move {
         let run = RUN.fetch_add(1, Ordering::Relaxed);
-        timed(args.conns, args.secs, |t, stop| {
+        timed(args.conns, secs, |t, stop| {
             let store = store.clone();
             async move {
                 let mut n = 0;
@@ -268,6 +280,7 @@ async fn single_cells(
     };
     pair(
         args.rounds,
+        args.secs,
         [
             "bare INSERT ON CONFLICT DO NOTHING",
             "PgStore reserve",
@@ -280,9 +293,9 @@ async fn single_cells(
     .await;
 
     // Insert then update, against reserve then complete.
-    let bare_cycle = move || async move {
+    let bare_cycle = move |secs| async move {
         let run = RUN.fetch_add(1, Ordering::Relaxed);
-        timed(args.conns, args.secs, |t, stop| {
+        timed(args.conns, secs, |t, stop| {
             let c = clients[t].clone();
             let (body, result) = (body.to_vec(), result.to_vec());
             async move {
@@ -306,9 +319,9 @@ async fn single_cells(
         })
         .await
     };
-    let cycle = move || async move {
+    let cycle = move |secs| async move {
         let run = RUN.fetch_add(1, Ordering::Relaxed);
-        timed(args.conns, args.secs, |t, stop| {
+        timed(args.conns, secs, |t, stop| {
             let store = store.clone();
             let result = result.to_vec();
             async move {
@@ -329,6 +342,7 @@ async fn single_cells(
     };
     pair(
         args.rounds,
+        args.secs,
         [
             "bare insert + update",
             "PgStore reserve + complete",
@@ -506,10 +520,10 @@ async fn main() {
     }
     // Batches of 1000 new keys.
     let batch_tasks = 4.min(args.conns);
-    let (args_ref, clients_ref, body_ref, store_ref) = (&args, &clients, &body, &store);
-    let bare_batch = move || async move {
+    let (clients_ref, body_ref, store_ref) = (&clients, &body, &store);
+    let bare_batch = move |secs| async move {
         let run = RUN.fetch_add(1, Ordering::Relaxed);
-        timed(batch_tasks, args_ref.secs, |t, stop| {
+        timed(batch_tasks, secs, |t, stop| {
             let c = clients_ref[t].clone();
             let body = body_ref.clone();
             async move {
@@ -534,9 +548,9 @@ async fn main() {
         })
         .await
     };
-    let batch = move || async move {
+    let batch = move |secs| async move {
         let run = RUN.fetch_add(1, Ordering::Relaxed);
-        timed(batch_tasks, args_ref.secs, |t, stop| {
+        timed(batch_tasks, secs, |t, stop| {
             let store = store_ref.clone();
             async move {
                 let mut n = 0;
@@ -555,6 +569,7 @@ async fn main() {
     };
     pair(
         args.rounds,
+        args.secs,
         [
             "bare multi-row insert (1000)",
             "PgStore reserve_many (1000)",

@@ -333,11 +333,12 @@ impl<T> Work<T> {
 enum Start<T> {
     /// Each row guessed (a hint, or absent when the caller allows), read only when needed.
     Guess,
-    /// The single-key path's write failed: read the row first, settling the write by its
-    /// nonce when its answer was lost.
+    /// The single-key path's write did not apply (the row changed, or the key exists) or
+    /// failed (`failure`, counted against the operation deadline): read the row first,
+    /// settling the write by its nonce when its answer was lost.
     Read {
         unsettled: Option<Unsettled<T>>,
-        failure: Box<dyn std::error::Error + Send + Sync>,
+        failure: Option<Box<dyn std::error::Error + Send + Sync>>,
     },
 }
 
@@ -548,7 +549,7 @@ impl Inner {
                         op,
                         Start::Read {
                             unsettled: None,
-                            failure: "the guessed row changed".into(),
+                            failure: None,
                         },
                     )
                     .await;
@@ -566,7 +567,7 @@ impl Inner {
             }
             Err(Failure::Retry(error)) => Start::Read {
                 unsettled: None,
-                failure: error,
+                failure: Some(error),
             },
             Err(Failure::Unknown(error)) => Start::Read {
                 unsettled: Some(Unsettled {
@@ -574,7 +575,7 @@ impl Inner {
                     nonce,
                     delete: false,
                 }),
-                failure: error,
+                failure: Some(error),
             },
         };
         self.resends.fetch_add(1, Ordering::Relaxed);
@@ -650,8 +651,10 @@ impl Inner {
         let mut first_round = true;
         if let Start::Read { unsettled, failure } = start {
             first_round = false;
-            last_failure = Some(failure);
-            pause = Duration::from_millis(20);
+            if failure.is_some() {
+                last_failure = failure;
+                pause = Duration::from_millis(20);
+            }
             if let Some(unsettled) = unsettled {
                 w.unsettled.insert(0, vec![unsettled]);
             }

@@ -46,6 +46,14 @@ struct Args {
     /// them.
     #[arg(long)]
     batch_only: bool,
+    /// Without the steady-state cells.
+    #[arg(long)]
+    skip_steady: bool,
+    /// Each pair of cells (a bare peer and the store) runs this many times, alternating, for
+    /// `--secs` each: each round's ratio is printed, then the totals. On a machine whose load
+    /// moves, alternating short cells gives both sides of a ratio the same conditions.
+    #[arg(long, default_value_t = 1)]
+    rounds: usize,
 }
 
 /// CPU time of the server's processes (user + system), seconds; 0 without `--server-pid`.
@@ -106,6 +114,7 @@ fn load() -> String {
         .unwrap_or_default()
 }
 
+#[derive(Default)]
 struct Cell {
     ops: u64,
     secs: f64,
@@ -114,6 +123,12 @@ struct Cell {
 }
 
 impl Cell {
+    fn add(&mut self, other: &Cell) {
+        self.ops += other.ops;
+        self.secs += other.secs;
+        self.cpu += other.cpu;
+        self.server_cpu += other.server_cpu;
+    }
     fn rate(&self) -> f64 {
         self.ops as f64 / self.secs
     }
@@ -154,6 +169,55 @@ where
     }
 }
 
+/// Runs a bare cell and the store's cell `rounds` times, alternating, and prints each
+/// round's ratio, then both totals and their ratio.
+async fn pair<B, BF, S, SF>(
+    rounds: usize,
+    secs: u64,
+    names: [&str; 3],
+    per: &str,
+    bare: B,
+    store: S,
+) where
+    B: Fn(u64) -> BF,
+    BF: std::future::Future<Output = Cell>,
+    S: Fn(u64) -> SF,
+    SF: std::future::Future<Output = Cell>,
+{
+    if rounds > 1 {
+        // One second of each, not counted: the first cell of a run otherwise also pays for
+        // its connections' first statements and the table's first pages.
+        bare(1).await;
+        store(1).await;
+    }
+    let (mut bare_total, mut store_total) = (Cell::default(), Cell::default());
+    for round in 0..rounds {
+        let b = bare(secs).await;
+        let s = store(secs).await;
+        if rounds > 1 {
+            println!(
+                "  round {}: {} {:.0}/s, {} {:.0}/s: {:.2}x (load {})",
+                round + 1,
+                names[0],
+                b.rate(),
+                names[1],
+                s.rate(),
+                s.rate() / b.rate(),
+                load()
+            );
+        }
+        bare_total.add(&b);
+        store_total.add(&s);
+    }
+    bare_total.show(names[0], per);
+    store_total.show(names[1], per);
+    println!(
+        "{}: {:.2}x",
+        names[2],
+        store_total.rate() / bare_total.rate()
+    );
+}
+
 async fn client(config: &str) -> tokio_postgres::Client {
     let (client, connection) = tokio_postgres::connect(config, NoTls)
         .await
@@ -172,97 +236,123 @@ async fn single_cells(
     result: &[u8],
     fp: Fingerprint,
 ) {
-    let run = RUN.fetch_add(1, Ordering::Relaxed);
-    let bare_insert = timed(args.conns, args.secs, |t, stop| {
-        let c = clients[t].clone();
-        let body = body.to_vec();
-        async move {
-            let stmt = c
-                .prepare("INSERT INTO bare (key, body) VALUES ($1, $2) ON CONFLICT DO NOTHING")
-                .await
-                .unwrap();
-            let mut n = 0;
-            while !stop.load(Ordering::Relaxed) {
-                let k = key(run, t, n);
-                c.execute(&stmt, &[&k.to_string().into_bytes(), &body])
+    let (clients, body, result) = (clients, body, result);
+    let bare_insert = move |secs| async move {
+        let run = RUN.fetch_add(1, Ordering::Relaxed);
+        timed(args.conns, secs, |t, stop| {
+            let c = clients[t].clone();
+            let body = body.to_vec();
+            async move {
+                let stmt = c
+                    .prepare("INSERT INTO bare (key, body) VALUES ($1, $2) ON CONFLICT DO NOTHING")
                     .await
                     .unwrap();
-                n += 1;
-            }
-            n
-        }
-    })
-    .await;
-    let run = RUN.fetch_add(1, Ordering::Relaxed);
-    let reserve = timed(args.conns, args.secs, |t, stop| {
-        let store = store.clone();
-        async move {
-            let mut n = 0;
-            while !stop.load(Ordering::Relaxed) {
-                match store.reserve(&key(run, t, n), fp).await.unwrap() {
-                    Reservation::Acquired(_) => {}
-                    other => panic!("{other:?}"),
+                let mut n = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    let k = key(run, t, n);
+                    c.execute(&stmt, &[&k.to_string().into_bytes(), &body])
+                        .await
+                        .unwrap();
+                    n += 1;
                 }
-                n += 1;
+                n
             }
-            n
-        }
-    })
+        })
+        .await
+    };
+    let reserve = move |secs| async move {
+        let run = RUN.fetch_add(1, Ordering::Relaxed);
+        timed(args.conns, secs, |t, stop| {
+            let store = store.clone();
+            async move {
+                let mut n = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    match store.reserve(&key(run, t, n), fp).await.unwrap() {
+                        Reservation::Acquired(_) => {}
+                        other => panic!("{other:?}"),
+                    }
+                    n += 1;
+                }
+                n
+            }
+        })
+        .await
+    };
+    pair(
+        args.rounds,
+        args.secs,
+        [
+            "bare INSERT ON CONFLICT DO NOTHING",
+            "PgStore reserve",
+            "reserve / bare",
+        ],
+        "op",
+        bare_insert,
+        reserve,
+    )
     .await;
-    bare_insert.show("bare INSERT ON CONFLICT DO NOTHING", "op");
-    reserve.show("PgStore reserve", "op");
-    println!(
-        "reserve / bare: {:.2}x",
-        reserve.rate() / bare_insert.rate()
-    );
 
     // Insert then update, against reserve then complete.
-    let run = RUN.fetch_add(1, Ordering::Relaxed);
-    let bare_cycle = timed(args.conns, args.secs, |t, stop| {
-        let c = clients[t].clone();
-        let (body, result) = (body.to_vec(), result.to_vec());
-        async move {
-            let insert = c
-                .prepare("INSERT INTO bare (key, body) VALUES ($1, $2) ON CONFLICT DO NOTHING")
-                .await
-                .unwrap();
-            let update = c
-                .prepare("UPDATE bare SET body = $2 WHERE key = $1")
-                .await
-                .unwrap();
-            let mut n = 0;
-            while !stop.load(Ordering::Relaxed) {
-                let k = key(run, t, n).to_string().into_bytes();
-                c.execute(&insert, &[&k, &body]).await.unwrap();
-                c.execute(&update, &[&k, &result]).await.unwrap();
-                n += 1;
+    let bare_cycle = move |secs| async move {
+        let run = RUN.fetch_add(1, Ordering::Relaxed);
+        timed(args.conns, secs, |t, stop| {
+            let c = clients[t].clone();
+            let (body, result) = (body.to_vec(), result.to_vec());
+            async move {
+                let insert = c
+                    .prepare("INSERT INTO bare (key, body) VALUES ($1, $2) ON CONFLICT DO NOTHING")
+                    .await
+                    .unwrap();
+                let update = c
+                    .prepare("UPDATE bare SET body = $2 WHERE key = $1")
+                    .await
+                    .unwrap();
+                let mut n = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    let k = key(run, t, n).to_string().into_bytes();
+                    c.execute(&insert, &[&k, &body]).await.unwrap();
+                    c.execute(&update, &[&k, &result]).await.unwrap();
+                    n += 1;
+                }
+                n
             }
-            n
-        }
-    })
-    .await;
-    let run = RUN.fetch_add(1, Ordering::Relaxed);
-    let cycle = timed(args.conns, args.secs, |t, stop| {
-        let store = store.clone();
-        let result = result.to_vec();
-        async move {
-            let mut n = 0;
-            while !stop.load(Ordering::Relaxed) {
-                let Reservation::Acquired(lease) =
-                    store.reserve(&key(run, t, n), fp).await.unwrap()
-                else {
-                    panic!("not acquired")
-                };
-                store.complete(&lease, result.clone()).await.unwrap();
-                n += 1;
+        })
+        .await
+    };
+    let cycle = move |secs| async move {
+        let run = RUN.fetch_add(1, Ordering::Relaxed);
+        timed(args.conns, secs, |t, stop| {
+            let store = store.clone();
+            let result = result.to_vec();
+            async move {
+                let mut n = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    let Reservation::Acquired(lease) =
+                        store.reserve(&key(run, t, n), fp).await.unwrap()
+                    else {
+                        panic!("not acquired")
+                    };
+                    store.complete(&lease, result.clone()).await.unwrap();
+                    n += 1;
+                }
+                n
             }
-            n
-        }
-    })
+        })
+        .await
+    };
+    pair(
+        args.rounds,
+        args.secs,
+        [
+            "bare insert + update",
+            "PgStore reserve + complete",
+            "cycle / bare",
+        ],
+        "cycle",
+        bare_cycle,
+        cycle,
+    )
     .await;
-    bare_cycle.show("bare insert + update", "cycle");
-    cycle.show("PgStore reserve + complete", "cycle");
-    println!("cycle / bare: {:.2}x", cycle.rate() / bare_cycle.rate());
 }
 
 /// The steady state: a retention window, a sweeper, two turnovers, against the empty table,
@@ -430,53 +520,68 @@ async fn main() {
     }
     // Batches of 1000 new keys.
     let batch_tasks = 4.min(args.conns);
-    let run = RUN.fetch_add(1, Ordering::Relaxed);
-    let bare_batch = timed(batch_tasks, args.secs, |t, stop| {
-        let c = clients[t].clone();
-        let body = body.clone();
-        async move {
-            let stmt = c
-                .prepare(
-                    "INSERT INTO bare (key, body) SELECT * FROM unnest($1::bytea[], $2::bytea[]) \
-                     ON CONFLICT DO NOTHING",
-                )
-                .await
-                .unwrap();
-            let mut n = 0;
-            while !stop.load(Ordering::Relaxed) {
-                let keys: Vec<Vec<u8>> = (0..1000)
-                    .map(|i| key(run, t, n + i).to_string().into_bytes())
-                    .collect();
-                let bodies = vec![body.clone(); 1000];
-                c.execute(&stmt, &[&keys, &bodies]).await.unwrap();
-                n += 1000;
-            }
-            n
-        }
-    })
-    .await;
-    let run = RUN.fetch_add(1, Ordering::Relaxed);
-    let batch = timed(batch_tasks, args.secs, |t, stop| {
-        let store = store.clone();
-        async move {
-            let mut n = 0;
-            while !stop.load(Ordering::Relaxed) {
-                let items: Vec<(Key, Fingerprint)> =
-                    (0..1000).map(|i| (key(run, t, n + i), fp)).collect();
-                for r in store.reserve_many(&items).await.unwrap() {
-                    assert!(matches!(r, Ok(Reservation::Acquired(_))));
+    let (clients_ref, body_ref, store_ref) = (&clients, &body, &store);
+    let bare_batch = move |secs| async move {
+        let run = RUN.fetch_add(1, Ordering::Relaxed);
+        timed(batch_tasks, secs, |t, stop| {
+            let c = clients_ref[t].clone();
+            let body = body_ref.clone();
+            async move {
+                let stmt = c
+                    .prepare(
+                        "INSERT INTO bare (key, body) SELECT * FROM unnest($1::bytea[], $2::bytea[]) \
+                         ON CONFLICT DO NOTHING",
+                    )
+                    .await
+                    .unwrap();
+                let mut n = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    let keys: Vec<Vec<u8>> = (0..1000)
+                        .map(|i| key(run, t, n + i).to_string().into_bytes())
+                        .collect();
+                    let bodies = vec![body.clone(); 1000];
+                    c.execute(&stmt, &[&keys, &bodies]).await.unwrap();
+                    n += 1000;
                 }
-                n += 1000;
+                n
             }
-            n
-        }
-    })
+        })
+        .await
+    };
+    let batch = move |secs| async move {
+        let run = RUN.fetch_add(1, Ordering::Relaxed);
+        timed(batch_tasks, secs, |t, stop| {
+            let store = store_ref.clone();
+            async move {
+                let mut n = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    let items: Vec<(Key, Fingerprint)> =
+                        (0..1000).map(|i| (key(run, t, n + i), fp)).collect();
+                    for r in store.reserve_many(&items).await.unwrap() {
+                        assert!(matches!(r, Ok(Reservation::Acquired(_))));
+                    }
+                    n += 1000;
+                }
+                n
+            }
+        })
+        .await
+    };
+    pair(
+        args.rounds,
+        args.secs,
+        [
+            "bare multi-row insert (1000)",
+            "PgStore reserve_many (1000)",
+            "batch / bare",
+        ],
+        "key",
+        bare_batch,
+        batch,
+    )
     .await;
-    bare_batch.show("bare multi-row insert (1000)", "key");
-    batch.show("PgStore reserve_many (1000)", "key");
-    println!("batch / bare: {:.2}x", batch.rate() / bare_batch.rate());
 
-    if !args.batch_only {
+    if !args.batch_only && !args.skip_steady {
         steady_cells(&args, &admin, &result, fp).await;
     }
     println!("load average after: {}", load());

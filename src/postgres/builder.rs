@@ -275,7 +275,7 @@ impl PgBuilder {
             nonce_base: random_id(),
             writes: AtomicU64::new(0),
             resends: AtomicU64::new(0),
-            hints: parking_lot::Mutex::new(std::collections::HashMap::new()),
+            hints: parking_lot::Mutex::new(super::write::Hints::new()),
             waiters,
             wait_poll: self.wait_poll,
         }))

@@ -43,6 +43,9 @@ const TOKEN_BLOCK: i64 = 1024;
 /// rows (B-tree deduplication), 6 bytes a row instead of a 16-byte entry
 /// (BENCHMARKS.md, "PostgreSQL").
 pub(crate) const SWEEP_STEP_MS: i64 = 1000;
+/// The answer of a multi-row write: its rows' nonces and tokens as two arrays in one row (one
+/// message to send and parse instead of one per row), NULL when no row was written.
+const AGGREGATE: &str = "SELECT array_agg(nonce), array_agg(token)";
 /// The longest table name accepted: PostgreSQL's identifiers are at most 63 bytes, and the
 /// longest derived name adds 8.
 pub(crate) const MAX_TABLE_LEN: usize = 55;
@@ -76,7 +79,9 @@ pub(crate) struct Sql {
     pub(crate) table: String,
     pub(crate) read: String,
     pub(crate) insert: String,
+    pub(crate) insert_fresh: String,
     pub(crate) insert_one: String,
+    pub(crate) insert_fresh_one: String,
     pub(crate) update: String,
     pub(crate) update_one: String,
     pub(crate) delete: String,
@@ -90,49 +95,67 @@ pub(crate) struct Sql {
 impl Sql {
     pub(crate) fn new(table: &str) -> Sql {
         let t = table;
-        let (up_e, up_5, up_ue, up_6) = (
+        let (up_e, up_5, up_3, up_ue, up_6) = (
             sweep_at("e"),
             sweep_at("$5"),
+            sweep_at("$3"),
             sweep_at("u.e"),
             sweep_at("$6"),
+        );
+        // Tokens in blocks: the sequence steps by TOKEN_BLOCK, and one `nextval` per block
+        // of rows gives each new row `value + its place in the block` (a `nextval` per row
+        // cost about 4 µs of server time per row in a batch of 1000).
+        let blocks = format!(
+            "(SELECT array_agg(nextval('{t}_tokens')) AS v FROM generate_series(1, \
+             (cardinality($1::bytea[]) + {TOKEN_BLOCK} - 1) / {TOKEN_BLOCK})) AS blocks"
         );
         Sql {
             table: t.to_string(),
             read: format!("SELECT key, token, nonce, body FROM {t} WHERE key = ANY($1::bytea[])"),
-            // Tokens in blocks: the sequence steps by TOKEN_BLOCK, and one `nextval` per block
-            // of rows gives each new row `value + its place in the block` (a `nextval` per row
-            // cost about 4 µs of server time per row in a batch of 1000).
             insert: format!(
-                "INSERT INTO {t} (key, token, nonce, sweep_at, expires_at, lease_until, body) \
+                "WITH w AS (INSERT INTO {t} (key, token, nonce, sweep_at, expires_at, lease_until, body) \
                  SELECT k, CASE WHEN nt THEN blocks.v[(o - 1) / {TOKEN_BLOCK} + 1] \
-                 + (o - 1) % {TOKEN_BLOCK} ELSE tk END, n, {up_e}, e, l, b \
-                 FROM unnest($1::bytea[], $2::bool[], $3::int8[], $4::int8[], $5::int8[], \
-                 $6::int8[], $7::bytea[]) WITH ORDINALITY AS u(k, nt, tk, n, e, l, b, o), \
-                 (SELECT array_agg(nextval('{t}_tokens')) AS v FROM generate_series(1, \
-                 (cardinality($1::bytea[]) + {TOKEN_BLOCK} - 1) / {TOKEN_BLOCK})) AS blocks \
-                 ON CONFLICT (key) DO NOTHING RETURNING key, token"
+                 + (o - 1) % {TOKEN_BLOCK} ELSE tk END, $4::int8 + o - 1, {up_e}, e, l, b \
+                 FROM unnest($1::bytea[], $2::bool[], $3::int8[], $5::int8[], \
+                 $6::int8[], $7::bytea[]) WITH ORDINALITY AS u(k, nt, tk, e, l, b, o), \
+                 {blocks} ON CONFLICT (key) DO NOTHING RETURNING nonce, token) {AGGREGATE} FROM w"
             ),
-            // One key: the same insert with plain parameters (no arrays to build and unnest).
+            // Every row an acquisition (reserves of new keys): no token or flag arrays.
+            insert_fresh: format!(
+                "WITH w AS (INSERT INTO {t} (key, token, nonce, sweep_at, expires_at, lease_until, body) \
+                 SELECT k, blocks.v[(o - 1) / {TOKEN_BLOCK} + 1] + (o - 1) % {TOKEN_BLOCK}, \
+                 $2::int8 + o - 1, {up_e}, e, l, b \
+                 FROM unnest($1::bytea[], $3::int8[], $4::int8[], $5::bytea[]) \
+                 WITH ORDINALITY AS u(k, e, l, b, o), \
+                 {blocks} ON CONFLICT (key) DO NOTHING RETURNING nonce, token) {AGGREGATE} FROM w"
+            ),
+            // One key: the same inserts with plain parameters (no arrays to build and unnest).
             insert_one: format!(
                 "INSERT INTO {t} (key, token, nonce, sweep_at, expires_at, lease_until, body) \
                  VALUES ($1, CASE WHEN $2 THEN nextval('{t}_tokens') ELSE $3 END, $4, {up_5}, $5, $6, \
                  $7) \
-                 ON CONFLICT (key) DO NOTHING RETURNING key, token"
+                 ON CONFLICT (key) DO NOTHING RETURNING nonce, token"
+            ),
+            insert_fresh_one: format!(
+                "INSERT INTO {t} (key, token, nonce, sweep_at, expires_at, lease_until, body) \
+                 VALUES ($1, nextval('{t}_tokens'), $2, {up_3}, $3, $4, $5) \
+                 ON CONFLICT (key) DO NOTHING RETURNING nonce, token"
             ),
             // `sweep_at` only rises: a completion leaves it as it was, so it is a HOT update.
             update: format!(
-                "UPDATE {t} SET token = CASE WHEN u.nt THEN nextval('{t}_tokens') ELSE u.tk END, \
-                 nonce = u.n, sweep_at = GREATEST({t}.sweep_at, {up_ue}), expires_at = u.e, \
-                 lease_until = u.l, body = u.b \
-                 FROM unnest($1::bytea[], $2::int8[], $3::bool[], $4::int8[], $5::int8[], \
-                 $6::int8[], $7::int8[], $8::bytea[]) AS u(k, o, nt, tk, n, e, l, b) \
-                 WHERE {t}.key = u.k AND {t}.nonce = u.o RETURNING {t}.key, {t}.token, {t}.watched"
+                "WITH w AS (UPDATE {t} SET token = CASE WHEN u.nt THEN nextval('{t}_tokens') ELSE u.tk END, \
+                 nonce = $5::int8 + u.i - 1, sweep_at = GREATEST({t}.sweep_at, {up_ue}), \
+                 expires_at = u.e, lease_until = u.l, body = u.b \
+                 FROM unnest($1::bytea[], $2::int8[], $3::bool[], $4::int8[], \
+                 $6::int8[], $7::int8[], $8::bytea[]) WITH ORDINALITY AS u(k, o, nt, tk, e, l, b, i) \
+                 WHERE {t}.key = u.k AND {t}.nonce = u.o \
+                 RETURNING {t}.nonce, {t}.token, {t}.watched) {AGGREGATE}, array_agg(watched) FROM w"
             ),
             update_one: format!(
                 "UPDATE {t} SET token = CASE WHEN $3 THEN nextval('{t}_tokens') ELSE $4 END, \
                  nonce = $5, sweep_at = GREATEST(sweep_at, {up_6}), expires_at = $6, lease_until = $7, \
                  body = $8 \
-                 WHERE key = $1 AND nonce = $2 RETURNING key, token, watched"
+                 WHERE key = $1 AND nonce = $2 RETURNING nonce, token, watched"
             ),
             delete: format!(
                 "DELETE FROM {t} USING unnest($1::bytea[], $2::int8[]) AS u(k, o) \

@@ -127,11 +127,11 @@ impl PgStore {
         &self,
         items: &[(Key, Fingerprint)],
     ) -> Result<Vec<Result<Reservation, Error>>, Error> {
-        let ops: Vec<(Key, Reserve)> = items
+        let ops: Vec<(&Key, Reserve)> = items
             .iter()
             .map(|(key, fingerprint)| {
                 (
-                    key.clone(),
+                    key,
                     Reserve {
                         fingerprint: *fingerprint,
                     },
@@ -608,7 +608,7 @@ impl PgStore {
     /// [`Error::Corruption`], [`Error::Database`].
     pub async fn get(&self, key: &Key) -> Result<Option<Record>, Error> {
         let now = self.inner.now();
-        let mut rows = self.inner.read_rows(&[key.encoded().to_vec()]).await?;
+        let mut rows = self.inner.read_rows(&[key.encoded()]).await?;
         match rows.remove(key.encoded()) {
             None => Ok(None),
             Some(row) => Ok(Some(row?.record).filter(|record| !record.is_expired(now))),

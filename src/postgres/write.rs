@@ -4,7 +4,10 @@
 //! (a connection reset, a server killed) are settled by reading the row again and looking for
 //! the write's own nonce, never by guessing.
 
+use std::borrow::Borrow;
+use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -44,7 +47,7 @@ pub(crate) struct Inner {
     /// The pending rows this process wrote last, by key: a holder's next write (complete,
     /// extend, release) is decided on it and sent at once under its nonce, with no read; a
     /// wrong guess costs only the compare that matches nothing, then a read.
-    pub(crate) hints: parking_lot::Mutex<HashMap<Vec<u8>, Row>>,
+    pub(crate) hints: parking_lot::Mutex<Hints>,
     /// The `reserve_or_wait` callers, woken by notifications (`wait.rs`).
     pub(crate) waiters: Arc<super::wait::Waiters>,
     /// The longest a waiting call sleeps without a notification.
@@ -54,19 +57,87 @@ pub(crate) struct Inner {
 /// Most pending rows remembered as hints; the map is emptied when full.
 const MAX_HINTS: usize = 65_536;
 
-/// Keeps (or drops) the hint of a key: the pending row this process wrote (see
-/// [`Inner::note`]).
-fn note(hints: &mut HashMap<Vec<u8>, Row>, key: &[u8], row: Option<&Row>) {
-    match row.filter(|row| row.record.lease_until().is_some()) {
-        Some(row) => {
-            if hints.len() >= MAX_HINTS {
-                hints.clear();
+/// The pending rows this process wrote last, by key (see [`Inner::hints`]). A key is
+/// remembered by its 64-bit hash under a key of this map's own (the standard library's
+/// randomly keyed hasher), not by its bytes: no copy of the key per hint. Two keys with one
+/// hash would only make a wrong guess, which the write's compare on the row's nonce (unique
+/// to each write) turns into a read, as for any stale hint.
+pub(crate) struct Hints {
+    rows: HashMap<u64, Row, BuildHasherDefault<Hashed>>,
+    hasher: RandomState,
+}
+
+/// The map's hasher: its keys are already hashes.
+#[derive(Default)]
+pub(crate) struct Hashed(u64);
+
+impl Hasher for Hashed {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for byte in bytes {
+            self.0 = (self.0 << 8) | u64::from(*byte);
+        }
+    }
+    fn write_u64(&mut self, value: u64) {
+        self.0 = value;
+    }
+}
+
+impl Hints {
+    pub(crate) fn new() -> Hints {
+        Hints {
+            rows: HashMap::default(),
+            hasher: RandomState::new(),
+        }
+    }
+
+    fn of(&self, key: &[u8]) -> u64 {
+        self.hasher.hash_one(key)
+    }
+
+    pub(crate) fn get(&self, key: &[u8]) -> Option<&Row> {
+        if self.rows.is_empty() {
+            return None;
+        }
+        self.rows.get(&self.of(key))
+    }
+
+    pub(crate) fn remove(&mut self, key: &[u8]) -> Option<Row> {
+        if self.rows.is_empty() {
+            return None;
+        }
+        let hash = self.of(key);
+        self.rows.remove(&hash)
+    }
+
+    /// Keeps (or drops) the hint of a key: the pending row this process wrote (see
+    /// [`Inner::note`]).
+    pub(crate) fn note(&mut self, key: &[u8], row: Option<&Row>) {
+        match row.filter(|row| row.record.lease_until().is_some()) {
+            Some(row) => self.keep(key, row.clone()),
+            None => {
+                self.remove(key);
             }
-            hints.insert(key.to_vec(), row.clone());
         }
-        None => {
-            hints.remove(key);
+    }
+
+    /// [`note`](Hints::note) of a row the caller no longer needs: a pending row is moved in.
+    pub(crate) fn note_owned(&mut self, key: &[u8], row: Row) {
+        if row.record.lease_until().is_some() {
+            self.keep(key, row);
+        } else {
+            self.remove(key);
         }
+    }
+
+    fn keep(&mut self, key: &[u8], row: Row) {
+        if self.rows.len() >= MAX_HINTS {
+            self.rows.clear();
+        }
+        let hash = self.of(key);
+        self.rows.insert(hash, row);
     }
 }
 
@@ -209,9 +280,9 @@ impl Tokened for bool {
 
 /// One item's write, waiting for its statement's answer.
 struct Sending<T> {
-    item: usize,
+    /// The item's place in key order ([`Work::order`]).
+    rank: usize,
     outcome: T,
-    nonce: i64,
     /// Put: the record written.
     record: Option<Record>,
 }
@@ -224,6 +295,53 @@ struct Unsettled<T> {
     delete: bool,
 }
 
+/// What one call of [`Inner::rounds`] knows, by an item's place in key order (its rank).
+struct Work<T> {
+    /// The items in key order, a key's occurrences in item order: every statement locks rows
+    /// in this one order, and the occurrences of a key are neighbours.
+    order: Vec<usize>,
+    /// For each rank, the rank of its key's first occurrence: the key's slot in `known`.
+    run: Vec<usize>,
+    /// By item.
+    results: Vec<Option<Result<T, Error>>>,
+    /// By a key's first rank: its row (None: absent) and whether it is only a guess.
+    known: Vec<Option<(Option<Row>, bool)>>,
+    /// By rank.
+    unsettled: HashMap<usize, Vec<Unsettled<T>>>,
+    /// Ranks to decide again.
+    again: Vec<usize>,
+    failed: Option<Box<dyn std::error::Error + Send + Sync>>,
+}
+
+impl<T> Work<T> {
+    /// Answers the item of rank `rank`.
+    fn answer(&mut self, rank: usize, outcome: Result<T, Error>) {
+        self.results[self.order[rank]] = Some(outcome);
+        if !self.unsettled.is_empty() {
+            self.unsettled.remove(&rank);
+        }
+    }
+
+    /// Whether an occurrence of the key of rank `rank` comes after it (a round decides the
+    /// first occurrence still to do, so the rest come after it).
+    fn more_of(&self, rank: usize) -> bool {
+        self.run.get(rank + 1) == Some(&self.run[rank])
+    }
+}
+
+/// How a call of [`Inner::rounds`] begins.
+enum Start<T> {
+    /// Each row guessed (a hint, or absent when the caller allows), read only when needed.
+    Guess,
+    /// The single-key path's write did not apply (the row changed, or the key exists) or
+    /// failed (`failure`, counted against the operation deadline): read the row first,
+    /// settling the write by its nonce when its answer was lost.
+    Read {
+        unsettled: Option<Unsettled<T>>,
+        failure: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
+}
+
 impl Inner {
     pub(crate) fn now(&self) -> Millis {
         to_millis(self.clock.now())
@@ -231,15 +349,19 @@ impl Inner {
 
     /// A nonce no other write of any store uses (a random base per store, then a counter).
     pub(crate) fn nonce(&self) -> i64 {
-        self.nonce_base
-            .wrapping_add(self.writes.fetch_add(1, Ordering::Relaxed))
-            .cast_signed()
+        self.nonces(1)
+    }
+
+    /// The first of `n` nonces in a row (`first .. first + n`, no overflow), which no other
+    /// write uses: a statement sends the first and each row adds its place.
+    pub(crate) fn nonces(&self, n: usize) -> i64 {
+        nonce_range(self.nonce_base, &self.writes, n)
     }
 
     /// Remembers what this process wrote to `key`: a pending row as a hint, anything else
     /// forgets the key.
     pub(crate) fn note(&self, key: &[u8], row: Option<&Row>) {
-        note(&mut self.hints.lock(), key, row);
+        self.hints.lock().note(key, row);
     }
 
     /// Notifies the waiters of keys (encoded) whose watched rows a committed write changed
@@ -337,9 +459,8 @@ impl Inner {
     /// The rows of `keys` (encoded), read in one statement; absent keys are missing.
     pub(crate) async fn read_rows(
         &self,
-        keys: &[Vec<u8>],
+        keys: &[&[u8]],
     ) -> Result<HashMap<Vec<u8>, Result<Row, Error>>, Error> {
-        let keys = keys.to_vec();
         let rows = self
             .read_query(&self.sql.read, &[&keys], || {
                 format!("reading {} keys", keys.len())
@@ -348,7 +469,11 @@ impl Inner {
         Ok(rows.iter().map(Inner::decode_row).collect())
     }
 
-    /// Applies `op` to one key; see [`apply_many`](Inner::apply_many).
+    /// Applies `op` to one key, as [`apply_many`](Inner::apply_many) does, with a shorter path
+    /// for the common case: the row guessed (this process's own pending row, or absent when
+    /// `absent_first`), the decision written in one statement, and the answer given when it
+    /// applied. Anything else (the row changed, the key exists, a failure, a decision that
+    /// changes nothing or deletes) goes the general way, reading the row.
     pub(crate) async fn apply<O>(
         &self,
         key: &Key,
@@ -359,8 +484,103 @@ impl Inner {
         O: Operation + Clone,
         O::Outcome: Tokened,
     {
-        let mut outcomes = self.apply_many(&[(key.clone(), op)], absent_first).await?;
-        outcomes.pop().expect("one outcome per item")
+        let started = Instant::now();
+        let hint = self.hints.lock().remove(key.encoded());
+        let general = |op, start| async move {
+            let ops = [(key, op)];
+            let mut outcomes = self.rounds(&ops, absent_first, started, start).await?;
+            outcomes.pop().expect("one outcome per item")
+        };
+        if hint.is_none() && !absent_first {
+            return general(op, Start::Guess).await;
+        }
+        let old = hint.as_ref().map(|row| row.nonce);
+        let decision = decide(
+            hint.as_ref().map(|row| row.record.clone()),
+            op.clone(),
+            self.now(),
+            self.policies.for_key(key),
+            PLACEHOLDER,
+        );
+        let Change::Put(mut record) = decision.change else {
+            // Keep (which a guess cannot answer) or delete: the general way, with the hint.
+            if let Some(row) = hint {
+                self.hints.lock().note_owned(key.encoded(), row);
+            }
+            return general(op, Start::Guess).await;
+        };
+        let nonce = self.nonce();
+        let (expires, lease) = (
+            sql_millis(record.expires_at),
+            record.lease_until().map(sql_millis),
+        );
+        let body = stored_body(&record);
+        let k = key.encoded();
+        let answer = match old {
+            Some(old) => {
+                let (fresh, token) = token_param(&record);
+                self.query(
+                    &self.sql.update_one,
+                    &[&k, &old, &fresh, &token, &nonce, &expires, &lease, &body],
+                )
+                .await
+            }
+            None if record.token == PLACEHOLDER => {
+                self.query(
+                    &self.sql.insert_fresh_one,
+                    &[&k, &nonce, &expires, &lease, &body],
+                )
+                .await
+            }
+            None => {
+                let (fresh, token) = token_param(&record);
+                self.query(
+                    &self.sql.insert_one,
+                    &[&k, &fresh, &token, &nonce, &expires, &lease, &body],
+                )
+                .await
+            }
+        };
+        let failure = match answer {
+            Ok(rows) => {
+                let Some(row) = rows.first().filter(|row| row.get::<_, i64>(0) == nonce) else {
+                    // The row changed, or the key exists: read it and decide again.
+                    return general(
+                        op,
+                        Start::Read {
+                            unsettled: None,
+                            failure: None,
+                        },
+                    )
+                    .await;
+                };
+                let token = row.get::<_, i64>(1).cast_unsigned();
+                if row.len() > 2 && row.get::<_, bool>(2) {
+                    self.wake(&[k]).await;
+                }
+                record.token = token;
+                self.hints.lock().note_owned(k, Row { record, nonce });
+                return Ok(decision.outcome.with_token(token));
+            }
+            Err(Failure::Refused(error)) => {
+                return Err(refused(&[(key, ())], 1, error));
+            }
+            Err(Failure::Retry(error)) => Start::Read {
+                unsettled: None,
+                failure: Some(error),
+            },
+            Err(Failure::Unknown(error)) => Start::Read {
+                unsettled: Some(Unsettled {
+                    outcome: decision.outcome,
+                    nonce,
+                    delete: false,
+                }),
+                failure: Some(error),
+            },
+        };
+        self.resends.fetch_add(1, Ordering::Relaxed);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        general(op, failure).await
     }
 
     /// Applies each `(key, op)` through [`decide`], in few statements: the rows are read in one
@@ -376,28 +596,72 @@ impl Inner {
     /// The outer error when PostgreSQL refused a statement, or gave no answer within the
     /// operation deadline (saying whether a write may have been applied); an item's error
     /// (a damaged row) fails that item alone.
-    pub(crate) async fn apply_many<O>(
+    pub(crate) async fn apply_many<K: Borrow<Key>, O>(
         &self,
-        ops: &[(Key, O)],
+        ops: &[(K, O)],
         absent_first: bool,
     ) -> Result<Vec<Result<O::Outcome, Error>>, Error>
     where
         O: Operation + Clone,
         O::Outcome: Tokened,
     {
-        let started = Instant::now();
+        self.rounds(ops, absent_first, Instant::now(), Start::Guess)
+            .await
+    }
+
+    /// [`apply_many`](Inner::apply_many) from `start`, with the operation deadline counted
+    /// from `started`.
+    async fn rounds<K: Borrow<Key>, O>(
+        &self,
+        ops: &[(K, O)],
+        absent_first: bool,
+        started: Instant,
+        start: Start<O::Outcome>,
+    ) -> Result<Vec<Result<O::Outcome, Error>>, Error>
+    where
+        O: Operation + Clone,
+        O::Outcome: Tokened,
+    {
+        let n = ops.len();
+        let key = |item: usize| ops[item].0.borrow().encoded();
+        let mut order: Vec<usize> = (0..n).collect();
+        // Stable: a key's occurrences stay in item order.
+        order.sort_by(|&a, &b| key(a).cmp(key(b)));
+        let mut run: Vec<usize> = Vec::with_capacity(n);
+        for rank in 0..n {
+            let first = if rank > 0 && key(order[rank]) == key(order[rank - 1]) {
+                run[rank - 1]
+            } else {
+                rank
+            };
+            run.push(first);
+        }
+        let mut w = Work {
+            order,
+            run,
+            results: (0..n).map(|_| None).collect(),
+            known: (0..n).map(|_| None).collect(),
+            unsettled: HashMap::new(),
+            again: Vec::new(),
+            failed: None,
+        };
         let mut pause = Duration::from_millis(10);
-        let mut results: Vec<Option<Result<O::Outcome, Error>>> =
-            (0..ops.len()).map(|_| None).collect();
-        let mut unsettled: HashMap<usize, Vec<Unsettled<O::Outcome>>> = HashMap::new();
-        // What is known of each key: the row (None: absent) and whether it is only a guess.
-        let mut known: HashMap<Vec<u8>, (Option<Row>, bool)> = HashMap::new();
-        let mut todo: Vec<usize> = (0..ops.len()).collect();
+        let mut todo: Vec<usize> = (0..n).collect();
         let mut last_failure: Option<Box<dyn std::error::Error + Send + Sync>> = None;
         let mut first_round = true;
+        if let Start::Read { unsettled, failure } = start {
+            first_round = false;
+            if failure.is_some() {
+                last_failure = failure;
+                pause = Duration::from_millis(20);
+            }
+            if let Some(unsettled) = unsettled {
+                w.unsettled.insert(0, vec![unsettled]);
+            }
+        }
         while !todo.is_empty() {
             if last_failure.is_some() && started.elapsed() + pause > self.op_deadline {
-                let landed = if unsettled.is_empty() {
+                let landed = if w.unsettled.is_empty() {
                     "nothing was applied"
                 } else {
                     "a write whose answer was lost may or may not have been applied"
@@ -406,218 +670,163 @@ impl Inner {
                     context: format!(
                         "writing {} of {} keys (first: {}); no answer within {:?}, {landed}",
                         todo.len(),
-                        ops.len(),
-                        ops[todo[0]].0,
+                        n,
+                        ops[w.order[todo[0]]].0.borrow(),
                         self.op_deadline
                     ),
                     source: last_failure.take().expect("checked above"),
                 });
             }
-            // This round: the first occurrence of each key still to do.
-            let mut round = Vec::new();
-            let mut later = Vec::new();
-            {
-                let mut in_round = std::collections::HashSet::new();
-                for &item in &todo {
-                    if in_round.insert(ops[item].0.encoded()) {
-                        round.push(item);
-                    } else {
-                        later.push(item);
-                    }
+            // This round: the first occurrence of each key still to do (todo is in key order).
+            let mut round = Vec::with_capacity(todo.len());
+            w.again = Vec::new();
+            for &rank in &todo {
+                if round.last().is_some_and(|&last| w.run[last] == w.run[rank]) {
+                    w.again.push(rank);
+                } else {
+                    round.push(rank);
                 }
             }
-            let to_read: Vec<Vec<u8>> = round
-                .iter()
-                .map(|&item| ops[item].0.encoded().to_vec())
-                .filter(|key| !known.contains_key(key))
-                .collect();
-            let to_read: Vec<Vec<u8>> = if first_round {
-                let hints = self.hints.lock();
-                to_read
-                    .into_iter()
-                    .filter(|key| match hints.get(key) {
-                        Some(row) => {
-                            known.insert(key.clone(), (Some(row.clone()), true));
-                            false
+            // What is not known yet: guessed in the first round, read otherwise.
+            let mut to_read = Vec::new();
+            {
+                let hints = first_round.then(|| self.hints.lock());
+                for &rank in &round {
+                    let slot = w.run[rank];
+                    if w.known[slot].is_some() {
+                        continue;
+                    }
+                    if let Some(hints) = &hints {
+                        if let Some(row) = hints.get(key(w.order[rank])) {
+                            w.known[slot] = Some((Some(row.clone()), true));
+                            continue;
                         }
-                        None if absent_first => {
-                            known.insert(key.clone(), (None, true));
-                            false
+                        if absent_first {
+                            w.known[slot] = Some((None, true));
+                            continue;
                         }
-                        None => true,
-                    })
-                    .collect()
-            } else {
-                to_read
-            };
+                    }
+                    to_read.push(rank);
+                }
+            }
             if !to_read.is_empty() {
-                let mut rows = self.read_rows(&to_read).await?;
-                for key in to_read {
-                    match rows.remove(&key) {
-                        None => {
-                            known.insert(key, (None, false));
-                        }
-                        Some(Ok(row)) => {
-                            known.insert(key, (Some(row), false));
-                        }
-                        Some(Err(error)) => {
-                            // A round names each key once: that item fails alone.
-                            if let Some(&item) =
-                                round.iter().find(|&&item| ops[item].0.encoded() == key)
-                            {
-                                results[item] = Some(Err(error));
-                            }
-                        }
+                let keys: Vec<&[u8]> = to_read.iter().map(|&rank| key(w.order[rank])).collect();
+                let mut rows = self.read_rows(&keys).await?;
+                for &rank in &to_read {
+                    let slot = w.run[rank];
+                    match rows.remove(key(w.order[rank])) {
+                        None => w.known[slot] = Some((None, false)),
+                        Some(Ok(row)) => w.known[slot] = Some((Some(row), false)),
+                        // A round names each key once: that item fails alone.
+                        Some(Err(error)) => w.answer(rank, Err(error)),
                     }
                 }
             }
             first_round = false;
             let now = self.now();
-            let mut again = later;
-            let mut inserts: Vec<Sending<O::Outcome>> = Vec::new();
+            let mut inserts: Vec<(Sending<O::Outcome>, i64)> = Vec::new();
             let mut updates: Vec<(Sending<O::Outcome>, i64)> = Vec::new();
             let mut deletes: Vec<(Sending<O::Outcome>, i64)> = Vec::new();
-            for item in round {
-                if results[item].is_some() {
+            for rank in round {
+                let item = w.order[rank];
+                if w.results[item].is_some() {
                     continue;
                 }
-                let (key, op) = &ops[item];
-                let Some((current, guessed)) = known.get(key.encoded()).cloned() else {
-                    again.push(item);
+                let (k, op) = &ops[item];
+                let k: &Key = k.borrow();
+                let slot = w.run[rank];
+                let Some((current, guessed)) = &w.known[slot] else {
+                    w.again.push(rank);
                     continue;
                 };
+                let guessed = *guessed;
                 // An earlier write of this item whose answer was lost: did it land?
-                if let Some(earlier) = unsettled.get_mut(&item) {
-                    let landed = earlier.iter().position(|u| match &current {
+                if let Some(earlier) = w.unsettled.get_mut(&rank) {
+                    let landed = earlier.iter().position(|u| match current {
                         Some(row) => !u.delete && row.nonce == u.nonce,
                         None => u.delete,
                     });
                     if let (Some(at), false) = (landed, guessed) {
                         let found = earlier.swap_remove(at);
                         let token = current.as_ref().map_or(0, |row| row.record.token);
-                        results[item] = Some(Ok(found.outcome.with_token(token)));
-                        unsettled.remove(&item);
+                        w.answer(rank, Ok(found.outcome.with_token(token)));
                         continue;
                     }
                 }
+                let old = current.as_ref().map(|row| row.nonce);
                 let decision = decide(
                     current.as_ref().map(|row| row.record.clone()),
                     op.clone(),
                     now,
-                    self.policies.for_key(key),
+                    self.policies.for_key(k),
                     PLACEHOLDER,
                 );
-                let nonce = self.nonce();
-                match decision.change {
+                let record = match decision.change {
                     Change::Keep if guessed => {
-                        known.remove(key.encoded());
-                        again.push(item);
+                        w.known[slot] = None;
+                        w.again.push(rank);
+                        continue;
                     }
                     Change::Keep => {
-                        results[item] = Some(Ok(decision.outcome));
-                        unsettled.remove(&item);
+                        w.answer(rank, Ok(decision.outcome));
+                        continue;
                     }
-                    Change::Put(record) => {
-                        let sending = Sending {
-                            item,
-                            outcome: decision.outcome,
-                            nonce,
-                            record: Some(record),
-                        };
-                        match &current {
-                            None => inserts.push(sending),
-                            Some(row) => updates.push((sending, row.nonce)),
-                        }
-                    }
-                    Change::Delete => {
-                        let old = current.as_ref().map_or(0, |row| row.nonce);
-                        let sending = Sending {
-                            item,
-                            outcome: decision.outcome,
-                            nonce,
-                            record: None,
-                        };
-                        deletes.push((sending, old));
-                    }
+                    Change::Put(record) => Some(record),
+                    Change::Delete => None,
+                };
+                let sending = Sending {
+                    rank,
+                    outcome: decision.outcome,
+                    record,
+                };
+                match (&sending.record, old) {
+                    (Some(_), None) => inserts.push((sending, 0)),
+                    (Some(_), Some(old)) => updates.push((sending, old)),
+                    (None, old) => deletes.push((sending, old.unwrap_or(0))),
                 }
             }
-            let mut failed = None;
+            w.failed = None;
             if !inserts.is_empty() {
-                let sent = inserts.into_iter().map(|s| (s, 0)).collect();
-                self.send_puts(
-                    ops,
-                    sent,
-                    false,
-                    &mut results,
-                    &mut known,
-                    &mut unsettled,
-                    &mut again,
-                    &mut failed,
-                )
-                .await?;
+                self.send_puts(ops, &mut w, inserts, false).await?;
             }
             if !updates.is_empty() {
-                self.send_puts(
-                    ops,
-                    updates,
-                    true,
-                    &mut results,
-                    &mut known,
-                    &mut unsettled,
-                    &mut again,
-                    &mut failed,
-                )
-                .await?;
+                self.send_puts(ops, &mut w, updates, true).await?;
             }
             if !deletes.is_empty() {
-                self.send_deletes(
-                    ops,
-                    deletes,
-                    &mut results,
-                    &mut known,
-                    &mut unsettled,
-                    &mut again,
-                    &mut failed,
-                )
-                .await?;
+                self.send_deletes(ops, &mut w, deletes).await?;
             }
-            if let Some(error) = failed {
+            if let Some(error) = w.failed.take() {
                 last_failure = Some(error);
                 self.resends.fetch_add(1, Ordering::Relaxed);
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_millis(500));
             }
-            again.sort_unstable();
-            todo = again;
+            todo = std::mem::take(&mut w.again);
+            todo.sort_unstable();
         }
-        Ok(results
+        Ok(w.results
             .into_iter()
             .map(|result| result.expect("every item answered"))
             .collect())
     }
 
-    /// Sends the puts of one round as one insert (`update` false: the keys were absent) or
-    /// one update (each under a compare on the nonce it was decided on).
-    #[allow(clippy::too_many_arguments)]
-    async fn send_puts<O: Operation>(
+    /// Sends the puts of one round (in key order) as one insert (`update` false: the keys were
+    /// absent) or one update (each under a compare on the nonce it was decided on). The rows
+    /// get the nonces `first ..` in order, and the statement returns each written row's nonce,
+    /// which names its item.
+    async fn send_puts<K: Borrow<Key>, O: Operation>(
         &self,
-        ops: &[(Key, O)],
-        mut puts: Vec<(Sending<O::Outcome>, i64)>,
+        ops: &[(K, O)],
+        w: &mut Work<O::Outcome>,
+        puts: Vec<(Sending<O::Outcome>, i64)>,
         update: bool,
-        results: &mut [Option<Result<O::Outcome, Error>>],
-        known: &mut HashMap<Vec<u8>, (Option<Row>, bool)>,
-        unsettled: &mut HashMap<usize, Vec<Unsettled<O::Outcome>>>,
-        again: &mut Vec<usize>,
-        failed: &mut Option<Box<dyn std::error::Error + Send + Sync>>,
     ) -> Result<(), Error>
     where
         O::Outcome: Tokened,
     {
-        // One order for every statement, so concurrent batches lock rows alike.
-        puts.sort_by(|a, b| ops[a.0.item].0.encoded().cmp(ops[b.0.item].0.encoded()));
         let n = puts.len();
-        let (mut keys, mut olds, mut fresh, mut tokens, mut nonces) = (
-            Vec::with_capacity(n),
+        let first = self.nonces(n);
+        let (mut keys, mut olds, mut fresh, mut tokens) = (
             Vec::with_capacity(n),
             Vec::with_capacity(n),
             Vec::with_capacity(n),
@@ -628,116 +837,150 @@ impl Inner {
             Vec::with_capacity(n),
             Vec::with_capacity(n),
         );
+        let mut all_fresh = true;
         for (sending, old) in &puts {
             let record = sending.record.as_ref().expect("a put has a record");
-            keys.push(ops[sending.item].0.encoded().to_vec());
+            keys.push(ops[w.order[sending.rank]].0.borrow().encoded());
             olds.push(*old);
-            fresh.push(record.token == PLACEHOLDER);
-            tokens.push(if record.token == PLACEHOLDER {
-                0
-            } else {
-                record.token.cast_signed()
-            });
-            nonces.push(sending.nonce);
+            let (is_fresh, token) = token_param(record);
+            all_fresh &= is_fresh;
+            fresh.push(is_fresh);
+            tokens.push(token);
             expires.push(sql_millis(record.expires_at));
             leases.push(record.lease_until().map(sql_millis));
             bodies.push(stored_body(record));
         }
-        let answer = if n == 1 && update {
-            self.query(
-                &self.sql.update_one,
-                &[
+        let sql = &self.sql;
+        let answer = match (n, update, all_fresh) {
+            (1, true, _) => {
+                let params: [&(dyn ToSql + Sync); 8] = [
                     &keys[0],
                     &olds[0],
                     &fresh[0],
                     &tokens[0],
-                    &nonces[0],
+                    &first,
                     &expires[0],
                     &leases[0],
                     &bodies[0],
-                ],
-            )
-            .await
-        } else if n == 1 {
-            self.query(
-                &self.sql.insert_one,
-                &[
+                ];
+                self.query(&sql.update_one, &params).await
+            }
+            (1, false, true) => {
+                let params: [&(dyn ToSql + Sync); 5] =
+                    [&keys[0], &first, &expires[0], &leases[0], &bodies[0]];
+                self.query(&sql.insert_fresh_one, &params).await
+            }
+            (1, false, false) => {
+                let params: [&(dyn ToSql + Sync); 7] = [
                     &keys[0],
                     &fresh[0],
                     &tokens[0],
-                    &nonces[0],
+                    &first,
                     &expires[0],
                     &leases[0],
                     &bodies[0],
-                ],
-            )
-            .await
-        } else if update {
-            self.query(
-                &self.sql.update,
-                &[
-                    &keys, &olds, &fresh, &tokens, &nonces, &expires, &leases, &bodies,
-                ],
-            )
-            .await
-        } else {
-            self.query(
-                &self.sql.insert,
-                &[&keys, &fresh, &tokens, &nonces, &expires, &leases, &bodies],
-            )
-            .await
+                ];
+                self.query(&sql.insert_one, &params).await
+            }
+            (_, true, _) => {
+                let params: [&(dyn ToSql + Sync); 8] = [
+                    &keys, &olds, &fresh, &tokens, &first, &expires, &leases, &bodies,
+                ];
+                self.query(&sql.update, &params).await
+            }
+            (_, false, true) => {
+                let params: [&(dyn ToSql + Sync); 5] = [&keys, &first, &expires, &leases, &bodies];
+                self.query(&sql.insert_fresh, &params).await
+            }
+            (_, false, false) => {
+                let params: [&(dyn ToSql + Sync); 7] =
+                    [&keys, &fresh, &tokens, &first, &expires, &leases, &bodies];
+                self.query(&sql.insert, &params).await
+            }
         };
         match answer {
             Ok(rows) => {
-                let written: HashMap<&[u8], i64> = rows
-                    .iter()
-                    .map(|row| (row.get::<_, &[u8]>(0), row.get::<_, i64>(1)))
-                    .collect();
-                // An insert makes an unwatched row; an update says whether the row was.
-                let watched: Vec<&[u8]> = rows
-                    .iter()
-                    .filter(|row| row.len() > 2 && row.get::<_, bool>(2))
-                    .map(|row| row.get::<_, &[u8]>(0))
-                    .collect();
+                // Each returned row by its nonce's place; an insert makes an unwatched row, an
+                // update says whether the row was watched.
+                let mut written: Vec<Option<i64>> = vec![None; n];
+                let mut watched: Vec<&[u8]> = Vec::new();
+                let mut landed = |nonce: i64, token: i64, was_watched: bool| {
+                    let at = nonce.wrapping_sub(first) as usize;
+                    if let Some(slot) = written.get_mut(at) {
+                        *slot = Some(token);
+                        if was_watched {
+                            watched.push(keys[at]);
+                        }
+                    }
+                };
+                if n == 1 {
+                    for row in &rows {
+                        landed(
+                            row.get(0),
+                            row.get(1),
+                            row.len() > 2 && row.get::<_, bool>(2),
+                        );
+                    }
+                } else if let Some(row) = rows.first() {
+                    // The multi-row statements answer with arrays (`schema::AGGREGATE`).
+                    let nonces: Vec<i64> = row.get::<_, Option<_>>(0).unwrap_or_default();
+                    let tokens: Vec<i64> = row.get::<_, Option<_>>(1).unwrap_or_default();
+                    let flags: Vec<bool> = if row.len() > 2 {
+                        row.get::<_, Option<_>>(2).unwrap_or_default()
+                    } else {
+                        Vec::new()
+                    };
+                    for (i, (&nonce, &token)) in nonces.iter().zip(&tokens).enumerate() {
+                        landed(nonce, token, flags.get(i).copied().unwrap_or(false));
+                    }
+                }
                 self.wake(&watched).await;
                 // The hints of the whole statement under one lock.
                 let mut hints = self.hints.lock();
-                for (sending, _) in puts {
-                    let key = ops[sending.item].0.encoded().to_vec();
-                    match written.get(key.as_slice()) {
-                        Some(&token) => {
+                for (at, (sending, _)) in puts.into_iter().enumerate() {
+                    let rank = sending.rank;
+                    let slot = w.run[rank];
+                    match written[at] {
+                        Some(token) => {
                             let token = token.cast_unsigned();
                             let mut record = sending.record.expect("a put has a record");
                             record.token = token;
                             let row = Row {
                                 record,
-                                nonce: sending.nonce,
+                                nonce: first + at as i64,
                             };
-                            note(&mut hints, &key, Some(&row));
-                            known.insert(key, (Some(row), false));
-                            results[sending.item] = Some(Ok(sending.outcome.with_token(token)));
-                            unsettled.remove(&sending.item);
+                            // Kept only for an occurrence of the key still to decide.
+                            if w.more_of(rank) {
+                                hints.note(keys[at], Some(&row));
+                                w.known[slot] = Some((Some(row), false));
+                            } else {
+                                hints.note_owned(keys[at], row);
+                            }
+                            w.answer(rank, Ok(sending.outcome.with_token(token)));
                         }
                         None => {
                             // The row changed (or exists) since it was decided on.
-                            note(&mut hints, &key, None);
-                            known.remove(&key);
-                            again.push(sending.item);
+                            hints.note(keys[at], None);
+                            w.known[slot] = None;
+                            w.again.push(rank);
                         }
                     }
                 }
                 Ok(())
             }
-            Err(Failure::Refused(error)) => Err(refused(ops, puts.len(), error)),
+            Err(Failure::Refused(error)) => Err(refused(ops, n, error)),
             Err(Failure::Retry(error)) => {
-                again.extend(puts.iter().map(|(sending, _)| sending.item));
-                *failed = Some(error);
+                w.again.extend(puts.iter().map(|(sending, _)| sending.rank));
+                w.failed = Some(error);
                 Ok(())
             }
             Err(Failure::Unknown(error)) => {
-                let sent = puts.into_iter().map(|(sending, _)| sending);
-                self.unsettle(ops, sent, false, known, unsettled, again);
-                *failed = Some(error);
+                let sent = puts
+                    .into_iter()
+                    .enumerate()
+                    .map(|(at, (sending, _))| (sending, first + at as i64));
+                self.unsettle(ops, w, sent, false);
+                w.failed = Some(error);
                 Ok(())
             }
         }
@@ -745,98 +988,138 @@ impl Inner {
 
     /// Items whose statement's answer was lost: each may or may not have landed, so its row is
     /// forgotten, the write is kept to be settled by its nonce, and the item goes round again.
-    fn unsettle<O: Operation>(
+    fn unsettle<K: Borrow<Key>, O: Operation>(
         &self,
-        ops: &[(Key, O)],
-        sent: impl Iterator<Item = Sending<O::Outcome>>,
+        ops: &[(K, O)],
+        w: &mut Work<O::Outcome>,
+        sent: impl Iterator<Item = (Sending<O::Outcome>, i64)>,
         delete: bool,
-        known: &mut HashMap<Vec<u8>, (Option<Row>, bool)>,
-        unsettled: &mut HashMap<usize, Vec<Unsettled<O::Outcome>>>,
-        again: &mut Vec<usize>,
     ) {
-        for sending in sent {
-            self.note(ops[sending.item].0.encoded(), None);
-            known.remove(ops[sending.item].0.encoded());
-            unsettled.entry(sending.item).or_default().push(Unsettled {
+        let mut hints = self.hints.lock();
+        for (sending, nonce) in sent {
+            let rank = sending.rank;
+            hints.remove(ops[w.order[rank]].0.borrow().encoded());
+            w.known[w.run[rank]] = None;
+            w.unsettled.entry(rank).or_default().push(Unsettled {
                 outcome: sending.outcome,
-                nonce: sending.nonce,
+                nonce,
                 delete,
             });
-            again.push(sending.item);
+            w.again.push(rank);
         }
     }
 
-    /// Sends the deletes of one round as one statement, each under a compare on its nonce.
-    #[allow(clippy::too_many_arguments)]
-    async fn send_deletes<O: Operation>(
+    /// Sends the deletes of one round (in key order) as one statement, each under a compare on
+    /// its nonce.
+    async fn send_deletes<K: Borrow<Key>, O: Operation>(
         &self,
-        ops: &[(Key, O)],
-        mut deletes: Vec<(Sending<O::Outcome>, i64)>,
-        results: &mut [Option<Result<O::Outcome, Error>>],
-        known: &mut HashMap<Vec<u8>, (Option<Row>, bool)>,
-        unsettled: &mut HashMap<usize, Vec<Unsettled<O::Outcome>>>,
-        again: &mut Vec<usize>,
-        failed: &mut Option<Box<dyn std::error::Error + Send + Sync>>,
+        ops: &[(K, O)],
+        w: &mut Work<O::Outcome>,
+        deletes: Vec<(Sending<O::Outcome>, i64)>,
     ) -> Result<(), Error>
     where
         O::Outcome: Tokened,
     {
-        deletes.sort_by(|a, b| ops[a.0.item].0.encoded().cmp(ops[b.0.item].0.encoded()));
-        let keys: Vec<Vec<u8>> = deletes
+        let keys: Vec<&[u8]> = deletes
             .iter()
-            .map(|(s, _)| ops[s.item].0.encoded().to_vec())
+            .map(|(s, _)| ops[w.order[s.rank]].0.borrow().encoded())
             .collect();
         let olds: Vec<i64> = deletes.iter().map(|(_, old)| *old).collect();
         match self.query(&self.sql.delete, &[&keys, &olds]).await {
             Ok(rows) => {
-                let gone: std::collections::HashSet<Vec<u8>> =
-                    rows.iter().map(|row| row.get::<_, Vec<u8>>(0)).collect();
+                let gone: std::collections::HashSet<&[u8]> =
+                    rows.iter().map(|row| row.get::<_, &[u8]>(0)).collect();
                 let watched: Vec<&[u8]> = rows
                     .iter()
                     .filter(|row| row.get::<_, bool>(1))
                     .map(|row| row.get::<_, &[u8]>(0))
                     .collect();
                 self.wake(&watched).await;
-                for (sending, _) in deletes {
-                    let key = ops[sending.item].0.encoded().to_vec();
-                    self.note(&key, None);
-                    if gone.contains(&key) {
-                        known.insert(key, (None, false));
-                        results[sending.item] = Some(Ok(sending.outcome));
-                        unsettled.remove(&sending.item);
+                let mut hints = self.hints.lock();
+                for (at, (sending, _)) in deletes.into_iter().enumerate() {
+                    let rank = sending.rank;
+                    let slot = w.run[rank];
+                    hints.remove(keys[at]);
+                    if gone.contains(keys[at]) {
+                        w.known[slot] = Some((None, false));
+                        w.answer(rank, Ok(sending.outcome));
                     } else {
-                        known.remove(&key);
-                        again.push(sending.item);
+                        w.known[slot] = None;
+                        w.again.push(rank);
                     }
                 }
                 Ok(())
             }
             Err(Failure::Refused(error)) => Err(refused(ops, deletes.len(), error)),
             Err(Failure::Retry(error)) => {
-                again.extend(deletes.iter().map(|(sending, _)| sending.item));
-                *failed = Some(error);
+                w.again
+                    .extend(deletes.iter().map(|(sending, _)| sending.rank));
+                w.failed = Some(error);
                 Ok(())
             }
             Err(Failure::Unknown(error)) => {
-                let sent = deletes.into_iter().map(|(sending, _)| sending);
-                self.unsettle(ops, sent, true, known, unsettled, again);
-                *failed = Some(error);
+                // A delete writes no nonce: it landed if the row is gone.
+                let sent = deletes.into_iter().map(|(sending, _)| (sending, 0));
+                self.unsettle(ops, w, sent, true);
+                w.failed = Some(error);
                 Ok(())
             }
         }
     }
 }
 
+/// The first of `n` consecutive nonces from `base` and the counter `writes`, skipping a range
+/// that would pass the largest bigint (the server would refuse the sum `first + place`).
+fn nonce_range(base: u64, writes: &AtomicU64, n: usize) -> i64 {
+    let n = n.max(1) as u64;
+    loop {
+        let first = base
+            .wrapping_add(writes.fetch_add(n, Ordering::Relaxed))
+            .cast_signed();
+        if first.checked_add((n - 1).cast_signed()).is_some() {
+            return first;
+        }
+    }
+}
+
+/// A record's token as the statements take it: whether the write is an acquisition (the
+/// token comes from the sequence) and otherwise the token it keeps.
+fn token_param(record: &Record) -> (bool, i64) {
+    if record.token == PLACEHOLDER {
+        (true, 0)
+    } else {
+        (false, record.token.cast_signed())
+    }
+}
+
 /// The error of a statement PostgreSQL refused for good.
-fn refused<O>(ops: &[(Key, O)], count: usize, error: tokio_postgres::Error) -> Error {
+fn refused<K: Borrow<Key>, O>(ops: &[(K, O)], count: usize, error: tokio_postgres::Error) -> Error {
     Error::Database {
         context: format!(
             "writing {count} of {} keys (first: {}); it refused the statement, \
              so that statement applied nothing",
             ops.len(),
             ops.first()
-                .map_or_else(String::new, |(key, _)| key.to_string())
+                .map_or_else(String::new, |(key, _)| key.borrow().to_string())
         ),
         source: Box::new(error),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_statements_nonces_never_pass_the_largest_bigint() {
+        let base = (i64::MAX - 5).cast_unsigned();
+        let writes = AtomicU64::new(0);
+        let first = nonce_range(base, &writes, 10);
+        assert!(first.checked_add(9).is_some(), "{first}");
+        // The range that crossed was skipped, not handed out.
+        assert_eq!(writes.load(Ordering::Relaxed), 20);
+        // Ranges that fit are consecutive.
+        let next = nonce_range(base, &writes, 3);
+        assert_eq!(next, first + 10);
     }
 }

@@ -568,3 +568,51 @@ fn the_body_leaves_the_token_to_its_column_and_damage_is_reported() {
         }
     });
 }
+
+/// A batch's rows answer by their nonces (consecutive within a statement), not by their keys:
+/// with keys that exist, keys named twice and new keys mixed, in an order that is not key
+/// order, each acquired lease names the token its own row holds, and another store (which
+/// holds no hint of this one's writes) completes with it.
+#[test]
+fn a_batchs_answers_name_each_rows_own_token() {
+    let server = Server::start();
+    runtime().block_on(async {
+        let config = server.config();
+        let connect = || async { PgStore::builder().table("mapped").connect(&config).await };
+        let (a, b) = (connect().await.unwrap(), connect().await.unwrap());
+        let fp = Fingerprint::of(b"cart");
+        // Every third key is held by the other store already.
+        let mut items = Vec::new();
+        for i in (0..90).rev() {
+            let k = key(&format!("m{i:02}"));
+            if i % 3 == 0 {
+                acquire(&b, &k).await;
+            }
+            items.push((k, fp));
+        }
+        items.push(items[4].clone()); // a new key, named twice
+        let answers = a.reserve_many(&items).await.unwrap();
+        let mut tokens = Vec::new();
+        for (i, answer) in answers.iter().enumerate() {
+            let k = &items[i].0;
+            let held = i < 90 && (89 - i) % 3 == 0;
+            match answer {
+                Ok(Reservation::Acquired(lease)) if !held && i < 90 => {
+                    assert_eq!(lease.key(), k);
+                    let stored = a.get(k).await.unwrap().expect("the row");
+                    assert_eq!(lease.token(), stored.token(), "item {i} ({k})");
+                    tokens.push(lease.token());
+                    b.complete(lease, format!("r{i}").into_bytes())
+                        .await
+                        .unwrap();
+                }
+                Ok(Reservation::InProgress { .. }) if held || i == 90 => {}
+                other => panic!("item {i} ({k}), held: {held}: {other:?}"),
+            }
+        }
+        assert_eq!(tokens.len(), 60);
+        tokens.sort_unstable();
+        tokens.dedup();
+        assert_eq!(tokens.len(), 60, "every acquisition has its own token");
+    });
+}

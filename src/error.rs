@@ -556,9 +556,9 @@ impl OpenError {
             },
             // The latch is set by a failed write or sync of a running writer; the open path's
             // own writes fail as `Io` or `Storage` before any writer runs. Its I/O kind is kept.
-            Error::Poisoned { cause, io_kind } => OpenError::Io {
+            e @ Error::Poisoned { .. } => OpenError::Io {
                 context: "opening the store".into(),
-                source: std::io::Error::new(io_kind.unwrap_or(std::io::ErrorKind::Other), cause),
+                source: std::io::Error::new(e.io_kind().unwrap_or(std::io::ErrorKind::Other), e),
             },
             // Opening calls no admin client, runs no `complete_with` closure (so no callback
             // error and no re-entry into the writer) and talks to no cluster or database. Kept
@@ -747,5 +747,77 @@ impl Damage {
             format!("store {} at offset {}", self.file, self.offset),
             format!("{} (met while {doing})", self.reason),
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `OpenError::from_shared` keeps every variant opening can meet, and converting back gives
+    /// the error the helper returned; the others keep their message.
+    #[test]
+    fn from_shared_keeps_what_opening_meets() {
+        let path = || PathBuf::from("store.idem");
+        let kept = vec![
+            Error::InvalidConfig {
+                setting: "lease",
+                reason: "must be at least 1 ms".into(),
+            },
+            Error::AlreadyOpen { path: path() },
+            Error::NotAStore {
+                path: path(),
+                reason: "it is a directory".into(),
+            },
+            Error::ForeignLog {
+                store: path(),
+                log: PathBuf::from("store.idem.wal"),
+                reason: "damaged".into(),
+            },
+            Error::LostLog {
+                store: path(),
+                log: PathBuf::from("store.idem.wal"),
+                reason: "is missing".into(),
+            },
+            Error::io(
+                "opening store store.idem",
+                std::io::ErrorKind::StorageFull.into(),
+            ),
+            Error::Storage {
+                context: "replaying the log",
+                source: Box::new(redb::Error::Corrupted("a page".into())),
+            },
+            Error::Corruption {
+                location: "log frame seq 3".into(),
+                reason: "a logged record does not decode".into(),
+            },
+        ];
+        for error in kept {
+            let (debug, text, kind) = (format!("{error:?}"), error.to_string(), error.io_kind());
+            let open = OpenError::from_shared(error);
+            assert_eq!(open.to_string(), text);
+            assert_eq!(open.io_kind(), kind);
+            assert_eq!(
+                format!("{:?}", Error::from(open)),
+                debug,
+                "a round trip keeps it"
+            );
+        }
+        let others = vec![
+            Error::Reentrant,
+            Error::Poisoned {
+                cause: "writing the log: no space left on device".into(),
+                io_kind: Some(std::io::ErrorKind::StorageFull),
+            },
+            Error::InvalidKey {
+                part: KeyPart::Id,
+                len: 0,
+            },
+        ];
+        for error in others {
+            let text = error.to_string();
+            let open = OpenError::from_shared(error);
+            assert!(open.to_string().contains(&text), "{open} keeps {text}");
+        }
     }
 }

@@ -70,8 +70,7 @@ fn converts_the_same(open: OpenError) -> String {
     let source = std::error::Error::source(&open).map(ToString::to_string);
     // `?` in a function returning `idemstore::Result` converts it.
     let converted: Error = (|| -> idemstore::Result<()> { Err(open)? })()
-        .err()
-        .expect("the conversion keeps the failure");
+        .expect_err("the conversion keeps the failure");
     assert_eq!(
         error_variant(&converted),
         expected,

@@ -137,8 +137,7 @@ fn open_existing(
     let (checked, closed_clean) = match read_only {
         Ok(read_only) => {
             check_format(&read_only, path)?;
-            let closed_clean =
-                crate::log::clean_close::recorded(&read_only).map_err(OpenError::from_shared)?;
+            let closed_clean = crate::log::clean_close::recorded(&read_only)?;
             (true, closed_clean)
         }
         Err(e @ (OpenError::Corruption { .. } | OpenError::AlreadyOpen { .. })) => return Err(e),

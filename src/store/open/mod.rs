@@ -9,7 +9,7 @@ use redb::Database;
 
 use crate::commit::{Committer, Engine, Schedule, Writer};
 use crate::decide::policy::Policies;
-use crate::error::{Error, OpenError};
+use crate::error::OpenError;
 use crate::log::identity::{self, Identity};
 use crate::log::recovery;
 use crate::log::wal::{log_path, LogFile};
@@ -67,13 +67,13 @@ fn guard_open(
 }
 
 /// The store's random identity, from its meta table (the tables speak `Error`).
-fn store_id(db: &Database) -> Result<u64, Error> {
+fn store_id(db: &Database) -> Result<u64, OpenError> {
     let ctx = "reading the store's identity";
-    let txn = db.begin_write().map_err(|e| Error::storage(ctx, e))?;
+    let txn = db.begin_write().map_err(|e| OpenError::storage(ctx, e))?;
     // The meta table alone: no window is read.
-    let id = Tables::open(&txn, &Windows::new(1))?.store_id();
-    txn.abort().map_err(|e| Error::storage(ctx, e))?;
-    id
+    let id = Tables::open(&txn, &Windows::new(1)).and_then(|tables| tables.store_id());
+    txn.abort().map_err(|e| OpenError::storage(ctx, e))?;
+    id.map_err(OpenError::from_shared)
 }
 
 /// Whose log `log` is; refuses one whose identity block is damaged (it may be the store's own,
@@ -128,9 +128,8 @@ impl Store {
         } else {
             file::create_without_pages(path, &redb_builder(builder, false))?
         };
-        let store_id = store_id(&db).map_err(OpenError::from_shared)?;
-        let closed_clean =
-            crate::log::clean_close::recorded(&db).map_err(OpenError::from_shared)?;
+        let store_id = store_id(&db)?;
+        let closed_clean = crate::log::clean_close::recorded(&db)?;
         let refuse = !closed_clean && !builder.accept_log_loss;
         if refuse && !log_path.exists() {
             return Err(crate::log::lost_log::refuse(path, &log_path, "is missing"));
@@ -201,8 +200,7 @@ impl Store {
                 };
                 let closed_clean =
                     match redb_builder(builder, false).open_read_only_with_backend(pages(&db)?) {
-                        Ok(read_only) => crate::log::clean_close::recorded(&read_only)
-                            .map_err(OpenError::from_shared)?,
+                        Ok(read_only) => crate::log::clean_close::recorded(&read_only)?,
                         Err(_) => false,
                     };
                 let db = redb_builder(builder, !closed_clean)
@@ -222,11 +220,10 @@ impl Store {
         builder: &Builder,
         path: PathBuf,
     ) -> Result<Store, OpenError> {
-        // The helpers shared with the operations (the tables, the clean-close mark, recovery,
-        // the engine's threads) speak `Error`, converted here (`OpenError::from_shared`).
-        let store_id = store_id(&db).map_err(OpenError::from_shared)?;
-        let closed_clean =
-            crate::log::clean_close::recorded(&db).map_err(OpenError::from_shared)?;
+        // The helpers shared with the operations (the tables, recovery, the engine's threads)
+        // speak `Error`, converted here (`OpenError::from_shared`).
+        let store_id = store_id(&db)?;
+        let closed_clean = crate::log::clean_close::recorded(&db)?;
         let refuse = !closed_clean && !builder.accept_log_loss;
         match log_identity(&*log, store_id, &path, &log_path)? {
             Identity::Ours => {}

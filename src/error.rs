@@ -519,14 +519,14 @@ impl OpenError {
         }
     }
 
-    /// The error of a helper the open path shares with the operations (the tables, the
-    /// clean-close mark, recovery, starting the engine's threads), which speaks [`Error`].
+    /// The error of a helper the open path shares with the operations (the tables and expiry
+    /// windows, recovery, starting the engine's threads), which speaks [`Error`].
     ///
     /// Total and exhaustive (no wildcard: a new `Error` variant must be placed here). The
-    /// variants opening can meet keep their name and fields, so converting back (`From<OpenError>
-    /// for Error`) gives the error the helper returned. The others cannot come out of an open, for the reason
-    /// written beside each, and are mapped to the nearest honest variant, keeping their
-    /// message.
+    /// variants opening can meet keep their name and fields, so converting back
+    /// (`From<OpenError> for Error`) gives the error the helper returned. The others cannot
+    /// come out of an open, for the reason written beside each, and are mapped to the nearest
+    /// honest variant, keeping their message.
     pub(crate) fn from_shared(error: Error) -> OpenError {
         match error {
             Error::InvalidConfig { setting, reason } => {

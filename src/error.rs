@@ -1,6 +1,11 @@
 //! Error types. Outcomes such as "in progress" or "mismatch" are not errors: they are
 //! [`Reservation`](crate::Reservation) values. Errors are bad input, lost ownership, I/O,
 //! corruption and a poisoned store.
+//!
+//! Two types, as redb keeps `DatabaseError` (opening) apart from `StorageError` (operating):
+//! [`OpenError`], the only ways opening a local store can fail, and [`Error`], the umbrella
+//! every operation returns. Every `OpenError` converts into the `Error` variant of the same
+//! name with the same message, so `?` on an open in a function returning [`Result`] works.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -173,8 +178,8 @@ pub enum Error {
     /// On a full disk ([`io_kind`](Error::io_kind) is [`std::io::ErrorKind::StorageFull`]) the
     /// cause names the store file and the free space reopening needs ("free at least N
     /// bytes"): an upper estimate, the rule `idemstore check` uses for the next checkpoint. An
-    /// open that fails on a full disk is [`Error::Io`] of that kind, naming the store and the
-    /// room the same way.
+    /// open that fails on a full disk is an I/O error of that kind, naming the store and the
+    /// room the same way ([`OpenError::Io`], converted).
     Poisoned {
         /// The first failure.
         cause: String,
@@ -322,9 +327,7 @@ impl fmt::Display for Error {
                 "review note for key {key} is {len} bytes; the limit is {} bytes",
                 Key::MAX_NOTE_LEN
             ),
-            Error::InvalidConfig { setting, reason } => {
-                write!(f, "invalid setting {setting}: {reason}")
-            }
+            Error::InvalidConfig { setting, reason } => text::invalid_config(f, setting, reason),
             Error::LeaseLost { key, token, reason } => write!(
                 f,
                 "lease on key {key} with token {token} is lost: {reason}; nothing was changed"
@@ -341,21 +344,11 @@ impl fmt::Display for Error {
             Error::Admin { socket, message } => {
                 write!(f, "{message} (answered by the store's admin socket {})", socket.display())
             }
-            Error::AlreadyOpen { path } => write!(
-                f,
-                "store {} is already open in another process or Store handle; one process owns a store file",
-                path.display()
-            ),
-            Error::NotAStore { path, reason } => write!(
-                f,
-                "{} is not an idemstore store ({reason}); the file was left untouched",
-                path.display()
-            ),
-            Error::Io { context, source } => write!(f, "{context}: {source}"),
-            Error::Storage { context, source } => write!(f, "storage error while {context}: {source}"),
-            Error::Corruption { location, reason } => {
-                write!(f, "corruption detected in {location}: {reason}")
-            }
+            Error::AlreadyOpen { path } => text::already_open(f, path),
+            Error::NotAStore { path, reason } => text::not_a_store(f, path, reason),
+            Error::Io { context, source } => text::io(f, context, source),
+            Error::Storage { context, source } => text::storage(f, context, source),
+            Error::Corruption { location, reason } => text::corruption(f, location, reason),
             Error::Poisoned { cause, .. } => write!(
                 f,
                 "store is poisoned after an earlier failed write ({cause}); reopen it to recover"
@@ -372,26 +365,8 @@ impl fmt::Display for Error {
                  closure, which runs while the writer is held; reads work there, do the rest \
                  after complete_with returns",
             ),
-            Error::ForeignLog { store, log, reason } => write!(
-                f,
-                "log {} cannot be shown to belong to store {} ({reason}); nothing was replayed and \
-                 both files were left untouched: if the log is not needed, move it away and open \
-                 again; if the store was restored from a backup, put back the log that was saved \
-                 with it",
-                log.display(),
-                store.display()
-            ),
-            Error::LostLog { store, log, reason } => write!(
-                f,
-                "store {} was not closed cleanly and its log {} {reason}: the operations \
-                 acknowledged since its last checkpoint are only in its own log, so it refuses to \
-                 open. Put the store's own log back at {}; or, to accept losing them, open with \
-                 Builder::accept_log_loss(true) or run `idemstore recover --accept-loss {}`",
-                store.display(),
-                log.display(),
-                log.display(),
-                store.display()
-            ),
+            Error::ForeignLog { store, log, reason } => text::foreign_log(f, store, log, reason),
+            Error::LostLog { store, log, reason } => text::lost_log(f, store, log, reason),
         }
     }
 }
@@ -411,6 +386,317 @@ impl std::error::Error for Error {
 
 /// A `Result` with idemstore's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Why a local store could not be opened: what [`Store::open`](crate::Store::open), the
+/// [`Builder`](crate::Builder)'s opens, [`open_redb`](crate::open_redb),
+/// [`open_redb_read_only`](crate::open_redb_read_only) and [`compact`](crate::compact)
+/// return. It holds only the ways opening can fail; the operations of an open store return
+/// [`Error`].
+///
+/// Every variant converts into the [`Error`] variant of the same name, with the same fields
+/// and the same message, so a function returning [`Result`] opens with `?`:
+///
+/// ```
+/// use idemstore::{OpenError, Store};
+///
+/// fn open_twice(path: &std::path::Path) -> idemstore::Result<()> {
+///     let _store = Store::open(path)?; // an OpenError, converted
+///     match Store::open(path) {
+///         Err(OpenError::AlreadyOpen { path: held }) => assert_eq!(held, path),
+///         other => panic!("one process owns a store file, got {other:?}"),
+///     }
+///     Ok(())
+/// }
+/// # let dir = tempfile::tempdir()?;
+/// open_twice(&dir.path().join("keys.idem"))?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum OpenError {
+    /// A builder setting is out of range ([`Error::InvalidConfig`]).
+    InvalidConfig {
+        /// The setting's name.
+        setting: &'static str,
+        /// Why it was refused.
+        reason: String,
+    },
+    /// Another process (or another `Store` in this one) has the file open
+    /// ([`Error::AlreadyOpen`]).
+    AlreadyOpen {
+        /// The store file.
+        path: PathBuf,
+    },
+    /// The file exists but is not an idemstore store (a directory, another program's file,
+    /// a store written by an unknown format version, or one whose redb structure is damaged).
+    /// The file was not modified ([`Error::NotAStore`]).
+    NotAStore {
+        /// The file.
+        path: PathBuf,
+        /// Why it was refused.
+        reason: String,
+    },
+    /// The log next to the store file cannot be shown to be the store's own; nothing was
+    /// replayed and both files were left untouched ([`Error::ForeignLog`], which says more).
+    ForeignLog {
+        /// The store file.
+        store: PathBuf,
+        /// The log file.
+        log: PathBuf,
+        /// What is wrong with the log.
+        reason: String,
+    },
+    /// The store was not closed cleanly and its log is missing, empty, truncated or another
+    /// store's, so it refuses to open ([`Error::LostLog`], which says what to do).
+    LostLog {
+        /// The store file.
+        store: PathBuf,
+        /// The log file.
+        log: PathBuf,
+        /// What is wrong with the log.
+        reason: String,
+    },
+    /// An operating-system I/O error, with what was being done, naming the file
+    /// ([`Error::Io`]). On a full disk ([`io_kind`](OpenError::io_kind) is
+    /// [`std::io::ErrorKind::StorageFull`]) it says how much room the open needs.
+    Io {
+        /// What failed, naming the file.
+        context: String,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// An error from the redb storage layer while reading, replaying into or compacting the
+    /// file ([`Error::Storage`]).
+    Storage {
+        /// What was being done.
+        context: &'static str,
+        /// The underlying error.
+        source: Box<redb::Error>,
+    },
+    /// Stored bytes failed their checksum or do not decode: a block of the store file (naming
+    /// the file and the offset), a frame of the log, or a record ([`Error::Corruption`]).
+    Corruption {
+        /// Where: a file offset, a log frame or the key of a record.
+        location: String,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+impl OpenError {
+    /// The kind of the operating-system I/O error behind this error, if there is one, as
+    /// [`Error::io_kind`]. A full disk is [`std::io::ErrorKind::StorageFull`].
+    pub fn io_kind(&self) -> Option<std::io::ErrorKind> {
+        match self {
+            OpenError::Io { source, .. } => Some(source.kind()),
+            OpenError::Storage { source, .. } => match source.as_ref() {
+                redb::Error::Io(e) => Some(e.kind()),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+
+    /// A storage error from redb while opening, doing `context`: as [`Error::storage`], a block
+    /// that failed its checksum is [`OpenError::Corruption`] naming the file and the offset.
+    pub(crate) fn storage(context: &'static str, source: impl Into<redb::Error>) -> OpenError {
+        let source = source.into();
+        if let redb::Error::Io(e) = &source {
+            if let Some(damage) = Damage::of(e) {
+                return damage.to_open_error(context);
+            }
+        }
+        OpenError::Storage {
+            context,
+            source: Box::new(source),
+        }
+    }
+
+    pub(crate) fn io(context: impl Into<String>, source: std::io::Error) -> OpenError {
+        OpenError::Io {
+            context: context.into(),
+            source,
+        }
+    }
+
+    /// The error of a helper the open path shares with the operations (the tables and expiry
+    /// windows, recovery, starting the engine's threads), which speaks [`Error`].
+    ///
+    /// Total and exhaustive (no wildcard: a new `Error` variant must be placed here). The
+    /// variants opening can meet keep their name and fields, so converting back
+    /// (`From<OpenError> for Error`) gives the error the helper returned. The others cannot
+    /// come out of an open, for the reason written beside each, and are mapped to the nearest
+    /// honest variant, keeping their message.
+    pub(crate) fn from_shared(error: Error) -> OpenError {
+        match error {
+            Error::InvalidConfig { setting, reason } => {
+                OpenError::InvalidConfig { setting, reason }
+            }
+            Error::AlreadyOpen { path } => OpenError::AlreadyOpen { path },
+            Error::NotAStore { path, reason } => OpenError::NotAStore { path, reason },
+            Error::ForeignLog { store, log, reason } => {
+                OpenError::ForeignLog { store, log, reason }
+            }
+            Error::LostLog { store, log, reason } => OpenError::LostLog { store, log, reason },
+            Error::Io { context, source } => OpenError::Io { context, source },
+            Error::Storage { context, source } => OpenError::Storage { context, source },
+            Error::Corruption { location, reason } => OpenError::Corruption { location, reason },
+            // Opening takes no key, result, note or lease from a caller: every key it meets
+            // is read from the file or the log. One of these could only describe stored bytes
+            // that are not what the store writes, which is corruption.
+            e @ (Error::InvalidKey { .. }
+            | Error::ResultTooLarge { .. }
+            | Error::NoteTooLarge { .. }
+            | Error::LeaseLost { .. }
+            | Error::NotResolvable { .. }
+            | Error::LeaseLive { .. }) => OpenError::Corruption {
+                location: "the store's records".into(),
+                reason: e.to_string(),
+            },
+            // The latch is set by a failed write or sync of a running writer; the open path's
+            // own writes fail as `Io` or `Storage` before any writer runs. Its I/O kind is kept.
+            e @ Error::Poisoned { .. } => OpenError::Io {
+                context: "opening the store".into(),
+                source: std::io::Error::new(e.io_kind().unwrap_or(std::io::ErrorKind::Other), e),
+            },
+            // Opening calls no admin client, runs no `complete_with` closure (so no callback
+            // error and no re-entry into the writer) and talks to no cluster or database. Kept
+            // whole as the source of an I/O error of kind `Other`.
+            e @ (Error::Admin { .. }
+            | Error::Callback { .. }
+            | Error::Cluster { .. }
+            | Error::Database { .. }
+            | Error::Reentrant) => OpenError::Io {
+                context: "opening the store".into(),
+                source: std::io::Error::other(e),
+            },
+        }
+    }
+}
+
+impl From<OpenError> for Error {
+    /// The [`Error`] variant of the same name, with the same fields and message.
+    fn from(error: OpenError) -> Error {
+        match error {
+            OpenError::InvalidConfig { setting, reason } => {
+                Error::InvalidConfig { setting, reason }
+            }
+            OpenError::AlreadyOpen { path } => Error::AlreadyOpen { path },
+            OpenError::NotAStore { path, reason } => Error::NotAStore { path, reason },
+            OpenError::ForeignLog { store, log, reason } => {
+                Error::ForeignLog { store, log, reason }
+            }
+            OpenError::LostLog { store, log, reason } => Error::LostLog { store, log, reason },
+            OpenError::Io { context, source } => Error::Io { context, source },
+            OpenError::Storage { context, source } => Error::Storage { context, source },
+            OpenError::Corruption { location, reason } => Error::Corruption { location, reason },
+        }
+    }
+}
+
+impl fmt::Display for OpenError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            OpenError::InvalidConfig { setting, reason } => {
+                text::invalid_config(f, setting, reason)
+            }
+            OpenError::AlreadyOpen { path } => text::already_open(f, path),
+            OpenError::NotAStore { path, reason } => text::not_a_store(f, path, reason),
+            OpenError::ForeignLog { store, log, reason } => {
+                text::foreign_log(f, store, log, reason)
+            }
+            OpenError::LostLog { store, log, reason } => text::lost_log(f, store, log, reason),
+            OpenError::Io { context, source } => text::io(f, context, source),
+            OpenError::Storage { context, source } => text::storage(f, context, source),
+            OpenError::Corruption { location, reason } => text::corruption(f, location, reason),
+        }
+    }
+}
+
+impl std::error::Error for OpenError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            OpenError::Io { source, .. } => Some(source),
+            OpenError::Storage { source, .. } => Some(source.as_ref()),
+            _ => None,
+        }
+    }
+}
+
+/// The messages of the variants [`Error`] and [`OpenError`] share, written once so that a
+/// converted error reads the same.
+mod text {
+    use std::fmt::{Formatter, Result};
+    use std::path::Path;
+
+    pub(super) fn invalid_config(f: &mut Formatter<'_>, setting: &str, reason: &str) -> Result {
+        write!(f, "invalid setting {setting}: {reason}")
+    }
+
+    pub(super) fn already_open(f: &mut Formatter<'_>, path: &Path) -> Result {
+        write!(
+            f,
+            "store {} is already open in another process or Store handle; one process owns a store file",
+            path.display()
+        )
+    }
+
+    pub(super) fn not_a_store(f: &mut Formatter<'_>, path: &Path, reason: &str) -> Result {
+        write!(
+            f,
+            "{} is not an idemstore store ({reason}); the file was left untouched",
+            path.display()
+        )
+    }
+
+    pub(super) fn io(f: &mut Formatter<'_>, context: &str, source: &std::io::Error) -> Result {
+        write!(f, "{context}: {source}")
+    }
+
+    pub(super) fn storage(f: &mut Formatter<'_>, context: &str, source: &redb::Error) -> Result {
+        write!(f, "storage error while {context}: {source}")
+    }
+
+    pub(super) fn corruption(f: &mut Formatter<'_>, location: &str, reason: &str) -> Result {
+        write!(f, "corruption detected in {location}: {reason}")
+    }
+
+    pub(super) fn foreign_log(
+        f: &mut Formatter<'_>,
+        store: &Path,
+        log: &Path,
+        reason: &str,
+    ) -> Result {
+        write!(
+            f,
+            "log {} cannot be shown to belong to store {} ({reason}); nothing was replayed and \
+             both files were left untouched: if the log is not needed, move it away and open \
+             again; if the store was restored from a backup, put back the log that was saved \
+             with it",
+            log.display(),
+            store.display()
+        )
+    }
+
+    pub(super) fn lost_log(
+        f: &mut Formatter<'_>,
+        store: &Path,
+        log: &Path,
+        reason: &str,
+    ) -> Result {
+        write!(
+            f,
+            "store {} was not closed cleanly and its log {} {reason}: the operations \
+             acknowledged since its last checkpoint are only in its own log, so it refuses to \
+             open. Put the store's own log back at {}; or, to accept losing them, open with \
+             Builder::accept_log_loss(true) or run `idemstore recover --accept-loss {}`",
+            store.display(),
+            log.display(),
+            log.display(),
+            store.display()
+        )
+    }
+}
 
 /// A damaged block of a store file, found by its checksum in the page layer
 /// (`tree/pages.rs`); carried inside the `io::Error` redb returns.
@@ -444,9 +730,93 @@ impl Damage {
 
     /// The error a caller gets, met while `doing`.
     pub(crate) fn to_error(&self, doing: &str) -> Error {
-        Error::Corruption {
-            location: format!("store {} at offset {}", self.file, self.offset),
-            reason: format!("{} (met while {doing})", self.reason),
+        let (location, reason) = self.describe(doing);
+        Error::Corruption { location, reason }
+    }
+
+    /// The error an open gets, met while `doing`: the same as [`Damage::to_error`].
+    pub(crate) fn to_open_error(&self, doing: &str) -> OpenError {
+        let (location, reason) = self.describe(doing);
+        OpenError::Corruption { location, reason }
+    }
+
+    /// The location and reason of the corruption error, met while `doing`.
+    fn describe(&self, doing: &str) -> (String, String) {
+        (
+            format!("store {} at offset {}", self.file, self.offset),
+            format!("{} (met while {doing})", self.reason),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `OpenError::from_shared` keeps every variant opening can meet, and converting back gives
+    /// the error the helper returned; the others keep their message.
+    #[test]
+    fn from_shared_keeps_what_opening_meets() {
+        let path = || PathBuf::from("store.idem");
+        let kept = vec![
+            Error::InvalidConfig {
+                setting: "lease",
+                reason: "must be at least 1 ms".into(),
+            },
+            Error::AlreadyOpen { path: path() },
+            Error::NotAStore {
+                path: path(),
+                reason: "it is a directory".into(),
+            },
+            Error::ForeignLog {
+                store: path(),
+                log: PathBuf::from("store.idem.wal"),
+                reason: "damaged".into(),
+            },
+            Error::LostLog {
+                store: path(),
+                log: PathBuf::from("store.idem.wal"),
+                reason: "is missing".into(),
+            },
+            Error::io(
+                "opening store store.idem",
+                std::io::ErrorKind::StorageFull.into(),
+            ),
+            Error::Storage {
+                context: "replaying the log",
+                source: Box::new(redb::Error::Corrupted("a page".into())),
+            },
+            Error::Corruption {
+                location: "log frame seq 3".into(),
+                reason: "a logged record does not decode".into(),
+            },
+        ];
+        for error in kept {
+            let (debug, text, kind) = (format!("{error:?}"), error.to_string(), error.io_kind());
+            let open = OpenError::from_shared(error);
+            assert_eq!(open.to_string(), text);
+            assert_eq!(open.io_kind(), kind);
+            assert_eq!(
+                format!("{:?}", Error::from(open)),
+                debug,
+                "a round trip keeps it"
+            );
+        }
+        let others = vec![
+            Error::Reentrant,
+            Error::Poisoned {
+                cause: "writing the log: no space left on device".into(),
+                io_kind: Some(std::io::ErrorKind::StorageFull),
+            },
+            Error::InvalidKey {
+                part: KeyPart::Id,
+                len: 0,
+            },
+        ];
+        for error in others {
+            let text = error.to_string();
+            let open = OpenError::from_shared(error);
+            assert!(open.to_string().contains(&text), "{open} keeps {text}");
         }
     }
 }

@@ -120,7 +120,7 @@ pub use admin::{AdminClient, AdminSocket};
 pub use answers::{Completed, Lease, LiveLease, Reservation, Seen};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decide::Resolution;
-pub use error::{Error, KeyPart, LeaseLostReason, Result};
+pub use error::{Error, KeyPart, LeaseLostReason, OpenError, Result};
 #[cfg(feature = "etcd")]
 pub use etcd::{EtcdBuilder, EtcdSnapshot, EtcdStore, EtcdSweeper};
 pub use fingerprint::Fingerprint;

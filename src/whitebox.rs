@@ -40,7 +40,7 @@ pub fn closed_clean(db: impl redb::StorageBackend) -> Result<bool, crate::Error>
     let db = redb::Builder::new()
         .create_with_backend(pages)
         .map_err(|e| crate::Error::storage("opening a page file", e))?;
-    crate::log::clean_close::recorded(&db)
+    crate::log::clean_close::recorded(&db).map_err(crate::Error::from)
 }
 
 /// Every directory the store synced since the process started.

@@ -8,7 +8,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use idemstore::redb::{self, ReadableDatabase, TableDefinition};
-use idemstore::{Builder, Error, Key, KeyPart, Reservation, Resolution, Status, Store};
+use idemstore::{Builder, Error, Key, KeyPart, OpenError, Reservation, Resolution, Status, Store};
 
 use crate::common::{acquire, change_stored, encoded, fp, key, replayed, Env};
 
@@ -194,9 +194,9 @@ fn invalid_builder_settings_are_refused_at_open() {
         let mut builder = env.builder();
         set(&mut builder);
         match builder.open(&env.path) {
-            Err(err @ Error::InvalidConfig { .. }) => {
+            Err(err @ OpenError::InvalidConfig { .. }) => {
                 let message = err.to_string();
-                let Error::InvalidConfig { setting, .. } = err else {
+                let OpenError::InvalidConfig { setting, .. } = err else {
                     unreachable!()
                 };
                 assert_eq!(setting, name);
@@ -225,7 +225,7 @@ fn opening_a_directory_is_refused() {
     std::fs::write(dir.join("inside"), b"keep me").unwrap();
     let err = Store::open(&dir).unwrap_err();
     match &err {
-        Error::NotAStore { path, .. } => assert_eq!(path, &dir),
+        OpenError::NotAStore { path, .. } => assert_eq!(path, &dir),
         other => panic!("expected NotAStore, got {other:?}"),
     }
     let message = err.to_string();
@@ -256,7 +256,7 @@ fn another_programs_file_is_refused_and_left_untouched() {
         let path = env.dir.path().join(name);
         std::fs::write(&path, &bytes).unwrap();
         match Store::open(&path) {
-            Err(err @ Error::NotAStore { .. }) => {
+            Err(err @ OpenError::NotAStore { .. }) => {
                 let message = err.to_string();
                 assert!(message.contains(&path.display().to_string()), "{message}");
             }
@@ -285,7 +285,7 @@ fn a_redb_database_that_is_not_a_store_is_refused_and_kept() {
     }
     let before = std::fs::read(&path).unwrap();
     match Store::open(&path) {
-        Err(err @ Error::NotAStore { .. }) => {
+        Err(err @ OpenError::NotAStore { .. }) => {
             let message = err.to_string();
             assert!(message.contains(&path.display().to_string()), "{message}");
         }
@@ -351,7 +351,7 @@ fn second_open_in_the_same_process_is_already_open() {
     let lease = acquire(&store, &k, fp("b"));
     let err = env.builder().open(&env.path).unwrap_err();
     match &err {
-        Error::AlreadyOpen { path } => assert_eq!(path, &env.path),
+        OpenError::AlreadyOpen { path } => assert_eq!(path, &env.path),
         other => panic!("expected AlreadyOpen, got {other:?}"),
     }
     assert!(
@@ -433,7 +433,7 @@ fn second_open_from_another_process_is_already_open() {
 
     let err = env.builder().open(&env.path).unwrap_err();
     match &err {
-        Error::AlreadyOpen { path } => assert_eq!(path, &env.path),
+        OpenError::AlreadyOpen { path } => assert_eq!(path, &env.path),
         other => panic!("expected AlreadyOpen, got {other:?}"),
     }
     let message = err.to_string();

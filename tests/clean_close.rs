@@ -173,11 +173,11 @@ fn verify_on_open_checks_the_file_only_after_an_unclean_shutdown() {
             let mut verifying = builder(&clock);
             verifying.verify_on_open(true);
             match verifying.open_with_storage(db.clone(), log.clone()) {
-                Err(idemstore::Error::Corruption { location, .. }) => {
+                Err(idemstore::OpenError::Corruption { location, .. }) => {
                     assert!(location.contains("storage.idem"), "{location}");
                     refused += 1;
                 }
-                Err(idemstore::Error::NotAStore { reason, .. }) => {
+                Err(idemstore::OpenError::NotAStore { reason, .. }) => {
                     assert!(reason.contains("damaged"), "{reason}");
                     refused += 1;
                 }

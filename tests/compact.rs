@@ -2,7 +2,7 @@
 //! open store and a file that is not a store refused.
 
 use crate::common::{fp, key, replayed, Env};
-use idemstore::{Error, Key, Reservation};
+use idemstore::{Key, OpenError, Reservation};
 
 const KEYS: usize = 10_000;
 
@@ -87,7 +87,7 @@ fn an_open_store_is_not_compacted() {
     store.checkpoint().expect("checkpoint");
     let before = env.path.metadata().expect("store file").len();
     match idemstore::compact(&env.path) {
-        Err(Error::AlreadyOpen { path }) => assert_eq!(path, env.path),
+        Err(OpenError::AlreadyOpen { path }) => assert_eq!(path, env.path),
         other => panic!("expected AlreadyOpen, got {other:?}"),
     }
     assert_eq!(env.path.metadata().expect("store file").len(), before);
@@ -102,7 +102,7 @@ fn a_file_that_is_not_a_store_is_refused_and_left_alone() {
     let env = Env::new();
     std::fs::write(&env.path, vec![7u8; 8192]).expect("write a file");
     match idemstore::compact(&env.path) {
-        Err(Error::NotAStore { path, .. }) => assert_eq!(path, env.path),
+        Err(OpenError::NotAStore { path, .. }) => assert_eq!(path, env.path),
         other => panic!("expected NotAStore, got {other:?}"),
     }
     assert_eq!(std::fs::read(&env.path).expect("read"), vec![7u8; 8192]);

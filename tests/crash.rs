@@ -17,7 +17,8 @@ use idemstore::whitebox::{from_millis, to_millis};
 use idemstore::whitebox::{Recovered, Wal};
 use idemstore::LogFile;
 use idemstore::{
-    Builder, Error, Fingerprint, Key, Lease, ManualClock, RecordClass, Reservation, Status, Store,
+    Builder, Error, Fingerprint, Key, Lease, ManualClock, OpenError, RecordClass, Reservation,
+    Status, Store,
 };
 
 const KEYS: usize = 6;
@@ -477,7 +478,7 @@ fn damaged_frame_followed_by_valid_frames_refuses_to_open() {
     let err = builder(&clock)
         .open_with_storage(db.clone(), log.clone())
         .unwrap_err();
-    assert!(matches!(err, Error::Corruption { .. }), "{err}");
+    assert!(matches!(err, OpenError::Corruption { .. }), "{err}");
     assert!(err.to_string().contains("offset"), "{err}");
 }
 

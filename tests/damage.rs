@@ -294,7 +294,7 @@ fn check_copy(path: &Path, completed: usize) -> (Outcome, String) {
     };
     let store = match builder().open(path) {
         Ok(store) => store,
-        Err(e) => return named(&e),
+        Err(e) => return named(&e.into()),
     };
     let mut first_error = None;
     let mut note = |e: idemstore::Error| {

@@ -498,7 +498,7 @@ fn scenario(dir: &Path, index: usize) {
             "opened".to_string()
         }
         Err(e) => {
-            let text = describe(&e);
+            let text = describe(&e.into());
             assert!(
                 text.starts_with("Some(StorageFull) ")
                     && text.contains("store.idem")
@@ -532,7 +532,7 @@ fn scenario(dir: &Path, index: usize) {
                 break max_token;
             }
             Err(e) => {
-                let text = describe(&e);
+                let text = describe(&e.into());
                 assert!(
                     room < needed,
                     "reopening with {free} bytes free (asked: {needed}) failed: {text}"

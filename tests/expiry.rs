@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use idemstore::{Error, LeaseLostReason, LiveLease, RecordClass, Seen, Status};
+use idemstore::{Error, LeaseLostReason, LiveLease, OpenError, RecordClass, Seen, Status};
 
 use crate::common::{acquire, fp, key, replayed, Env, LEASE, RETENTION};
 
@@ -231,7 +231,7 @@ fn retention_settings_per_operation_and_per_call() {
         assert!(
             matches!(
                 err,
-                Error::InvalidConfig {
+                OpenError::InvalidConfig {
                     setting: "retention_for",
                     ..
                 }

@@ -5,7 +5,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use idemstore::{Error, Reservation};
+use idemstore::{OpenError, Reservation};
 
 use crate::common::{acquire, fp, key, Env};
 
@@ -88,7 +88,7 @@ fn a_log_with_a_damaged_identity_is_refused_naming_both_files() {
     fs::write(&log_path, &log).unwrap();
     let err = env.builder().open(&env.path).unwrap_err();
     let message = err.to_string();
-    assert!(matches!(err, Error::ForeignLog { .. }), "{err:?}");
+    assert!(matches!(err, OpenError::ForeignLog { .. }), "{err:?}");
     assert!(
         message.contains(&env.path.display().to_string()),
         "{message}"

@@ -7,7 +7,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use idemstore::{Builder, Error, Reservation};
+use idemstore::{Builder, OpenError, Reservation};
 
 use crate::common::{acquire, fp, key, replayed, Env};
 
@@ -49,7 +49,7 @@ fn killed(env: &Env, before: &str, after: &str) {
 #[track_caller]
 fn refused(env: &Env, what: &str) {
     match builder(env).open(&env.path) {
-        Err(err @ Error::LostLog { .. }) => {
+        Err(err @ OpenError::LostLog { .. }) => {
             let message = err.to_string();
             for needle in [
                 env.path.display().to_string(),

@@ -3,7 +3,7 @@
 //! to measure the page layer's cost: it answers as a store does, it is only ever a new file,
 //! and it is never taken for a real store afterwards.
 
-use idemstore::Error;
+use idemstore::OpenError;
 
 use crate::common::{acquire, fp, key, replayed, Env};
 
@@ -53,7 +53,7 @@ fn a_store_without_page_checksums_is_refused_by_a_normal_open() {
     acquire(&store, &key("s", "op", "k"), fp("body"));
     drop(store);
     match env.builder().open(&env.path) {
-        Err(Error::NotAStore { path, reason }) => {
+        Err(OpenError::NotAStore { path, reason }) => {
             assert_eq!(path, env.path);
             assert!(reason.contains("plain redb file"), "reason: {reason}");
         }
@@ -73,7 +73,7 @@ fn only_a_new_store_is_made_without_page_checksums() {
     let before = std::fs::read(&env.path).expect("read the store file");
     let refused = env.builder().__without_page_checksums().open(&env.path);
     match refused {
-        Err(e @ Error::Io { .. }) => {
+        Err(e @ OpenError::Io { .. }) => {
             let message = e.to_string();
             assert!(
                 message.contains("always a new file") && message.contains("store.idem"),

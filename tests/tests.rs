@@ -37,6 +37,7 @@ mod log_identity;
 mod lost_log;
 mod model;
 mod no_pages;
+mod open_errors;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod power;

@@ -295,7 +295,7 @@ impl SweepWatch {
 }
 
 /// The store of the run: a manual clock, the default retention, every other setting default.
-pub fn open_store(path: &Path, clock: &ManualClock) -> Result<Store, idemstore::Error> {
+pub fn open_store(path: &Path, clock: &ManualClock) -> Result<Store, idemstore::OpenError> {
     Store::builder().clock(clock.clone()).open(path)
 }
 

@@ -32,8 +32,8 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use idemstore::{
-    AdminClient, Error, Key, LiveLease, Record, RecordClass, Resolution, ScanFilter, StateCounts,
-    Status, Store, Verification,
+    AdminClient, Error, Key, LiveLease, OpenError, Record, RecordClass, Resolution, ScanFilter,
+    StateCounts, Status, Store, Verification,
 };
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::{json, Value};
@@ -78,8 +78,16 @@ fn is_broken_pipe(error: &anyhow::Error) -> bool {
 }
 
 fn report(error: &anyhow::Error, json: bool) {
+    // Opening the file fails with an `OpenError`, the store's operations with an `Error`.
+    let already_open = matches!(
+        error.downcast_ref::<OpenError>(),
+        Some(OpenError::AlreadyOpen { .. })
+    ) || matches!(
+        error.downcast_ref::<Error>(),
+        Some(Error::AlreadyOpen { .. })
+    );
     let hint = match error.downcast_ref::<Error>() {
-        Some(Error::AlreadyOpen { .. }) => Some(
+        _ if already_open => Some(
             "stop the service that has the store open, then run this again \
              (the tool opens the store itself to replay its log); or let the service serve \
              its admin socket (Builder::admin_socket: ReadOnly for stats, get and list, \

@@ -162,7 +162,7 @@ impl Writer {
             &engine.db,
             &engine.windows,
         );
-        let result = (|| {
+        let result: Result<_, Error> = (|| {
             let mut ops = 0;
             let mut written = self.syncer.spare_changes();
             for request in batch {

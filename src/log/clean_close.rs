@@ -23,22 +23,22 @@
 
 use redb::{ReadableDatabase, TableError, WriteTransaction};
 
-use crate::error::Error;
+use crate::error::{Error, OpenError};
 use crate::tree::tables::{META, META_CLOSED_CLEAN};
 
-/// Whether the file carries the clean-close mark (read without writing).
-pub(crate) fn recorded(db: &impl ReadableDatabase) -> Result<bool, Error> {
+/// Whether the file carries the clean-close mark (read without writing). Read by opens only.
+pub(crate) fn recorded(db: &impl ReadableDatabase) -> Result<bool, OpenError> {
     let ctx = "reading the clean-close mark";
-    let txn = db.begin_read().map_err(|e| Error::storage(ctx, e))?;
+    let txn = db.begin_read().map_err(|e| OpenError::storage(ctx, e))?;
     let meta = match txn.open_table(META) {
         Ok(meta) => meta,
         // Not a store: the format check reports it.
         Err(TableError::TableDoesNotExist(_)) => return Ok(false),
-        Err(e) => return Err(Error::storage(ctx, e)),
+        Err(e) => return Err(OpenError::storage(ctx, e)),
     };
     let value = meta
         .get(META_CLOSED_CLEAN)
-        .map_err(|e| Error::storage(ctx, e))?;
+        .map_err(|e| OpenError::storage(ctx, e))?;
     Ok(value.is_some_and(|v| v.value() == 1))
 }
 

@@ -13,7 +13,7 @@
 //! created. The block is written and synced when the log is created (or found empty) and never
 //! changes; frames start after it.
 
-use crate::error::Error;
+use crate::error::OpenError;
 
 use super::wal::LogFile;
 
@@ -77,16 +77,16 @@ pub(crate) fn block(store_id: u64) -> [u8; LOG_HEADER_LEN as usize] {
     block
 }
 
-/// Writes and syncs the identity block of `store_id` into a [`Identity::Fresh`] log.
+/// Writes and syncs the identity block of `store_id` into a [`Identity::Fresh`] log (on open).
 pub(crate) fn claim(
     file: &dyn LogFile,
     store_id: u64,
     path: &std::path::Path,
-) -> Result<(), Error> {
+) -> Result<(), OpenError> {
     let ctx = || format!("writing the identity of log {}", path.display());
     file.write_all_at(&block(store_id), 0)
         .and_then(|()| file.sync_data())
-        .map_err(|e| Error::io(ctx(), e))
+        .map_err(|e| OpenError::io(ctx(), e))
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 //!
 //! A store that was not closed cleanly holds, in its log (`PATH.wal`), every operation
 //! acknowledged since its last checkpoint; the store file alone does not. So such a store
-//! refuses to open ([`Error::LostLog`]) when its log is:
+//! refuses to open ([`OpenError::LostLog`]) when its log is:
 //! - missing, or empty (a backup that copied only the store file, a cleanup script);
 //! - shorter than it was when the store last opened (truncated: the log never shrinks, and
 //!   each open records its length in `idemstore.meta` under `"log_len"`);
@@ -18,22 +18,24 @@ use std::path::Path;
 
 use redb::{ReadableDatabase, TableError, WriteTransaction};
 
-use crate::error::Error;
+use crate::error::{Error, OpenError};
 use crate::tree::tables::META;
 
 /// The meta key of the log's length when the store last opened.
 pub(crate) const META_LOG_LEN: &str = "log_len";
 
-/// The log's length recorded by the last open (0 when none was).
-pub(crate) fn recorded_len(db: &impl ReadableDatabase) -> Result<u64, Error> {
+/// The log's length recorded by the last open (0 when none was). Read by opens only.
+pub(crate) fn recorded_len(db: &impl ReadableDatabase) -> Result<u64, OpenError> {
     let ctx = "reading the log's recorded length";
-    let txn = db.begin_read().map_err(|e| Error::storage(ctx, e))?;
+    let txn = db.begin_read().map_err(|e| OpenError::storage(ctx, e))?;
     let meta = match txn.open_table(META) {
         Ok(meta) => meta,
         Err(TableError::TableDoesNotExist(_)) => return Ok(0),
-        Err(e) => return Err(Error::storage(ctx, e)),
+        Err(e) => return Err(OpenError::storage(ctx, e)),
     };
-    let value = meta.get(META_LOG_LEN).map_err(|e| Error::storage(ctx, e))?;
+    let value = meta
+        .get(META_LOG_LEN)
+        .map_err(|e| OpenError::storage(ctx, e))?;
     Ok(value.map_or(0, |v| v.value()))
 }
 
@@ -48,8 +50,8 @@ pub(crate) fn record_len(txn: &WriteTransaction, len: u64) -> Result<bool, Error
 }
 
 /// The refusal for the store at `store` whose log at `log` is in the state `what`.
-pub(crate) fn refuse(store: &Path, log: &Path, what: impl Into<String>) -> Error {
-    Error::LostLog {
+pub(crate) fn refuse(store: &Path, log: &Path, what: impl Into<String>) -> OpenError {
+    OpenError::LostLog {
         store: store.to_path_buf(),
         log: log.to_path_buf(),
         reason: what.into(),
@@ -57,7 +59,7 @@ pub(crate) fn refuse(store: &Path, log: &Path, what: impl Into<String>) -> Error
 }
 
 /// The refusal for a log of `len` bytes that had `recorded` bytes when the store last opened.
-pub(crate) fn truncated(store: &Path, log: &Path, len: u64, recorded: u64) -> Error {
+pub(crate) fn truncated(store: &Path, log: &Path, len: u64, recorded: u64) -> OpenError {
     refuse(
         store,
         log,

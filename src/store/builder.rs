@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::clock::{duration_millis, Clock, SystemClock};
-use crate::error::Error;
+use crate::error::{Error, OpenError};
 use crate::key::Key;
 use crate::log::wal::LogFile;
 pub use crate::state::settings::Durability;
@@ -359,7 +359,7 @@ impl Builder {
 
     /// Verify the checksum of every B-tree page when a store that was not closed cleanly
     /// opens (after a kill, a crash or a power loss), so that a damaged file (a disk that lost
-    /// writes it had acknowledged, say) is refused with [`Error::NotAStore`] naming it before
+    /// writes it had acknowledged, say) is refused with [`OpenError::NotAStore`] naming it before
     /// any of its pages is trusted. It reads the whole file (seconds per GB: BENCHMARKS.md,
     /// "Preallocating the log and verifying on open"), so an open after a crash then grows with
     /// the store.
@@ -381,7 +381,7 @@ impl Builder {
     }
 
     /// Open a store that was not closed cleanly even though its log is missing, empty,
-    /// truncated or another store's ([`Error::LostLog`] otherwise), accepting the loss of what
+    /// truncated or another store's ([`OpenError::LostLog`] otherwise), accepting the loss of what
     /// that log held: the operations acknowledged since the store's last checkpoint (at most
     /// [`checkpoint_bytes`](Builder::checkpoint_bytes) of log, or
     /// [`checkpoint_interval`](Builder::checkpoint_interval) of time). Keys completed in that
@@ -417,7 +417,7 @@ impl Builder {
     /// without Unix sockets).
     ///
     /// # Errors
-    /// [`Builder::open`] fails with [`Error::Io`](crate::Error::Io) naming the socket when it
+    /// [`Builder::open`] fails with [`OpenError::Io`] naming the socket when it
     /// cannot be served: a path longer than a Unix socket address allows (107 bytes on
     /// Linux), or a file that is not a socket in its place. Choose [`AdminSocket::Off`] there.
     ///
@@ -442,14 +442,18 @@ impl Builder {
     /// Opens the store at `path`, creating it (crash-safely) if it does not exist.
     ///
     /// # Errors
-    /// - [`Error::InvalidConfig`] for a setting out of range;
-    /// - [`Error::NotAStore`] when `path` is a directory or another program's file (which is
-    ///   left untouched);
-    /// - [`Error::AlreadyOpen`] when another process or `Store` has it open;
-    /// - [`Error::LostLog`] when the store was not closed cleanly and its log is missing,
+    /// An [`OpenError`], which converts into the [`Error`] of the same name (so `?` works in
+    /// a function returning [`idemstore::Result`](crate::Result)):
+    /// - [`OpenError::InvalidConfig`] for a setting out of range;
+    /// - [`OpenError::NotAStore`] when `path` is a directory or another program's file (which
+    ///   is left untouched);
+    /// - [`OpenError::AlreadyOpen`] when another process or `Store` has it open;
+    /// - [`OpenError::LostLog`] when the store was not closed cleanly and its log is missing,
     ///   empty, truncated or another store's (see [`Builder::accept_log_loss`]);
-    /// - [`Error::Io`], [`Error::Storage`] or [`Error::Corruption`] when the file cannot be read.
-    pub fn open(&self, path: impl AsRef<Path>) -> Result<Store, Error> {
+    /// - [`OpenError::ForeignLog`] when the log next to it cannot be shown to be its own;
+    /// - [`OpenError::Io`], [`OpenError::Storage`] or [`OpenError::Corruption`] when the file
+    ///   or its log cannot be read or replayed.
+    pub fn open(&self, path: impl AsRef<Path>) -> Result<Store, OpenError> {
         self.validate()?;
         Store::open_with(self, path.as_ref())
     }
@@ -520,18 +524,18 @@ impl Builder {
         &self,
         db: impl redb::StorageBackend + Clone,
         log: impl LogFile + 'static,
-    ) -> Result<Store, Error> {
+    ) -> Result<Store, OpenError> {
         self.validate()?;
         Store::open_with_storage(self, db, Arc::new(log))
     }
 
-    fn validate(&self) -> Result<(), Error> {
-        self.validate_retentions()?;
+    fn validate(&self) -> Result<(), OpenError> {
+        self.validate_retentions().map_err(OpenError::from_shared)?;
         let check = |ok: bool, setting: &'static str, reason: &str| {
             if ok {
                 Ok(())
             } else {
-                Err(Error::InvalidConfig {
+                Err(OpenError::InvalidConfig {
                     setting,
                     reason: reason.to_string(),
                 })
@@ -610,7 +614,7 @@ impl Builder {
         &self,
         db: impl redb::StorageBackend + Clone,
         log: impl LogFile + 'static,
-    ) -> Result<Store, Error> {
+    ) -> Result<Store, OpenError> {
         Store::open_with_storage(self, db, Arc::new(log))
     }
 

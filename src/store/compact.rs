@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use crate::error::Error;
+use crate::error::OpenError;
 use crate::store::open::file::{check_format, open_redb};
 
 /// Moves the pages of the closed store at `path` towards the start of its file and shortens
@@ -23,7 +23,7 @@ use crate::store::open::file::{check_format, open_redb};
 /// What the store holds is not changed: records, indexes, the clean-close mark and the log
 /// (a store that was not closed cleanly replays its log at its next open, as before). A crash
 /// during compaction leaves a file that redb repairs at the next open. The store must not be
-/// open (it is refused with [`Error::AlreadyOpen`]).
+/// open (it is refused with [`OpenError::AlreadyOpen`]).
 ///
 /// ```
 /// # let dir = tempfile::tempdir()?;
@@ -35,15 +35,17 @@ use crate::store::open::file::{check_format, open_redb};
 /// ```
 ///
 /// # Errors
-/// [`Error::AlreadyOpen`] while a store has the file open, [`Error::NotAStore`] for a file that
-/// is not an idemstore store (a foreign redb database is left untouched), [`Error::Io`],
-/// [`Error::Corruption`] naming a damaged block.
-pub fn compact(path: impl AsRef<Path>) -> Result<(u64, u64), Error> {
+/// An [`OpenError`], as opening the file can fail (each converts into the
+/// [`Error`](crate::Error) of the same name): [`OpenError::AlreadyOpen`] while a store has
+/// the file open, [`OpenError::NotAStore`] for a file that is not an idemstore store (a
+/// foreign redb database is left untouched), [`OpenError::Io`], [`OpenError::Corruption`]
+/// naming a damaged block, and [`OpenError::Storage`] when redb's compaction fails.
+pub fn compact(path: impl AsRef<Path>) -> Result<(u64, u64), OpenError> {
     let path = path.as_ref();
     let size = || {
         std::fs::metadata(path)
             .map(|m| m.len())
-            .map_err(|e| Error::io(format!("reading metadata of {}", path.display()), e))
+            .map_err(|e| OpenError::io(format!("reading metadata of {}", path.display()), e))
     };
     let before = size()?;
     let mut db = open_redb(path)?;
@@ -51,7 +53,7 @@ pub fn compact(path: impl AsRef<Path>) -> Result<(u64, u64), Error> {
     // redb compacts until nothing more moves; a second call finds nothing to do.
     while db
         .compact()
-        .map_err(|e| Error::storage("compacting the store file", e))?
+        .map_err(|e| OpenError::storage("compacting the store file", e))?
     {}
     drop(db);
     Ok((before, size()?))

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use redb::backends::FileBackend;
 use redb::{Database, DatabaseError, ReadableDatabase, StorageError, TableError};
 
-use crate::error::Error;
+use crate::error::OpenError;
 use crate::log::wal::OsFile;
 use crate::tree::pages::PageFile;
 use crate::tree::tables::{Tables, FORMAT_VERSION, META, META_FORMAT};
@@ -30,7 +30,7 @@ const REDB_SIGNATURE: [u8; 9] = [b'r', b'e', b'd', b'b', 0x1A, 0x0A, 0xA9, 0x0D,
 pub(crate) fn open_or_create(
     path: &Path,
     builder: impl Fn(bool) -> redb::Builder,
-) -> Result<Database, Error> {
+) -> Result<Database, OpenError> {
     match fs::metadata(path) {
         Ok(meta) if meta.is_dir() => Err(not_a_store(path, "it is a directory")),
         Ok(_) => open_existing(path, builder),
@@ -38,7 +38,7 @@ pub(crate) fn open_or_create(
             create(path, &builder(false))?;
             open_existing(path, builder)
         }
-        Err(e) => Err(Error::io(
+        Err(e) => Err(OpenError::io(
             format!("reading metadata of {}", path.display()),
             e,
         )),
@@ -53,14 +53,14 @@ pub(crate) fn open_or_create(
 pub(crate) fn create_without_pages(
     path: &Path,
     builder: &redb::Builder,
-) -> Result<Database, Error> {
+) -> Result<Database, OpenError> {
     let file = fs::OpenOptions::new()
         .read(true)
         .write(true)
         .create_new(true)
         .open(path)
         .map_err(|e| {
-            Error::io(
+            OpenError::io(
                 format!(
                     "creating store {} without page checksums (a benchmark-only store is always a new file)",
                     path.display()
@@ -76,8 +76,8 @@ pub(crate) fn create_without_pages(
     Ok(db)
 }
 
-fn not_a_store(path: &Path, reason: impl Into<String>) -> Error {
-    Error::NotAStore {
+fn not_a_store(path: &Path, reason: impl Into<String>) -> OpenError {
+    OpenError::NotAStore {
         path: path.to_path_buf(),
         reason: reason.into(),
     }
@@ -85,22 +85,25 @@ fn not_a_store(path: &Path, reason: impl Into<String>) -> Error {
 
 /// The backend of a store file: redb's file backend (its locks: one process owns a store)
 /// under the checksummed page layer (`tree/pages.rs`).
-pub(crate) fn page_file(file: File, path: &Path) -> Result<PageFile<FileBackend>, Error> {
+pub(crate) fn page_file(file: File, path: &Path) -> Result<PageFile<FileBackend>, OpenError> {
     let backend = FileBackend::new(file).map_err(|e| open_error(path, "opening", e))?;
     PageFile::new(backend, &path.display().to_string()).map_err(|e| damaged_or_io(path, e))
 }
 
 /// An I/O error of the page layer, or the damage it found, naming `path`.
-fn damaged_or_io(path: &Path, e: io::Error) -> Error {
+fn damaged_or_io(path: &Path, e: io::Error) -> OpenError {
     match crate::tree::pages::Damage::of(&e) {
-        Some(damage) => damage.to_error("opening the store"),
-        None => Error::io(format!("opening store {}", path.display()), e),
+        Some(damage) => damage.to_open_error("opening the store"),
+        None => OpenError::io(format!("opening store {}", path.display()), e),
     }
 }
 
 /// Opens an existing file after checking, without writing, that it is a store file (the page
 /// layer's header); then checks that it is an idemstore store of a format this build reads.
-fn open_existing(path: &Path, builder: impl Fn(bool) -> redb::Builder) -> Result<Database, Error> {
+fn open_existing(
+    path: &Path,
+    builder: impl Fn(bool) -> redb::Builder,
+) -> Result<Database, OpenError> {
     let mut start = [0u8; 32];
     let read = File::open(path).and_then(|mut file| file.read_exact(&mut start));
     match read {
@@ -108,7 +111,7 @@ fn open_existing(path: &Path, builder: impl Fn(bool) -> redb::Builder) -> Result
         Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
             return Err(not_a_store(path, "it is shorter than a store header"))
         }
-        Err(e) => return Err(Error::io(format!("reading {}", path.display()), e)),
+        Err(e) => return Err(OpenError::io(format!("reading {}", path.display()), e)),
     }
     if start[..REDB_SIGNATURE.len()] == REDB_SIGNATURE {
         return Err(not_a_store(
@@ -124,7 +127,7 @@ fn open_existing(path: &Path, builder: impl Fn(bool) -> redb::Builder) -> Result
     // crash recovery cannot be opened read-only; it is checked after the read-write open below,
     // which verifies it first when asked to.
     let read_only = File::open(path)
-        .map_err(|e| Error::io(format!("opening {}", path.display()), e))
+        .map_err(|e| OpenError::io(format!("opening {}", path.display()), e))
         .and_then(|file| page_file(file, path))
         .and_then(|pages| {
             builder(false)
@@ -134,16 +137,17 @@ fn open_existing(path: &Path, builder: impl Fn(bool) -> redb::Builder) -> Result
     let (checked, closed_clean) = match read_only {
         Ok(read_only) => {
             check_format(&read_only, path)?;
-            (true, crate::log::clean_close::recorded(&read_only)?)
+            let closed_clean = crate::log::clean_close::recorded(&read_only)?;
+            (true, closed_clean)
         }
-        Err(e @ (Error::Corruption { .. } | Error::AlreadyOpen { .. })) => return Err(e),
+        Err(e @ (OpenError::Corruption { .. } | OpenError::AlreadyOpen { .. })) => return Err(e),
         Err(_) => (false, false),
     };
     let file = fs::OpenOptions::new()
         .read(true)
         .write(true)
         .open(path)
-        .map_err(|e| Error::io(format!("opening store {}", path.display()), e))?;
+        .map_err(|e| OpenError::io(format!("opening store {}", path.display()), e))?;
     let db = builder(!closed_clean)
         .create_with_backend(page_file(file, path)?)
         .map_err(|e| open_error(path, "opening", e))?;
@@ -154,14 +158,14 @@ fn open_existing(path: &Path, builder: impl Fn(bool) -> redb::Builder) -> Result
 }
 
 /// An error from redb opening or creating `path`, naming the file.
-pub(crate) fn open_error(path: &Path, doing: &str, error: DatabaseError) -> Error {
+pub(crate) fn open_error(path: &Path, doing: &str, error: DatabaseError) -> OpenError {
     match error {
-        DatabaseError::DatabaseAlreadyOpen => Error::AlreadyOpen {
+        DatabaseError::DatabaseAlreadyOpen => OpenError::AlreadyOpen {
             path: path.to_path_buf(),
         },
         DatabaseError::Storage(StorageError::Io(e)) => match crate::tree::pages::Damage::of(&e) {
-            Some(damage) => damage.to_error(doing),
-            None => Error::io(format!("{doing} store {}", path.display()), e),
+            Some(damage) => damage.to_open_error(doing),
+            None => OpenError::io(format!("{doing} store {}", path.display()), e),
         },
         DatabaseError::Storage(StorageError::Corrupted(reason)) => {
             not_a_store(path, format!("its redb structure is damaged: {reason}"))
@@ -172,9 +176,9 @@ pub(crate) fn open_error(path: &Path, doing: &str, error: DatabaseError) -> Erro
 
 /// Refuses a redb database that is not an idemstore store, or one of a format this build
 /// neither reads nor converts.
-pub(crate) fn check_format(db: &impl ReadableDatabase, path: &Path) -> Result<(), Error> {
+pub(crate) fn check_format(db: &impl ReadableDatabase, path: &Path) -> Result<(), OpenError> {
     let ctx = "reading the store's format marker";
-    let txn = db.begin_read().map_err(|e| Error::storage(ctx, e))?;
+    let txn = db.begin_read().map_err(|e| OpenError::storage(ctx, e))?;
     let meta = match txn.open_table(META) {
         Ok(meta) => meta,
         Err(TableError::TableDoesNotExist(_)) => {
@@ -183,9 +187,12 @@ pub(crate) fn check_format(db: &impl ReadableDatabase, path: &Path) -> Result<()
                 "a redb database without idemstore's tables",
             ))
         }
-        Err(e) => return Err(Error::storage(ctx, e)),
+        Err(e) => return Err(OpenError::storage(ctx, e)),
     };
-    match meta.get(META_FORMAT).map_err(|e| Error::storage(ctx, e))? {
+    match meta
+        .get(META_FORMAT)
+        .map_err(|e| OpenError::storage(ctx, e))?
+    {
         Some(v) if v.value() == FORMAT_VERSION => Ok(()),
         Some(v) => Err(not_a_store(
             path,
@@ -202,7 +209,7 @@ pub(crate) fn check_format(db: &impl ReadableDatabase, path: &Path) -> Result<()
 
 /// Creates an empty store at `path` through a temporary file, so that a crash never leaves a
 /// half-made file under the real name. Losing a creation race to another process is fine.
-fn create(path: &Path, builder: &redb::Builder) -> Result<(), Error> {
+fn create(path: &Path, builder: &redb::Builder) -> Result<(), OpenError> {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let name = path
         .file_name()
@@ -212,7 +219,7 @@ fn create(path: &Path, builder: &redb::Builder) -> Result<(), Error> {
         _ => PathBuf::from("."),
     };
     if !dir.is_dir() {
-        return Err(Error::io(
+        return Err(OpenError::io(
             format!("creating store {}", path.display()),
             io::Error::new(
                 io::ErrorKind::NotFound,
@@ -232,13 +239,13 @@ fn create(path: &Path, builder: &redb::Builder) -> Result<(), Error> {
     sync_dir(&dir)
 }
 
-fn build_empty_store(temp: &Path, builder: &redb::Builder) -> Result<(), Error> {
+fn build_empty_store(temp: &Path, builder: &redb::Builder) -> Result<(), OpenError> {
     let file = fs::OpenOptions::new()
         .read(true)
         .write(true)
         .create_new(true)
         .open(temp)
-        .map_err(|e| Error::io(format!("creating store file {}", temp.display()), e))?;
+        .map_err(|e| OpenError::io(format!("creating store file {}", temp.display()), e))?;
     let db = builder
         .create_with_backend(page_file(file, temp)?)
         .map_err(|e| open_error(temp, "creating", e))?;
@@ -246,41 +253,44 @@ fn build_empty_store(temp: &Path, builder: &redb::Builder) -> Result<(), Error> 
     drop(db);
     File::open(temp)
         .and_then(|file| file.sync_all())
-        .map_err(|e| Error::io(format!("syncing new store file {}", temp.display()), e))
+        .map_err(|e| OpenError::io(format!("syncing new store file {}", temp.display()), e))
 }
 
 /// Writes the store's tables and format marker into an empty database, durably.
-fn initialize(db: &Database) -> Result<(), Error> {
+fn initialize(db: &Database) -> Result<(), OpenError> {
     let ctx = "initializing a new store";
-    let txn = db.begin_write().map_err(|e| Error::storage(ctx, e))?;
-    Tables::open(&txn, &Windows::new(1))?.initialize()?;
-    // Nothing was logged yet: a new store is closed cleanly (`log/lost_log.rs`).
-    crate::log::clean_close::mark(&txn)?;
-    txn.commit().map_err(|e| Error::storage(ctx, e))
+    let txn = db.begin_write().map_err(|e| OpenError::storage(ctx, e))?;
+    // The tables and the mark are shared with the operations, which speak `Error`.
+    Tables::open(&txn, &Windows::new(1))
+        .and_then(|mut tables| tables.initialize())
+        // Nothing was logged yet: a new store is closed cleanly (`log/lost_log.rs`).
+        .and_then(|()| crate::log::clean_close::mark(&txn))
+        .map_err(OpenError::from_shared)?;
+    txn.commit().map_err(|e| OpenError::storage(ctx, e))
 }
 
 /// Initializes a database that has no tables yet (one just created on a storage backend by
 /// [`Builder::open_with_storage`](crate::Builder::open_with_storage)).
-pub(crate) fn initialize_if_new(db: &Database) -> Result<(), Error> {
+pub(crate) fn initialize_if_new(db: &Database) -> Result<(), OpenError> {
     let ctx = "checking for a new store";
-    let txn = db.begin_read().map_err(|e| Error::storage(ctx, e))?;
+    let txn = db.begin_read().map_err(|e| OpenError::storage(ctx, e))?;
     match txn.open_table(META) {
         Err(TableError::TableDoesNotExist(_)) => initialize(db),
-        Err(e) => Err(Error::storage(ctx, e)),
+        Err(e) => Err(OpenError::storage(ctx, e)),
         Ok(_) => Ok(()),
     }
 }
 
 /// Gives the finished temporary file its real name without ever replacing an existing file.
-fn link_into_place(temp: &Path, path: &Path) -> Result<(), Error> {
+fn link_into_place(temp: &Path, path: &Path) -> Result<(), OpenError> {
     match fs::hard_link(temp, path) {
         Ok(()) => Ok(()),
         // Another process created the store first: use theirs.
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
         // File systems without hard links: a rename, checked first (a narrow race remains).
         Err(_) if !path.exists() => fs::rename(temp, path)
-            .map_err(|e| Error::io(format!("moving the new store to {}", path.display()), e)),
-        Err(e) => Err(Error::io(
+            .map_err(|e| OpenError::io(format!("moving the new store to {}", path.display()), e)),
+        Err(e) => Err(OpenError::io(
             format!("linking the new store to {}", path.display()),
             e,
         )),
@@ -295,14 +305,14 @@ fn link_into_place(temp: &Path, path: &Path) -> Result<(), Error> {
 /// that created the log may have died before its directory sync, and the file it left can
 /// still be in the page cache only; a power loss would then take the log, and every answer
 /// given from it, away.
-pub(crate) fn open_log(path: &Path, preallocate: Option<u64>) -> Result<OsFile, Error> {
+pub(crate) fn open_log(path: &Path, preallocate: Option<u64>) -> Result<OsFile, OpenError> {
     let file = fs::OpenOptions::new()
         .read(true)
         .write(true)
         .create(true)
         .truncate(false)
         .open(path)
-        .map_err(|e| Error::io(format!("opening log {}", path.display()), e))?;
+        .map_err(|e| OpenError::io(format!("opening log {}", path.display()), e))?;
     let dir = match path.parent() {
         Some(dir) if !dir.as_os_str().is_empty() => dir,
         _ => Path::new("."),
@@ -310,7 +320,7 @@ pub(crate) fn open_log(path: &Path, preallocate: Option<u64>) -> Result<OsFile, 
     sync_dir(dir)?;
     if let Some(size) = preallocate {
         zero_fill(&file, size)
-            .map_err(|e| Error::io(format!("preallocating log {}", path.display()), e))?;
+            .map_err(|e| OpenError::io(format!("preallocating log {}", path.display()), e))?;
     }
     Ok(OsFile(file))
 }
@@ -318,7 +328,7 @@ pub(crate) fn open_log(path: &Path, preallocate: Option<u64>) -> Result<OsFile, 
 /// Renames another store's log at `path` out of the way (it is never deleted), with a name
 /// that says whose it was and when it was set aside, and makes the rename durable. Returns the
 /// new name.
-pub(crate) fn set_aside(path: &Path, other: u64) -> Result<PathBuf, Error> {
+pub(crate) fn set_aside(path: &Path, other: u64) -> Result<PathBuf, OpenError> {
     let millis = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis());
@@ -326,7 +336,7 @@ pub(crate) fn set_aside(path: &Path, other: u64) -> Result<PathBuf, Error> {
     name.push(format!(".foreign-{other:016x}-{millis}"));
     let aside = PathBuf::from(name);
     fs::rename(path, &aside).map_err(|e| {
-        Error::io(
+        OpenError::io(
             format!(
                 "setting aside log {} (it belongs to another store) as {}",
                 path.display(),
@@ -365,12 +375,12 @@ fn zero_fill(file: &File, size: u64) -> io::Result<()> {
 pub(crate) static SYNCED_DIRS: parking_lot::Mutex<Vec<PathBuf>> =
     parking_lot::Mutex::new(Vec::new());
 
-fn sync_dir(dir: &Path) -> Result<(), Error> {
+fn sync_dir(dir: &Path) -> Result<(), OpenError> {
     #[cfg(feature = "__whitebox")]
     SYNCED_DIRS.lock().push(dir.to_path_buf());
     File::open(dir)
         .and_then(|d| d.sync_all())
-        .map_err(|e| Error::io(format!("syncing directory {}", dir.display()), e))
+        .map_err(|e| OpenError::io(format!("syncing directory {}", dir.display()), e))
 }
 
 /// Opens the file of a closed store as a plain redb [`Database`], through the checksummed
@@ -379,7 +389,7 @@ fn sync_dir(dir: &Path) -> Result<(), Error> {
 /// fails its checksum is an error from redb, and redb's own `Database::open` cannot read the
 /// file (it does not start with redb's header).
 ///
-/// The store must not be open (one process owns a file: [`Error::AlreadyOpen`] otherwise).
+/// The store must not be open (one process owns a file: [`OpenError::AlreadyOpen`] otherwise).
 /// Nothing is replayed from the store's log: open the store once first if it was not closed
 /// cleanly. A write transaction committed through this handle should use redb's
 /// `set_two_phase_commit(true)`, as the store's own durable commits do, so that a power loss
@@ -396,16 +406,17 @@ fn sync_dir(dir: &Path) -> Result<(), Error> {
 /// ```
 ///
 /// # Errors
-/// [`Error::NotAStore`] for a file that is not a store file, [`Error::AlreadyOpen`],
-/// [`Error::Corruption`] naming the offset of a damaged block, [`Error::Io`].
-pub fn open_redb(path: impl AsRef<Path>) -> Result<Database, Error> {
+/// [`OpenError::NotAStore`] for a file that is not a store file, [`OpenError::AlreadyOpen`],
+/// [`OpenError::Corruption`] naming the offset of a damaged block, [`OpenError::Io`]. Each
+/// converts into the [`Error`](crate::Error) of the same name.
+pub fn open_redb(path: impl AsRef<Path>) -> Result<Database, OpenError> {
     let path = path.as_ref();
     check_page_file(path)?;
     let file = fs::OpenOptions::new()
         .read(true)
         .write(true)
         .open(path)
-        .map_err(|e| Error::io(format!("opening store {}", path.display()), e))?;
+        .map_err(|e| OpenError::io(format!("opening store {}", path.display()), e))?;
     redb::Builder::new()
         .create_with_backend(page_file(file, path)?)
         .map_err(|e| open_error(path, "opening", e))
@@ -416,20 +427,21 @@ pub fn open_redb(path: impl AsRef<Path>) -> Result<Database, Error> {
 ///
 /// # Errors
 /// As [`open_redb`].
-pub fn open_redb_read_only(path: impl AsRef<Path>) -> Result<redb::ReadOnlyDatabase, Error> {
+pub fn open_redb_read_only(path: impl AsRef<Path>) -> Result<redb::ReadOnlyDatabase, OpenError> {
     let path = path.as_ref();
     check_page_file(path)?;
-    let file = File::open(path).map_err(|e| Error::io(format!("opening {}", path.display()), e))?;
+    let file =
+        File::open(path).map_err(|e| OpenError::io(format!("opening {}", path.display()), e))?;
     redb::Builder::new()
         .open_read_only_with_backend(page_file(file, path)?)
         .map_err(|e| open_error(path, "opening", e))
 }
 
 /// Refuses a path that is not a page file, without writing to it.
-fn check_page_file(path: &Path) -> Result<(), Error> {
+fn check_page_file(path: &Path) -> Result<(), OpenError> {
     let mut start = [0u8; 32];
     File::open(path)
         .and_then(|mut file| file.read_exact(&mut start))
-        .map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
+        .map_err(|e| OpenError::io(format!("reading {}", path.display()), e))?;
     crate::tree::pages::check_header(&start).map_err(|reason| not_a_store(path, reason))
 }

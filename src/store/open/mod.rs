@@ -9,7 +9,7 @@ use redb::Database;
 
 use crate::commit::{Committer, Engine, Schedule, Writer};
 use crate::decide::policy::Policies;
-use crate::error::Error;
+use crate::error::OpenError;
 use crate::log::identity::{self, Identity};
 use crate::log::recovery;
 use crate::log::wal::{log_path, LogFile};
@@ -42,7 +42,7 @@ fn redb_builder(builder: &Builder, verify: bool) -> redb::Builder {
 }
 
 /// Runs an open. redb can panic on a damaged file that it trusts; hostile bytes must never
-/// panic the caller, so a panic becomes [`Error::NotAStore`]. The format check and the
+/// panic the caller, so a panic becomes [`OpenError::NotAStore`]. The format check and the
 /// clean-close mark are read before any integrity check, so this guard is what refuses a
 /// file damaged in those pages; later reads are guarded by [`Store::guard_read`].
 ///
@@ -51,26 +51,29 @@ fn redb_builder(builder: &Builder, verify: bool) -> redb::Builder {
 fn guard_open(
     path: &Path,
     replay: u64,
-    open: impl FnOnce() -> Result<Store, Error>,
-) -> Result<Store, Error> {
+    open: impl FnOnce() -> Result<Store, OpenError>,
+) -> Result<Store, OpenError> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(open))
         .unwrap_or_else(|_| {
-            Err(Error::NotAStore {
+            Err(OpenError::NotAStore {
                 path: path.to_path_buf(),
                 reason: "redb panicked while reading it: the file is damaged".into(),
             })
         })
-        .map_err(|e| full_disk_at_open(e, path, replay))
+        // The full-disk rewording is shared with the poison latch and speaks `Error`: the
+        // round trip keeps every open error as it was (it only rewords an `Io` or `Storage`
+        // error of a full disk into an `Io` one).
+        .map_err(|e| OpenError::from_shared(full_disk_at_open(e.into(), path, replay)))
 }
 
-/// The store's random identity, from its meta table.
-fn store_id(db: &Database) -> Result<u64, Error> {
+/// The store's random identity, from its meta table (the tables speak `Error`).
+fn store_id(db: &Database) -> Result<u64, OpenError> {
     let ctx = "reading the store's identity";
-    let txn = db.begin_write().map_err(|e| Error::storage(ctx, e))?;
+    let txn = db.begin_write().map_err(|e| OpenError::storage(ctx, e))?;
     // The meta table alone: no window is read.
-    let id = Tables::open(&txn, &Windows::new(1))?.store_id();
-    txn.abort().map_err(|e| Error::storage(ctx, e))?;
-    id
+    let id = Tables::open(&txn, &Windows::new(1)).and_then(|tables| tables.store_id());
+    txn.abort().map_err(|e| OpenError::storage(ctx, e))?;
+    id.map_err(OpenError::from_shared)
 }
 
 /// Whose log `log` is; refuses one whose identity block is damaged (it may be the store's own,
@@ -80,15 +83,15 @@ fn log_identity(
     store_id: u64,
     store: &Path,
     log_path: &Path,
-) -> Result<Identity, Error> {
+) -> Result<Identity, OpenError> {
     let identity = identity::read(log, store_id).map_err(|e| {
-        Error::io(
+        OpenError::io(
             format!("reading the identity of log {}", log_path.display()),
             e,
         )
     })?;
     if identity == Identity::Damaged {
-        return Err(Error::ForeignLog {
+        return Err(OpenError::ForeignLog {
             store: store.to_path_buf(),
             log: log_path.to_path_buf(),
             reason: "its first 32 bytes are not a valid idemstore log identity".into(),
@@ -102,7 +105,7 @@ impl Store {
     ///
     /// # Errors
     /// See [`Builder::open`](crate::Builder::open).
-    pub fn open(path: impl AsRef<Path>) -> Result<Store, Error> {
+    pub fn open(path: impl AsRef<Path>) -> Result<Store, OpenError> {
         Builder::new().open(path)
     }
 
@@ -111,14 +114,14 @@ impl Store {
         Builder::new()
     }
 
-    pub(crate) fn open_with(builder: &Builder, path: &Path) -> Result<Store, Error> {
+    pub(crate) fn open_with(builder: &Builder, path: &Path) -> Result<Store, OpenError> {
         // The log a reopen replays is at most its file (and two regions' worth).
         let bound = replay_bound(builder.checkpoint_bytes, builder.limits.frame_bytes as u64);
         let replay = std::fs::metadata(log_path(path)).map_or(bound, |log| log.len().min(bound));
         guard_open(path, replay, || Store::open_unguarded(builder, path))
     }
 
-    pub(super) fn open_unguarded(builder: &Builder, path: &Path) -> Result<Store, Error> {
+    pub(super) fn open_unguarded(builder: &Builder, path: &Path) -> Result<Store, OpenError> {
         let log_path = log_path(path);
         let db = if builder.page_checksums {
             file::open_or_create(path, |verify| redb_builder(builder, verify))?
@@ -179,7 +182,7 @@ impl Store {
         builder: &Builder,
         db: B,
         log: Arc<dyn LogFile>,
-    ) -> Result<Store, Error> {
+    ) -> Result<Store, OpenError> {
         let path = PathBuf::from(STORAGE_NAME);
         // Storage without files has no directory to serve an admin socket in.
         let mut builder = builder.clone();
@@ -216,7 +219,9 @@ impl Store {
         log_path: PathBuf,
         builder: &Builder,
         path: PathBuf,
-    ) -> Result<Store, Error> {
+    ) -> Result<Store, OpenError> {
+        // The helpers shared with the operations (the tables, recovery, the engine's threads)
+        // speak `Error`, converted here (`OpenError::from_shared`).
         let store_id = store_id(&db)?;
         let closed_clean = crate::log::clean_close::recorded(&db)?;
         let refuse = !closed_clean && !builder.accept_log_loss;
@@ -232,7 +237,7 @@ impl Store {
             Identity::Fresh => identity::claim(&*log, store_id, &log_path)?,
             // Set aside by the caller when it can rename files; refused otherwise.
             Identity::Other(_) | Identity::Damaged => {
-                return Err(Error::ForeignLog {
+                return Err(OpenError::ForeignLog {
                     store: path,
                     log: log_path,
                     reason: format!(
@@ -242,7 +247,7 @@ impl Store {
             }
         }
         let log_len = log.len().map_err(|e| {
-            Error::io(
+            OpenError::io(
                 format!("reading the length of log {}", log_path.display()),
                 e,
             )
@@ -255,9 +260,10 @@ impl Store {
         }
         let strict = builder.durability == Durability::Immediate;
         let retention_ms = u64::try_from(builder.retention.as_millis()).unwrap_or(u64::MAX);
-        let width = window_width(&db, width_for(retention_ms))?;
-        let windows = Windows::load(&db, width)?;
-        let (mut wal, next_token) = recovery::recover(&db, &windows, log, log_path, strict)?;
+        let width = window_width(&db, width_for(retention_ms)).map_err(OpenError::from_shared)?;
+        let windows = Windows::load(&db, width).map_err(OpenError::from_shared)?;
+        let (mut wal, next_token) = recovery::recover(&db, &windows, log, log_path, strict)
+            .map_err(OpenError::from_shared)?;
         wal.set_max_payload(builder.limits.frame_bytes);
         // Leases end with their process: every token below the first one this owner hands
         // out was handed out by an earlier owner of the file (`Builder::leases_survive_restart`).
@@ -298,14 +304,17 @@ impl Store {
         );
         let mut store = Store {
             engine,
-            committer: Arc::new(Committer::start(writer, builder.limits)?),
+            committer: Arc::new(
+                Committer::start(writer, builder.limits).map_err(OpenError::from_shared)?,
+            ),
             max_result_len: builder.max_result_len,
             path,
             read_hook: super::ReadHook::default(),
             submit_hook: super::ReadHook::default(),
             admin: None,
         };
-        store.admin = crate::admin::Server::start(store.handle(), builder.admin_socket)?;
+        store.admin = crate::admin::Server::start(store.handle(), builder.admin_socket)
+            .map_err(OpenError::from_shared)?;
         Ok(store)
     }
 }

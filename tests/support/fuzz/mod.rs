@@ -23,8 +23,7 @@ mod ops;
 use std::time::{Duration, UNIX_EPOCH};
 
 use crate::support::sim::SimDisk;
-use idemstore::Error;
-use idemstore::{Builder, ManualClock, Store};
+use idemstore::{Builder, ManualClock, OpenError, Store};
 
 pub use decode::decode;
 pub use open::open;
@@ -100,7 +99,7 @@ fn clock() -> ManualClock {
 /// damaged image (redb's integrity check unless the image was closed cleanly, and a panic
 /// inside redb caught) instead of panicking; reads of a damaged page the check did not see
 /// return an error.
-fn open_sim(builder: &Builder, db_disk: &SimDisk, log_disk: &SimDisk) -> Result<Store, Error> {
+fn open_sim(builder: &Builder, db_disk: &SimDisk, log_disk: &SimDisk) -> Result<Store, OpenError> {
     builder.open_with_storage(db_disk.clone(), log_disk.clone())
 }
 

@@ -315,9 +315,9 @@ pub(crate) struct RecordCache {
 }
 
 /// What one cached record costs besides its key's and its data's bytes: the map's slot (key
-/// handle and record, with the table's spare slots), the eviction queue's slot, and the
-/// allocator's headers of the key and the data (about 350 bytes measured per record of a
-/// 26-byte key and a 2-byte result, BENCHMARKS.md).
+/// and record handles, with the table's spare slots), the eviction queue's slot, the record
+/// (shared with the overlay it came from), and the allocator's headers of the key, the record
+/// and the data (BENCHMARKS.md, "Memory": the live heap stays within the configured caches).
 const ENTRY_OVERHEAD: usize = 320;
 
 /// The memory a cached record is counted for: [`ENTRY_OVERHEAD`], the key, and the variable

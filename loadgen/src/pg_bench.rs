@@ -226,6 +226,29 @@ async fn client(config: &str) -> tokio_postgres::Client {
     client
 }
 
+/// `conns` tasks reserving a new key and completing it with `result`, for `secs` seconds.
+async fn cycles(store: &PgStore, conns: usize, secs: u64, result: &[u8], fp: Fingerprint) -> Cell {
+    let run = RUN.fetch_add(1, Ordering::Relaxed);
+    timed(conns, secs, |t, stop| {
+        let store = store.clone();
+        let result = result.to_vec();
+        async move {
+            let mut n = 0;
+            while !stop.load(Ordering::Relaxed) {
+                let Reservation::Acquired(lease) =
+                    store.reserve(&key(run, t, n), fp).await.unwrap()
+                else {
+                    panic!("not acquired")
+                };
+                store.complete(&lease, result.clone()).await.unwrap();
+                n += 1;
+            }
+            n
+        }
+    })
+    .await
+}
+
 /// The single-key cells: reserve against a bare insert, reserve + complete against a bare
 /// insert + update.
 async fn single_cells(
@@ -319,27 +342,7 @@ async fn single_cells(
         })
         .await
     };
-    let cycle = move |secs| async move {
-        let run = RUN.fetch_add(1, Ordering::Relaxed);
-        timed(args.conns, secs, |t, stop| {
-            let store = store.clone();
-            let result = result.to_vec();
-            async move {
-                let mut n = 0;
-                while !stop.load(Ordering::Relaxed) {
-                    let Reservation::Acquired(lease) =
-                        store.reserve(&key(run, t, n), fp).await.unwrap()
-                    else {
-                        panic!("not acquired")
-                    };
-                    store.complete(&lease, result.clone()).await.unwrap();
-                    n += 1;
-                }
-                n
-            }
-        })
-        .await
-    };
+    let cycle = move |secs| cycles(store, args.conns, secs, result, fp);
     pair(
         args.rounds,
         args.secs,
@@ -377,32 +380,11 @@ async fn steady_cells(args: &Args, admin: &tokio_postgres::Client, result: &[u8]
     };
     let empty_store = steady_store("bench_empty").await;
     let steady = steady_store("bench_steady").await;
-    let cycle_cell = |store: PgStore, secs: u64| {
-        let result = result.to_vec();
-        let run = RUN.fetch_add(1, Ordering::Relaxed);
-        timed(args.conns, secs, move |t, stop| {
-            let store = store.clone();
-            let result = result.clone();
-            async move {
-                let mut n = 0;
-                while !stop.load(Ordering::Relaxed) {
-                    let Reservation::Acquired(lease) =
-                        store.reserve(&key(run, t, n), fp).await.unwrap()
-                    else {
-                        panic!("not acquired")
-                    };
-                    store.complete(&lease, result.clone()).await.unwrap();
-                    n += 1;
-                }
-                n
-            }
-        })
-    };
-    let empty = cycle_cell(empty_store.clone(), args.secs).await;
+    let empty = cycles(&empty_store, args.conns, args.secs, result, fp).await;
     let sweeper = steady.spawn_sweeper(Duration::from_millis(200), 5000);
     // Fill a window, then measure over the next two.
-    let _fill = cycle_cell(steady.clone(), args.retention).await;
-    let full = cycle_cell(steady.clone(), 2 * args.retention).await;
+    let _fill = cycles(&steady, args.conns, args.retention, result, fp).await;
+    let full = cycles(&steady, args.conns, 2 * args.retention, result, fp).await;
     sweeper.abort();
     let row = admin
         .query_one(

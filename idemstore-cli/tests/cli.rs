@@ -13,6 +13,7 @@ use idemstore::{ManualClock, Reservation, Store};
 use serde_json::Value;
 
 use crate::common::{acquire, change_stored, encoded, fp, key, replayed, stored};
+use crate::run::ids;
 
 const HOUR: Duration = Duration::from_secs(3600);
 
@@ -114,15 +115,6 @@ fn run(args: &[&str], code: i32) -> String {
 fn run_json(args: &[&str], code: i32) -> Value {
     let text = run(args, code);
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}):\n{text}"))
-}
-
-fn ids(records: &Value) -> Vec<&str> {
-    records
-        .as_array()
-        .expect("an array")
-        .iter()
-        .map(|r| r["id"].as_str().expect("an id"))
-        .collect()
 }
 
 #[test]

@@ -44,7 +44,6 @@ pub fn run_json(args: &[&str], code: i32) -> Value {
 }
 
 /// The ids of a JSON array of records.
-#[cfg(any(feature = "etcd", feature = "postgres"))]
 pub fn ids(records: &Value) -> Vec<&str> {
     records
         .as_array()

@@ -130,7 +130,7 @@ pub use log::wal::LogFile;
 pub use postgres::{PgBuilder, PgSnapshot, PgStore, PgWork};
 pub use record::{Progress, Record, RecordClass, Status};
 pub use reservations::Reservations;
-pub use state::stats::Stats;
+pub use state::Stats;
 pub use store::builder::{Builder, Durability};
 pub use store::inspect::{FileInfo, Problem, ProblemKind, ScanFilter, StateCounts, Verification};
 pub use store::{compact, open_redb, open_redb_read_only, Store};

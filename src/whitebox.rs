@@ -10,7 +10,6 @@
 use std::path::PathBuf;
 
 pub use crate::clock::{from_millis, to_millis};
-pub use crate::commit::CheckpointStart;
 pub use crate::log::identity::LOG_HEADER_LEN;
 pub use crate::log::recovery::{LogPosition, Recovered};
 pub use crate::log::wal::Wal;
@@ -20,7 +19,8 @@ pub use crate::log::wal::{
 };
 pub use crate::record::Millis;
 use crate::record::Record;
-pub use crate::state::poison::reopen_room;
+pub use crate::state::reopen_room;
+pub use crate::state::CheckpointStart;
 
 /// A record's stored bytes (the record codec, `src/record/codec.rs`).
 pub fn encode_record(record: &Record) -> Vec<u8> {

@@ -29,11 +29,12 @@ use crate::error::Error;
 use crate::key::Key;
 use crate::record::Record;
 use crate::state::overlay::{Held, RecordCache};
-use crate::state::stats::Counter;
+use crate::state::Counter;
 use crate::tree::tables::{decode_record, IndexEntries, Tables};
 use crate::tree::windows::{Records, Windows};
 
-use super::{Engine, Syncer};
+use super::Syncer;
+use crate::state::Engine;
 
 /// How long one redb write transaction (the applier's) stays open across batches before the
 /// applier commits it (non-durably).

@@ -20,11 +20,12 @@ use std::time::Instant;
 use redb::WriteTransaction;
 
 use super::apply::{Applier, OpenTxn};
-use super::{CheckpointStart, Engine, Writer, Written};
+use super::{Writer, Written};
 use crate::error::Error;
 use crate::log::identity::LOG_HEADER_LEN;
 use crate::record::Millis;
-use crate::state::stats::Counter;
+use crate::state::Counter;
+use crate::state::{CheckpointStart, Engine};
 use crate::tree::tables::{new_salt, Tables};
 
 /// A background checkpoint: its thread, which returns the commit's outcome.

@@ -33,7 +33,6 @@
 mod apply;
 mod background;
 mod checkpoint;
-mod engine;
 mod queue;
 pub(crate) mod sweep;
 mod syncer;
@@ -42,8 +41,6 @@ mod writer;
 pub(crate) use apply::Written;
 pub(crate) use background::Schedule;
 pub(crate) use checkpoint::CommitKind;
-pub use engine::CheckpointStart;
-pub(crate) use engine::Engine;
 pub(crate) use queue::{first, Committer};
 pub(crate) use queue::{CallerDecision, Kind, Known};
 pub(crate) use syncer::Syncer;

@@ -18,14 +18,14 @@ use std::time::Duration;
 use parking_lot::{Condvar, Mutex};
 
 use crate::decide::expire::Expire;
-use crate::decide::op::{
+use crate::decide::{
     Complete, Extend, MarkNeedsReview, Observe, RecordStep, Release, Reserve, Resolve,
     WithRetention,
 };
 use crate::decide::{Decision, Operation};
 use crate::error::Error;
 use crate::key::Key;
-use crate::state::poison::error_copy;
+use crate::state::error_copy;
 use crate::state::settings::{Durability, Limits};
 use crate::tree::tables::IndexEntries;
 

@@ -13,7 +13,7 @@ use crate::commit::{CommitKind, Writer};
 use crate::error::Error;
 use crate::key::Key;
 use crate::record::{Millis, Record, RecordClass, TokenFloor};
-use crate::state::stats::Counter;
+use crate::state::Counter;
 use crate::tree::tables::{decode_record, IndexEntries, Tables, LEASE};
 use crate::tree::windows::Records;
 

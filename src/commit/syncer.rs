@@ -10,11 +10,12 @@ use parking_lot::{Condvar, Mutex};
 
 use crate::error::Error;
 use crate::log::wal::{LogFile, Wal};
-use crate::state::stats::Counter;
+use crate::state::Counter;
 
 use super::queue::Request;
-use super::{Engine, Written};
-use crate::state::poison::error_copy;
+use super::Written;
+use crate::state::error_copy;
+use crate::state::Engine;
 
 /// A batch written to the log, waiting for a sync before its callers are answered.
 pub(super) struct PendingBatch {

@@ -13,15 +13,16 @@ use crate::key::Key;
 use crate::log::wal::Wal;
 use crate::record::Millis;
 use crate::state::settings::Durability;
-use crate::state::stats::Counter;
+use crate::state::Counter;
 use crate::tree::tables::IndexEntries;
 
 use super::apply::{Applier, DeferredBatch, Deferring, Latest, Target, Written};
 use super::queue::Request;
 use super::queue::{CallerDecision, Decide, Known, Ops, Outcomes};
 use super::syncer::PendingBatch;
-use super::{Engine, Schedule, Syncer};
-use crate::state::poison::error_copy;
+use super::{Schedule, Syncer};
+use crate::state::error_copy;
+use crate::state::Engine;
 
 /// The single writer: owns the database's write side, the log and the fencing-token counter.
 pub(crate) struct Writer {

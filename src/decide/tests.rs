@@ -2,12 +2,7 @@
 
 use std::time::Duration;
 
-use super::op::*;
 use super::*;
-use crate::error::LeaseLostReason;
-use crate::fingerprint::Fingerprint;
-use crate::record::Progress;
-use crate::record::{RecordClass, State};
 
 const POLICY: Policy = Policy {
     lease: 1_000,

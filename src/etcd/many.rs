@@ -13,7 +13,7 @@ use crate::answers::{Lease, Reservation, Seen};
 use crate::clock::{duration_millis, from_millis};
 use crate::decide::answer;
 use crate::decide::expire::Expire;
-use crate::decide::op::{Complete, Extend, LeaseOutcome, Observe, Release, Reserve};
+use crate::decide::{Complete, Extend, LeaseOutcome, Observe, Release, Reserve};
 use crate::error::Error;
 use crate::fingerprint::Fingerprint;
 use crate::key::Key;

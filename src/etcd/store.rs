@@ -12,12 +12,12 @@ use super::layout::Layout;
 use crate::answers::{Lease, Reservation};
 use crate::clock::{duration_millis, from_millis, to_millis, Clock};
 use crate::decide::answer;
-use crate::decide::op::{
+use crate::decide::policy::Policies;
+use crate::decide::Resolution;
+use crate::decide::{
     Complete, Completion, Extend, MarkNeedsReview, RecordStep, Release, Reserve, Reserved, Resolve,
     WithRetention,
 };
-use crate::decide::policy::Policies;
-use crate::decide::Resolution;
 use crate::error::{Error, LeaseLostReason};
 use crate::fingerprint::Fingerprint;
 use crate::key::Key;

@@ -8,7 +8,7 @@ use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp, TxnOpResponse, Txn
 
 use super::layout::{self, placeholder, resolve_token, Listed, Nonce, Stored};
 use super::store::Inner;
-use crate::decide::op::Reserved;
+use crate::decide::Reserved;
 use crate::decide::{decide, Change, Operation};
 use crate::error::Error;
 use crate::key::Key;

@@ -12,11 +12,11 @@ use crate::answers::{Lease, LiveLease, Reservation, Seen};
 use crate::clock::{duration_millis, from_millis};
 use crate::decide::answer;
 use crate::decide::expire::Expire;
-use crate::decide::op::{
+use crate::decide::{decide, Change, Resolution};
+use crate::decide::{
     Complete, Completion, Extend, LeaseOutcome, MarkNeedsReview, Observe, RecordStep, Release,
     Reserve, Resolve, WithRetention,
 };
-use crate::decide::{decide, Change, Resolution};
 use crate::error::{Error, LeaseLostReason};
 use crate::fingerprint::Fingerprint;
 use crate::key::Key;

@@ -8,7 +8,7 @@ use crate::decide::expire::{Expire, Expired};
 use crate::error::Error;
 use crate::key::Key;
 use crate::record::RecordClass;
-use crate::state::stats::Counter;
+use crate::state::Counter;
 
 use super::Store;
 

@@ -8,10 +8,8 @@ use redb::WriteTransaction;
 use crate::answers::Lease;
 use crate::commit::{first, CommitKind, Committer};
 use crate::decide::answer;
-use crate::decide::op::{
-    Complete, Completion, Extend, MarkNeedsReview, RecordStep, Release, Resolve,
-};
 use crate::decide::Resolution;
+use crate::decide::{Complete, Completion, Extend, MarkNeedsReview, RecordStep, Release, Resolve};
 use crate::error::{Error, LeaseLostReason};
 use crate::key::Key;
 use crate::record::Progress;

@@ -8,8 +8,8 @@ use crate::answers::Lease;
 use crate::clock::from_millis;
 use crate::commit::Kind;
 use crate::decide::answer;
-use crate::decide::op::{Complete, Extend, Release};
 use crate::decide::Operation;
+use crate::decide::{Complete, Extend, Release};
 use crate::error::Error;
 use crate::key::Key;
 
@@ -225,7 +225,7 @@ fn extensions<'a>(leases: &[&'a Lease]) -> Batch<'a, Extend> {
 /// An extension's answer: the lease, renewed until the new deadline.
 pub(super) fn extended(
     lease: &Lease,
-    outcome: crate::decide::op::LeaseOutcome<crate::record::Millis>,
+    outcome: crate::decide::LeaseOutcome<crate::record::Millis>,
 ) -> Result<Lease, Error> {
     let lease_until = answer::with_lease(lease, outcome)?;
     Ok(Lease {

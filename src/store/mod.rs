@@ -27,11 +27,12 @@ use std::sync::Arc;
 
 use redb::ReadableDatabase;
 
-use crate::commit::{sweep, Committer, Engine, Writer};
+use crate::commit::{sweep, Committer, Writer};
 use crate::error::Error;
 use crate::key::Key;
 use crate::record::{Millis, Record, TokenFloor};
-use crate::state::stats::Stats;
+use crate::state::Engine;
+use crate::state::Stats;
 use crate::tree::tables::{decode_record, DEADLINES};
 
 pub use compact::compact;
@@ -246,7 +247,7 @@ impl Store {
     /// machine's speed let run before it.
     pub fn __before_checkpoint_commit_if(
         &self,
-        which: impl Fn(&crate::commit::CheckpointStart) -> bool + Send + 'static,
+        which: impl Fn(&crate::state::CheckpointStart) -> bool + Send + 'static,
         hook: impl FnOnce() + Send + 'static,
     ) {
         self.engine.checkpoint.arm(Box::new(which), Box::new(hook));

@@ -8,14 +8,14 @@ use crate::answers::{Reservation, Seen};
 use crate::clock::duration_millis;
 use crate::commit::{first, CallerDecision, Known};
 use crate::decide::answer;
-use crate::decide::op::{Observe, Reserve, Reserved};
 use crate::decide::{decide, Change, Operation};
+use crate::decide::{Observe, Reserve, Reserved};
 use crate::error::Error;
 use crate::fingerprint::Fingerprint;
 use crate::key::Key;
 use crate::record::{Millis, Record};
-use crate::state::stats::Counter;
 use crate::state::wait::{wake_at, Signal};
+use crate::state::Counter;
 use crate::tree::tables::IndexEntries;
 
 use super::Store;

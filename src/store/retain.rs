@@ -7,8 +7,8 @@ use crate::answers::Lease;
 use crate::clock::duration_millis;
 use crate::commit::first;
 use crate::decide::answer;
-use crate::decide::op::{Complete, Resolve, WithRetention};
 use crate::decide::Resolution;
+use crate::decide::{Complete, Resolve, WithRetention};
 use crate::error::Error;
 use crate::key::Key;
 

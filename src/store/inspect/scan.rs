@@ -229,7 +229,7 @@ impl Store {
         let since = self.log_since_checkpoint()?;
         Ok(FileInfo {
             log_since_checkpoint: since,
-            checkpoint_room: crate::state::poison::reopen_room(since),
+            checkpoint_room: crate::state::reopen_room(since),
             file_bytes: size(self.path())?,
             log_bytes: size(&log_path)?,
             path: self.path().to_path_buf(),

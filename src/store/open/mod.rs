@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use redb::Database;
 
-use crate::commit::{Committer, Engine, Schedule, Writer};
+use crate::commit::{Committer, Schedule, Writer};
 use crate::decide::policy::Policies;
 use crate::error::OpenError;
 use crate::log::identity::{self, Identity};
@@ -16,9 +16,10 @@ use crate::log::wal::{log_path, LogFile};
 use crate::record::TokenFloor;
 use crate::state::overlay::Overlay;
 use crate::state::overlay::RecordCache;
-use crate::state::poison::{full_disk_at_open, replay_bound, Poison};
 use crate::state::settings::Durability;
-use crate::state::stats::Counters;
+use crate::state::Counters;
+use crate::state::Engine;
+use crate::state::{full_disk_at_open, replay_bound, Poison};
 use crate::store::builder::Builder;
 use crate::tree::tables::{window_width, Tables};
 use crate::tree::windows::{width_for, Windows};

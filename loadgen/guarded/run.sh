@@ -5,7 +5,9 @@
 #
 # Builds loadgen/src/guarded_service.rs (release), starts it and a Redis server (`appendfsync
 # always`, data in a temporary folder, a loopback port), then drives each route with wrk
-# (`-t2 -c64`, the Lua script beside this file): plain, the layer with the store's defaults,
+# (`-t2 -c64`, the Lua script beside this file): plain, plain behind one await (a middleware
+# that yields once before the handler, as any awaiting middleware or database call makes a
+# request wait), the layer with the store's defaults,
 # the layer on `Durability::Buffered`, and the Redis-backed guard; unique keys (a new key per
 # request) and duplicates (1000 keys completed by a warm-up run, then replayed). The cells run
 # interleaved, PASSES times, each for DURATION seconds; the table gives each cell's median
@@ -114,7 +116,7 @@ cell() {
             m, k, r / s, p50, p99, c / r, rc / r, n, e, o }'
 }
 
-modes=(plain layer buffered redis ${BASE_BIN:+base-layer base-buffered})
+modes=(plain await layer buffered redis ${BASE_BIN:+base-layer base-buffered})
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "warm-up: 1000 duplicate keys per guarded route, and every route for 2 s"
 run=$(date +%s)
@@ -128,7 +130,7 @@ for pass in $(seq "$PASSES"); do
     for i in "${!modes[@]}"; do
         mode=${modes[$(((i + pass) % ${#modes[@]}))]}
         for keys in unique dup; do
-            [ "$mode" = plain ] && [ "$keys" = dup ] && continue
+            [[ $mode == plain || $mode == await ]] && [ "$keys" = dup ] && continue
             tag="p$pass-$run"; [ "$keys" = dup ] && tag="dup$run"
             line=$(cell "$mode" "$keys" "$tag" "$DURATION")
             echo "pass $pass: $line" >&2
@@ -155,7 +157,7 @@ sum() { awk -v m="$1" -v k="$2" -v c="$3" '$1 == m && $2 == k { s += $c } END { 
 plain_p99=$(col plain unique 5)
 for mode in "${modes[@]}"; do
     for keys in unique dup; do
-        [ "$mode" = plain ] && [ "$keys" = dup ] && continue
+        [[ $mode == plain || $mode == await ]] && [ "$keys" = dup ] && continue
         rps=$(col "$mode" "$keys" 3)
         awk -v m="$mode" -v k="$keys" -v r="$rps" -v p50="$(col "$mode" "$keys" 4)" \
             -v p99="$(col "$mode" "$keys" 5)" -v c="$(col "$mode" "$keys" 6)" \
@@ -167,6 +169,12 @@ for mode in "${modes[@]}"; do
 done
 vs_redis=$(awk '$2 == "unique" && $1 == "layer" { l[$11] = $3 } $2 == "unique" && $1 == "redis" { r[$11] = $3 }
     END { for (p in l) if (r[p] > 0) print l[p] / r[p] }' "$raw" | median)
+# The same for each guarded route against the awaiting plain service (unique keys).
+vs_await() {
+    awk -v m="$1" '$2 == "unique" && $1 == m { l[$11] = $3 } $2 == "unique" && $1 == "await" { a[$11] = $3 }
+        END { for (p in l) if (a[p] > 0) print l[p] / a[p] }' "$raw" | median
+}
 echo
 echo "layer (defaults) against the Redis guard, unique keys: ${vs_redis}x (median of the passes' ratios)"
+echo "against plain behind one await, unique keys: layer $(vs_await layer)x, buffered $(vs_await buffered)x, redis $(vs_await redis)x"
 echo "passes: $PASSES x ${DURATION}s per cell, wrk -t$THREADS -c$CONNECTIONS; per-run lines: $raw"

@@ -5,6 +5,7 @@
 //! | route | guard |
 //! |---|---|
 //! | `POST /plain/api` | none |
+//! | `POST /await/api` | none, but the request waits once (`tokio::task::yield_now`) before the handler, as a service's own middleware or database call makes it wait |
 //! | `POST /layer/api` | `IdempotencyLayer` over a store opened with `Store::open`'s defaults (durable) |
 //! | `POST /buffered/api` | `IdempotencyLayer` over a store on `Durability::Buffered` (50 ms) |
 //! | `POST /redis/api` | a Redis-backed guard written the way such middleware usually is: `SET key pending NX PX`, the handler, then `SET key response PX` (a duplicate: `GET key`) |
@@ -61,6 +62,13 @@ async fn create_order(_body: Bytes) -> Response {
     let n = ORDERS.fetch_add(1, Ordering::Relaxed) + 1;
     let body = format!(r#"{{"order":{n:010},"status":"accepted"}}"#);
     ([(header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
+/// A middleware that holds the request across one wait (the task yields once) before the
+/// handler runs: the plain service as it is when something before its handler awaits.
+async fn wait_once(request: Request, next: Next) -> Response {
+    tokio::task::yield_now().await;
+    next.run(request).await
 }
 
 /// `cpu_us=… orders=…`: this process's CPU time so far (getrusage) and the orders counted.
@@ -200,6 +208,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
     let route = || Router::new().route("/api", post(create_order));
     let app = Router::new()
         .nest("/plain", route())
+        .nest("/await", route().layer(middleware::from_fn(wait_once)))
         .nest("/layer", route().layer(IdempotencyLayer::new(durable)))
         .nest("/buffered", route().layer(IdempotencyLayer::new(buffered)))
         .nest(

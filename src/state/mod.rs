@@ -114,6 +114,8 @@ impl CheckpointState {
     }
 }
 
+// The latched first write failure (see the module docs).
+
 /// The first write failure, latched: once set, every call fails.
 #[derive(Debug, Default)]
 pub(crate) struct Poison(
@@ -247,6 +249,8 @@ pub(crate) fn error_copy(error: &Error) -> Error {
         },
     }
 }
+
+// The counters (see the module docs).
 
 /// One counter. With the `metrics` feature each increment is also reported to the `metrics`
 /// facade under [`Counter::metric`].

@@ -622,9 +622,9 @@ impl<O: Operation> Operation for WithRetention<O> {
 }
 
 pub(crate) mod answer {
-    //! The mapping from a decision's outcome to the answer a caller gets back, the same for every
-    //! backend (the local [`Store`](crate::Store) and the cluster store). Each function takes one
-    //! operation's own outcome type, so every mapping is total.
+    //! The mapping from a decision's outcome to the answer a caller gets back, the same for
+    //! every backend (the local [`Store`](crate::Store), the etcd and PostgreSQL stores). Each
+    //! function takes one operation's own outcome type, so every mapping is total.
 
     use super::{Completion, LeaseOutcome, Reserved};
     use crate::answers::{Completed, Lease, Reservation, Seen};

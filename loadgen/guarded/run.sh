@@ -147,11 +147,12 @@ echo "| route | keys | requests/s | p50 | p99 | vs plain | server CPU/request | 
 echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"
 median() { sort -n | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 col() { awk -v m="$1" -v k="$2" -v c="$3" '$1 == m && $2 == k { print $c }' "$raw" | median; }
-# The median over passes of this cell's requests/s over plain's in the same pass.
+# The median over passes of a cell's requests/s (route $1, keys $2) over route $3's with unique
+# keys in the same pass.
 ratio() {
-    awk -v m="$1" -v k="$2" '$1 == "plain" && $2 == "unique" { plain[$11] = $3 }
+    awk -v m="$1" -v k="$2" -v b="$3" '$1 == b && $2 == "unique" { base[$11] = $3 }
         $1 == m && $2 == k { mine[$11] = $3 }
-        END { for (p in mine) if (plain[p] > 0) print mine[p] / plain[p] }' "$raw" | median
+        END { for (p in mine) if (base[p] > 0) print mine[p] / base[p] }' "$raw" | median
 }
 sum() { awk -v m="$1" -v k="$2" -v c="$3" '$1 == m && $2 == k { s += $c } END { print s + 0 }' "$raw"; }
 plain_p99=$(col plain unique 5)
@@ -162,19 +163,12 @@ for mode in "${modes[@]}"; do
         awk -v m="$mode" -v k="$keys" -v r="$rps" -v p50="$(col "$mode" "$keys" 4)" \
             -v p99="$(col "$mode" "$keys" 5)" -v c="$(col "$mode" "$keys" 6)" \
             -v rc="$(col "$mode" "$keys" 7)" -v n="$(sum "$mode" "$keys" 8)" \
-            -v o="$(sum "$mode" "$keys" 10)" -v x="$(ratio "$mode" "$keys")" -v bp99="$plain_p99" \
+            -v o="$(sum "$mode" "$keys" 10)" -v x="$(ratio "$mode" "$keys" plain)" -v bp99="$plain_p99" \
             'BEGIN { printf "| %s | %s | %d | %.2f ms | %.2f ms (%.1fx plain) | %.2f | %.1f µs | %.1f µs | %d | %d |\n",
                 m, k, r, p50 / 1000, p99 / 1000, p99 / bp99, x, c, rc, n, o }'
     done
 done
-vs_redis=$(awk '$2 == "unique" && $1 == "layer" { l[$11] = $3 } $2 == "unique" && $1 == "redis" { r[$11] = $3 }
-    END { for (p in l) if (r[p] > 0) print l[p] / r[p] }' "$raw" | median)
-# The same for each guarded route against the awaiting plain service (unique keys).
-vs_await() {
-    awk -v m="$1" '$2 == "unique" && $1 == m { l[$11] = $3 } $2 == "unique" && $1 == "await" { a[$11] = $3 }
-        END { for (p in l) if (a[p] > 0) print l[p] / a[p] }' "$raw" | median
-}
 echo
-echo "layer (defaults) against the Redis guard, unique keys: ${vs_redis}x (median of the passes' ratios)"
-echo "against plain behind one await, unique keys: layer $(vs_await layer)x, buffered $(vs_await buffered)x, redis $(vs_await redis)x"
+echo "layer (defaults) against the Redis guard, unique keys: $(ratio layer unique redis)x (median of the passes' ratios)"
+echo "against plain behind one await, unique keys: layer $(ratio layer unique await)x, buffered $(ratio buffered unique await)x, redis $(ratio redis unique await)x"
 echo "passes: $PASSES x ${DURATION}s per cell, wrk -t$THREADS -c$CONNECTIONS; per-run lines: $raw"

@@ -10,6 +10,7 @@
 use std::path::PathBuf;
 
 pub use crate::clock::{from_millis, to_millis};
+pub use crate::commit::Background;
 pub use crate::log::identity::LOG_HEADER_LEN;
 pub use crate::log::recovery::{LogPosition, Recovered};
 pub use crate::log::wal::Wal;

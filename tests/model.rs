@@ -1,10 +1,17 @@
 //! Model-based property test: random sequences of every public operation (reserve, complete,
 //! complete_with_retention, release_if_pending, extend, mark_needs_review, resolve, expire,
-//! expire_forced, expire_many, sweep, stale), clock steps around the lease and retentions,
-//! and reopens of the same file, run against a real store and against the one reference model
-//! (`support/model.rs`, which the crash model and the `ops` fuzz target also check against),
-//! written from docs/DESIGN.md (not from `decide/`). Three operations have
+//! expire_forced, expire_many, sweep, stale), clock steps forward and back around the lease
+//! and retentions, and between any two of them the engine's background work (the applier's
+//! apply and commit, the writer forgetting what that commit holds, the overlay moving to the
+//! record cache, a checkpoint started or finished, ended windows deleted, a flush), clean
+//! reopens, process crashes and power losses, run against a real store and against the one
+//! reference model (`support/model.rs`, which the crash model and the `ops` fuzz target also
+//! check against), written from docs/DESIGN.md (not from `decide/`). Three operations have
 //! three different retentions (the store's default and two per-operation settings).
+//!
+//! The store runs on simulated disks with its background work manual
+//! (`Builder::__manual_background`): every background step is an operation of the sequence,
+//! so a case is the same interleaving on every run, decided by its seed, with no sleep.
 //!
 //! Every outcome is compared (variant, tokens, attempts, results, deadlines, retry_after,
 //! error reasons), and after every step `get` is compared for every key. The key space is
@@ -12,11 +19,17 @@
 //! request bodies, so collisions, mismatches, takeovers and expiries happen often. Leases are
 //! kept after they are taken over, so stale owners keep trying their luck.
 //!
-//! 32 cases by default (each creates a store file, which costs ~0.1 s in debug builds); set
-//! `PROPTEST_CASES` for more.
+//! Time: the store's time never runs backward while it is open (a clock stepped back holds
+//! it), and starts again from the clock at a reopen; the model keeps the clock and the
+//! store's time apart.
+//!
+//! 256 cases under `cargo test`; `.ci/run` runs 10,000 in release, and `PROPTEST_CASES` sets
+//! any other count (RELIABILITY.md, "The state-machine test").
 
+use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use idemstore::whitebox::Background;
 use idemstore::{
     Error, Fingerprint, Key, Lease, LeaseLostReason, LiveLease, ManualClock, Record, RecordClass,
     Reservation, Resolution, Status, Store,
@@ -25,6 +38,7 @@ use proptest::prelude::*;
 
 use crate::common::encoded;
 use crate::support::model::{body, Answer, Keys, Model};
+use crate::support::sim::{Rng, SimDisk};
 
 const LEASE_MS: u64 = 1_000;
 const RETENTION_MS: u64 = 5_000;
@@ -36,7 +50,10 @@ const OVERRIDE_RETENTION_MS: u64 = 3_000;
 const START_MS: u64 = 1_700_000_000_000;
 const KEYS: usize = 4;
 const BODIES: usize = 2;
-const DEFAULT_CASES: u32 = 32;
+const DEFAULT_CASES: u32 = 256;
+/// The width of the store's expiry windows: a 32nd of the retention it was created with
+/// (docs/format.md, "Windows").
+const WINDOW_MS: u64 = RETENTION_MS / 32;
 
 fn key_of(index: usize) -> Key {
     // Keys 0 and 3 differ only in their scope.
@@ -128,6 +145,32 @@ enum Op {
         limit: usize,
     },
     Reopen,
+    /// The clock steps back (an NTP correction); the store's time holds.
+    StepBack {
+        ms: u64,
+    },
+    /// One step of the engine's background work.
+    Background(Background),
+    /// The process dies without closing the store (every write kept), or the power fails
+    /// (writes not synced dropped, applied or torn, chosen by `seed`); then it reopens.
+    Crash {
+        power: bool,
+        seed: u64,
+    },
+}
+
+fn background() -> impl Strategy<Value = Background> {
+    use Background::*;
+    prop_oneof![
+        1 => Just(Apply),
+        3 => Just(ApplierCommit),
+        1 => Just(WriterDrain),
+        1 => Just(DrainOverlay),
+        1 => Just(CheckpointStart),
+        1 => Just(CheckpointFinish),
+        2 => Just(DropEndedWindows),
+        1 => Just(Flush),
+    ]
 }
 
 fn advance_ms() -> impl Strategy<Value = u64> {
@@ -163,6 +206,9 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0..4usize).prop_map(|limit| Op::Sweep { limit }),
         1 => (0..4usize).prop_map(|limit| Op::Stale { limit }),
         1 => Just(Op::Reopen),
+        1 => advance_ms().prop_map(|ms| Op::StepBack { ms }),
+        6 => background().prop_map(Op::Background),
+        1 => (any::<bool>(), any::<u64>()).prop_map(|(power, seed)| Op::Crash { power, seed }),
     ]
 }
 
@@ -324,12 +370,11 @@ fn check_lost<T: std::fmt::Debug>(
 
 /// Runs `ops` against a fresh store and the model, comparing after every step.
 fn run(ops: &[Op]) {
-    let dir = tempfile::tempdir().expect("temporary directory");
-    let path = dir.path().join("model.idem");
     let clock = ManualClock::starting_at(at(START_MS));
-    let open = || {
-        // The model counts what each `sweep` deletes: no background sweeper. Each case creates
-        // a store: no 33 MiB preallocated log either.
+    let mut disks = (SimDisk::new(), SimDisk::new());
+    let open = |(db, log): &(SimDisk, SimDisk)| {
+        // The model counts what each `sweep` deletes: no background sweeper; every other piece
+        // of background work is an operation of the sequence.
         Store::builder()
             .lease(Duration::from_millis(LEASE_MS))
             .retention(Duration::from_millis(RETENTION_MS))
@@ -337,17 +382,28 @@ fn run(ops: &[Op]) {
             .retention_for(operation_of(2), Duration::from_millis(CONSUME_RETENTION_MS))
             .clock(clock.clone())
             .sweep_interval(None)
-            .preallocate_log(false)
-            .open(&path)
+            .checkpoint_bytes(64 * 1024)
+            .cache_records(2)
+            .__manual_background()
+            .open_with_storage(db.clone(), log.clone())
             .expect("open the store")
     };
-    let mut store = open();
+    // The clock, which may step back; the model's `now` is the store's time, which does not.
+    let mut clock_ms = START_MS;
+    let mut store = open(&disks);
     let mut model = Keys::new(START_MS, LEASE_MS, retention_of);
     // Every lease handed out, with its key's index; never forgotten.
     let mut leases: Vec<(usize, Lease)> = Vec::new();
 
+    // Records an unlogged commit deleted (a sweep, a window deletion) since the last durable
+    // commit, with whether a checkpoint started since (its durable commit then holds the
+    // deletion): a crash brings back the others, expired, as the log replays the frames that
+    // wrote them. A key changed since by a logged operation is not brought back.
+    let mut ghosts: HashMap<usize, (Model, bool)> = HashMap::new();
+
     for (step, op) in ops.iter().enumerate() {
         let context = format!("step {step} {op:?}");
+        let before = model.records.clone();
         let pick = |pick: &u16| {
             (!leases.is_empty()).then(|| {
                 let i = usize::from(*pick) % leases.len();
@@ -554,8 +610,13 @@ fn run(ops: &[Op]) {
                 }
             }
             Op::Advance { ms } => {
-                clock.advance(Duration::from_millis(*ms));
-                model.now += ms;
+                clock_ms += ms;
+                clock.set(at(clock_ms));
+                model.now = model.now.max(clock_ms);
+            }
+            Op::StepBack { ms } => {
+                clock_ms = clock_ms.saturating_sub(*ms).max(START_MS);
+                clock.set(at(clock_ms));
             }
             Op::AdvanceToNextDeadline => {
                 let now = model.now;
@@ -573,7 +634,8 @@ fn run(ops: &[Op]) {
                     .filter(|&deadline| deadline > now)
                     .min()
                     .unwrap_or(now + 1);
-                clock.advance(Duration::from_millis(next - now));
+                clock_ms = next;
+                clock.set(at(clock_ms));
                 model.now = next;
             }
             Op::Sweep { limit } => {
@@ -584,7 +646,8 @@ fn run(ops: &[Op]) {
                 let deleted = store.sweep(*limit).expect(&context);
                 assert_eq!(deleted, expired.len().min(*limit), "{context}: swept");
                 for (_, key) in expired.into_iter().take(deleted) {
-                    model.records.remove(&key);
+                    let gone = model.records.remove(&key).expect("a swept record");
+                    ghosts.insert(key, (gone, false));
                 }
             }
             Op::Stale { limit } => {
@@ -602,9 +665,63 @@ fn run(ops: &[Op]) {
             }
             Op::Reopen => {
                 drop(store);
-                store = open();
+                store = open(&disks);
                 model.floor = model.max_token + 1;
+                model.now = clock_ms;
+                // A clean close ends with a durable commit.
+                ghosts.clear();
             }
+            Op::Background(step) => {
+                store.__background(*step).expect(&context);
+                match step {
+                    Background::DropEndedWindows => {
+                        for (key, gone) in drop_ended_windows(&mut model) {
+                            ghosts.insert(key, (gone, false));
+                        }
+                    }
+                    Background::CheckpointStart => {
+                        for (_, covered) in ghosts.values_mut() {
+                            *covered = true;
+                        }
+                    }
+                    Background::CheckpointFinish => ghosts.retain(|_, (_, covered)| !*covered),
+                    _ => {}
+                }
+            }
+            Op::Crash { power, seed } => {
+                // The crash lands after a running checkpoint's commit (the crash and
+                // power-loss models cut inside one).
+                store
+                    .__background(Background::CheckpointFinish)
+                    .expect(&context);
+                ghosts.retain(|_, (_, covered)| !*covered);
+                for (key, (gone, _)) in ghosts.drain() {
+                    model.records.insert(key, gone);
+                }
+                let (db, log) = &disks;
+                db.freeze();
+                log.freeze();
+                let images = if *power {
+                    let mut rng = Rng(seed | 1);
+                    (
+                        db.after_power_loss(&mut rng),
+                        log.after_power_loss(&mut rng),
+                    )
+                } else {
+                    (db.after_process_crash(), log.after_process_crash())
+                };
+                drop(store);
+                disks = images;
+                store = open(&disks);
+                // Every answered operation was synced: it survives. Leases end with the
+                // process, and the store's time starts again from the clock.
+                model.floor = model.max_token + 1;
+                model.now = clock_ms;
+            }
+        }
+        if !matches!(op, Op::Sweep { .. } | Op::Background(_) | Op::Crash { .. }) {
+            // A key a logged operation changed is logged as it is now.
+            ghosts.retain(|k, _| before.get(k) == model.records.get(k));
         }
 
         for k in 0..KEYS {
@@ -619,6 +736,26 @@ fn run(ops: &[Op]) {
             }
         }
     }
+}
+
+/// What deleting the ended windows removes: every stored record whose window (its expiry
+/// over [`WINDOW_MS`]) ended at the store's time, expired with it.
+fn drop_ended_windows(model: &mut Keys) -> Vec<(usize, Model)> {
+    let now = model.now;
+    let ended: Vec<usize> = model
+        .records
+        .keys()
+        .copied()
+        .filter(|&k| {
+            model
+                .expires_at(k)
+                .is_some_and(|t| (t / WINDOW_MS + 1) * WINDOW_MS <= now)
+        })
+        .collect();
+    ended
+        .into_iter()
+        .map(|k| (k, model.records.remove(&k).expect("a stored record")))
+        .collect()
 }
 
 fn cases() -> u32 {

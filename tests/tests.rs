@@ -5,6 +5,7 @@ mod common;
 // model, the fuzz targets' entry points).
 mod support;
 
+mod across_time;
 #[cfg(feature = "actix")]
 mod actix;
 mod bad_input;

@@ -33,14 +33,15 @@ impl Fixture {
     fn new() -> Fixture {
         let dir = tempfile::tempdir().expect("temporary directory");
         let path = dir.path().join("keys.idem");
+        // The store's time never runs backward while it is open: the clock starts in the
+        // past and moves forward.
+        let now = SystemTime::now();
         let fixture = Fixture {
             _dir: dir,
             path,
-            clock: ManualClock::new(),
+            clock: ManualClock::starting_at(now - 48 * HOUR),
         };
         let store = fixture.open();
-        let now = SystemTime::now();
-        fixture.clock.set(now - 48 * HOUR);
         let old = acquire(&store, &key("u2", "refund", "old"), fp("r"));
         store.complete(&old, b"200 refunded".to_vec()).unwrap();
         fixture.clock.set(now - 2 * HOUR);
@@ -455,8 +456,9 @@ fn expire_deletes_keys_and_needs_force_for_a_live_lease() {
 fn sweep_deletes_expired_records_in_slices_durably() {
     let fx = Fixture::new();
     {
-        let store = fx.open();
+        // Set before the store opens: its time never runs backward while it is open.
         fx.clock.set(SystemTime::now() - 30 * HOUR);
+        let store = fx.open();
         for i in 0..24 {
             let lease = acquire(&store, &key("u3", "batch", &format!("k{i}")), fp("b"));
             store.complete(&lease, b"ok".to_vec()).unwrap();

@@ -23,15 +23,14 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
-use redb::{Database, ReadableDatabase, WriteTransaction};
+use redb::WriteTransaction;
 
 use crate::error::Error;
 use crate::key::Key;
 use crate::record::Record;
-use crate::state::overlay::{Held, RecordCache};
+use crate::state::overlay::Held;
 use crate::state::Counter;
-use crate::tree::tables::{decode_record, IndexEntries, Tables};
-use crate::tree::windows::{Records, Windows};
+use crate::tree::tables::{IndexEntries, Tables};
 
 use super::Syncer;
 use crate::state::Engine;
@@ -136,35 +135,23 @@ impl DeferredBatch {
     }
 }
 
-/// The batch path's [`Target`]: reads the latest state (changes since the last redb commit,
-/// then the cache, then committed redb) and keeps each change in `latest`; the applier gets
-/// the changes from the writer's record of them ([`DeferredBatch::logged`]).
+/// The batch path's [`Target`]: reads a key's latest state (the writer's own changes since
+/// the last redb commit, then the engine's one read of the newest copy, `Engine::newest`) and
+/// keeps each change in `latest`; the applier gets the changes from the writer's record of
+/// them ([`DeferredBatch::logged`]).
 pub(super) struct Deferring<'w> {
     latest: &'w mut Latest,
     /// The frame that will log the changes made through this target.
     seq: u64,
-    cache: &'w RecordCache,
-    db: &'w Database,
-    windows: &'w Windows,
-    /// The committed records, opened on the first key neither in `latest` nor in the cache.
-    committed: Option<Records>,
+    engine: &'w Engine,
 }
 
 impl<'w> Deferring<'w> {
-    pub(super) fn new(
-        latest: &'w mut Latest,
-        seq: u64,
-        cache: &'w RecordCache,
-        db: &'w Database,
-        windows: &'w Windows,
-    ) -> Deferring<'w> {
+    pub(super) fn new(latest: &'w mut Latest, seq: u64, engine: &'w Engine) -> Deferring<'w> {
         Deferring {
             latest,
             seq,
-            cache,
-            db,
-            windows,
-            committed: None,
+            engine,
         }
     }
 }
@@ -180,21 +167,7 @@ impl Target for Deferring<'_> {
         if let Some((state, _)) = self.latest.get(key) {
             return Ok(Ok(state.as_deref().cloned()));
         }
-        if let Some(record) = self.cache.get(key) {
-            return Ok(Ok(Some(record)));
-        }
-        let ctx = "reading a record";
-        if self.committed.is_none() {
-            let txn = self.db.begin_read().map_err(|e| Error::storage(ctx, e))?;
-            self.committed = Some(Records::open(&txn, self.windows)?);
-        }
-        let table = self.committed.as_ref().expect("opened above");
-        let value = table
-            .get_hashed(key.encoded(), key.hash64())
-            .map_err(|e| Error::storage(ctx, e))?;
-        Ok(value
-            .map(|bytes| decode_record(key.encoded(), bytes.value()))
-            .transpose())
+        self.engine.newest(key)
     }
 
     fn put(
@@ -390,7 +363,7 @@ impl Applier {
     }
 
     /// Moves the overlay entries the writer allowed to the record cache.
-    fn drain_overlay_now(&self) {
+    pub(super) fn drain_overlay_now(&self) {
         let to = self.drain_to.load(Ordering::Acquire);
         if to > self.drained.load(Ordering::Acquire) {
             self.engine.overlay.drain_through(to, &self.engine.cache);
@@ -476,10 +449,30 @@ impl Applier {
         }
     }
 
+    /// Applies what is queued and commits the open transaction now, whatever its age: the
+    /// applier's own commit, run as a test's background step (`Background::ApplierCommit`).
+    #[cfg(feature = "__whitebox")]
+    pub(super) fn commit_now(&self) -> Result<(), Error> {
+        let mut txn = self.txn.lock();
+        let done = self
+            .apply_queued(&mut txn)
+            .and_then(|()| self.commit_if(&mut txn, Duration::ZERO));
+        if let Err(error) = &done {
+            self.fail(&mut txn, error);
+        }
+        done
+    }
+
     /// Commits the open transaction (non-durably) when it is [`TXN_SPAN`] old, and records
     /// the last frame it holds for the writer. The caller holds `txn`.
     fn commit_if_due(&self, txn: &mut OpenTxn) -> Result<(), Error> {
-        if txn.as_ref().is_none_or(|(_, at)| at.elapsed() < TXN_SPAN) {
+        self.commit_if(txn, TXN_SPAN)
+    }
+
+    /// Commits the open transaction (non-durably) when it is at least `age` old, and records
+    /// the last frame it holds for the writer. The caller holds `txn`.
+    fn commit_if(&self, txn: &mut OpenTxn, age: Duration) -> Result<(), Error> {
+        if txn.as_ref().is_none_or(|(_, at)| at.elapsed() < age) {
             return Ok(());
         }
         let (open, _) = txn.take().expect("checked above");
@@ -545,9 +538,11 @@ impl Applier {
             // Ended windows leave with the batches: one table deletion each, in whichever
             // transaction applies them (the applier's, a checkpoint's, a flush's), off the
             // writer's batch path.
-            let (windows, held) = tables.drop_ended_windows(self.engine.now())?;
+            let now = self.engine.now();
+            let (windows, held) = tables.drop_ended_windows(now)?;
             self.engine.counters.add(Counter::WindowsDeleted, windows);
             self.engine.counters.add(Counter::Swept, held);
+            super::sweep::forget_ended_windows(&self.engine, now);
         }
         Ok(())
     }

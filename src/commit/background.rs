@@ -22,6 +22,54 @@ pub(crate) struct Schedule {
     pub(crate) checkpoint_interval: Duration,
     /// Sweep expired records in the background this often (`None`: only when asked).
     pub(crate) sweep_interval: Option<Duration>,
+    /// The background work runs only as a test's steps ([`Background`]): no applier thread,
+    /// and nothing between batches.
+    pub(crate) manual: bool,
+}
+
+/// One step of the engine's background work, run when a test asks
+/// (`Store::__background`, feature `__whitebox`) in a store whose background work is manual
+/// (`Builder::__manual_background`): what the applier thread, the committer between batches,
+/// the checkpoint thread and the sweeper do by themselves in every other store.
+#[cfg(feature = "__whitebox")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Background {
+    /// The applier applies the durable batches queued for it to its open transaction (and
+    /// deletes the windows that have ended, when the sweeper is on).
+    Apply,
+    /// The applier applies, then commits its open transaction, as it does every `TXN_SPAN`.
+    /// The writer hears of the commit at its next batch, or at [`Background::WriterDrain`].
+    ApplierCommit,
+    /// The writer forgets the changes the applier's commits hold and ends the epoch (what it
+    /// does before every batch and between batches).
+    WriterDrain,
+    /// The applier moves the overlay entries the writer let go to the record cache.
+    DrainOverlay,
+    /// A background checkpoint starts: its durable commit runs on its own thread while the
+    /// next operations run.
+    CheckpointStart,
+    /// The writer waits for the running background checkpoint, if any, to end.
+    CheckpointFinish,
+    /// The windows that have ended are deleted (the sweeper's work).
+    DropEndedWindows,
+    /// The writer commits everything to redb itself (what it does before a sweep, a
+    /// `complete_with` or a checkpoint).
+    Flush,
+}
+
+#[cfg(feature = "__whitebox")]
+impl Background {
+    /// Every step.
+    pub const ALL: [Background; 8] = [
+        Background::Apply,
+        Background::ApplierCommit,
+        Background::WriterDrain,
+        Background::DrainOverlay,
+        Background::CheckpointStart,
+        Background::CheckpointFinish,
+        Background::DropEndedWindows,
+        Background::Flush,
+    ];
 }
 
 impl Writer {
@@ -29,7 +77,7 @@ impl Writer {
     /// for long, syncs a buffered log when its interval passed, and checkpoints when the log
     /// is large or old.
     pub(super) fn background_work(&mut self) {
-        if self.engine.poison.check().is_err() {
+        if self.schedule.manual || self.engine.poison.check().is_err() {
             return;
         }
         if self.finish_checkpoint(false).is_err() {
@@ -81,7 +129,7 @@ impl Writer {
 
     /// How long the committer may sleep before background work is due; `None` when none is.
     pub(super) fn next_tick(&self) -> Option<Duration> {
-        if self.engine.poison.check().is_err() {
+        if self.schedule.manual || self.engine.poison.check().is_err() {
             return None;
         }
         let mut due: Option<Duration> = None;
@@ -113,6 +161,35 @@ impl Writer {
             }
         }
         due.map(|d| d.max(Duration::from_millis(1)))
+    }
+
+    /// Runs one step of the background work (see [`Background`]).
+    #[cfg(feature = "__whitebox")]
+    pub(crate) fn run_background(&mut self, step: Background) -> Result<(), crate::error::Error> {
+        self.engine.poison.check()?;
+        match step {
+            Background::Apply => {
+                let mut txn = self.applier.txn.lock();
+                let applied = self.applier.apply_queued(&mut txn);
+                if let Err(error) = &applied {
+                    self.applier.fail(&mut txn, error);
+                }
+                applied
+            }
+            Background::ApplierCommit => self.applier.commit_now(),
+            Background::WriterDrain => {
+                self.drain_committed();
+                Ok(())
+            }
+            Background::DrainOverlay => {
+                self.applier.drain_overlay_now();
+                Ok(())
+            }
+            Background::CheckpointStart => self.start_checkpoint(),
+            Background::CheckpointFinish => self.finish_checkpoint(true),
+            Background::DropEndedWindows => self.drop_ended_windows().map(|_| ()),
+            Background::Flush => self.flush(),
+        }
     }
 
     /// On shutdown: make everything durable in redb, marked as closed cleanly, so the next

@@ -39,6 +39,8 @@ mod syncer;
 mod writer;
 
 pub(crate) use apply::Written;
+#[cfg(feature = "__whitebox")]
+pub use background::Background;
 pub(crate) use background::Schedule;
 pub(crate) use checkpoint::CommitKind;
 pub(crate) use queue::{first, Committer};

@@ -62,7 +62,9 @@ pub(crate) struct Committer {
 impl Committer {
     pub(crate) fn start(writer: Writer, limits: Limits) -> Result<Committer, Error> {
         let applier = Arc::clone(&writer.applier);
-        applier.start()?;
+        if !writer.schedule.manual {
+            applier.start()?;
+        }
         let syncer = Arc::clone(&writer.syncer);
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue {
@@ -221,6 +223,17 @@ impl Committer {
         let mut writer = self.shared.writer.lock();
         writer.flush()?;
         f(&mut writer)
+    }
+
+    /// Runs `f` with the writer to itself, as it is between two batches (nothing flushed
+    /// first): for a test's background steps.
+    #[cfg(feature = "__whitebox")]
+    pub(crate) fn with_writer_as_is<R>(
+        &self,
+        f: impl FnOnce(&mut Writer) -> Result<R, Error>,
+    ) -> Result<R, Error> {
+        not_in_callback()?;
+        f(&mut self.shared.writer.lock())
     }
 
     /// Runs `f` (the closure of `complete_with`) marked as holding the writer, so that a call

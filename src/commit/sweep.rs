@@ -13,7 +13,7 @@ use crate::commit::{CommitKind, Writer};
 use crate::error::Error;
 use crate::key::Key;
 use crate::record::{Millis, Record, RecordClass, TokenFloor};
-use crate::state::Counter;
+use crate::state::{Counter, Engine};
 use crate::tree::tables::{decode_record, IndexEntries, Tables, LEASE};
 use crate::tree::windows::Records;
 
@@ -43,9 +43,19 @@ impl Writer {
             let (windows, held) = Tables::open(txn, &engine.windows)?.drop_ended_windows(now)?;
             engine.counters.add(Counter::WindowsDeleted, windows);
             engine.counters.add(Counter::Swept, held);
+            forget_ended_windows(&engine, now);
             Ok(Ok(held))
         })
     }
+}
+
+/// After the windows that ended at `now` were deleted (in the transaction that deletes them):
+/// their records leave the record cache, the one in-memory copy that outlives a redb commit.
+/// (The overlay's entries and the writer's own move to the cache after the commit, which
+/// refuses them from now on.)
+pub(crate) fn forget_ended_windows(engine: &Engine, now: Millis) {
+    let width = engine.windows.width();
+    engine.cache.forget_expiring_before(now / width * width);
 }
 
 /// Deletes up to `limit` records that expired at or before `now`, earliest expiry first;

@@ -156,13 +156,7 @@ impl Writer {
         let mut latest = std::mem::take(&mut self.latest);
         let engine = Arc::clone(&self.engine);
         let next_seq = self.wal.last_seq() + 1;
-        let mut target = Deferring::new(
-            &mut latest,
-            next_seq,
-            &engine.cache,
-            &engine.db,
-            &engine.windows,
-        );
+        let mut target = Deferring::new(&mut latest, next_seq, &engine);
         let result: Result<_, Error> = (|| {
             let mut ops = 0;
             let mut written = self.syncer.spare_changes();

@@ -27,13 +27,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
-use redb::Database;
+use redb::{Database, ReadableDatabase};
 
 use crate::clock::{to_millis, Clock};
 use crate::decide::policy::Policies;
 use crate::error::Error;
-use crate::record::Millis;
-use crate::tree::windows::Windows;
+use crate::key::Key;
+use crate::record::{Millis, Record};
+use crate::tree::tables::decode_record;
+use crate::tree::windows::{Records, Windows};
 use overlay::{Overlay, RecordCache};
 
 /// See the module docs. Assembled once, when the store opens (`Store::from_parts`).
@@ -54,12 +56,64 @@ pub(crate) struct Engine {
     pub(crate) policy: Policies,
     /// Whether a background checkpoint commits (for the applier), and the tests' hook.
     pub(crate) checkpoint: CheckpointState,
+    /// The latest time the store has seen ([`now`](Engine::now) never returns less).
+    pub(crate) time_floor: AtomicU64,
 }
 
 impl Engine {
-    /// The current time, in the store's milliseconds.
+    /// The store's time, in milliseconds: the clock's, except that it never runs backward
+    /// while the store is open. A clock stepped back (an NTP correction) holds the store's time
+    /// where it was until the clock catches up, so nothing that expired, no lease that ran out
+    /// and no window that was deleted comes back (docs/5-guarantees.md, "Time"). A reopen starts
+    /// again from the clock.
     pub(crate) fn now(&self) -> Millis {
-        to_millis(self.clock.now())
+        let clock = to_millis(self.clock.now());
+        let floor = self.time_floor.load(Ordering::Acquire);
+        if clock > floor {
+            // Written only when the clock moved on (at most once a millisecond per thread).
+            self.time_floor
+                .fetch_max(clock, Ordering::AcqRel)
+                .max(clock)
+        } else {
+            floor
+        }
+    }
+
+    /// The newest state of `key`, expired or not, read from the newest copy first: the
+    /// overlay (acknowledged changes no redb commit the readers see holds yet), then the record
+    /// cache (committed records), then the epoch's shared redb snapshot
+    /// ([`Overlay::committed`]). Every read of a key's state goes through here: a caller's
+    /// read (single, batched, waiting) and the writer's decisions (after its own changes since
+    /// the last redb commit). A copy is consulted only when every newer one missed, so no
+    /// answer comes from a state older than one another copy has published: the overlay's
+    /// entries move to the cache before they leave it, and the cache holds a key's state only
+    /// as the last commit of it left it.
+    ///
+    /// The inner `Err` is a damaged record (an error for this key alone); the outer one is a
+    /// storage error, or [`Error::Poisoned`] when a failed write may have dropped a newer
+    /// state from memory since the caller last checked.
+    pub(crate) fn newest(&self, key: &Key) -> Result<Result<Option<Record>, Error>, Error> {
+        if let Some(state) = self.overlay.get(key) {
+            return Ok(Ok(state));
+        }
+        if let Some(record) = self.cache.get(key) {
+            return Ok(Ok(Some(record)));
+        }
+        let ctx = "reading a record";
+        let (_, table) = self.overlay.committed(|| {
+            let txn = self.db.begin_read().map_err(|e| Error::storage(ctx, e))?;
+            Records::open(&txn, &self.windows)
+        })?;
+        let value = table
+            .get_hashed(key.encoded(), key.hash64())
+            .map_err(|e| Error::storage(ctx, e))?;
+        // A failed write clears the overlay and the cache after latching the poison: if that
+        // happened since the caller checked, the overlay or the cache may have held a newer
+        // acknowledged state than redb, so refuse rather than return an older one.
+        self.poison.check()?;
+        Ok(value
+            .map(|bytes| decode_record(key.encoded(), bytes.value()))
+            .transpose())
     }
 }
 

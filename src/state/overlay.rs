@@ -20,7 +20,7 @@ use parking_lot::RwLock;
 
 use crate::error::Error;
 use crate::key::Key;
-use crate::record::{Record, State};
+use crate::record::{Millis, Record, State};
 use crate::state::wait::Waiters;
 
 /// A key's changed state as memory holds it until redb does: its new record, or `None` for a
@@ -312,6 +312,9 @@ pub(crate) struct RecordCache {
     shards: Vec<RwLock<Shard>>,
     per_shard: usize,
     bytes_per_shard: usize,
+    /// Records expiring before this time were in expiry windows deleted since: none is cached
+    /// any more, nor ever again ([`forget_expiring_before`](RecordCache::forget_expiring_before)).
+    gone_before: AtomicU64,
 }
 
 /// What one cached record costs besides its key's and its data's bytes: the map's slot (key
@@ -339,6 +342,7 @@ impl RecordCache {
             shards: (0..SHARDS).map(|_| RwLock::default()).collect(),
             per_shard: capacity.div_ceil(SHARDS),
             bytes_per_shard: bytes.div_ceil(SHARDS),
+            gone_before: AtomicU64::new(0),
         }
     }
 
@@ -415,6 +419,9 @@ impl RecordCache {
             return;
         }
         let mut shard = self.shard(key).write();
+        // A record of a deleted window (moving here from the overlay after its window went)
+        // is not cached: its key reads from redb, which no longer holds it.
+        let record = record.filter(|r| r.expires_at >= self.gone_before.load(Ordering::Acquire));
         match record {
             None => {
                 if let Some(old) = shard.map.remove(key) {
@@ -443,6 +450,29 @@ impl RecordCache {
                     order.retain(|k| map.contains_key(k));
                 }
             }
+        }
+    }
+
+    /// Forgets every record that expires before `before` and refuses such records from now on:
+    /// the expiry windows holding them were deleted (called once their deletion is in the
+    /// transaction that deletes them; a reader that misses here reads redb, whose snapshots
+    /// hold the window until that commit and not after). So no in-memory copy answers for a
+    /// deleted window's record.
+    pub(crate) fn forget_expiring_before(&self, before: Millis) {
+        if self.gone_before.fetch_max(before, Ordering::AcqRel) >= before {
+            return;
+        }
+        for shard in &self.shards {
+            let mut shard = shard.write();
+            let Shard { map, order, bytes } = &mut *shard;
+            map.retain(|key, record| {
+                let keep = record.expires_at >= before;
+                if !keep {
+                    *bytes -= entry_bytes(key, record);
+                }
+                keep
+            });
+            order.retain(|key| map.contains_key(key));
         }
     }
 

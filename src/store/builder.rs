@@ -54,6 +54,9 @@ pub struct Builder {
     /// Whether the store file has the checksummed page layer (always, except for the
     /// benchmark-only `Builder::__without_page_checksums`).
     pub(crate) page_checksums: bool,
+    /// Whether the engine's background work runs only when a test asks for it (the hidden
+    /// `Builder::__manual_background`).
+    pub(crate) manual_background: bool,
 }
 
 /// The defaults and limits of the settings, next to the settings they belong to.
@@ -116,6 +119,7 @@ impl Default for Builder {
             limits: Limits::default(),
             admin_socket: AdminSocket::ReadOnly,
             page_checksums: true,
+            manual_background: false,
         }
     }
 }
@@ -643,6 +647,16 @@ impl Builder {
     /// every normal open (it has no page-file header), so it is never taken for a real store.
     pub fn __without_page_checksums(&mut self) -> &mut Self {
         self.page_checksums = false;
+        self
+    }
+
+    /// The engine's background work runs only when the test asks for it, one step at a time
+    /// ([`Store::__background`](crate::Store::__background)): no applier thread, no
+    /// applier commit, drain, checkpoint or sweep between batches. So a test decides, from its
+    /// seed, which background step runs between two operations. Every store has the same work
+    /// to do otherwise; only who starts it and when differs.
+    pub fn __manual_background(&mut self) -> &mut Self {
+        self.manual_background = true;
         self
     }
 }

@@ -33,7 +33,7 @@ use crate::key::Key;
 use crate::record::{Millis, Record, TokenFloor};
 use crate::state::Engine;
 use crate::state::Stats;
-use crate::tree::tables::{decode_record, DEADLINES};
+use crate::tree::tables::DEADLINES;
 
 pub use compact::compact;
 pub use open::file::{open_redb, open_redb_read_only};
@@ -228,6 +228,13 @@ impl Store {
         self.token_floor().0
     }
 
+    /// Runs one step of the background work now (see [`Background`](crate::whitebox::Background)),
+    /// in a store opened with [`Builder::__manual_background`](crate::Builder::__manual_background).
+    pub fn __background(&self, step: crate::whitebox::Background) -> Result<(), Error> {
+        self.committer
+            .with_writer_as_is(|writer| writer.run_background(step))
+    }
+
     /// Forgets every cached record, so the next reads go to redb.
     pub fn __clear_cache(&self) {
         self.engine.cache.clear();
@@ -322,39 +329,10 @@ impl Store {
         self.read_hook.run();
     }
 
-    /// One key of [`read_many`](Store::read_many).
+    /// One key of [`read_many`](Store::read_many): the engine's one read of a key's newest
+    /// state (`Engine::newest`), with a panic inside redb turned into an error.
     fn read_one(&self, key: &Key) -> Result<Option<Record>, Error> {
-        let ctx = "reading a record";
-        let overlay = &self.engine.overlay;
-        if let Some(state) = overlay.get(key) {
-            return Ok(state);
-        }
-        if let Some(record) = self.engine.cache.get(key) {
-            return Ok(Some(record));
-        }
-        self.guard_read(ctx, || {
-            // The epoch's shared snapshot (see `Overlay::committed`), looked up for each key
-            // after the overlay missed: a batch that outlives an epoch must not read a key the
-            // writer has since drained from the overlay in the snapshot of the epoch before.
-            let (_, table) = overlay.committed(|| {
-                let txn = self
-                    .engine
-                    .db
-                    .begin_read()
-                    .map_err(|e| Error::storage(ctx, e))?;
-                crate::tree::windows::Records::open(&txn, &self.engine.windows)
-            })?;
-            let value = table
-                .get_hashed(key.encoded(), key.hash64())
-                .map_err(|e| Error::storage(ctx, e))?;
-            // A failed write clears the overlay and the cache after latching the poison: if
-            // that happened since the caller checked, the overlay or the cache may have held
-            // a newer acknowledged state than redb, so refuse rather than return an older one.
-            self.engine.poison.check()?;
-            value
-                .map(|bytes| decode_record(key.encoded(), bytes.value()))
-                .transpose()
-        })
+        self.guard_read("reading a record", || self.engine.newest(key)?)
     }
 
     /// Runs `read`, which reads redb pages, turning a panic inside redb into

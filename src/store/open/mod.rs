@@ -291,6 +291,7 @@ impl Store {
                 floor,
             ),
             checkpoint: Default::default(),
+            time_floor: Default::default(),
         });
         let writer = Writer::new(
             Arc::clone(&engine),
@@ -301,6 +302,7 @@ impl Store {
                 checkpoint_bytes: builder.checkpoint_bytes,
                 checkpoint_interval: builder.checkpoint_interval,
                 sweep_interval: builder.sweep_interval,
+                manual: builder.manual_background,
             },
         );
         let mut store = Store {

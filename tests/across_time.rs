@@ -87,12 +87,7 @@ fn completed_key(store: &Store, i: usize, before: Before, steps: &[Background]) 
 
 /// The key still answers with the first result, to `get` and to a duplicate reserve.
 fn assert_still_completed(store: &Store, i: usize, case: &str) {
-    match store.reserve(&key(i), Fingerprint::of(b"body")).unwrap() {
-        Reservation::Completed(done) => {
-            assert_eq!(done.result, b"A", "{case}: the stored result changed")
-        }
-        other => panic!("{case}: a completed key answered {other:?}: the work would run twice"),
-    }
+    assert_still_completed_key(store, &key(i), case);
     let record = store
         .get(&key(i))
         .unwrap()
@@ -201,5 +196,97 @@ fn a_clock_stepped_back_brings_back_no_expired_key_and_no_lease() {
     match store.reserve(&key(0), Fingerprint::of(b"body")).unwrap() {
         Reservation::Acquired(lease) => assert_eq!(lease.attempt(), 1),
         other => panic!("an expired key answered {other:?}"),
+    }
+}
+
+/// The reports from outside, as they were made: a store on `Store::open`'s defaults with its
+/// background threads running, 40 keys reserved, a checkpoint, each key completed, then the
+/// call repeated on every key until the applier has committed the completions and the
+/// writer's next batches ran (the moment it used to read a stale state), every answer
+/// checked. Three runs per call under `cargo test`; `IDEMSTORE_LONG=1` runs 1,000 (in a
+/// release build: RELIABILITY.md, "The state-machine test").
+#[test]
+fn the_reported_races_never_happen_with_the_background_threads_running() {
+    let runs = if std::env::var_os("IDEMSTORE_LONG").is_some() {
+        1000
+    } else {
+        3
+    };
+    for call in [Call::Release, Call::Extend, Call::CompleteAgain] {
+        for run in 0..runs {
+            race(call, run);
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Call {
+    Release,
+    Extend,
+    CompleteAgain,
+}
+
+fn race(call: Call, run: usize) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::builder()
+        .preallocate_log(false)
+        .open(dir.path().join("s.idem"))
+        .unwrap();
+    let keys: Vec<Key> = (0..40)
+        .map(|i| Key::new("tenant", "POST /charges", format!("r{run}-{i}")).unwrap())
+        .collect();
+    let leases: Vec<Lease> = keys
+        .iter()
+        .map(
+            |k| match store.reserve(k, Fingerprint::of(b"body")).unwrap() {
+                Reservation::Acquired(lease) => lease,
+                other => panic!("{other:?}"),
+            },
+        )
+        .collect();
+    store.checkpoint().unwrap();
+    for lease in &leases {
+        store.complete(lease, b"A".to_vec()).unwrap();
+    }
+    let commits = store.stats().commits;
+    let mut rounds = 0u64;
+    let mut after_commit = 0;
+    // Until the applier has committed the completions (a condition on the store's own
+    // counter, not a time) and three rounds ran after that commit.
+    while after_commit < 3 {
+        if store.stats().commits > commits {
+            after_commit += 1;
+        }
+        assert!(rounds < 1_000_000, "{call:?}: the applier never committed");
+        for lease in &leases {
+            let case = format!("{call:?}, run {run}, round {rounds}, {}", lease.key());
+            match call {
+                Call::Release => assert!(
+                    !store.release_if_pending(lease).unwrap(),
+                    "{case}: release_if_pending deleted a completed key"
+                ),
+                Call::Extend => match store.extend(lease) {
+                    Err(Error::LeaseLost {
+                        reason: LeaseLostReason::Completed { .. },
+                        ..
+                    }) => {}
+                    other => panic!("{case}: extend of a completed key gave {other:?}"),
+                },
+                Call::CompleteAgain => store.complete(lease, b"B".to_vec()).unwrap(),
+            }
+        }
+        rounds += 1;
+    }
+    for (i, key) in keys.iter().enumerate() {
+        assert_still_completed_key(&store, key, &format!("{call:?}, run {run}, key {i}"));
+    }
+}
+
+fn assert_still_completed_key(store: &Store, key: &Key, case: &str) {
+    match store.reserve(key, Fingerprint::of(b"body")).unwrap() {
+        Reservation::Completed(done) => {
+            assert_eq!(done.result, b"A", "{case}: the stored result changed")
+        }
+        other => panic!("{case}: a completed key answered {other:?}: the work would run twice"),
     }
 }

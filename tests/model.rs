@@ -40,22 +40,22 @@ use crate::common::encoded;
 use crate::support::model::{body, Answer, Keys, Model};
 use crate::support::sim::{Rng, SimDisk};
 
-const LEASE_MS: u64 = 1_000;
-const RETENTION_MS: u64 = 5_000;
+pub(crate) const LEASE_MS: u64 = 1_000;
+pub(crate) const RETENTION_MS: u64 = 5_000;
 /// Key 1's operation keeps its keys longer than the store's default, key 2's much shorter.
-const REFUNDS_RETENTION_MS: u64 = 8_000;
-const CONSUME_RETENTION_MS: u64 = 2_000;
+pub(crate) const REFUNDS_RETENTION_MS: u64 = 8_000;
+pub(crate) const CONSUME_RETENTION_MS: u64 = 2_000;
 /// A per-call retention of complete_with_retention.
-const OVERRIDE_RETENTION_MS: u64 = 3_000;
-const START_MS: u64 = 1_700_000_000_000;
-const KEYS: usize = 4;
-const BODIES: usize = 2;
+pub(crate) const OVERRIDE_RETENTION_MS: u64 = 3_000;
+pub(crate) const START_MS: u64 = 1_700_000_000_000;
+pub(crate) const KEYS: usize = 4;
+pub(crate) const BODIES: usize = 2;
 const DEFAULT_CASES: u32 = 256;
 /// The width of the store's expiry windows: a 32nd of the retention it was created with
 /// (docs/format.md, "Windows").
 const WINDOW_MS: u64 = RETENTION_MS / 32;
 
-fn key_of(index: usize) -> Key {
+pub(crate) fn key_of(index: usize) -> Key {
     // Keys 0 and 3 differ only in their scope.
     let (scope, id) = match index {
         3 => ("tenant-b", "k0".to_string()),
@@ -64,7 +64,7 @@ fn key_of(index: usize) -> Key {
     Key::new(scope, operation_of(index), id).expect("valid key")
 }
 
-fn operation_of(index: usize) -> &'static str {
+pub(crate) fn operation_of(index: usize) -> &'static str {
     match index {
         1 => "POST /refunds",
         2 => "consume",
@@ -73,7 +73,7 @@ fn operation_of(index: usize) -> &'static str {
 }
 
 /// The retention of a key, per its operation.
-fn retention_of(index: usize) -> u64 {
+pub(crate) fn retention_of(index: usize) -> u64 {
     match index {
         1 => REFUNDS_RETENTION_MS,
         2 => CONSUME_RETENTION_MS,
@@ -82,16 +82,16 @@ fn retention_of(index: usize) -> u64 {
 }
 
 /// A request body's index as the reference model names it.
-fn model_body(index: usize) -> u8 {
+pub(crate) fn model_body(index: usize) -> u8 {
     u8::try_from(index).expect("two bodies")
 }
 
 /// The request body `index` as the reference model fingerprints it.
-fn body_of(index: u8) -> Fingerprint {
+pub(crate) fn body_of(index: u8) -> Fingerprint {
     body(index)
 }
 
-fn at(ms: u64) -> SystemTime {
+pub(crate) fn at(ms: u64) -> SystemTime {
     UNIX_EPOCH + Duration::from_millis(ms)
 }
 
@@ -173,7 +173,7 @@ fn background() -> impl Strategy<Value = Background> {
     ]
 }
 
-fn advance_ms() -> impl Strategy<Value = u64> {
+pub(crate) fn advance_ms() -> impl Strategy<Value = u64> {
     prop_oneof![
         Just(1),
         Just(LEASE_MS),
@@ -226,7 +226,7 @@ fn by_deadline(model: &Keys, deadline: impl Fn(usize) -> Option<u64>) -> Vec<(u6
 /// Asserts an expire's answer: the removed record's class, or `LeaseLive` naming the key and
 /// the lease's end.
 #[track_caller]
-fn check_expired(
+pub(crate) fn check_expired(
     actual: Result<Option<RecordClass>, Error>,
     expected: Result<Option<RecordClass>, u64>,
     key: usize,
@@ -251,7 +251,7 @@ fn check_expired(
 }
 
 /// Converts an actual reservation into the same plain shape (the lease is returned apart).
-fn observed(reservation: Reservation) -> (Answer, Option<Lease>) {
+pub(crate) fn observed(reservation: Reservation) -> (Answer, Option<Lease>) {
     match reservation {
         Reservation::Acquired(lease) => (
             Answer::Acquired {
@@ -284,13 +284,13 @@ fn observed(reservation: Reservation) -> (Answer, Option<Lease>) {
     }
 }
 
-fn millis(time: SystemTime) -> u64 {
+pub(crate) fn millis(time: SystemTime) -> u64 {
     u64::try_from(time.duration_since(UNIX_EPOCH).unwrap().as_millis()).unwrap()
 }
 
 /// Asserts that a stored record of `key` equals the model's.
 #[track_caller]
-fn check_record(actual: &Record, model: &Keys, key: usize, context: &str) {
+pub(crate) fn check_record(actual: &Record, model: &Keys, key: usize, context: &str) {
     let expected = &model.records[&key];
     let body = expected.body().expect("a stored record");
     assert_eq!(
@@ -348,7 +348,7 @@ fn check_record(actual: &Record, model: &Keys, key: usize, context: &str) {
 
 /// Asserts that a lease operation failed with `LeaseLost` for this lease and this reason.
 #[track_caller]
-fn check_lost<T: std::fmt::Debug>(
+pub(crate) fn check_lost<T: std::fmt::Debug>(
     result: Result<T, Error>,
     lease: &Lease,
     reason: LeaseLostReason,

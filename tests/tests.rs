@@ -37,6 +37,7 @@ mod kill;
 mod log_identity;
 mod lost_log;
 mod model;
+mod model_backends;
 mod no_pages;
 mod open_errors;
 #[cfg(feature = "postgres")]

@@ -103,6 +103,12 @@ impl http_body::Body for Generated {
     }
 }
 
+/// The `N` of a route's `?bytes=N`.
+fn bytes_asked(uri: &axum::http::Uri) -> Option<usize> {
+    let n = uri.query()?.strip_prefix("bytes=")?;
+    Some(n.parse().expect("a number"))
+}
+
 /// `POST /download?bytes=N`: 200 streaming N bytes (default 200 MB).
 async fn download(
     State(shop): State<Arc<Shop>>,
@@ -110,10 +116,7 @@ async fn download(
     uri: axum::http::Uri,
 ) -> Response {
     shop.count(&headers);
-    let bytes = uri
-        .query()
-        .and_then(|q| q.strip_prefix("bytes="))
-        .map_or(STREAM_BYTES, |n| n.parse().expect("a number"));
+    let bytes = bytes_asked(&uri).unwrap_or(STREAM_BYTES);
     (AxumStatus::OK, Body::new(Generated { left: bytes })).into_response()
 }
 
@@ -140,11 +143,7 @@ async fn sized(
     uri: axum::http::Uri,
 ) -> Response {
     shop.count(&headers);
-    let bytes = uri
-        .query()
-        .and_then(|q| q.strip_prefix("bytes="))
-        .map(|n| n.parse().expect("a number"))
-        .expect("?bytes=N");
+    let bytes = bytes_asked(&uri).expect("?bytes=N");
     let mut response = (AxumStatus::OK, vec![b'x'; bytes]).into_response();
     let octets = HeaderValue::from_static("application/octet-stream");
     response.headers_mut().insert("content-type", octets);
@@ -591,15 +590,11 @@ async fn a_response_around_the_limits_runs_its_handler_once_and_then_replays_or_
             );
             let retry = service.post(&route, &key, "").await;
             if stored <= limit {
-                assert!(
-                    retry.replayed(),
-                    "{key}: {:?} {}",
-                    retry.status,
-                    retry.text()
-                );
+                assert!(retry.replayed(), "{key}: not replayed, {}", retry.status);
                 assert_eq!((retry.status, &retry.body), (StatusCode::OK, &first.body));
             } else {
-                assert_eq!(retry.status, StatusCode::GONE, "{key}: {}", retry.text());
+                let replayed = retry.replayed();
+                assert_eq!(retry.status, StatusCode::GONE, "{key}: replayed {replayed}");
                 assert!(retry.text().contains("status 200"), "{}", retry.text());
             }
             assert_eq!(service.shop.runs(&key), 1, "{key}: the handler ran once");

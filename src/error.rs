@@ -2,6 +2,26 @@
 //! [`Reservation`](crate::Reservation) values. Errors are bad input, lost ownership, I/O,
 //! corruption and a poisoned store.
 //!
+//! Each message says what failed and names the file, key or limit; the error that caused it
+//! (an operating-system error, redb's, a cluster client's) is not repeated in the message but
+//! returned by [`source()`](std::error::Error::source), so a reporter that walks the chain
+//! (anyhow's `{:#}`, eyre, `idemstore` on the command line) prints each cause once:
+//!
+//! ```
+//! use std::error::Error as _;
+//!
+//! # let dir = tempfile::tempdir()?;
+//! let Err(error) = idemstore::Store::open(dir.path()) else { unreachable!("a directory") };
+//! let mut line = error.to_string();
+//! let mut cause = error.source();
+//! while let Some(next) = cause {
+//!     line = format!("{line}: {next}");
+//!     cause = next.source();
+//! }
+//! println!("{line}");
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
 //! Two types, as redb keeps `DatabaseError` (opening) apart from `StorageError` (operating):
 //! [`OpenError`], the only ways opening a local store can fail, and [`Error`], the umbrella
 //! every operation returns. Every `OpenError` converts into the `Error` variant of the same
@@ -309,6 +329,20 @@ impl Error {
     }
 }
 
+/// `error`'s message followed by each of its causes ([`source()`](std::error::Error::source)),
+/// `": "` between them: the whole story in one line, where it is kept as text (the latched
+/// cause of a poisoned store, an admin socket's answer).
+pub(crate) fn with_causes(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(next) = cause {
+        text.push_str(": ");
+        text.push_str(&next.to_string());
+        cause = next.source();
+    }
+    text
+}
+
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -346,20 +380,18 @@ impl fmt::Display for Error {
             }
             Error::AlreadyOpen { path } => text::already_open(f, path),
             Error::NotAStore { path, reason } => text::not_a_store(f, path, reason),
-            Error::Io { context, source } => text::io(f, context, source),
-            Error::Storage { context, source } => text::storage(f, context, source),
+            Error::Io { context, .. } => text::io(f, context),
+            Error::Storage { context, .. } => text::storage(f, context),
             Error::Corruption { location, reason } => text::corruption(f, location, reason),
             Error::Poisoned { cause, .. } => write!(
                 f,
                 "store is poisoned after an earlier failed write ({cause}); reopen it to recover"
             ),
-            Error::Callback { source } => {
-                write!(f, "complete_with callback failed, transaction rolled back: {source}")
+            Error::Callback { .. } => {
+                f.write_str("complete_with callback failed, transaction rolled back")
             }
-            Error::Cluster { context, source } => write!(f, "cluster error while {context}: {source}"),
-            Error::Database { context, source } => {
-                write!(f, "PostgreSQL error while {context}: {source}")
-            }
+            Error::Cluster { context, .. } => write!(f, "cluster error while {context}"),
+            Error::Database { context, .. } => write!(f, "PostgreSQL error while {context}"),
             Error::Reentrant => f.write_str(
                 "a store operation that needs the writer was called from inside a complete_with \
                  closure, which runs while the writer is held; reads work there, do the rest \
@@ -606,8 +638,8 @@ impl fmt::Display for OpenError {
                 text::foreign_log(f, store, log, reason)
             }
             OpenError::LostLog { store, log, reason } => text::lost_log(f, store, log, reason),
-            OpenError::Io { context, source } => text::io(f, context, source),
-            OpenError::Storage { context, source } => text::storage(f, context, source),
+            OpenError::Io { context, .. } => text::io(f, context),
+            OpenError::Storage { context, .. } => text::storage(f, context),
             OpenError::Corruption { location, reason } => text::corruption(f, location, reason),
         }
     }
@@ -649,12 +681,12 @@ mod text {
         )
     }
 
-    pub(super) fn io(f: &mut Formatter<'_>, context: &str, source: &std::io::Error) -> Result {
-        write!(f, "{context}: {source}")
+    pub(super) fn io(f: &mut Formatter<'_>, context: &str) -> Result {
+        f.write_str(context)
     }
 
-    pub(super) fn storage(f: &mut Formatter<'_>, context: &str, source: &redb::Error) -> Result {
-        write!(f, "storage error while {context}: {source}")
+    pub(super) fn storage(f: &mut Formatter<'_>, context: &str) -> Result {
+        write!(f, "storage error while {context}")
     }
 
     pub(super) fn corruption(f: &mut Formatter<'_>, location: &str, reason: &str) -> Result {
@@ -753,8 +785,125 @@ impl Damage {
 mod tests {
     use super::*;
 
+    /// Fails when a message repeats the message of its source: a reporter that walks
+    /// `source()` (anyhow's `{:#}`) would print that cause twice.
+    #[track_caller]
+    fn each_cause_once(error: &dyn std::error::Error) {
+        let mut outer = error;
+        let mut depth = 0;
+        while let Some(source) = outer.source() {
+            let (message, cause) = (outer.to_string(), source.to_string());
+            assert!(
+                !message.contains(&cause),
+                "{message:?} repeats its source {cause:?}"
+            );
+            (outer, depth) = (source, depth + 1);
+        }
+        assert!(depth < 8, "a chain of {depth} causes");
+    }
+
+    /// Every kind of error, with a source wherever the kind has one: each cause is printed
+    /// once, by the message or by `source()`, never both; the chain as one line holds them all.
+    #[test]
+    fn every_error_kind_prints_each_cause_once() {
+        let io = || std::io::Error::new(std::io::ErrorKind::IsADirectory, "Is a directory");
+        let boxed = || -> Box<dyn std::error::Error + Send + Sync> { Box::new(io()) };
+        let path = || PathBuf::from("store.idem");
+        let key = || Key::new("u", "op", "id").expect("a key");
+        let errors = vec![
+            Error::InvalidKey {
+                part: KeyPart::Id,
+                len: 0,
+            },
+            Error::ResultTooLarge {
+                key: key(),
+                len: 2,
+                limit: 1,
+            },
+            Error::NoteTooLarge {
+                key: key(),
+                len: 9000,
+            },
+            Error::InvalidConfig {
+                setting: "lease",
+                reason: "zero".into(),
+            },
+            Error::LeaseLost {
+                key: key(),
+                token: 1,
+                reason: LeaseLostReason::Gone,
+            },
+            Error::NotResolvable {
+                key: key(),
+                reason: "completed",
+            },
+            Error::LeaseLive {
+                key: key(),
+                lease_until: std::time::UNIX_EPOCH,
+            },
+            Error::Admin {
+                socket: path(),
+                message: "refused".into(),
+            },
+            Error::AlreadyOpen { path: path() },
+            Error::NotAStore {
+                path: path(),
+                reason: "it is a directory".into(),
+            },
+            Error::io("reading store.idem", io()),
+            Error::Storage {
+                context: "compacting the store file",
+                source: Box::new(redb::Error::Io(io())),
+            },
+            Error::Corruption {
+                location: "record u/op/id".into(),
+                reason: "checksum".into(),
+            },
+            Error::Poisoned {
+                cause: with_causes(&Error::io("writing", io())),
+                io_kind: None,
+            },
+            Error::Callback { source: boxed() },
+            Error::Cluster {
+                context: "reserving u/op/id".into(),
+                source: boxed(),
+            },
+            Error::Database {
+                context: "reserving u/op/id".into(),
+                source: boxed(),
+            },
+            Error::Reentrant,
+            Error::ForeignLog {
+                store: path(),
+                log: path(),
+                reason: "damaged".into(),
+            },
+            Error::LostLog {
+                store: path(),
+                log: path(),
+                reason: "is missing".into(),
+            },
+        ];
+        for error in errors {
+            each_cause_once(&error);
+            if std::error::Error::source(&error).is_some() {
+                assert!(with_causes(&error).ends_with("Is a directory"), "{error:?}");
+            }
+            // Its open-side twin (or what opening maps it to) too.
+            each_cause_once(&OpenError::from_shared(error));
+        }
+        // The poisoned store's cause keeps the whole chain as text.
+        let poisoned = crate::state::error_copy(&Error::io("writing the log", io()));
+        assert!(
+            poisoned
+                .to_string()
+                .contains("writing the log: Is a directory"),
+            "{poisoned}"
+        );
+    }
+
     /// `OpenError::from_shared` keeps every variant opening can meet, and converting back gives
-    /// the error the helper returned; the others keep their message.
+    /// the error the helper returned; the others keep their message, in the chain.
     #[test]
     fn from_shared_keeps_what_opening_meets() {
         let path = || PathBuf::from("store.idem");
@@ -816,7 +965,8 @@ mod tests {
         for error in others {
             let text = error.to_string();
             let open = OpenError::from_shared(error);
-            assert!(open.to_string().contains(&text), "{open} keeps {text}");
+            let chain = with_causes(&open);
+            assert!(chain.contains(&text), "{chain} keeps {text}");
         }
     }
 }

@@ -1101,3 +1101,35 @@ async fn a_handler_longer_than_the_lease_keeps_its_key() {
     );
     assert_one_original_and_identical_replays(&replies);
 }
+
+/// Every problem `type` the layer emits, `DEFAULT_PROBLEM_BASE` followed by a refusal's slug,
+/// leads to a section of the module docs: a `### slug` heading, whose anchor rustdoc names by
+/// the slug.
+#[test]
+fn every_problem_type_names_a_section_of_the_module_docs() {
+    use idemstore::guard::Refusal;
+    let docs = include_str!("../src/http/mod.rs");
+    let base = idemstore::http::DEFAULT_PROBLEM_BASE;
+    assert!(base.ends_with("/idemstore/http/#"), "{base}");
+    for refusal in [
+        Refusal::KeyMissing,
+        Refusal::KeyInvalid,
+        Refusal::NoScope,
+        Refusal::BodyTooLarge,
+        Refusal::BodyUnreadable,
+        Refusal::InProgress,
+        Refusal::KeyReused,
+        Refusal::UnderReview,
+        Refusal::StoreUnavailable,
+        Refusal::StoredResponseUnreadable,
+        Refusal::ResponseUnreadable,
+        Refusal::ResponseNotStored,
+    ] {
+        let heading = format!("//! ### {}\n", refusal.slug());
+        assert!(
+            docs.contains(&heading),
+            "no section for {base}{}",
+            refusal.slug()
+        );
+    }
+}

@@ -22,7 +22,7 @@ use axum::routing::{get, post};
 use axum::Router;
 use http_body::Frame;
 use idemstore::http::IdempotencyLayer;
-use idemstore::{Fingerprint, Store};
+use idemstore::{Builder, Fingerprint, Store};
 use reqwest::StatusCode;
 
 /// Set in the child that serves the streamed response: the store's directory.
@@ -103,6 +103,12 @@ impl http_body::Body for Generated {
     }
 }
 
+/// The `N` of a route's `?bytes=N`.
+fn bytes_asked(uri: &axum::http::Uri) -> Option<usize> {
+    let n = uri.query()?.strip_prefix("bytes=")?;
+    Some(n.parse().expect("a number"))
+}
+
 /// `POST /download?bytes=N`: 200 streaming N bytes (default 200 MB).
 async fn download(
     State(shop): State<Arc<Shop>>,
@@ -110,10 +116,7 @@ async fn download(
     uri: axum::http::Uri,
 ) -> Response {
     shop.count(&headers);
-    let bytes = uri
-        .query()
-        .and_then(|q| q.strip_prefix("bytes="))
-        .map_or(STREAM_BYTES, |n| n.parse().expect("a number"));
+    let bytes = bytes_asked(&uri).unwrap_or(STREAM_BYTES);
     (AxumStatus::OK, Body::new(Generated { left: bytes })).into_response()
 }
 
@@ -131,6 +134,20 @@ async fn stream_fails(State(shop): State<Arc<Shop>>, headers: HeaderMap) -> Resp
 async fn big(State(shop): State<Arc<Shop>>, headers: HeaderMap) -> Response {
     shop.count(&headers);
     (AxumStatus::OK, vec![b'x'; 4096]).into_response()
+}
+
+/// `POST /sized?bytes=N`: 200, `application/octet-stream`, N bytes of known length.
+async fn sized(
+    State(shop): State<Arc<Shop>>,
+    headers: HeaderMap,
+    uri: axum::http::Uri,
+) -> Response {
+    shop.count(&headers);
+    let bytes = bytes_asked(&uri).expect("?bytes=N");
+    let mut response = (AxumStatus::OK, vec![b'x'; bytes]).into_response();
+    let octets = HeaderValue::from_static("application/octet-stream");
+    response.headers_mut().insert("content-type", octets);
+    response
 }
 
 /// `GET /memory`: this process's peak and current resident memory, `VmHWM VmRSS` in KiB.
@@ -158,6 +175,7 @@ fn router(shop: Arc<Shop>, layer: IdempotencyLayer<Store>) -> Router {
         .route("/download", post(download))
         .route("/stream-fails", post(stream_fails))
         .route("/big", post(big))
+        .route("/sized", post(sized))
         .route("/memory", get(memory))
         .layer(layer)
         .with_state(shop)
@@ -197,9 +215,19 @@ impl Service {
         work: Duration,
         configure: impl FnOnce(IdempotencyLayer<Store>) -> IdempotencyLayer<Store>,
     ) -> Service {
+        Service::start_with(Builder::DEFAULT_MAX_RESULT_LEN, work, configure).await
+    }
+
+    /// [`start`](Self::start) over a store whose results are limited to `max_result_len`.
+    async fn start_with(
+        max_result_len: usize,
+        work: Duration,
+        configure: impl FnOnce(IdempotencyLayer<Store>) -> IdempotencyLayer<Store>,
+    ) -> Service {
         let dir = tempfile::tempdir().expect("temporary directory");
         let store = Store::builder()
             .lease(Duration::from_secs(3600))
+            .max_result_len(max_result_len)
             .open(dir.path().join("knobs.idem"))
             .expect("open store");
         let layer = configure(IdempotencyLayer::new(Arc::new(store)));
@@ -533,6 +561,45 @@ async fn over_the_limit_a_response_is_sent_not_stored_and_a_failed_stream_is_rel
     assert_eq!((stream.status, stream.body.len()), (StatusCode::OK, 10));
     let again = service.post("/download?bytes=10", "b-4", "").await;
     assert_eq!(again.status, StatusCode::GONE);
+}
+
+/// A response whose stored form is within a few bytes of the limits, the layer's and the
+/// store's, each way round: the handler runs once per key, and the retry replays it (at most
+/// the lower limit) or gets 410 naming its status (over it). Before the layer counted the
+/// status and headers, a body just under the store's limit was refused by the store, its key
+/// released, and the retry ran the handler again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_around_the_limits_runs_its_handler_once_and_then_replays_or_is_gone() {
+    // The stored form of `/sized`'s response: 4 bytes, then `content-type` and its value.
+    const HEAD: usize = 4 + 1 + "content-type".len() + 2 + "application/octet-stream".len();
+    const MIB: usize = 1 << 20;
+    // (the store's limit, the layer's): the defaults, the store's lower, the layer's lower.
+    for (store, layer) in [(MIB, MIB), (4096, MIB), (MIB, 4096)] {
+        let limit = store.min(layer);
+        let service =
+            Service::start_with(store, Duration::ZERO, |l| l.max_stored_response(layer)).await;
+        let lengths = (limit - 64..=limit + 64).step_by(4).chain([limit + 1]);
+        for stored in lengths {
+            let key = format!("z-{store}-{layer}-{stored}");
+            let route = format!("/sized?bytes={}", stored - HEAD);
+            let first = service.post(&route, &key, "").await;
+            assert_eq!(
+                (first.status, first.body.len()),
+                (StatusCode::OK, stored - HEAD),
+                "{key}: the first client gets the response whole"
+            );
+            let retry = service.post(&route, &key, "").await;
+            if stored <= limit {
+                assert!(retry.replayed(), "{key}: not replayed, {}", retry.status);
+                assert_eq!((retry.status, &retry.body), (StatusCode::OK, &first.body));
+            } else {
+                let replayed = retry.replayed();
+                assert_eq!(retry.status, StatusCode::GONE, "{key}: replayed {replayed}");
+                assert!(retry.text().contains("status 200"), "{}", retry.text());
+            }
+            assert_eq!(service.shop.runs(&key), 1, "{key}: the handler ran once");
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

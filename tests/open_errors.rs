@@ -304,8 +304,15 @@ fn a_sync_refused_during_the_open_is_an_io_or_storage_error() {
         );
         let Err(error) = open else { break };
         let variant = open_variant(&error);
+        // The disk's refusal is the cause (`source()`), printed once by a reporter.
+        let mut chain = error.to_string();
+        let mut cause = std::error::Error::source(&error);
+        while let Some(next) = cause {
+            chain = format!("{chain}: {next}");
+            cause = next.source();
+        }
         let message = converts_the_same(error);
-        assert!(message.contains("the disk refused the sync"), "{message}");
+        assert!(chain.contains("the disk refused the sync"), "{chain}");
         if variant == "Io" {
             assert!(message.contains("storage.idem"), "{message}");
         }

@@ -125,9 +125,10 @@ pub(crate) enum Command {
         /// (for stale: stale for at least this long)
         #[arg(long, value_parser = humantime::parse_duration, value_name = "DURATION")]
         older_than: Option<Duration>,
-        /// Show at most this many records
-        #[arg(long, default_value_t = 100, value_name = "N")]
-        limit: usize,
+        /// Show at most this many records (at least 1)
+        #[arg(long, default_value_t = 100, value_name = "N",
+              value_parser = clap::value_parser!(u64).range(1..))]
+        limit: u64,
     },
     /// Settle a stale reservation or a key marked for review
     #[command(
@@ -155,20 +156,23 @@ pub(crate) enum Command {
     Expire {
         #[command(flatten)]
         key: KeyArgs,
-        /// Also take a key whose lease is live from its holder (its later complete fails)
+        /// Also take a key whose lease is live from its holder (its later complete fails),
+        /// and delete a key marked for review (which otherwise waits for `resolve`)
         #[arg(long)]
         force: bool,
     },
-    /// Delete expired records, in slices, with a progress bar on a terminal
+    /// Delete expired records, a bounded number per write transaction (--slice), with a
+    /// progress bar on a terminal
     Sweep {
         /// The store file
         file: PathBuf,
         /// Delete at most this many records (default: every expired record)
         #[arg(long, value_name = "N")]
         limit: Option<usize>,
-        /// Records deleted per write transaction
-        #[arg(long, default_value_t = 1000, value_name = "N")]
-        slice: usize,
+        /// Records deleted per write transaction (at least 1)
+        #[arg(long, default_value_t = 1000, value_name = "N",
+              value_parser = clap::value_parser!(u64).range(1..))]
+        slice: u64,
     },
     /// Verify every record's checksum, every key, and both indexes, with a progress bar on a
     /// terminal; exit 1 on any problem

@@ -11,7 +11,7 @@ use super::*;
 pub(crate) fn run(_cli: Cli) -> Result<()> {
     usage_error(
         "--etcd and --etcd-config need idemstore built with the etcd feature: \
-         `cargo install idemstore --features etcd` (or `cargo build --features etcd`)",
+         `cargo install --path idemstore-cli --features etcd` from a clone (or `cargo build -p idemstore-cli --features etcd`)",
     )
 }
 

@@ -63,9 +63,7 @@ pub(crate) fn run(cli: Cli) -> Result<Option<ProblemsFound>> {
             expire(&*open_view(&file, keep)?, &key, live, &mut out, json)?
         }
         Command::Sweep { file, limit, slice } => {
-            if slice == 0 {
-                bail!("--slice must be at least 1");
-            }
+            let slice = usize::try_from(slice).unwrap_or(usize::MAX);
             sweep(&*open_view(&file, keep)?, limit, slice, &mut out, json)?
         }
         Command::Check { file } => {
@@ -400,10 +398,11 @@ pub(crate) fn get(
 pub(crate) fn list(
     store: &dyn View,
     filter: &ScanFilter,
-    limit: usize,
+    limit: u64,
     out: &mut impl Write,
     json: bool,
 ) -> Result<()> {
+    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
     let mut found = store.scan(filter, limit.saturating_add(1))?;
     let truncated = found.len() > limit;
     found.truncate(limit);
@@ -509,6 +508,14 @@ pub(crate) fn expire(
     out: &mut impl Write,
     json: bool,
 ) -> Result<()> {
+    // A key under review waits for `resolve`: its first request's outcome is unknown, and
+    // deleting it lets the next request redo work that may have been done.
+    if matches!(live, LiveLease::Refuse) {
+        let class = store.get(key)?.map(|record| store.class_of(&record));
+        if class == Some(RecordClass::NeedsReview) {
+            return Err(UnderReview(key.to_string()).into());
+        }
+    }
     let was = store.expire(key, live)?;
     if json {
         let value = json!({
@@ -530,6 +537,23 @@ pub(crate) fn expire(
     }
     Ok(())
 }
+
+/// `expire` without `--force` of a key marked for review.
+#[derive(Debug)]
+pub(crate) struct UnderReview(String);
+
+impl std::fmt::Display for UnderReview {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "key {} is marked for review: its first request's outcome is unknown, so it waits \
+             for `idemstore resolve` and does not expire",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for UnderReview {}
 
 pub(crate) fn sweep(
     store: &dyn View,

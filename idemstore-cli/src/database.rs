@@ -11,7 +11,7 @@ use super::*;
 pub(crate) fn run(_cli: Cli) -> Result<()> {
     usage_error(
         "--postgres needs idemstore built with the postgres feature: \
-         `cargo install idemstore --features postgres` (or `cargo build --features postgres`)",
+         `cargo install --path idemstore-cli --features postgres` from a clone (or `cargo build -p idemstore-cli --features postgres`)",
     )
 }
 

@@ -97,6 +97,10 @@ fn report(error: &anyhow::Error, json: bool) {
             Some("add --force to take the key from its holder (its later complete fails)")
         }
         Some(Error::Poisoned { .. }) => Some("run the command again: reopening recovers"),
+        _ if error.is::<UnderReview>() => Some(
+            "settle it with `idemstore resolve ... --complete RESULT_FILE` (the work happened) \
+             or `--release` (it did not); or add --force to delete it anyway",
+        ),
         _ => None,
     };
     let mut stderr = io::stderr().lock();

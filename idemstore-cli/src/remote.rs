@@ -7,7 +7,7 @@ use super::*;
 /// A command whose arguments were checked.
 pub(crate) enum Ready {
     Stats,
-    List(ScanFilter, usize),
+    List(ScanFilter, u64),
     Get(Result<Key>, bool),
     Expire(Result<Key>, bool),
     Resolve(Result<Key>, Resolution, Option<Duration>),

@@ -389,15 +389,34 @@ fn resolve_completes_or_releases_stale_and_review_keys_only() {
 /// refused with its end named and a hint for `--force`, which then takes it; everything stays
 /// so when the store is opened again.
 #[test]
-fn expire_deletes_keys_and_needs_force_for_a_live_lease() {
+fn expire_deletes_keys_and_needs_force_for_a_live_lease_or_a_key_under_review() {
     let fx = Fixture::new();
     let text = run(&["expire", fx.file(), "u1", "charge", "done"], 0);
     assert!(
         text.contains("expired u1/charge/done (was completed); the next request"),
         "{text}"
     );
+    // A key under review waits for `resolve`: refused without --force, and kept.
+    let review = idemstore(&["expire", fx.file(), "u1", "charge", "review"]);
+    assert_eq!(review.status.code(), Some(1));
+    let message = stderr(&review);
+    assert!(
+        message.contains("u1/charge/review is marked for review")
+            && message.contains("hint: settle it with `idemstore resolve"),
+        "{message}"
+    );
+    let review = key("u1", "charge", "review");
+    assert!(fx.open().get(&review).unwrap().is_some(), "still stored");
     let value = run_json(
-        &["expire", fx.file(), "u1", "charge", "review", "--json"],
+        &[
+            "expire",
+            fx.file(),
+            "u1",
+            "charge",
+            "review",
+            "--force",
+            "--json",
+        ],
         0,
     );
     assert_eq!(
@@ -587,7 +606,40 @@ fn usage_errors_exit_2_and_missing_files_are_not_created() {
     run(&[], 2);
     run(&["frobnicate"], 2);
     run(&["get", "x.idem", "only-scope"], 2);
+    // Bad values are usage errors too, refused before the store is opened.
+    for (args, names) in [
+        (&["sweep", "x.idem", "--slice", "0"][..], "--slice"),
+        (&["list", "x.idem", "--limit", "0"], "--limit"),
+    ] {
+        let output = idemstore(args);
+        assert_eq!(output.status.code(), Some(2), "{args:?}");
+        assert!(stderr(&output).contains(names), "{}", stderr(&output));
+    }
+    // A file that is not a store: the same refusal from every command, each cause once.
     let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("empty.idem");
+    std::fs::write(&empty, b"").unwrap();
+    for path in [&empty, &dir.path().to_path_buf()] {
+        for command in ["stats", "compact"] {
+            let output = idemstore(&[command, path.to_str().unwrap()]);
+            assert_eq!(
+                output.status.code(),
+                Some(1),
+                "{command} {}",
+                path.display()
+            );
+            let err = stderr(&output);
+            assert!(
+                err.contains("is not an idemstore store"),
+                "{command}: {err}"
+            );
+            let parts: Vec<&str> = err.lines().next().unwrap().split(": ").collect();
+            for pair in parts.windows(2) {
+                assert_ne!(pair[0], pair[1], "a cause printed twice: {err}");
+            }
+        }
+    }
+    assert_eq!(std::fs::read(&empty).unwrap(), b"", "left untouched");
     let missing = dir.path().join("typo.idem");
     let output = idemstore(&["stats", missing.to_str().unwrap()]);
     assert_eq!(output.status.code(), Some(1));
@@ -614,7 +666,8 @@ fn etcd_options_need_the_etcd_feature() {
         assert_eq!(output.status.code(), Some(2), "{args:?}");
         let err = stderr(&output);
         assert!(
-            err.contains("built with the etcd feature") && err.contains("--features etcd"),
+            err.contains("built with the etcd feature")
+                && err.contains("`cargo install --path idemstore-cli --features etcd`"),
             "{err}"
         );
     }

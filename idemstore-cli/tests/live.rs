@@ -267,7 +267,8 @@ fn a_stale_socket_file_is_replaced_and_ignored() {
         .admin_socket(AdminSocket::ReadOnly)
         .open(&path)
         .unwrap_err();
-    assert!(err.to_string().contains("not a socket"), "{err}");
+    let text = with_causes(&err);
+    assert!(text.contains("not a socket"), "{text}");
     assert_eq!(std::fs::read(&socket).unwrap(), b"not a socket");
 }
 
@@ -387,7 +388,7 @@ fn a_socket_path_too_long_is_refused_naming_the_limit() {
     std::fs::create_dir_all(&deep).unwrap();
     let path = deep.join("keys.idem");
     let err = Store::open(&path).unwrap_err();
-    let text = err.to_string();
+    let text = with_causes(&err);
     assert!(text.contains("keys.idem.admin"), "{text}");
     assert!(text.contains("at most 107"), "{text}");
     assert!(text.contains("AdminSocket::Off"), "{text}");
@@ -395,4 +396,15 @@ fn a_socket_path_too_long_is_refused_naming_the_limit() {
         .admin_socket(AdminSocket::Off)
         .open(&path)
         .unwrap();
+}
+
+/// An error's message and each of its causes, as anyhow's `{:#}` prints them.
+fn with_causes(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(next) = cause {
+        text = format!("{text}: {next}");
+        cause = next.source();
+    }
+    text
 }

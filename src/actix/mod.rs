@@ -74,8 +74,8 @@ use actix_web::{web, HttpRequest, HttpResponse};
 
 use crate::guard::{
     builder_traits, client_key, encode_stored, guard_setters, http_defaults, http_setters,
-    http_status, problem_json, request_key, retry_after_secs, Begin, Guard, HttpOptions, Refusal,
-    Refused, Release, Running, StoredResponse, PROBLEM_JSON,
+    http_status, problem_json, request_key, retry_after_secs, stored_len, Begin, Guard,
+    HttpOptions, Refusal, Refused, Release, Running, StoredResponse, PROBLEM_JSON,
 };
 pub use crate::guard::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
 pub use crate::http::{DEFAULT_MAX_BODY, DEFAULT_MAX_RETRY_AFTER, DEFAULT_PROBLEM_BASE};
@@ -246,12 +246,18 @@ where
     };
     let (request, response) = response.into_parts();
     let (head, body) = response.into_parts();
+    let headers = || {
+        o.adapter.replay_headers.iter().flat_map(|name| {
+            let values = head.headers().get_all(name);
+            values.map(move |value| (name.as_str(), value.as_bytes()))
+        })
+    };
     let len = match body.size() {
         BodySize::None => Some(0),
         BodySize::Sized(len) => Some(len),
         BodySize::Stream => None,
     };
-    if !guard.stores_body(len) {
+    if !guard.stores_response(len.map(|len| stored_len(headers(), len))) {
         // A stream, or over the limit: passed through as it comes, never held whole.
         if (o.stores)(head.status()) {
             // Completed with a marker: the work is done and must not run again. If even the
@@ -271,13 +277,10 @@ where
     };
     let status = head.status();
     if (o.stores)(status) {
-        let headers = o.adapter.replay_headers.iter().flat_map(|name| {
-            let values = head.headers().get_all(name);
-            values.map(move |value| (name.as_str(), value.as_bytes()))
-        });
-        let encoded = encode_stored(status.as_u16(), headers, &body);
-        // Not stored (too large, lease lost): this client still gets its answer, and the key
-        // is released so a retry runs the handler again.
+        let encoded = encode_stored(status.as_u16(), headers(), &body);
+        // Over the store's own limit: completed with the not-stored marker. Not stored at all
+        // (lease lost, store failed): the key is released so a retry runs the handler again.
+        // This client gets its answer either way.
         let _ = running.complete(encoded).await;
     } else {
         running.release(Release::NotStored).await;

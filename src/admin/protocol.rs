@@ -169,7 +169,7 @@ pub(crate) struct Failure {
 impl Failure {
     pub(crate) fn of(error: &crate::Error) -> Failure {
         Failure {
-            message: error.to_string(),
+            message: crate::error::with_causes(error),
             lease_until: match error {
                 crate::Error::LeaseLive { lease_until, .. } => {
                     Some(crate::clock::to_millis(*lease_until))

@@ -183,22 +183,26 @@ where
     let code = status
         .get(tonic::Status::GRPC_STATUS)
         .map(|value| Code::from_bytes(value.as_bytes()));
-    match code.filter(|code| (o.stores)(*code)) {
+    if code.filter(|code| (o.stores)(*code)).is_none() {
+        running.release(Release::NotStored).await;
+        return Ok(Response::from_parts(parts, Answer::body(data, trailers)));
+    }
+    let encoded = encode(
+        parts.status,
+        &stored(&parts.headers),
+        trailers.as_ref(),
+        &data,
+    );
+    let len = encoded.as_ref().map_or(data.len(), Vec::len);
+    match encoded {
         // Over the limit: answered, and the key completed with a marker (the work is done).
-        Some(_) if !guard.stores_body(Some(data.len() as u64)) => {
+        _ if !guard.stores_response(Some(len as u64)) => {
             drop(running.complete_not_stored(parts.status.as_u16()).await);
         }
-        Some(_) => match encode(
-            parts.status,
-            &stored(&parts.headers),
-            trailers.as_ref(),
-            &data,
-        ) {
-            // Not stored (too large, lease lost): this client still gets its answer, and
-            // the key is released so a retry runs the handler again.
-            Some(encoded) => drop(running.complete(encoded).await),
-            None => running.release(Release::NotStored).await,
-        },
+        // Over the store's own limit: completed with the not-stored marker. Not stored at
+        // all (lease lost, store failed): the key is released so a retry runs the handler
+        // again. This client gets its answer either way.
+        Some(encoded) => drop(running.complete(encoded).await),
         None => running.release(Release::NotStored).await,
     }
     Ok(Response::from_parts(parts, Answer::body(data, trailers)))

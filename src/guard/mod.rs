@@ -32,9 +32,12 @@
 //! # Options every adapter shares
 //! - [`Guard::wait_for_first`]: a duplicate of a request this guard is running waits for its
 //!   answer instead of being refused (off by default).
-//! - [`Guard::max_stored_response`]: a response body over it, or of unknown length (a stream),
-//!   is streamed to its client and not stored; the key is completed with a marker answered
-//!   by [`Refusal::ResponseNotStored`]. Adapters ask [`Guard::stores_body`].
+//! - [`Guard::max_stored_response`]: a response whose stored form is over it, or whose body
+//!   is of unknown length (a stream), is streamed to its client and not stored; the key is
+//!   completed with a marker answered by [`Refusal::ResponseNotStored`]. Adapters ask
+//!   [`Guard::stores_response`]. A response the store itself refuses as too large gets the
+//!   same marker ([`Running::complete`]): a handler never runs twice because its response
+//!   did not fit.
 //! - [`Guard::max_retry_after`]: the longest retry delay given with
 //!   [`Refusal::InProgress`].
 //!
@@ -75,7 +78,8 @@
 //!             let answer = running.work(async { b"order 1 created".to_vec() }).await;
 //!             let stored = StoredResponse { status: 201, headers: vec![], body: answer.clone() };
 //!             if running.complete(stored.encode()).await.is_err() {
-//!                 // Not stored (too large, store failed): the key is released.
+//!                 // Not stored: over the store's limit, the key holds a "not stored"
+//!                 // marker; the store failed or the lease was lost, the key is released.
 //!             }
 //!             (201, answer, false)
 //!         }
@@ -125,7 +129,7 @@ pub(crate) use problem::{http_status, problem_json, retry_after_secs};
 pub use refusal::{Refusal, Refused};
 pub use running::{Release, Running};
 pub use stored::StoredResponse;
-pub(crate) use stored::{encode as encode_stored, walk as walk_stored};
+pub(crate) use stored::{encode as encode_stored, encoded_len as stored_len, walk as walk_stored};
 
 use crate::{Fingerprint, Key, Reservation, Reservations};
 
@@ -140,8 +144,8 @@ pub const IDEMPOTENT_REPLAYED: &str = "idempotent-replayed";
 
 /// Default for [`Guard::max_retry_after`]: 1 s.
 pub const DEFAULT_MAX_RETRY_AFTER: Duration = Duration::from_secs(1);
-/// Default for [`Guard::max_stored_response`]: 1 MiB, the store's default
-/// [`max_result_len`](crate::Builder::max_result_len).
+/// Default for [`Guard::max_stored_response`]: 1 MiB of stored response (status, headers and
+/// body), the store's default [`max_result_len`](crate::Builder::max_result_len).
 pub const DEFAULT_MAX_STORED_RESPONSE: usize = crate::Builder::DEFAULT_MAX_RESULT_LEN;
 
 /// What the guard reads on every request. Cloned only while it is configured.
@@ -269,10 +273,14 @@ impl<R: Reservations + 'static> Guard<R> {
         self.with(|o| o.wait_for_first = max)
     }
 
-    /// The largest response body stored and replayed, in bytes. An adapter asks
-    /// [`stores_body`](Self::stores_body) when the handler's response arrives: a body over
-    /// the limit, or a body whose length is not known yet (a stream, such as server-sent
-    /// events), is passed to the client as it comes, with bounded memory, and not stored.
+    /// The largest response stored and replayed, in bytes of its stored form: status,
+    /// replayed headers and body as [`StoredResponse::encode`] lays them out (4 bytes, 3 more
+    /// per header plus its name and value, then the body). An adapter asks
+    /// [`stores_response`](Self::stores_response) with that length (known from the headers and
+    /// the body's declared length, before the body is read) when the handler's response
+    /// arrives: a response over the limit, or one whose body length is not known yet (a
+    /// stream, such as server-sent events), is passed to the client as it comes, with bounded
+    /// memory, and not stored.
     ///
     /// The key of such a response is completed with a marker
     /// ([`Running::complete_not_stored`]) when its status would have been stored: the
@@ -280,18 +288,25 @@ impl<R: Reservations + 'static> Guard<R> {
     /// [`Refusal::ResponseNotStored`] (HTTP 410) naming the first response's status. A
     /// response whose status is not stored (a 5xx) is released as usual.
     ///
-    /// Keep it at most the store's [`max_result_len`](crate::Builder::max_result_len): a
-    /// body between the two is read whole, refused by the store, and its key released.
+    /// # When the store's limit is lower
+    /// The store has its own limit on a result
+    /// ([`max_result_len`](crate::Builder::max_result_len), also 1 MiB by default, counted on
+    /// the same bytes). A response within this limit but over the store's is refused by the
+    /// store when it is completed; [`Running::complete`] then completes the key with the
+    /// same marker instead, so the handler still runs once and a duplicate still gets
+    /// [`Refusal::ResponseNotStored`]. The only cost of a limit above the store's is that
+    /// such a response is read whole before it is found not to fit.
     ///
-    /// Default: [`DEFAULT_MAX_STORED_RESPONSE`], 1 MiB.
+    /// Default: [`DEFAULT_MAX_STORED_RESPONSE`], 1 MiB, the store's default.
     pub fn max_stored_response(self, bytes: usize) -> Self {
         self.with(|o| o.max_stored_response = bytes)
     }
 
-    /// Whether a response body of this length (`None`: not known when the handler answers,
-    /// a stream) is read whole and stored (`true`), or streamed and not stored (`false`);
-    /// see [`max_stored_response`](Self::max_stored_response).
-    pub fn stores_body(&self, len: Option<u64>) -> bool {
+    /// Whether a response whose stored form ([`StoredResponse::encode`]) is `len` bytes long
+    /// (`None`: its body's length is not known when the handler answers, a stream) is read
+    /// whole and stored (`true`), or streamed and not stored (`false`); see
+    /// [`max_stored_response`](Self::max_stored_response).
+    pub fn stores_response(&self, len: Option<u64>) -> bool {
         len.is_some_and(|len| len <= self.options.max_stored_response as u64)
     }
 

@@ -185,18 +185,20 @@ macro_rules! guard_setters {
             self
         }
 
-        /// The largest response body stored and replayed, in bytes. A response whose body is
-        /// over it, or whose length is not known when the handler returns (a stream), is
-        /// passed to the client as it comes and not stored: the adapter never holds more of it
-        /// than the server does. Its key is completed with a marker (unless its status is not
-        /// stored: then released), and a duplicate is refused with
+        /// The largest response stored and replayed, in bytes of its stored form (status,
+        /// replayed headers and body). A response over it, or whose body's length is not known
+        /// when the handler returns (a stream), is passed to the client as it comes and not
+        /// stored: the adapter never holds more of it than the server does. Its key is
+        /// completed with a marker (unless its status is not stored: then released), and a
+        /// duplicate is refused with
         /// [`Refusal::ResponseNotStored`](crate::guard::Refusal::ResponseNotStored) naming the
-        /// first response's status: the work is done and is not run again. See
+        /// first response's status: the work is done and is not run again. A response within
+        /// this limit that the store refuses (over its own
+        /// [`max_result_len`](crate::Builder::max_result_len)) gets the same marker. See
         /// [`Guard::max_stored_response`](crate::guard::Guard::max_stored_response).
         ///
         /// Default: [`DEFAULT_MAX_STORED_RESPONSE`](crate::guard::DEFAULT_MAX_STORED_RESPONSE),
-        /// 1 MiB, the store's default [`max_result_len`](crate::Builder::max_result_len); keep
-        /// it at most the store's.
+        /// 1 MiB, the store's default [`max_result_len`](crate::Builder::max_result_len).
         pub fn max_stored_response(mut self, bytes: usize) -> Self {
             self.guard = self.guard.max_stored_response(bytes);
             self

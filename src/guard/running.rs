@@ -57,19 +57,45 @@ impl<R: Reservations + 'static> Running<R> {
 
     /// Stores `result` as the key's response: every duplicate from now on gets it.
     ///
+    /// A `result` the store refuses as too large ([`Error::ResultTooLarge`], over its
+    /// [`max_result_len`](crate::Builder::max_result_len)) whose status can be read (a
+    /// [`StoredResponse::encode`](crate::guard::StoredResponse::encode) layout) is replaced by
+    /// the marker of [`complete_not_stored`](Self::complete_not_stored): the handler's work is
+    /// done and must not run again, so a duplicate gets
+    /// [`Refusal::ResponseNotStored`](crate::guard::Refusal::ResponseNotStored). The store's
+    /// error is still returned.
+    ///
     /// # Errors
-    /// The store's error when the result is not stored (over the store's
-    /// [`max_result_len`](crate::Builder::max_result_len), the lease was lost, the store
-    /// failed); the key is then released, so a retry runs the handler again, and the client of
-    /// this request should still get its answer.
+    /// The store's error when the result is not stored: over the store's limit (the key then
+    /// holds the marker, as above; or is released when the marker is not stored either or
+    /// `result` has no readable status), the lease was lost, the store failed (the key is
+    /// then released, so a retry runs the handler again). The client of this request should
+    /// still get its answer.
     #[allow(clippy::manual_async_fn)] // `self` held once in the future, not twice.
     pub fn complete(self, result: Vec<u8>) -> impl Future<Output = Result<(), Error>> {
         async move {
+            let status = stored::status(&result);
             let stored = self
                 .guard
                 .store()
                 .complete(self.guard.lease(), result)
                 .await;
+            if let (Err(Error::ResultTooLarge { .. }), Some(status)) = (&stored, status) {
+                count(Event::NotStored);
+                #[cfg(feature = "tracing")]
+                if let Err(error) = &stored {
+                    tracing::warn!(%error, status, "response over the store's limit; the key is completed as not stored");
+                }
+                let marker = self
+                    .guard
+                    .store()
+                    .complete(self.guard.lease(), stored::not_stored(status))
+                    .await;
+                if marker.is_ok() {
+                    self.guard.disarm();
+                    return stored;
+                }
+            }
             match stored {
                 Ok(()) => {
                     self.guard.disarm();

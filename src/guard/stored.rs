@@ -120,22 +120,53 @@ pub(crate) fn walk<'a>(
     Some((status, bytes.len() - rest.len()))
 }
 
+/// The headers [`encode`] keeps: a name of at most 255 bytes and a value of at most 65535, at
+/// most 255 of them.
+fn kept<'a>(
+    headers: impl IntoIterator<Item = (&'a str, &'a [u8])>,
+) -> impl Iterator<Item = (&'a str, &'a [u8])> {
+    headers
+        .into_iter()
+        .filter(|(name, value)| name.len() <= 255 && value.len() <= usize::from(u16::MAX))
+        .take(255)
+}
+
+/// The length of [`encode`]'s bytes for these headers and a body of `body_len` bytes, known
+/// before the body is read: what a guard compares with
+/// [`max_stored_response`](crate::guard::Guard::max_stored_response).
+pub(crate) fn encoded_len<'a>(
+    headers: impl IntoIterator<Item = (&'a str, &'a [u8])>,
+    body_len: u64,
+) -> u64 {
+    let headers: u64 = kept(headers)
+        .map(|(name, value)| (1 + name.len() + 2 + value.len()) as u64)
+        .sum();
+    4 + headers + body_len
+}
+
+/// The status of [`encode`]'s bytes, read from their first bytes without decoding the rest;
+/// `None` for anything else (a marker, another adapter's bytes).
+pub(crate) fn status(bytes: &[u8]) -> Option<u16> {
+    match bytes {
+        [FORMAT, low, high, ..] => {
+            Some(u16::from_le_bytes([*low, *high])).filter(|s| (100..=999).contains(s))
+        }
+        _ => None,
+    }
+}
+
 /// [`StoredResponse::encode`] from borrowed parts, so an adapter need not copy the body first.
 pub(crate) fn encode<'a>(
     status: u16,
     headers: impl IntoIterator<Item = (&'a str, &'a [u8])>,
     body: &[u8],
 ) -> Vec<u8> {
-    let chosen = headers
-        .into_iter()
-        .filter(|(name, value)| name.len() <= 255 && value.len() <= usize::from(u16::MAX))
-        .take(255);
     let mut out = Vec::with_capacity(4 + 64 + body.len());
     out.push(FORMAT);
     out.extend_from_slice(&status.to_le_bytes());
     out.push(0); // The count, written once the headers are.
     let mut count = 0u8;
-    for (name, value) in chosen {
+    for (name, value) in kept(headers) {
         out.push(name.len() as u8);
         out.extend_from_slice(name.as_bytes());
         out.extend_from_slice(&(value.len() as u16).to_le_bytes());
@@ -168,6 +199,8 @@ mod tests {
         assert_eq!(stored.headers, owned);
         assert_eq!(&stored.body[..], b"\0body\xff");
         assert_eq!(stored.encode(), bytes);
+        assert_eq!(encoded_len(headers, 7), bytes.len() as u64);
+        assert_eq!(status(&bytes), Some(201));
         for len in 0..bytes.len() - 6 {
             // Cut inside the header block: refused, never a partial response.
             assert!(StoredResponse::decode(&bytes[..len]).is_none(), "{len}");
@@ -187,5 +220,6 @@ mod tests {
             "a marker is no response"
         );
         assert_eq!(not_stored_status(&bytes), None);
+        assert_eq!(status(&marker), None, "a marker has no stored status");
     }
 }

@@ -53,12 +53,13 @@
 //! | a new key | the handler runs; its response is stored if [`store_status`](IdempotencyLayer::store_status) says so (default: all but 5xx), else the key is released so a retry runs the handler again |
 //! | the same key, the first request still running | 409 with `Retry-After` (at most [`max_retry_after`](IdempotencyLayer::max_retry_after)); with [`wait_for_first`](IdempotencyLayer::wait_for_first), the first's response once it is stored (409 only after the wait) |
 //! | the same key, the first request done | its stored status, [chosen headers](IdempotencyLayer::replay_headers) and body, byte for byte, with `Idempotent-Replayed: true` (then [adjusted](IdempotencyLayer::on_replay) if a hook is set) |
-//! | the same key, the first response streamed and not stored ([`max_stored_response`](IdempotencyLayer::max_stored_response)) | 410 naming its status |
+//! | the same key, the first response streamed or too large to store ([`max_stored_response`](IdempotencyLayer::max_stored_response), [below](#a-response-that-does-not-fit)) | 410 naming its status |
 //! | the same key with another body or query string ([the fingerprint](IdempotencyLayer::fingerprint)) | 422, also while the first runs |
 //! | a key parked for review ([`mark_needs_review`](crate::Store::mark_needs_review)) | 409 |
 //! | the store fails | 503 with `Retry-After: 1` |
 //!
-//! Every refusal is an RFC 9457 problem (`application/problem+json`), see [`Refusal`].
+//! Every refusal is an RFC 9457 problem (`application/problem+json`), see [`Refusal`]; its
+//! `type` leads to its section under [Problem types](#problem-types).
 //!
 //! The decisions behind this table (the key, its scope, the fingerprint's use, reserve,
 //! replay, release on failure, the lease renewal, the refusals) are the framework-neutral
@@ -92,13 +93,86 @@
 //! # What is buffered
 //! A guarded request's body is read (up to [`max_body`](IdempotencyLayer::max_body)) to be
 //! fingerprinted, then handed to the handler; the request body type must be buildable from
-//! `Bytes` (axum's `Body` is). A guarded handler's response body is read in full to be stored
-//! when its length is known and at most
-//! [`max_stored_response`](IdempotencyLayer::max_stored_response) (1 MiB by default); any
-//! other body (larger, or a stream such as server-sent events) is passed to the client as it
-//! comes and not stored, its key completed with a marker (410 to a duplicate). A response
-//! larger than the store's [`max_result_len`](crate::Builder::max_result_len) is sent but
-//! not stored (the key is released). Requests that pass through are not buffered.
+//! `Bytes` (axum's `Body` is). A guarded handler's response is read in full to be stored
+//! when its body's length is known and its stored form (status, [replayed
+//! headers](IdempotencyLayer::replay_headers) and body, 4 bytes plus 3 per header more than
+//! their names, values and the body) is at most
+//! [`max_stored_response`](IdempotencyLayer::max_stored_response) (1 MiB by default, the
+//! store's default [`max_result_len`](crate::Builder::max_result_len), counted on the same
+//! bytes); any other body (larger, or a stream such as server-sent events) is passed to the
+//! client as it comes and not stored. Requests that pass through are not buffered.
+//!
+//! # A response that does not fit
+//! A handler runs once per key, whatever the size of its response. A response over
+//! [`max_stored_response`](IdempotencyLayer::max_stored_response), a stream, or one the store
+//! refuses because it is over the store's own
+//! [`max_result_len`](crate::Builder::max_result_len) (when that is the lower limit):
+//! - the client of the first request gets the response whole, as the handler sent it;
+//! - the key is completed with a "not stored" marker naming the response's status (not
+//!   released: the handler's work is done and a retry must not redo it);
+//! - every duplicate until the key expires gets 410 Gone,
+//!   [`response-not-stored`](#response-not-stored), naming the first response's status;
+//! - the counter `idemstore_guard_not_stored_total` counts it (feature `metrics`), and with
+//!   feature `tracing` a warning names the store's limit when the store refused it;
+//! - `idemstore get` shows the key as completed, "not stored (status 200)".
+//!
+//! A response whose status is not stored (a 5xx by default) is released instead, whatever
+//! its size, so a retry runs the handler again.
+//!
+//! # Problem types
+//! Each refusal's problem `type` is [`problem_base`](IdempotencyLayer::problem_base)
+//! followed by its [`slug`](Refusal::slug); by default a link to one of these sections.
+//!
+//! ### key-missing
+//! 400: a guarded request without `Idempotency-Key` ([`Refusal::KeyMissing`]). Send one
+//! unique key per operation, and the same key on each retry of it.
+//!
+//! ### key-invalid
+//! 400: the key is not one sf-string or bare token, is sent more than once, is empty or is
+//! too long ([`Refusal::KeyInvalid`]); the detail names the rule or the limit.
+//!
+//! ### no-scope
+//! 401 with `WWW-Authenticate`: the request carries no identity to scope its key by
+//! ([`Refusal::NoScope`]).
+//!
+//! ### body-too-large
+//! 413 (or the status chosen): the request body is over
+//! [`max_body`](IdempotencyLayer::max_body) ([`Refusal::BodyTooLarge`]); the `limit` member
+//! gives it in bytes. The key is not reserved.
+//!
+//! ### body-unreadable
+//! 400: the request body failed while it was read ([`Refusal::BodyUnreadable`]). The key is
+//! not reserved.
+//!
+//! ### in-progress
+//! 409 with `Retry-After`: a request with this key is still running
+//! ([`Refusal::InProgress`]). Retry after the delay given.
+//!
+//! ### key-reused
+//! 422: the key was used before with another request body or query string
+//! ([`Refusal::KeyReused`]). This is a client bug: use a new key for a new request.
+//!
+//! ### under-review
+//! 409: the first request's outcome is unknown and the key is parked for a person
+//! ([`Refusal::UnderReview`]); it stays so until resolved (`idemstore resolve`).
+//!
+//! ### store-unavailable
+//! 503 with `Retry-After: 1`: the idempotency store failed ([`Refusal::StoreUnavailable`]).
+//! The handler did not run.
+//!
+//! ### stored-response-unreadable
+//! 500: the stored response for this key does not decode
+//! ([`Refusal::StoredResponseUnreadable`]). The handler does not run again.
+//!
+//! ### response-unreadable
+//! 500: the handler's response body failed while it was read to be stored
+//! ([`Refusal::ResponseUnreadable`]); the key is released.
+//!
+//! ### response-not-stored
+//! 410: the first request with this key was answered, but its response was not stored
+//! because it streamed or did not fit ([`Refusal::ResponseNotStored`], [A response that does
+//! not fit](#a-response-that-does-not-fit)); the detail names its status. The work is done:
+//! retrying does not bring the response back.
 //!
 //! # Counters
 //! With the `metrics` feature, replays, waits, 409s, 422s and released keys are counted on

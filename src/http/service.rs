@@ -13,8 +13,8 @@ use http_body::Body;
 use http_body_util::{BodyExt, Either, Full, LengthLimitError, Limited};
 
 use crate::guard::{
-    client_key, encode_stored, http_status, request_key, retry_after_secs, walk_stored, Begin,
-    Guard, Refusal, Refused, Release, Running,
+    client_key, encode_stored, http_status, request_key, retry_after_secs, stored_len, walk_stored,
+    Begin, Guard, Refusal, Refused, Release, Running,
 };
 use crate::http::config::Options;
 use crate::http::problem::problem;
@@ -172,7 +172,17 @@ where
             }
         };
         let (parts, body) = response.into_parts();
-        if !guard.stores_body(body.size_hint().exact()) {
+        let headers = || {
+            o.adapter.replay_headers.iter().flat_map(|name| {
+                let values = parts.headers.get_all(name).iter();
+                values.map(move |value| (name.as_str(), value.as_bytes()))
+            })
+        };
+        let len = body
+            .size_hint()
+            .exact()
+            .map(|len| stored_len(headers(), len));
+        if !guard.stores_response(len) {
             // A stream, or over the limit: passed through as it comes, never held whole.
             if (o.stores)(parts.status) {
                 // Completed with a marker: the work is done and must not run again. If even the
@@ -192,13 +202,10 @@ where
             }
         };
         if (o.stores)(parts.status) {
-            let headers = o.adapter.replay_headers.iter().flat_map(|name| {
-                let values = parts.headers.get_all(name).iter();
-                values.map(move |value| (name.as_str(), value.as_bytes()))
-            });
-            let encoded = encode_stored(parts.status.as_u16(), headers, &body);
-            // Not stored (too large, lease lost): this client still gets its answer, and the key
-            // is released so a retry runs the handler again.
+            let encoded = encode_stored(parts.status.as_u16(), headers(), &body);
+            // Over the store's own limit: completed with the not-stored marker. Not stored at
+            // all (lease lost, store failed): the key is released so a retry runs the handler
+            // again. This client gets its answer either way.
             let _ = running.complete(encoded).await;
         } else {
             running.release(Release::NotStored).await;

@@ -272,7 +272,7 @@ impl Poison {
     }
 
     pub(crate) fn set(&self, error: &Error) {
-        let mut cause = error.to_string();
+        let mut cause = crate::error::with_causes(error);
         if error.io_kind() == Some(std::io::ErrorKind::StorageFull) {
             let replay = self.1.load(Ordering::Relaxed);
             cause.push_str(&format!(
@@ -298,7 +298,7 @@ pub(crate) fn error_copy(error: &Error) -> Error {
             io_kind: *io_kind,
         },
         other => Error::Poisoned {
-            cause: other.to_string(),
+            cause: crate::error::with_causes(other),
             io_kind: other.io_kind(),
         },
     }

@@ -437,11 +437,18 @@ pub fn open_redb_read_only(path: impl AsRef<Path>) -> Result<redb::ReadOnlyDatab
         .map_err(|e| open_error(path, "opening", e))
 }
 
-/// Refuses a path that is not a page file, without writing to it.
+/// Refuses a path that is not a page file, without writing to it: with the same
+/// [`OpenError::NotAStore`] as opening a store, for a directory or a file too short.
 fn check_page_file(path: &Path) -> Result<(), OpenError> {
+    if fs::metadata(path).is_ok_and(|meta| meta.is_dir()) {
+        return Err(not_a_store(path, "it is a directory"));
+    }
     let mut start = [0u8; 32];
-    File::open(path)
-        .and_then(|mut file| file.read_exact(&mut start))
-        .map_err(|e| OpenError::io(format!("reading {}", path.display()), e))?;
+    match File::open(path).and_then(|mut file| file.read_exact(&mut start)) {
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+            return Err(not_a_store(path, "it is shorter than a store header"))
+        }
+        read => read.map_err(|e| OpenError::io(format!("reading {}", path.display()), e))?,
+    }
     crate::tree::pages::check_header(&start).map_err(|reason| not_a_store(path, reason))
 }

@@ -41,6 +41,7 @@ mod open_errors;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod power;
+mod private_files;
 mod scenarios;
 mod stale_reads;
 mod stress;

@@ -3,12 +3,19 @@
 //! socket is never reachable at its path with another mode, and a connection from another
 //! user is refused by its credentials.
 //!
+//! A mode given after a file appeared at its name would be there, unseen by a look at the end,
+//! for an instant: so a watch on the store's directory (inotify) checks that no mode is ever
+//! changed through it, and a watcher thread looks at the socket's path again and again while
+//! the store opens and closes.
+//!
 //! The permissive umask and the other users are set up in child processes (this test binary,
 //! started again with an environment variable): the crate forbids `unsafe`, so the tests do
 //! not change the umask of their own process, and a connection from another user needs a
 //! process running as that user (`setpriv` from util-linux, when the suite runs as root).
 
 use std::collections::BTreeMap;
+use std::mem::MaybeUninit;
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -18,6 +25,7 @@ use std::thread;
 
 use crate::common::{acquire, fp, key, Env};
 use idemstore::{AdminClient, AdminSocket, OpenError, Store};
+use rustix::fs::inotify;
 
 /// The directory a child works in, and what it does there.
 const CHILD_ENV: &str = "IDEMSTORE_PRIVATE_FILES_CHILD";
@@ -68,11 +76,47 @@ fn assert_private(dir: &Path, file_mode: u32, except: &[&str], when: &str) {
     }
 }
 
+/// Every change of mode (or owner, or both times) made through a name in one directory:
+/// inotify's `IN_ATTRIB` for the directory's entries. A file created with its mode has none; a
+/// file or socket given its mode once at its name has one. (A new hard link, or a change
+/// through a name in another directory, is not reported here.)
+struct AttributeWatch(OwnedFd);
+
+impl AttributeWatch {
+    fn new(dir: &Path) -> AttributeWatch {
+        let flags = inotify::CreateFlags::NONBLOCK | inotify::CreateFlags::CLOEXEC;
+        let fd = inotify::init(flags).expect("an inotify instance");
+        inotify::add_watch(&fd, dir, inotify::WatchFlags::ATTRIB).expect("watch the directory");
+        AttributeWatch(fd)
+    }
+
+    /// The names changed since the last call.
+    fn changed(&self) -> Vec<String> {
+        let mut buf = [MaybeUninit::uninit(); 4096];
+        let mut events = inotify::Reader::new(&self.0, &mut buf);
+        let mut names = Vec::new();
+        loop {
+            match events.next() {
+                Ok(event) if event.events().contains(inotify::ReadFlags::QUEUE_OVERFLOW) => {
+                    names.push("(events lost: the queue overflowed)".to_string())
+                }
+                Ok(event) => names.push(event.file_name().map_or_else(
+                    || "(the directory itself)".to_string(),
+                    |name| name.to_string_lossy().into_owned(),
+                )),
+                Err(rustix::io::Errno::AGAIN) => return names,
+                Err(e) => panic!("reading inotify events: {e}"),
+            }
+        }
+    }
+}
+
 /// What every mode test does to a store: open it with its admin socket, write, checkpoint,
 /// close, compact, reopen and close; checking `dir` (files of mode `file_mode`, all but
 /// `except`) after each step. Returns the names seen while it was open.
 fn exercise(env: &Env, file_mode: u32, except: &[&str]) -> Vec<String> {
     let dir = env.dir.path();
+    let watch = AttributeWatch::new(dir);
     let store = env
         .builder()
         .admin_socket(AdminSocket::ReadOnly)
@@ -95,6 +139,11 @@ fn exercise(env: &Env, file_mode: u32, except: &[&str]) -> Vec<String> {
     assert_private(dir, file_mode, except, "after compaction");
     drop(env.open());
     assert_private(dir, file_mode, except, "after a reopen and close");
+    let changed = watch.changed();
+    assert!(
+        changed.is_empty(),
+        "modes changed after creation: {changed:?}"
+    );
     open_names
 }
 
@@ -156,28 +205,32 @@ fn child_with_permissive_umask() {
     exercise(&env, 0o600, &[]);
 
     let socket = idemstore::admin::socket_path(&env.path);
+    let watch = AttributeWatch::new(env.dir.path());
     let stop = Arc::new(AtomicBool::new(false));
+    // The directory the socket is bound in before it is linked to its path (`.NAME.a`).
+    let private = env.dir.path().join(".store.idem.a");
     let watcher = thread::spawn({
-        let (stop, dir, socket) = (Arc::clone(&stop), env.dir.path().to_owned(), socket.clone());
+        let (stop, socket, private) = (Arc::clone(&stop), socket.clone(), private.clone());
         move || {
             // What was seen wrong, with how many times.
-            let (mut looks, mut seen, mut wrong) = (0u64, 0u64, BTreeMap::<String, u64>::new());
+            let (mut looks, mut seen, mut wrong) = ([0u64; 2], [0u64; 2], BTreeMap::new());
             while !stop.load(Ordering::Relaxed) {
-                looks += 1;
-                if let Ok(meta) = std::fs::symlink_metadata(&socket) {
-                    seen += 1;
-                    let mode = meta.permissions().mode() & 0o7777;
-                    if mode != 0o600 {
-                        *wrong
-                            .entry(format!("the socket at its path with mode {mode:o}"))
-                            .or_default() += 1;
-                    }
-                }
-                for (name, (kind, mode)) in modes(&dir) {
-                    if kind == 'd' && mode != 0o700 {
-                        *wrong
-                            .entry(format!("directory {name} with mode {mode:o}"))
-                            .or_default() += 1;
+                for (i, (path, what, allowed)) in [
+                    (&socket, "the socket at its path", 0o600),
+                    (&private, "the private directory", 0o700),
+                ]
+                .into_iter()
+                .enumerate()
+                {
+                    looks[i] += 1;
+                    if let Ok(meta) = std::fs::symlink_metadata(path) {
+                        seen[i] += 1;
+                        let mode = meta.permissions().mode() & 0o7777;
+                        if mode != allowed {
+                            *wrong
+                                .entry(format!("{what} with mode {mode:o}"))
+                                .or_insert(0) += 1;
+                        }
                     }
                 }
             }
@@ -194,9 +247,14 @@ fn child_with_permissive_umask() {
     }
     stop.store(true, Ordering::Relaxed);
     let (looks, seen, wrong) = watcher.join().expect("the watcher");
-    println!("watched {looks} times, the socket seen {seen} times");
-    assert!(seen > 0, "the watcher saw the socket at least once");
+    println!("watched {looks:?} times, the socket and its private directory seen {seen:?} times");
+    assert!(seen[0] > 0, "the watcher saw the socket at least once");
     assert!(wrong.is_empty(), "seen: {wrong:?}");
+    let changed = watch.changed();
+    assert!(
+        changed.is_empty(),
+        "modes changed after creation: {changed:?}"
+    );
     assert!(!socket.exists(), "the socket is removed at close");
 }
 

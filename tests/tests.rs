@@ -41,6 +41,7 @@ mod open_errors;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod power;
+#[cfg(target_os = "linux")]
 mod private_files;
 mod scenarios;
 mod stale_reads;

@@ -416,8 +416,11 @@ impl Builder {
     ///
     /// On by default, read-only, so that an operator who finds a service misbehaving can look
     /// at its store (`idemstore stats FILE`) without restarting it with another setting, and
-    /// cannot change it through the socket. The socket file has mode 0600: only the
-    /// service's user (and root) can connect. Its cost is one mostly idle thread, a file
+    /// cannot change it through the socket. The socket is private to the service's user
+    /// whatever [`file_mode`](Builder::file_mode) says: mode 0600 from the first instant it is
+    /// at its path, and on Linux each connection's credentials are checked, so another user's
+    /// process is refused even when it could reach the file, and root's is served (the
+    /// [`admin`](crate::admin) module, "Access"). Its cost is one mostly idle thread, a file
     /// descriptor and the socket file (docs/4-configuration.md, "What the defaults cost").
     /// [`AdminSocket::Off`] serves nothing (a test suite opening many stores, a file system
     /// without Unix sockets).
@@ -425,7 +428,8 @@ impl Builder {
     /// # Errors
     /// [`Builder::open`] fails with [`OpenError::Io`] naming the socket when it
     /// cannot be served: a path longer than a Unix socket address allows (107 bytes on
-    /// Linux), or a file that is not a socket in its place. Choose [`AdminSocket::Off`] there.
+    /// Linux), or a file that is not a socket in its place (or, at `.NAME.a` next to the store,
+    /// one that is not the directory the socket is bound in). Choose [`AdminSocket::Off`] there.
     ///
     /// ```
     /// use idemstore::{AdminClient, AdminSocket, Fingerprint, Key, Store};

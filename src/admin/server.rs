@@ -112,7 +112,7 @@ fn bind(path: &Path) -> Result<UnixListener, Error> {
             path.display()
         )
     };
-    remove_left_private_dir(&private).map_err(|e| Error::io(private_context("removing"), e))?;
+    remove_left_private_dir(&private).map_err(|e| Error::io(private_context("clearing"), e))?;
     std::fs::DirBuilder::new()
         .mode(0o700)
         .create(&private)

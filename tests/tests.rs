@@ -43,6 +43,8 @@ mod open_errors;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod power;
+#[cfg(target_os = "linux")]
+mod private_files;
 mod scenarios;
 mod stale_reads;
 mod stress;

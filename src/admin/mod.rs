@@ -36,18 +36,27 @@
 //! - A client that stalls is dropped after 5 seconds without an answer.
 //!
 //! # Access
-//! The socket file is created with mode 0600: only the service's user (and root) can
-//! connect. [`AdminSocket::ReadOnly`], the default, serves reads only;
+//! The socket is private to the service's user: its file has mode 0600 from the first instant
+//! it is at its path (it is bound in a private directory and linked into place), whatever the
+//! process's umask and [`Builder::file_mode`](crate::Builder::file_mode), and each connection's
+//! credentials (Linux's `SO_PEERCRED`) are checked: a connection from a process of another user
+//! is refused, with a message naming both users, logged (a `warn` event, feature `tracing`) and
+//! counted ([`refused_connections`]), even one that could reach the file past its mode. Root's
+//! connections are served, as root reads the store's files anyway (`sudo idemstore stats
+//! FILE`). On other Unix systems than Linux no credentials are checked, and the file's mode is
+//! the guard. [`AdminSocket::ReadOnly`], the default, serves reads only;
 //! [`AdminSocket::ReadWrite`] also expire, resolve, sweep and checkpoint;
 //! [`AdminSocket::Off`] serves nothing.
 
 mod client;
+mod peer;
 mod protocol;
 mod server;
 
 use std::path::{Path, PathBuf};
 
 pub use client::AdminClient;
+pub use peer::refused_connections;
 pub(crate) use server::Server;
 
 pub use crate::store::builder::AdminSocket;

@@ -1,8 +1,16 @@
 //! The admin socket's server: one background thread that answers one request per
-//! connection, from a handle on the store's parts.
+//! connection, from a handle on the store's parts, to its owner's user only.
+//!
+//! The socket is never reachable at its path by another user, not even for an instant: it is
+//! bound inside a new directory of mode 0700 next to its path (`.NAME.a`, NAME being the store
+//! file's name; a name no longer than the socket's, so that whatever path fits a socket address
+//! fits both), given mode 0600 there, and only then linked to its path (`link(2)`, which never
+//! replaces a file). Binding it at its path and setting its mode afterwards would leave it open
+//! to everyone, under the usual umask, between the two. Each connection's credentials are then
+//! checked (`peer.rs`).
 
 use std::io::{self, Read, Write};
-use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,7 +19,7 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use super::protocol::{Answer, Failure, Request, MAX_MESSAGE};
-use super::{socket_path, AdminSocket};
+use super::{peer, socket_path, AdminSocket};
 use crate::answers::LiveLease;
 use crate::error::Error;
 use crate::store::Store;
@@ -47,7 +55,8 @@ impl Server {
             .name("idemstore-admin".into())
             .spawn({
                 let stop = Arc::clone(&stop);
-                move || serve(&listener, &store, access, &stop)
+                let path = path.clone();
+                move || serve(&listener, &path, &store, access, &stop)
             })
             .map_err(|e| Error::io("starting the admin socket's thread", e))?;
         Ok(Some(Server {
@@ -69,7 +78,8 @@ impl Drop for Server {
 }
 
 /// Binds the socket at `path`, replacing a socket file a dead process left (the caller owns
-/// the store, so no live process serves it), never any other kind of file.
+/// the store, so no live process serves it), never any other kind of file; through a private
+/// directory (the module's docs), so that it has mode 0600 from its first instant at `path`.
 fn bind(path: &Path) -> Result<UnixListener, Error> {
     let context = |what: &str| format!("{what} the admin socket {}", path.display());
     let len = path.as_os_str().len();
@@ -90,34 +100,96 @@ fn bind(path: &Path) -> Result<UnixListener, Error> {
         Ok(meta) if meta.file_type().is_socket() => {
             std::fs::remove_file(path).map_err(|e| Error::io(context("removing the stale"), e))?
         }
-        Ok(_) => {
-            return Err(Error::io(
-                context("creating"),
-                io::Error::new(
-                    io::ErrorKind::AlreadyExists,
-                    "a file that is not a socket is in the way; it was left untouched",
-                ),
-            ))
-        }
+        Ok(_) => return Err(Error::io(context("creating"), in_the_way("a socket"))),
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => return Err(Error::io(context("checking"), e)),
     }
-    let listener = UnixListener::bind(path).map_err(|e| Error::io(context("binding"), e))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
-        .map_err(|e| Error::io(context("restricting the permissions of"), e))?;
+    let private = private_dir(path);
+    let private_context = |what: &str| {
+        format!(
+            "{what} {}, the private directory the admin socket {} is bound in",
+            private.display(),
+            path.display()
+        )
+    };
+    remove_left_private_dir(&private).map_err(|e| Error::io(private_context("clearing"), e))?;
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&private)
+        .map_err(|e| Error::io(private_context("creating"), e))?;
+    let bound = private.join("s");
+    let listener = UnixListener::bind(&bound)
+        .map_err(|e| Error::io(context("binding"), e))
+        .and_then(|listener| {
+            std::fs::set_permissions(&bound, std::fs::Permissions::from_mode(0o600))
+                .map_err(|e| Error::io(context("restricting the permissions of"), e))?;
+            listener
+                .set_nonblocking(true)
+                .map_err(|e| Error::io(context("configuring"), e))?;
+            link_into_place(&bound, path).map_err(|e| Error::io(context("linking"), e))?;
+            Ok(listener)
+        });
+    let _ = std::fs::remove_file(&bound);
+    let _ = std::fs::remove_dir(&private);
     listener
-        .set_nonblocking(true)
-        .map_err(|e| Error::io(context("configuring"), e))?;
-    Ok(listener)
 }
 
-fn serve(listener: &UnixListener, store: &Store, access: AdminSocket, stop: &AtomicBool) {
+/// The private directory the socket at `path` is bound in: `.NAME.a` next to it (the socket
+/// `.NAME.a/s` is a byte shorter than `NAME.admin`).
+fn private_dir(path: &Path) -> PathBuf {
+    let name = path.file_stem().unwrap_or_default().to_string_lossy();
+    path.with_file_name(format!(".{name}.a"))
+}
+
+/// Removes the private directory a process that died while binding left, with the socket in
+/// it; anything else at that path is left untouched and refused.
+fn remove_left_private_dir(private: &Path) -> io::Result<()> {
+    match std::fs::symlink_metadata(private) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+        Ok(meta) if !meta.is_dir() => Err(in_the_way("a directory")),
+        Ok(_) => {
+            let bound = private.join("s");
+            if std::fs::symlink_metadata(&bound).is_ok_and(|m| m.file_type().is_socket()) {
+                std::fs::remove_file(&bound)?;
+            }
+            std::fs::remove_dir(private)
+        }
+    }
+}
+
+fn in_the_way(expected: &str) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::AlreadyExists,
+        format!("a file that is not {expected} is in the way; it was left untouched"),
+    )
+}
+
+/// Gives the bound socket its path: a hard link, which fails rather than replace a file put
+/// there since the check; a rename on file systems without hard links (checked first, a narrow
+/// race remains), as the store file is given its name (`store/open/file.rs`).
+fn link_into_place(bound: &Path, path: &Path) -> io::Result<()> {
+    match std::fs::hard_link(bound, path) {
+        Err(e) if e.kind() != io::ErrorKind::AlreadyExists && !path.exists() => {
+            std::fs::rename(bound, path)
+        }
+        done => done,
+    }
+}
+
+fn serve(
+    listener: &UnixListener,
+    path: &Path,
+    store: &Store,
+    access: AdminSocket,
+    stop: &AtomicBool,
+) {
     while !stop.load(Ordering::Relaxed) {
         match listener.accept() {
             // A client's failure (it hung up, sent garbage, stalled) ends its connection only.
             Ok((stream, _)) => {
                 let started = Instant::now();
-                let _ = answer(stream, store, access);
+                let _ = answer(stream, path, store, access);
                 // Rest in short naps, so that dropping the store never waits for the rest.
                 let rest_until = Instant::now() + started.elapsed() * REST_FACTOR;
                 while !stop.load(Ordering::Relaxed) && Instant::now() < rest_until {
@@ -130,11 +202,20 @@ fn serve(listener: &UnixListener, store: &Store, access: AdminSocket, stop: &Ato
     }
 }
 
-/// Reads one request from `stream`, answers it and closes the connection.
-fn answer(mut stream: UnixStream, store: &Store, access: AdminSocket) -> io::Result<()> {
+/// Reads one request from `stream`, answers it and closes the connection. A connection from
+/// another user is answered with its refusal before anything is read.
+fn answer(
+    mut stream: UnixStream,
+    path: &Path,
+    store: &Store,
+    access: AdminSocket,
+) -> io::Result<()> {
     stream.set_nonblocking(false)?;
     stream.set_read_timeout(Some(CLIENT_TIMEOUT))?;
     stream.set_write_timeout(Some(CLIENT_TIMEOUT))?;
+    if let Some(reason) = peer::refusal(&stream, path) {
+        return write_message(&mut stream, &Answer::encode(Err(Failure::refused(reason))));
+    }
     let response = match read_message(&mut stream)? {
         Err(reason) => Answer::encode(Err(Failure::refused(reason))),
         Ok(bytes) => Answer::encode(match Request::decode(&bytes) {

@@ -51,6 +51,8 @@ pub struct Builder {
     pub(crate) limits: Limits,
     /// The admin socket ([`Builder::admin_socket`]).
     pub(crate) admin_socket: AdminSocket,
+    /// The mode of the files the store creates ([`Builder::file_mode`]).
+    pub(crate) file_mode: u32,
     /// Whether the store file has the checksummed page layer (always, except for the
     /// benchmark-only `Builder::__without_page_checksums`).
     pub(crate) page_checksums: bool,
@@ -82,6 +84,8 @@ impl Builder {
     /// Default for [`Builder::sweep_interval`]: the background sweeper looks for expired records
     /// every second.
     pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(1);
+    /// Default for [`Builder::file_mode`]: 0600, read and write for the owning user only.
+    pub const DEFAULT_FILE_MODE: u32 = 0o600;
 }
 
 /// Whether and how a store serves its admin socket; see [`Builder::admin_socket`].
@@ -118,6 +122,7 @@ impl Default for Builder {
             clock: Arc::new(SystemClock),
             limits: Limits::default(),
             admin_socket: AdminSocket::ReadOnly,
+            file_mode: Self::DEFAULT_FILE_MODE,
             page_checksums: true,
             manual_background: false,
         }
@@ -143,6 +148,7 @@ impl fmt::Debug for Builder {
             .field("verify_on_open", &self.verify_on_open)
             .field("accept_log_loss", &self.accept_log_loss)
             .field("admin_socket", &self.admin_socket)
+            .field("file_mode", &format_args!("{:#o}", self.file_mode))
             .finish_non_exhaustive()
     }
 }
@@ -414,8 +420,11 @@ impl Builder {
     ///
     /// On by default, read-only, so that an operator who finds a service misbehaving can look
     /// at its store (`idemstore stats FILE`) without restarting it with another setting, and
-    /// cannot change it through the socket. The socket file has mode 0600: only the
-    /// service's user (and root) can connect. Its cost is one mostly idle thread, a file
+    /// cannot change it through the socket. The socket is private to the service's user
+    /// whatever [`file_mode`](Builder::file_mode) says: mode 0600 from the first instant it is
+    /// at its path, and on Linux each connection's credentials are checked, so another user's
+    /// process is refused even when it could reach the file, and root's is served (the
+    /// [`admin`](crate::admin) module, "Access"). Its cost is one mostly idle thread, a file
     /// descriptor and the socket file (docs/4-configuration.md, "What the defaults cost").
     /// [`AdminSocket::Off`] serves nothing (a test suite opening many stores, a file system
     /// without Unix sockets).
@@ -423,7 +432,8 @@ impl Builder {
     /// # Errors
     /// [`Builder::open`] fails with [`OpenError::Io`] naming the socket when it
     /// cannot be served: a path longer than a Unix socket address allows (107 bytes on
-    /// Linux), or a file that is not a socket in its place. Choose [`AdminSocket::Off`] there.
+    /// Linux), or a file that is not a socket in its place (or, at `.NAME.a` next to the store,
+    /// one that is not the directory the socket is bound in). Choose [`AdminSocket::Off`] there.
     ///
     /// ```
     /// use idemstore::{AdminClient, AdminSocket, Fingerprint, Key, Store};
@@ -440,6 +450,39 @@ impl Builder {
     /// ```
     pub fn admin_socket(&mut self, socket: AdminSocket) -> &mut Self {
         self.admin_socket = socket;
+        self
+    }
+
+    /// The permission bits of every file the store creates: the store file (made under a
+    /// temporary name first, with this mode from its first instant) and its log. The
+    /// stored results are a service's responses, private data, so the default gives no one
+    /// but the owning user access, whatever the process's umask; a service whose files a
+    /// group must read (a backup agent, say) chooses, for example, `0o640`. The mode must
+    /// give the owner read and write (the store reopens its files) and nothing beyond the
+    /// permission bits (no set-id or sticky bits); the process's umask can still take bits
+    /// away, never add them. Default = [`Builder::DEFAULT_FILE_MODE`] (0600).
+    ///
+    /// Files that exist keep their mode: a store created by an earlier build (0644 under
+    /// the usual umask) stays as it is until its owner changes it (`chmod 600 FILE FILE.wal`).
+    /// Renaming another store's log aside keeps its mode. The admin socket is always 0600
+    /// and serves its owner's user and root only, whatever this says
+    /// ([`admin_socket`](Builder::admin_socket)).
+    ///
+    /// ```
+    /// use std::os::unix::fs::PermissionsExt;
+    /// use idemstore::Store;
+    ///
+    /// # let dir = tempfile::tempdir()?;
+    /// let path = dir.path().join("keys.idem");
+    /// let store = Store::builder().file_mode(0o640).open(&path)?;
+    /// let mode = std::fs::metadata(&path)?.permissions().mode() & 0o777;
+    /// // 0o640 under the usual umask (022); a stricter umask takes the group's bit away too.
+    /// assert_eq!(mode & !0o040, 0o600, "the owner reads and writes, other users nothing");
+    /// # drop(store);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn file_mode(&mut self, mode: u32) -> &mut Self {
+        self.file_mode = mode;
         self
     }
 
@@ -567,6 +610,15 @@ impl Builder {
                 "a buffered flush_interval must be above zero",
             )?;
         }
+        check(
+            self.file_mode & !0o777 == 0 && self.file_mode & 0o600 == 0o600,
+            "file_mode",
+            &format!(
+                "{:#o} must give the owner read and write (0o600) and hold only permission \
+                 bits (at most 0o777)",
+                self.file_mode
+            ),
+        )?;
         check(
             self.max_result_len <= Self::MAX_RESULT_LEN_LIMIT,
             "max_result_len",

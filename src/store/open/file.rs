@@ -6,9 +6,15 @@
 //! the same store cannot overwrite each other), after which the directory is synced. A crash at
 //! any point leaves either no store (and possibly a `.NAME.creating.*` file that can be
 //! deleted) or a complete one.
+//!
+//! Every file made here is created with the store's file mode ([`Builder::file_mode`](crate::Builder::file_mode),
+//! 0600 by default) from its first instant, passed to `open(2)` rather than set afterwards, so
+//! that no other user can open it in between, whatever the umask; the store file keeps the mode
+//! of the temporary file it is linked from. A file that exists keeps its mode.
 
 use std::fs::{self, File};
 use std::io::{self, Read};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -24,18 +30,20 @@ use crate::tree::windows::Windows;
 /// The first bytes of every plain redb file (a store before page checksums).
 const REDB_SIGNATURE: [u8; 9] = [b'r', b'e', b'd', b'b', 0x1A, 0x0A, 0xA9, 0x0D, 0x0A];
 
-/// Opens the store at `path`, creating it if it does not exist. `builder(verify)` gives redb's
-/// settings, asking for redb's integrity check on open when `verify` is set; the check is
-/// asked for unless the file carries the clean-close mark (`clean_close.rs`).
+/// Opens the store at `path`, creating it with permission bits `mode` if it does not exist.
+/// `builder(verify)` gives redb's settings, asking for redb's integrity check on open when
+/// `verify` is set; the check is asked for unless the file carries the clean-close mark
+/// (`clean_close.rs`).
 pub(crate) fn open_or_create(
     path: &Path,
+    mode: u32,
     builder: impl Fn(bool) -> redb::Builder,
 ) -> Result<Database, OpenError> {
     match fs::metadata(path) {
         Ok(meta) if meta.is_dir() => Err(not_a_store(path, "it is a directory")),
         Ok(_) => open_existing(path, builder),
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            create(path, &builder(false))?;
+            create(path, mode, &builder(false))?;
             open_existing(path, builder)
         }
         Err(e) => Err(OpenError::io(
@@ -52,12 +60,14 @@ pub(crate) fn open_or_create(
 /// every normal open refuses it (`open_existing`).
 pub(crate) fn create_without_pages(
     path: &Path,
+    mode: u32,
     builder: &redb::Builder,
 ) -> Result<Database, OpenError> {
     let file = fs::OpenOptions::new()
         .read(true)
         .write(true)
         .create_new(true)
+        .mode(mode)
         .open(path)
         .map_err(|e| {
             OpenError::io(
@@ -207,9 +217,10 @@ pub(crate) fn check_format(db: &impl ReadableDatabase, path: &Path) -> Result<()
     }
 }
 
-/// Creates an empty store at `path` through a temporary file, so that a crash never leaves a
-/// half-made file under the real name. Losing a creation race to another process is fine.
-fn create(path: &Path, builder: &redb::Builder) -> Result<(), OpenError> {
+/// Creates an empty store at `path` through a temporary file of permission bits `mode`, so that
+/// a crash never leaves a half-made file under the real name. Losing a creation race to another
+/// process is fine.
+fn create(path: &Path, mode: u32, builder: &redb::Builder) -> Result<(), OpenError> {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let name = path
         .file_name()
@@ -233,17 +244,19 @@ fn create(path: &Path, builder: &redb::Builder) -> Result<(), OpenError> {
         std::process::id(),
         COUNTER.fetch_add(1, Ordering::Relaxed)
     ));
-    let result = build_empty_store(&temp, builder).and_then(|()| link_into_place(&temp, path));
+    let result =
+        build_empty_store(&temp, mode, builder).and_then(|()| link_into_place(&temp, path));
     let _ = fs::remove_file(&temp);
     result?;
     sync_dir(&dir)
 }
 
-fn build_empty_store(temp: &Path, builder: &redb::Builder) -> Result<(), OpenError> {
+fn build_empty_store(temp: &Path, mode: u32, builder: &redb::Builder) -> Result<(), OpenError> {
     let file = fs::OpenOptions::new()
         .read(true)
         .write(true)
         .create_new(true)
+        .mode(mode)
         .open(temp)
         .map_err(|e| OpenError::io(format!("creating store file {}", temp.display()), e))?;
     let db = builder
@@ -297,20 +310,25 @@ fn link_into_place(temp: &Path, path: &Path) -> Result<(), OpenError> {
     }
 }
 
-/// Opens the log file, creating it if needed, and makes its directory entry durable. With
-/// `preallocate`, zero-fills it to `size` bytes first, so that appends overwrite allocated
-/// blocks and a sync flushes data only.
+/// Opens the log file, creating it with permission bits `mode` if needed, and makes its
+/// directory entry durable. With `preallocate`, zero-fills it to `size` bytes first, so that
+/// appends overwrite allocated blocks and a sync flushes data only.
 ///
 /// The directory is synced on every open, not only when the file is created here: a process
 /// that created the log may have died before its directory sync, and the file it left can
 /// still be in the page cache only; a power loss would then take the log, and every answer
 /// given from it, away.
-pub(crate) fn open_log(path: &Path, preallocate: Option<u64>) -> Result<OsFile, OpenError> {
+pub(crate) fn open_log(
+    path: &Path,
+    mode: u32,
+    preallocate: Option<u64>,
+) -> Result<OsFile, OpenError> {
     let file = fs::OpenOptions::new()
         .read(true)
         .write(true)
         .create(true)
         .truncate(false)
+        .mode(mode)
         .open(path)
         .map_err(|e| OpenError::io(format!("opening log {}", path.display()), e))?;
     let dir = match path.parent() {

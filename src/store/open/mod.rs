@@ -125,9 +125,11 @@ impl Store {
     pub(super) fn open_unguarded(builder: &Builder, path: &Path) -> Result<Store, OpenError> {
         let log_path = log_path(path);
         let db = if builder.page_checksums {
-            file::open_or_create(path, |verify| redb_builder(builder, verify))?
+            file::open_or_create(path, builder.file_mode, |verify| {
+                redb_builder(builder, verify)
+            })?
         } else {
-            file::create_without_pages(path, &redb_builder(builder, false))?
+            file::create_without_pages(path, builder.file_mode, &redb_builder(builder, false))?
         };
         let store_id = store_id(&db)?;
         let closed_clean = crate::log::clean_close::recorded(&db)?;
@@ -151,7 +153,7 @@ impl Store {
         let preallocate = builder
             .preallocate_log
             .then_some(builder.checkpoint_bytes + (1 << 20));
-        let mut log = file::open_log(&log_path, preallocate)?;
+        let mut log = file::open_log(&log_path, builder.file_mode, preallocate)?;
         if let Identity::Other(other) = log_identity(&log, store_id, path, &log_path)? {
             if !closed_clean && !builder.accept_log_loss {
                 return Err(crate::log::lost_log::refuse(
@@ -171,7 +173,7 @@ impl Store {
                 "idemstore: the log belonged to another store; set aside, not replayed"
             );
             let _ = aside;
-            log = file::open_log(&log_path, preallocate)?;
+            log = file::open_log(&log_path, builder.file_mode, preallocate)?;
         }
         Store::from_parts(db, Arc::new(log), log_path, builder, path.to_path_buf())
     }

@@ -472,8 +472,14 @@ mod on_etcd {
         async fn background(&mut self, store: &EtcdStore, step: u8) -> &'static str {
             if step % 8 == 0 {
                 let member = usize::from(step / 8) % 3;
-                self.cluster.kill(member);
-                self.cluster.restart(member);
+                // On a thread of its own: the cluster's helpers run a runtime of their own.
+                let cluster = &mut self.cluster;
+                std::thread::scope(|s| {
+                    s.spawn(|| {
+                        cluster.kill(member);
+                        cluster.restart(member);
+                    });
+                });
                 reconnected(store).await;
                 "member killed and restarted"
             } else {

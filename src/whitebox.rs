@@ -21,6 +21,7 @@ pub use crate::record::Millis;
 use crate::record::Record;
 pub use crate::state::reopen_room;
 pub use crate::state::CheckpointStart;
+pub use crate::tree::seam::Tree;
 
 /// A record's stored bytes (the record codec, `src/record/codec.rs`).
 pub fn encode_record(record: &Record) -> Vec<u8> {

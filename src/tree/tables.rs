@@ -22,7 +22,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use redb::{
-    Database, ReadableTable, ReadableTableMetadata, Table, TableDefinition, WriteTransaction,
+    Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, Table, TableDefinition, WriteTransaction,
 };
 
 use super::windows::{table_name, FilterSeed, Probe, RecordsDef, Windows, FILTERS, FILTER_HASH};
@@ -135,6 +135,19 @@ pub(crate) fn open_windows(db: &Database, store: &Path) -> Result<Windows, Error
         txn.abort().map_err(|e| Error::storage(ctx, e))?;
     }
     Windows::load(db, width, known)
+}
+
+/// The random identity of the store in `db`, made at creation; the log carries it. Read from
+/// the meta table alone, before [`open_windows`] has checked the other tables.
+pub(crate) fn store_id(db: &Database) -> Result<u64, Error> {
+    let ctx = "reading the store's identity";
+    let txn = db.begin_read().map_err(|e| Error::storage(ctx, e))?;
+    let meta = txn.open_table(META).map_err(|e| Error::storage(ctx, e))?;
+    let value = meta.get(META_STORE_ID).map_err(|e| Error::storage(ctx, e))?;
+    value.map(|v| v.value()).ok_or_else(|| Error::Corruption {
+        location: "table idemstore.meta".into(),
+        reason: "the store's identity is missing".into(),
+    })
 }
 
 /// Writes the filters' hash identity ([`FILTER_HASH`]) and a new random seed into `meta`.
@@ -302,15 +315,6 @@ impl<'txn> Tables<'txn> {
             .insert(META_LOG_SALT, new_salt())
             .map_err(|e| Error::storage(ctx, e))?;
         Ok(())
-    }
-
-    /// The store's random identity, made at creation; the log carries it.
-    pub(crate) fn store_id(&self) -> Result<u64, Error> {
-        let value = self.meta_u64(META_STORE_ID, "reading the store's identity")?;
-        value.ok_or_else(|| Error::Corruption {
-            location: "table idemstore.meta".into(),
-            reason: "the store's identity is missing".into(),
-        })
     }
 
     /// The last log frame whose changes this file holds.

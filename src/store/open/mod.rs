@@ -21,8 +21,8 @@ use crate::state::Counters;
 use crate::state::Engine;
 use crate::state::{full_disk_at_open, replay_bound, Poison};
 use crate::store::builder::Builder;
-use crate::tree::tables::{open_windows, Tables};
-use crate::tree::windows::{width_for, Windows};
+use crate::tree::tables::{open_windows, store_id as stored_id};
+use crate::tree::windows::width_for;
 
 use super::Store;
 
@@ -75,12 +75,7 @@ fn guard_open(
 
 /// The store's random identity, from its meta table (the tables speak `Error`).
 fn store_id(db: &Database) -> Result<u64, OpenError> {
-    let ctx = "reading the store's identity";
-    let txn = db.begin_write().map_err(|e| OpenError::storage(ctx, e))?;
-    // The meta table alone: no window is read.
-    let id = Tables::open(&txn, &Windows::new(1)).and_then(|tables| tables.store_id());
-    txn.abort().map_err(|e| OpenError::storage(ctx, e))?;
-    id.map_err(OpenError::from_shared)
+    stored_id(db).map_err(OpenError::from_shared)
 }
 
 /// Whose log `log` is; refuses one whose identity block is damaged (it may be the store's own,

@@ -22,7 +22,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use redb::{
-    Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, Table, TableDefinition, WriteTransaction,
+    Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, Table, TableDefinition,
+    WriteTransaction,
 };
 
 use super::windows::{table_name, FilterSeed, Probe, RecordsDef, Windows, FILTERS, FILTER_HASH};
@@ -143,7 +144,9 @@ pub(crate) fn store_id(db: &Database) -> Result<u64, Error> {
     let ctx = "reading the store's identity";
     let txn = db.begin_read().map_err(|e| Error::storage(ctx, e))?;
     let meta = txn.open_table(META).map_err(|e| Error::storage(ctx, e))?;
-    let value = meta.get(META_STORE_ID).map_err(|e| Error::storage(ctx, e))?;
+    let value = meta
+        .get(META_STORE_ID)
+        .map_err(|e| Error::storage(ctx, e))?;
     value.map(|v| v.value()).ok_or_else(|| Error::Corruption {
         location: "table idemstore.meta".into(),
         reason: "the store's identity is missing".into(),

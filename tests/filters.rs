@@ -125,7 +125,7 @@ fn clear_bits(row: &mut [u8]) {
 }
 
 /// `row` with its CRC-32 recomputed, as a row that was written so reads.
-fn reseal(row: &mut Vec<u8>) {
+fn reseal(row: &mut [u8]) {
     let len = row.len() - 4;
     let sum = crc32(&row[..len]);
     row[len..].copy_from_slice(&sum.to_le_bytes());

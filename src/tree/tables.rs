@@ -20,6 +20,7 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::atomic::Ordering;
 
 use redb::{
     Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, Table, TableDefinition,
@@ -27,8 +28,6 @@ use redb::{
 };
 
 use super::windows::{table_name, FilterSeed, Probe, RecordsDef, Windows, FILTERS, FILTER_HASH};
-use std::sync::atomic::Ordering;
-
 use crate::error::Error;
 use crate::record::{Millis, Record};
 

@@ -50,9 +50,9 @@ pub(crate) const WINDOWS_PER_RETENTION: u64 = 32;
 pub(crate) const FILTERS: TableDefinition<u64, &[u8]> = TableDefinition::new("idemstore.filters");
 
 /// The hash of the saved filters, as the meta key `filter_hash` names it: `1` is SipHash-1-3
-/// keyed by the store's [`FilterSeed`] ([`Windows::hash`]). Rows are read only under this identity; a store without it (the
-/// format as first released, whose rows came from foldhash) or with another has its filters
-/// built from the windows' keys (`tables::open_windows`).
+/// keyed by the store's [`FilterSeed`] ([`Windows::hash`]). Rows are read only under this
+/// identity; a store without it (the format as first released, whose rows came from foldhash)
+/// or with another has its filters built from the windows' keys (`tables::open_windows`).
 pub(crate) const FILTER_HASH: u64 = 1;
 
 /// The version byte of a saved filter's row: `2`, probes from [`FILTER_HASH`]. A version-1 row

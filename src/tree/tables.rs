@@ -24,7 +24,7 @@ use std::sync::atomic::Ordering;
 
 use redb::{
     Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, Table, TableDefinition,
-    WriteTransaction,
+    TableError, WriteTransaction,
 };
 
 use super::windows::{table_name, FilterSeed, Probe, RecordsDef, Windows, FILTERS, FILTER_HASH};
@@ -121,8 +121,14 @@ pub(crate) fn open_windows(db: &Database, store: &Path) -> Result<Windows, Error
         }
     };
     // The saved filters are a cache of the windows' keys: a table of rows this build cannot
-    // trust, or cannot open, goes, and every window's filter is built.
-    if changed || txn.open_table(FILTERS).is_err() {
+    // trust, or cannot open (of another type), goes, and every window's filter is built. A
+    // page that fails its checksum is the file's damage, reported as such.
+    let unreadable = match txn.open_table(FILTERS) {
+        Ok(_) => false,
+        Err(TableError::Storage(e)) => return Err(Error::storage(ctx, e)),
+        Err(_) => true,
+    };
+    if changed || unreadable {
         txn.delete_table(FILTERS)
             .map_err(|e| Error::storage(ctx, e))?;
         txn.open_table(FILTERS)

@@ -141,10 +141,9 @@ impl Windows {
     /// The windows of the store in `db` (of `width`, hashing under `seed`), with their filters:
     /// each as saved in `idemstore.filters` by the last durable commit, or, for a window whose
     /// saved filter is missing (a window written since, before a crash) or does not read as one
-    /// (damaged, or hostile), built from its table's keys. The saved filters are a cache of the
-    /// tables: a filters table that cannot be read is not an error, every window's filter is
-    /// then built. The caller has checked that the rows were written under `seed`
-    /// (`tables::open_windows`).
+    /// (damaged, or hostile), built from its table's keys. The caller has checked that the rows
+    /// were written under `seed`, and replaced a filters table that could not be opened
+    /// (`tables::open_windows`); a page that fails its checksum is an error, as everywhere.
     pub(crate) fn load(db: &Database, width: u64, seed: FilterSeed) -> Result<Windows, Error> {
         let ctx = "reading the store's windows";
         let windows = Windows::seeded(width, seed);
@@ -154,15 +153,20 @@ impl Windows {
             .map_err(|e| Error::storage(ctx, e))?
             .map(|handle| handle.name().to_string())
             .collect();
-        let saved = txn.open_table(FILTERS).ok();
+        let saved = match txn.open_table(FILTERS) {
+            Ok(table) => Some(table),
+            Err(TableError::TableDoesNotExist(_)) => None,
+            Err(e) => return Err(Error::storage(ctx, e)),
+        };
         let mut map = windows.map.write();
         for name in names {
             let Some(window) = parse_table_name(&name) else {
                 continue;
             };
-            let row = saved
-                .as_ref()
-                .and_then(|table| table.get(window).ok().flatten());
+            let row = match &saved {
+                Some(table) => table.get(window).map_err(|e| Error::storage(ctx, e))?,
+                None => None,
+            };
             let filter = match row.and_then(|bytes| Filter::decode(bytes.value())) {
                 Some(filter) => filter,
                 None => windows.filter_of_table(&txn, &name)?,

@@ -29,15 +29,24 @@ use crate::error::{Error, KeyPart};
 pub struct Key {
     /// The encoded form: `[len][scope][len][operation][len][id]`.
     encoded: Arc<[u8]>,
-    /// A hash of `encoded`, computed once: the engine's maps hash a key on every lookup.
+    /// A hash of `encoded` ([`hash_of`]), computed once: the engine's maps hash a key on every
+    /// lookup.
     hash: u64,
 }
 
-/// The hash a key carries (fixed, so equal keys hash equally in every process), and the hash
-/// the expiry windows' filters take of an encoded key.
+/// The hash a key carries, for the maps in memory: foldhash, seeded at random once per
+/// process (from the operating system's randomness, through std's `RandomState`), so a client
+/// cannot pick keys that collide in them; equal keys hash equally within one process. It is
+/// never persisted: the windows' saved filters hash keys with the store's own hash
+/// ([`Windows::hash`](crate::tree::windows::Windows::hash)).
 pub(crate) fn hash_of(encoded: &[u8]) -> u64 {
+    use foldhash::{fast::SeedableRandomState, SharedSeed};
     use std::hash::BuildHasher;
-    foldhash::fast::FixedState::with_seed(0x1de5_7e0e).hash_one(encoded)
+    static SEEDED: std::sync::LazyLock<SeedableRandomState> = std::sync::LazyLock::new(|| {
+        let random = std::collections::hash_map::RandomState::new().hash_one(0u8);
+        SeedableRandomState::with_seed(random, SharedSeed::global_random())
+    });
+    SEEDED.hash_one(encoded)
 }
 
 impl Key {
@@ -50,7 +59,9 @@ impl Key {
     /// [`Store::mark_needs_review`](crate::Store::mark_needs_review) for a key, in bytes.
     pub const MAX_NOTE_LEN: usize = 4096;
 
-    /// The hash of the encoded key ([`hash_of`]), computed once.
+    /// The in-memory hash of the encoded key ([`hash_of`]), computed once (what `Hash` feeds
+    /// the maps). Not the hash the windows' filters take, which is the store's.
+    #[cfg(test)]
     pub(crate) fn hash64(&self) -> u64 {
         self.hash
     }
@@ -239,6 +250,38 @@ mod tests {
         assert_ne!(other, key);
         assert!(!set.contains(&other));
         assert!(key < other, "keys sort by their bytes");
+    }
+
+    /// The hash a key carries for the maps in memory is seeded at random per process: two runs
+    /// of this test binary hash the same key differently (a fixed seed would let a client
+    /// work out keys that collide in the maps, the same in every process).
+    #[test]
+    fn the_in_memory_hash_is_seeded_per_process() {
+        const PRINT: &str = "IDEMSTORE_PRINT_KEY_HASH";
+        const NAME: &str = "key::tests::the_in_memory_hash_is_seeded_per_process";
+        let key = Key::new("tenant", "op", "id-1").unwrap();
+        if std::env::var_os(PRINT).is_some() {
+            println!("hash={:016x}", key.hash64());
+            return;
+        }
+        let run = || {
+            let out = std::process::Command::new(std::env::current_exe().unwrap())
+                .args(["--exact", NAME, "--nocapture", "--test-threads=1"])
+                .env(PRINT, "1")
+                .output()
+                .unwrap();
+            let text = String::from_utf8_lossy(&out.stdout).into_owned();
+            let hash = text.split("hash=").nth(1).and_then(|rest| rest.get(..16));
+            hash.map(str::to_owned)
+                .unwrap_or_else(|| panic!("the child printed no hash: {text}"))
+        };
+        let (first, second) = (run(), run());
+        let here = format!("{:016x}", key.hash64());
+        assert_ne!(first, second, "two processes hashed a key alike");
+        assert!(
+            first != here && second != here,
+            "a child hashed a key as this process"
+        );
     }
 
     #[test]

@@ -1,7 +1,8 @@
 //! The internals the crate's own tests (`tests/`) and fuzz targets (`fuzz/`) reach, behind the
 //! hidden feature `__whitebox`: the log's frames and recovery (the `decode` fuzz target and the
 //! torn-tail tests read and write them directly), the clean-close mark, the time conversions
-//! the models use, and the directories synced. The store itself is reached through the public
+//! the models use, the directories synced, and the store's tables on a database of their own
+//! ([`Tree`], for writes a cache's stale record could make). The store itself is reached through the public
 //! storage seam ([`Builder::open_with_storage`](crate::Builder::open_with_storage)) plus the
 //! `Store::__*` and `Builder::__*` methods. Not part of the API: no stability promise, and a
 //! user never turns the feature on (CONTRIBUTING.md, "The storage seam and the white-box
@@ -22,6 +23,7 @@ pub use crate::record::Millis;
 use crate::record::Record;
 pub use crate::state::reopen_room;
 pub use crate::state::CheckpointStart;
+pub use crate::tree::seam::Tree;
 
 /// A record's stored bytes (the record codec, `src/record/codec.rs`).
 pub fn encode_record(record: &Record) -> Vec<u8> {

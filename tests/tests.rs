@@ -24,6 +24,7 @@ mod enospc;
 mod etcd;
 mod expiry;
 mod features;
+mod filters;
 mod findings;
 #[cfg(feature = "grpc")]
 mod grpc;

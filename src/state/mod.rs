@@ -105,7 +105,7 @@ impl Engine {
             Records::open(&txn, &self.windows)
         })?;
         let value = table
-            .get_hashed(key.encoded(), key.hash64())
+            .get(key.encoded())
             .map_err(|e| Error::storage(ctx, e))?;
         // A failed write clears the overlay and the cache after latching the poison: if that
         // happened since the caller checked, the overlay or the cache may have held a newer

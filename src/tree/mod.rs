@@ -3,5 +3,7 @@
 //! ([`windows`]), and the checksummed pages of the store file under redb ([`pages`]).
 
 pub(crate) mod pages;
+#[cfg(feature = "__whitebox")]
+pub(crate) mod seam;
 pub(crate) mod tables;
 pub(crate) mod windows;

@@ -12,21 +12,22 @@
 //!   checkpoint, "log_start" → the offset of the log region those frames start at (absent: the
 //!   first frame's place), "next_log_salt" → the salt the next region's frames will carry
 //!   (chosen before any frame uses it), "store_id" → the store's random identity, which its log
-//!   carries.
+//!   carries, "filter_hash" → the hash of the windows' saved filters ([`FILTER_HASH`]),
+//!   "filter_seed_0" and "filter_seed_1" → its random seed.
 //!
 //! Tables whose names start with `idemstore.` belong to the store; a caller's own tables (see
 //! [`Store::complete_with`](crate::Store::complete_with)) must use other names.
 
 use std::collections::BTreeMap;
-
-use redb::{
-    ReadableDatabase, ReadableTable, ReadableTableMetadata, Table, TableDefinition,
-    WriteTransaction,
-};
-
+use std::path::Path;
 use std::sync::atomic::Ordering;
 
-use super::windows::{table_name, Probe, RecordsDef, Windows, FILTERS};
+use redb::{
+    Database, ReadableDatabase, ReadableTable, ReadableTableMetadata, Table, TableDefinition,
+    TableError, WriteTransaction,
+};
+
+use super::windows::{table_name, FilterSeed, Probe, RecordsDef, Windows, FILTERS, FILTER_HASH};
 use crate::error::Error;
 use crate::record::{Millis, Record};
 
@@ -42,8 +43,14 @@ pub(crate) const META_NEXT_TOKEN: &str = "next_token";
 pub(crate) const META_WAL_SEQ: &str = "wal_seq";
 pub(crate) const META_LOG_SALT: &str = "log_salt";
 pub(crate) const META_STORE_ID: &str = "store_id";
-/// The width of the store's expiry windows, in milliseconds (set by the first open).
+/// The width of the store's expiry windows, in milliseconds (written when the store is
+/// created).
 pub(crate) const META_WINDOW_MS: &str = "window_ms";
+/// The hash the windows' saved filters were written with ([`FILTER_HASH`]); absent in a store
+/// of the format as first released (foldhash), whose saved filters are not read.
+pub(crate) const META_FILTER_HASH: &str = "filter_hash";
+/// The two words of the filter hash's random seed ([`FilterSeed`]).
+pub(crate) const META_FILTER_SEED: [&str; 2] = ["filter_seed_0", "filter_seed_1"];
 /// Where the frames after `wal_seq` start (absent: right after the log's identity block).
 pub(crate) const META_LOG_START: &str = "log_start";
 /// The salt of the next log region's frames, durable before any frame carries it.
@@ -57,37 +64,115 @@ pub(crate) const META_CLOSED_CLEAN: &str = "closed_clean";
 /// of one is refused at open.
 pub(crate) const FORMAT_VERSION: u64 = 4;
 
-/// The width of the windows of the store in `db`: the one recorded in its meta table, or, in a
-/// store that has none yet (a new one), `width`, recorded durably before any record is placed
-/// by it.
-pub(crate) fn window_width(db: &redb::Database, width: u64) -> Result<u64, Error> {
-    let ctx = "reading the width of the store's windows";
-    {
-        let txn = db.begin_read().map_err(|e| Error::storage(ctx, e))?;
-        let meta = txn.open_table(META).map_err(|e| Error::storage(ctx, e))?;
-        match meta
-            .get(META_WINDOW_MS)
-            .map_err(|e| Error::storage(ctx, e))?
-        {
-            Some(v) if v.value() > 0 => return Ok(v.value()),
-            Some(_) => {
-                return Err(Error::Corruption {
-                    location: "table idemstore.meta".into(),
-                    reason: "the width of the store's windows is 0".into(),
-                })
-            }
-            None => {}
-        }
-    }
+/// The windows of the store in `db` (the file `store`, named in errors), as its meta table
+/// describes them, with every window's filter ([`Windows::load`]).
+///
+/// The width (`window_ms`) is written when a store is created and never changes: a store
+/// without it is refused, as deriving it again from the retention of this open could end live
+/// windows early. The saved filters are read only when the meta table names the hash this build
+/// writes them with ([`FILTER_HASH`]) and its seed. Otherwise (a store of the format as first
+/// released, whose rows came from foldhash, or one written with another hash), and when the
+/// filters table cannot be opened (of another type), the store gets a new random seed and the
+/// identity, and its saved filters are deleted, in one durable commit before anything is read:
+/// every window's filter is then built from its keys, and saved by the next durable commit.
+pub(crate) fn open_windows(db: &Database, store: &Path) -> Result<Windows, Error> {
+    let ctx = "reading the store's windows";
     let mut txn = db.begin_write().map_err(|e| Error::storage(ctx, e))?;
     txn.set_quick_repair(true);
-    {
+    let meta_error = |reason: String| Error::Corruption {
+        location: format!("table idemstore.meta of store {}", store.display()),
+        reason,
+    };
+    let (width, known, mut changed) = {
         let mut meta = txn.open_table(META).map_err(|e| Error::storage(ctx, e))?;
-        meta.insert(META_WINDOW_MS, width)
+        let read = |name: &str| -> Result<Option<u64>, Error> {
+            let value = meta.get(name).map_err(|e| Error::storage(ctx, e))?;
+            Ok(value.map(|v| v.value()))
+        };
+        let width = match read(META_WINDOW_MS)? {
+            Some(0) => {
+                return Err(meta_error(format!(
+                    "meta key {META_WINDOW_MS} (the width of the store's windows) is 0"
+                )))
+            }
+            Some(width) => width,
+            None => {
+                return Err(meta_error(format!(
+                    "meta key {META_WINDOW_MS} (the width of the store's windows, written when \
+                     the store was created) is missing; it is not derived again from the \
+                     retention, which could delete windows before their keys expired"
+                )))
+            }
+        };
+        let seed = match (
+            read(META_FILTER_HASH)?,
+            read(META_FILTER_SEED[0])?,
+            read(META_FILTER_SEED[1])?,
+        ) {
+            (Some(FILTER_HASH), Some(k0), Some(k1)) => Some(FilterSeed(k0, k1)),
+            _ => None,
+        };
+        match seed {
+            Some(seed) => (width, seed, false),
+            None => {
+                let seed = write_filter_hash(&mut meta, ctx)?;
+                (width, seed, true)
+            }
+        }
+    };
+    // The saved filters are a cache of the windows' keys: a table of rows this build cannot
+    // trust, or cannot open (of another type), goes, and every window's filter is built. A
+    // page that fails its checksum is the file's damage, reported as such.
+    let unreadable = match txn.open_table(FILTERS) {
+        Ok(_) => false,
+        Err(TableError::Storage(e)) => return Err(Error::storage(ctx, e)),
+        Err(_) => true,
+    };
+    if changed || unreadable {
+        txn.delete_table(FILTERS)
+            .map_err(|e| Error::storage(ctx, e))?;
+        txn.open_table(FILTERS)
+            .map_err(|e| Error::storage(ctx, e))?;
+        changed = true;
+    }
+    if changed {
+        txn.commit().map_err(|e| Error::storage(ctx, e))?;
+    } else {
+        txn.abort().map_err(|e| Error::storage(ctx, e))?;
+    }
+    Windows::load(db, width, known)
+}
+
+/// The random identity of the store in `db`, made at creation; the log carries it. Read from
+/// the meta table alone, before [`open_windows`] has checked the other tables.
+pub(crate) fn store_id(db: &Database) -> Result<u64, Error> {
+    let ctx = "reading the store's identity";
+    let txn = db.begin_read().map_err(|e| Error::storage(ctx, e))?;
+    let meta = txn.open_table(META).map_err(|e| Error::storage(ctx, e))?;
+    let value = meta
+        .get(META_STORE_ID)
+        .map_err(|e| Error::storage(ctx, e))?;
+    value.map(|v| v.value()).ok_or_else(|| Error::Corruption {
+        location: "table idemstore.meta".into(),
+        reason: "the store's identity is missing".into(),
+    })
+}
+
+/// Writes the filters' hash identity ([`FILTER_HASH`]) and a new random seed into `meta`.
+fn write_filter_hash(
+    meta: &mut Table<'_, &'static str, u64>,
+    ctx: &'static str,
+) -> Result<FilterSeed, Error> {
+    let seed = FilterSeed(new_salt(), new_salt());
+    for (name, value) in [
+        (META_FILTER_HASH, FILTER_HASH),
+        (META_FILTER_SEED[0], seed.0),
+        (META_FILTER_SEED[1], seed.1),
+    ] {
+        meta.insert(name, value)
             .map_err(|e| Error::storage(ctx, e))?;
     }
-    txn.commit().map_err(|e| Error::storage(ctx, e))?;
-    Ok(width)
+    Ok(seed)
 }
 
 /// Decodes a stored record, naming the key on damage.
@@ -213,13 +298,18 @@ impl<'txn> Tables<'txn> {
         Ok(held)
     }
 
-    /// Writes the format marker, the first token, the store's random identity and its first
-    /// log salt into a new store: both are durable before any frame is written.
-    pub(crate) fn initialize(&mut self) -> Result<(), Error> {
+    /// Writes the format marker, the width of the windows (`width`), the first token, the
+    /// store's random identity, its first log salt and the filters' hash with its random seed
+    /// into a new store: all durable before any frame is written.
+    pub(crate) fn initialize(&mut self, width: u64) -> Result<(), Error> {
         let ctx = "initializing a new store";
         self.meta
             .insert(META_FORMAT, FORMAT_VERSION)
             .map_err(|e| Error::storage(ctx, e))?;
+        self.meta
+            .insert(META_WINDOW_MS, width.max(1))
+            .map_err(|e| Error::storage(ctx, e))?;
+        write_filter_hash(&mut self.meta, ctx)?;
         self.meta
             .insert(META_NEXT_TOKEN, 1)
             .map_err(|e| Error::storage(ctx, e))?;
@@ -233,15 +323,6 @@ impl<'txn> Tables<'txn> {
             .insert(META_LOG_SALT, new_salt())
             .map_err(|e| Error::storage(ctx, e))?;
         Ok(())
-    }
-
-    /// The store's random identity, made at creation; the log carries it.
-    pub(crate) fn store_id(&self) -> Result<u64, Error> {
-        let value = self.meta_u64(META_STORE_ID, "reading the store's identity")?;
-        value.ok_or_else(|| Error::Corruption {
-            location: "table idemstore.meta".into(),
-            reason: "the store's identity is missing".into(),
-        })
     }
 
     /// The last log frame whose changes this file holds.
@@ -362,18 +443,21 @@ impl<'txn> Tables<'txn> {
     ) -> Result<(), Error> {
         let ctx = "writing a record";
         let target = self.windows.of(index.expires_at);
-        let mut known = false;
         if let Some(old) = old {
             self.unindex(key, old)?;
             let from = self.windows.of(old.expires_at);
-            if from == target {
-                known = self.windows.existing(target).is_some();
-            } else {
+            if from != target {
                 self.remove_from(from, key)?;
             }
         }
-        if !known {
-            let filter = self.windows.filter(target);
+        // The key goes into the window's filter unless the filter already answers "may hold"
+        // for it (a rewrite in place): not on the word of `old`, whose window may have been
+        // deleted and made again since (a stale cached record, a clock stepped back), its
+        // filter a new one without the key. A filter never unlearns a key, so what it answers
+        // now it answers for as long as the window lives, and from its saved row.
+        let filter = self.windows.filter(target);
+        let probe = Probe::of(self.windows.hash(key));
+        if !filter.may_hold(&probe) {
             if filter.saved.swap(false, Ordering::AcqRel) {
                 // The saved filter no longer holds every key: a durable commit without it
                 // makes the next open build the window's filter from its keys.
@@ -381,7 +465,7 @@ impl<'txn> Tables<'txn> {
                     .remove(target)
                     .map_err(|e| Error::storage(ctx, e))?;
             }
-            filter.insert(self.windows.hash(key));
+            filter.insert_probe(&probe);
         }
         count_write();
         self.window(target)?

@@ -129,7 +129,7 @@ impl Store {
                 // (A window deleted since the snapshot has no filter: nothing to check.)
                 let missed = windows
                     .existing(window)
-                    .is_some_and(|filter| !filter.may_hold(&Probe::of(crate::key::hash_of(key))));
+                    .is_some_and(|filter| !filter.may_hold(&Probe::of(windows.hash(key))));
                 if missed {
                     report.problems.push(Problem::new(
                         ProblemKind::UnfilteredRecord,

@@ -30,20 +30,22 @@ use crate::tree::windows::Windows;
 /// The first bytes of every plain redb file (a store before page checksums).
 const REDB_SIGNATURE: [u8; 9] = [b'r', b'e', b'd', b'b', 0x1A, 0x0A, 0xA9, 0x0D, 0x0A];
 
-/// Opens the store at `path`, creating it with permission bits `mode` if it does not exist.
+/// Opens the store at `path`, creating it (with permission bits `mode` and windows of `width`
+/// ms) if it does not exist.
 /// `builder(verify)` gives redb's settings, asking for redb's integrity check on open when
 /// `verify` is set; the check is asked for unless the file carries the clean-close mark
 /// (`clean_close.rs`).
 pub(crate) fn open_or_create(
     path: &Path,
     mode: u32,
+    width: u64,
     builder: impl Fn(bool) -> redb::Builder,
 ) -> Result<Database, OpenError> {
     match fs::metadata(path) {
         Ok(meta) if meta.is_dir() => Err(not_a_store(path, "it is a directory")),
         Ok(_) => open_existing(path, builder),
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            create(path, mode, &builder(false))?;
+            create(path, mode, width, &builder(false))?;
             open_existing(path, builder)
         }
         Err(e) => Err(OpenError::io(
@@ -61,6 +63,7 @@ pub(crate) fn open_or_create(
 pub(crate) fn create_without_pages(
     path: &Path,
     mode: u32,
+    width: u64,
     builder: &redb::Builder,
 ) -> Result<Database, OpenError> {
     let file = fs::OpenOptions::new()
@@ -82,7 +85,7 @@ pub(crate) fn create_without_pages(
     let db = builder
         .create_with_backend(backend)
         .map_err(|e| open_error(path, "creating", e))?;
-    initialize(&db)?;
+    initialize(&db, width)?;
     Ok(db)
 }
 
@@ -217,10 +220,10 @@ pub(crate) fn check_format(db: &impl ReadableDatabase, path: &Path) -> Result<()
     }
 }
 
-/// Creates an empty store at `path` through a temporary file of permission bits `mode`, so that
-/// a crash never leaves a half-made file under the real name. Losing a creation race to another
-/// process is fine.
-fn create(path: &Path, mode: u32, builder: &redb::Builder) -> Result<(), OpenError> {
+/// Creates an empty store at `path` (windows of `width` ms) through a temporary file of
+/// permission bits `mode`, so that a crash never leaves a half-made file under the real name.
+/// Losing a creation race to another process is fine.
+fn create(path: &Path, mode: u32, width: u64, builder: &redb::Builder) -> Result<(), OpenError> {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let name = path
         .file_name()
@@ -245,13 +248,18 @@ fn create(path: &Path, mode: u32, builder: &redb::Builder) -> Result<(), OpenErr
         COUNTER.fetch_add(1, Ordering::Relaxed)
     ));
     let result =
-        build_empty_store(&temp, mode, builder).and_then(|()| link_into_place(&temp, path));
+        build_empty_store(&temp, mode, width, builder).and_then(|()| link_into_place(&temp, path));
     let _ = fs::remove_file(&temp);
     result?;
     sync_dir(&dir)
 }
 
-fn build_empty_store(temp: &Path, mode: u32, builder: &redb::Builder) -> Result<(), OpenError> {
+fn build_empty_store(
+    temp: &Path,
+    mode: u32,
+    width: u64,
+    builder: &redb::Builder,
+) -> Result<(), OpenError> {
     let file = fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -262,20 +270,21 @@ fn build_empty_store(temp: &Path, mode: u32, builder: &redb::Builder) -> Result<
     let db = builder
         .create_with_backend(page_file(file, temp)?)
         .map_err(|e| open_error(temp, "creating", e))?;
-    initialize(&db)?;
+    initialize(&db, width)?;
     drop(db);
     File::open(temp)
         .and_then(|file| file.sync_all())
         .map_err(|e| OpenError::io(format!("syncing new store file {}", temp.display()), e))
 }
 
-/// Writes the store's tables and format marker into an empty database, durably.
-fn initialize(db: &Database) -> Result<(), OpenError> {
+/// Writes the store's tables and format marker into an empty database (its windows `width` ms
+/// wide), durably.
+fn initialize(db: &Database, width: u64) -> Result<(), OpenError> {
     let ctx = "initializing a new store";
     let txn = db.begin_write().map_err(|e| OpenError::storage(ctx, e))?;
     // The tables and the mark are shared with the operations, which speak `Error`.
     Tables::open(&txn, &Windows::new(1))
-        .and_then(|mut tables| tables.initialize())
+        .and_then(|mut tables| tables.initialize(width))
         // Nothing was logged yet: a new store is closed cleanly (`log/lost_log.rs`).
         .and_then(|()| crate::log::clean_close::mark(&txn))
         .map_err(OpenError::from_shared)?;
@@ -283,12 +292,13 @@ fn initialize(db: &Database) -> Result<(), OpenError> {
 }
 
 /// Initializes a database that has no tables yet (one just created on a storage backend by
-/// [`Builder::open_with_storage`](crate::Builder::open_with_storage)).
-pub(crate) fn initialize_if_new(db: &Database) -> Result<(), OpenError> {
+/// [`Builder::open_with_storage`](crate::Builder::open_with_storage)), with windows of `width`
+/// ms.
+pub(crate) fn initialize_if_new(db: &Database, width: u64) -> Result<(), OpenError> {
     let ctx = "checking for a new store";
     let txn = db.begin_read().map_err(|e| OpenError::storage(ctx, e))?;
     match txn.open_table(META) {
-        Err(TableError::TableDoesNotExist(_)) => initialize(db),
+        Err(TableError::TableDoesNotExist(_)) => initialize(db, width),
         Err(e) => Err(OpenError::storage(ctx, e)),
         Ok(_) => Ok(()),
     }

@@ -1,0 +1,98 @@
+//! The store's tables on a database of their own, for the tests that drive the writes every
+//! path makes ([`Tables`]: a record's put, a window's deletion) directly, with the record a
+//! caller believes stored before: a stale one, as a cache could hold, which the public API
+//! may never hand the tables (hidden feature `__whitebox`, re-exported by
+//! `idemstore::whitebox`).
+
+use std::path::Path;
+
+use redb::backends::InMemoryBackend;
+use redb::{Database, ReadableDatabase};
+
+use super::tables::{open_windows, IndexEntries, Tables};
+use super::windows::{Records, Windows};
+use crate::error::Error;
+use crate::fingerprint::Fingerprint;
+use crate::record::{Millis, Record, State};
+
+/// The name a tree goes by in errors.
+const NAME: &str = "whitebox tree";
+
+/// A new store's tables in memory, with its windows as a store keeps them.
+pub struct Tree {
+    db: Database,
+    windows: Windows,
+}
+
+impl Tree {
+    /// An empty store's tables, its windows `width` ms wide, opened as a store opens them.
+    pub fn new(width: u64) -> Result<Tree, Error> {
+        let ctx = "making a whitebox tree";
+        let db = redb::Builder::new()
+            .create_with_backend(InMemoryBackend::new())
+            .map_err(|e| Error::storage(ctx, e))?;
+        let txn = db.begin_write().map_err(|e| Error::storage(ctx, e))?;
+        Tables::open(&txn, &Windows::new(1))?.initialize(width)?;
+        txn.commit().map_err(|e| Error::storage(ctx, e))?;
+        let windows = open_windows(&db, Path::new(NAME))?;
+        Ok(Tree { db, windows })
+    }
+
+    /// Stores a completed record of `key` (encoded) expiring at `expires_at`, in one durable
+    /// commit that saves the filters, telling the tables that the record stored before it
+    /// expires at `old` (`None`: none), as a caller that read it, maybe from a stale cache,
+    /// would.
+    pub fn put(&self, key: &[u8], old: Option<Millis>, expires_at: Millis) -> Result<(), Error> {
+        let record = Record {
+            fingerprint: Fingerprint::of(b"whitebox tree"),
+            token: 1,
+            attempt: 1,
+            expires_at,
+            state: State::Completed {
+                completed_at: 0,
+                result: Vec::new(),
+            },
+        };
+        let old = old.map(|expires_at| IndexEntries {
+            lease: None,
+            expires_at,
+        });
+        self.write(|tables| tables.put(key, old, &record, &record.encode()))
+    }
+
+    /// Deletes the window a record expiring at `expires_at` lives in, in one durable commit.
+    pub fn drop_window_of(&self, expires_at: Millis) -> Result<(), Error> {
+        let window = self.windows.of(expires_at);
+        self.write(|tables| tables.drop_window(window).map(drop))
+    }
+
+    /// Whether a lookup through the windows' filters finds `key`.
+    pub fn finds(&self, key: &[u8]) -> Result<bool, Error> {
+        let ctx = "reading a whitebox tree";
+        let txn = self.db.begin_read().map_err(|e| Error::storage(ctx, e))?;
+        let records = Records::open(&txn, &self.windows)?;
+        let found = records.get(key).map_err(|e| Error::storage(ctx, e))?;
+        Ok(found.is_some())
+    }
+
+    /// Reads the windows and their saved filters again, as the next open would.
+    pub fn reopen(&mut self) -> Result<(), Error> {
+        self.windows = open_windows(&self.db, Path::new(NAME))?;
+        Ok(())
+    }
+
+    /// Runs `change` in one write transaction that saves the filters, committed durably.
+    fn write(
+        &self,
+        change: impl FnOnce(&mut Tables<'_>) -> Result<(), Error>,
+    ) -> Result<(), Error> {
+        let ctx = "writing a whitebox tree";
+        let txn = self.db.begin_write().map_err(|e| Error::storage(ctx, e))?;
+        {
+            let mut tables = Tables::open(&txn, &self.windows)?;
+            change(&mut tables)?;
+            tables.save_filters()?;
+        }
+        txn.commit().map_err(|e| Error::storage(ctx, e))
+    }
+}

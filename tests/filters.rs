@@ -1,0 +1,404 @@
+//! The windows' saved filters and the meta that describes them (docs/format.md, "Filters" and
+//! "Meta keys"): rows are read only under the hash and seed the store records, a row that is
+//! damaged, hostile or of another hash is rebuilt from its window's keys, a store of the
+//! format as first released (foldhash rows, no hash identity) opens with every key, and a
+//! store without the width of its windows is refused rather than given a new one.
+
+use std::time::{Duration, UNIX_EPOCH};
+
+use idemstore::redb::{ReadableDatabase, ReadableTable, TableDefinition};
+use idemstore::{Key, ManualClock, OpenError, Reservation, Store};
+
+use crate::common::{fp, key, Env};
+
+const META: TableDefinition<&str, u64> = TableDefinition::new("idemstore.meta");
+const FILTERS: TableDefinition<u64, &[u8]> = TableDefinition::new("idemstore.filters");
+/// The meta keys of the filters' hash and seed, absent from a store of the first format.
+const HASH_META: [&str; 3] = ["filter_hash", "filter_seed_0", "filter_seed_1"];
+
+/// Keys completed over 3 s of the environment's clock (5 s retention: windows of 156 ms), so
+/// they fill about twenty windows.
+const KEYS: usize = 60;
+
+fn nth(i: usize) -> Key {
+    key("t", "op", &format!("k-{i}"))
+}
+
+/// A store with [`KEYS`] completed keys, closed cleanly (its filters saved).
+fn filled() -> Env {
+    let env = Env::new();
+    let store = env.open();
+    for i in 0..KEYS {
+        match store.reserve(&nth(i), fp("r")).unwrap() {
+            Reservation::Acquired(lease) => store.complete(&lease, b"done".to_vec()).unwrap(),
+            other => panic!("{}: {other:?}", nth(i)),
+        }
+        env.advance(Duration::from_millis(50));
+    }
+    drop(store);
+    env
+}
+
+/// Opens the store and checks that every key of [`filled`] is found and that `verify` finds
+/// each in its window's filter; returns the store.
+fn finds_every_key(env: &Env) -> Store {
+    let store = env.open();
+    for i in 0..KEYS {
+        assert!(store.get(&nth(i)).unwrap().is_some(), "{} lost", nth(i));
+    }
+    let report = store.verify().unwrap();
+    assert!(report.is_ok(), "{:?}", report.problems);
+    store
+}
+
+/// The CRC-32 (IEEE) a saved filter row ends with, computed here from its definition.
+fn crc32(bytes: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for &byte in bytes {
+        crc ^= u32::from(byte);
+        for _ in 0..8 {
+            crc = (crc >> 1) ^ (0xEDB8_8320 & (crc & 1).wrapping_neg());
+        }
+    }
+    !crc
+}
+
+/// The saved filter rows of the closed store at `env`.
+fn rows(env: &Env) -> Vec<(u64, Vec<u8>)> {
+    let db = idemstore::open_redb(&env.path).unwrap();
+    let txn = db.begin_read().unwrap();
+    let table = txn.open_table(FILTERS).unwrap();
+    let rows = table
+        .iter()
+        .unwrap()
+        .map(|row| {
+            let (window, bytes) = row.unwrap();
+            (window.value(), bytes.value().to_vec())
+        })
+        .collect();
+    rows
+}
+
+/// Rewrites every saved filter row of the closed store at `env` with `change`, and the meta
+/// table with `meta`, with redb directly.
+fn rewrite(
+    env: &Env,
+    mut change: impl FnMut(&mut Vec<u8>),
+    meta: impl FnOnce(&mut idemstore::redb::Table<&str, u64>),
+) {
+    let before = rows(env);
+    assert!(
+        before.len() >= 10,
+        "the store saved its filters: {before:?}"
+    );
+    let db = idemstore::open_redb(&env.path).unwrap();
+    let txn = db.begin_write().unwrap();
+    {
+        let mut table = txn.open_table(FILTERS).unwrap();
+        for (window, mut bytes) in before {
+            change(&mut bytes);
+            table.insert(window, bytes.as_slice()).unwrap();
+        }
+        meta(&mut txn.open_table(META).unwrap());
+    }
+    txn.commit().unwrap();
+}
+
+/// A row's parts as (offset of the part's header, number of 512-bit blocks).
+fn parts(row: &[u8]) -> Vec<(usize, usize)> {
+    let mut at = 2;
+    let mut parts = Vec::new();
+    for _ in 0..row[1] {
+        let blocks = u64::from_le_bytes(row[at + 16..at + 24].try_into().unwrap()) as usize;
+        parts.push((at, blocks));
+        at += 24 + blocks * 64;
+    }
+    parts
+}
+
+/// Clears every bit of a row's filter, keeping its layout: a filter that holds none of the
+/// window's keys, as a row written with another hash (or seed) reads to this build.
+fn clear_bits(row: &mut [u8]) {
+    for (at, blocks) in parts(row) {
+        row[at + 24..at + 24 + blocks * 64].fill(0);
+    }
+}
+
+/// `row` with its CRC-32 recomputed, as a row that was written so reads.
+fn reseal(row: &mut [u8]) {
+    let len = row.len() - 4;
+    let sum = crc32(&row[..len]);
+    row[len..].copy_from_slice(&sum.to_le_bytes());
+}
+
+/// The meta value `name` of the closed store at `env`.
+fn meta(env: &Env, name: &str) -> Option<u64> {
+    let db = idemstore::open_redb(&env.path).unwrap();
+    let txn = db.begin_read().unwrap();
+    let table = txn.open_table(META).unwrap();
+    let value = table.get(name).unwrap().map(|v| v.value());
+    value
+}
+
+/// Every saved row as this build writes it: version 2, its CRC-32 last.
+fn rows_are_current(env: &Env) {
+    let rows = rows(env);
+    assert!(!rows.is_empty());
+    for (window, row) in rows {
+        let (body, sum) = row.split_at(row.len() - 4);
+        assert_eq!(body[0], 2, "window {window}: version");
+        assert_eq!(crc32(body).to_le_bytes(), sum, "window {window}: CRC-32");
+    }
+}
+
+/// A store whose meta table does not name the filters' hash (as a store of the first format
+/// has none) has its saved rows ignored, even rows that read well: here every row holds no
+/// key, as rows of another hash read. Each window's filter is built from its keys, the store
+/// gets a seed and the hash's identity, and the next close saves rows under them.
+#[test]
+fn rows_without_the_hash_identity_are_rebuilt_from_the_keys() {
+    let env = filled();
+    let seed = meta(&env, "filter_seed_0");
+    assert!(seed.is_some(), "a new store has a seed");
+    rewrite(
+        &env,
+        |row| {
+            clear_bits(row);
+            reseal(row);
+        },
+        |meta| {
+            for name in HASH_META {
+                meta.remove(name).unwrap();
+            }
+        },
+    );
+    drop(finds_every_key(&env));
+    assert_eq!(meta(&env, "filter_hash"), Some(1));
+    assert!(meta(&env, "filter_seed_0").is_some_and(|s| Some(s) != seed));
+    rows_are_current(&env);
+    drop(finds_every_key(&env));
+}
+
+/// A store of the first released format (no hash identity, version-1 rows hashed by
+/// foldhash, no CRC) opens with every key: here its rows as that build wrote them, but
+/// holding no key under this build's hash. A store written later by this build and opened by
+/// that one again (identity kept, version-1 rows) reads the same.
+#[test]
+fn a_store_of_the_first_format_opens_with_every_key() {
+    for identity_kept in [false, true] {
+        let env = filled();
+        rewrite(
+            &env,
+            |row| {
+                clear_bits(row);
+                row.truncate(row.len() - 4);
+                row[0] = 1;
+            },
+            |meta| {
+                if !identity_kept {
+                    for name in HASH_META {
+                        meta.remove(name).unwrap();
+                    }
+                }
+            },
+        );
+        drop(finds_every_key(&env));
+        rows_are_current(&env);
+    }
+}
+
+/// The fixture of the current format's store (`tests/fixtures/unclean`, written by the build
+/// of the first format: foldhash rows, no hash identity) opens with every key, and gets the
+/// filters' hash identity.
+#[test]
+fn the_fixture_of_the_first_format_gets_the_hash_identity() {
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/unclean");
+    let env = Env::new();
+    std::fs::copy(fixture.join("store.idem"), &env.path).unwrap();
+    std::fs::copy(
+        fixture.join("store.idem.wal"),
+        env.dir.path().join("store.idem.wal"),
+    )
+    .unwrap();
+    assert_eq!(
+        meta(&env, "filter_hash"),
+        None,
+        "the fixture is of the first format"
+    );
+    let clock = ManualClock::starting_at(UNIX_EPOCH + Duration::from_millis(1_796_428_801_021));
+    let store = Store::builder()
+        .clock(clock)
+        .sweep_interval(None)
+        .open(&env.path)
+        .unwrap();
+    for prefix in ["before", "logged"] {
+        for i in 0..10 {
+            let k = Key::new("fixture", "op", format!("{prefix}-{i}")).unwrap();
+            assert!(store.get(&k).unwrap().is_some(), "{k} lost");
+        }
+    }
+    drop(store);
+    assert_eq!(meta(&env, "filter_hash"), Some(1));
+    rows_are_current(&env);
+}
+
+/// A row changed in place (here every bit of its filter cleared, so it would answer "absent"
+/// for every key) fails its CRC-32 and is rebuilt from the window's keys; the open does not
+/// fail.
+#[test]
+fn a_damaged_row_is_rebuilt_from_the_keys() {
+    let env = filled();
+    rewrite(&env, |row| clear_bits(row), |_| {});
+    drop(finds_every_key(&env));
+    rows_are_current(&env);
+}
+
+/// A row whose CRC-32 matches but whose counts are not what the store writes (a count of keys
+/// of 2^40, which would size the next new window's filter at terabytes; a part that claims more
+/// blocks than the row holds) is refused without a panic or a large allocation, and rebuilt;
+/// the store then writes into new windows as usual.
+#[test]
+fn hostile_rows_are_rebuilt_and_size_nothing() {
+    let env = filled();
+    let mut n = 0;
+    rewrite(
+        &env,
+        |row| {
+            let (at, _) = parts(row)[0];
+            let field = if n % 2 == 0 { at + 8 } else { at + 16 };
+            row[field..field + 8].copy_from_slice(&(1u64 << 40).to_le_bytes());
+            reseal(row);
+            n += 1;
+        },
+        |_| {},
+    );
+    let store = finds_every_key(&env);
+    // New keys in new windows: their filters are sized from the largest window's count.
+    env.advance(Duration::from_secs(2));
+    for i in 0..20 {
+        let k = key("t", "op", &format!("new-{i}"));
+        match store.reserve(&k, fp("r")).unwrap() {
+            Reservation::Acquired(lease) => store.complete(&lease, b"done".to_vec()).unwrap(),
+            other => panic!("{k}: {other:?}"),
+        }
+        env.advance(Duration::from_millis(100));
+    }
+    drop(store);
+    rows_are_current(&env);
+}
+
+/// A filters table that cannot be opened (here one of another type, as a tool or a bug could
+/// leave) does not fail the open: it is replaced, every window's filter is built from its
+/// keys, and the store writes and saves its filters as usual.
+#[test]
+fn a_filters_table_that_cannot_be_read_is_replaced() {
+    let env = filled();
+    {
+        let db = idemstore::open_redb(&env.path).unwrap();
+        let txn = db.begin_write().unwrap();
+        txn.delete_table(FILTERS).unwrap();
+        let other: TableDefinition<&str, &str> = TableDefinition::new("idemstore.filters");
+        txn.open_table(other)
+            .unwrap()
+            .insert("not", "a filter")
+            .unwrap();
+        txn.commit().unwrap();
+    }
+    let store = finds_every_key(&env);
+    let k = key("t", "op", "after");
+    match store.reserve(&k, fp("r")).unwrap() {
+        Reservation::Acquired(lease) => store.complete(&lease, b"done".to_vec()).unwrap(),
+        other => panic!("{k}: {other:?}"),
+    }
+    store.checkpoint().unwrap();
+    drop(store);
+    rows_are_current(&env);
+    let store = finds_every_key(&env);
+    assert!(store.get(&k).unwrap().is_some());
+}
+
+/// The width of the windows (`window_ms`) is written when a store is created; a store without
+/// it is refused, naming the meta key and the file, rather than given the width of this open's
+/// retention, which would place its records in other windows than its tables and could end
+/// live windows early.
+#[test]
+fn a_store_without_its_window_width_is_refused_by_name() {
+    let env = filled();
+    let width = meta(&env, "window_ms");
+    assert_eq!(
+        width,
+        Some(5_000 / 32),
+        "written when the store was created"
+    );
+    rewrite(
+        &env,
+        |_| {},
+        |meta| {
+            meta.remove("window_ms").unwrap();
+        },
+    );
+    let err = env
+        .builder()
+        .retention(Duration::from_secs(3_600))
+        .open(&env.path)
+        .unwrap_err();
+    assert!(matches!(err, OpenError::Corruption { .. }), "{err:?}");
+    let message = err.to_string();
+    assert!(message.contains("window_ms"), "{message}");
+    assert!(
+        message.contains(&env.path.display().to_string()),
+        "{message}"
+    );
+    assert_eq!(meta(&env, "window_ms"), None, "nothing was written");
+}
+
+/// A new store records the width of its windows at creation, before its first open ends.
+#[test]
+fn a_new_store_records_its_window_width_when_created() {
+    let env = Env::new();
+    drop(
+        env.builder()
+            .retention(Duration::from_secs(64))
+            .open(&env.path)
+            .unwrap(),
+    );
+    assert_eq!(meta(&env, "window_ms"), Some(2_000));
+    assert_eq!(meta(&env, "filter_hash"), Some(1));
+    // Reopened with another retention, the store keeps its width.
+    drop(
+        env.builder()
+            .retention(Duration::from_secs(8))
+            .open(&env.path)
+            .unwrap(),
+    );
+    assert_eq!(meta(&env, "window_ms"), Some(2_000));
+}
+
+/// A record written with a stale idea of where the key was stored (its old record in a window
+/// that was deleted and made again since: a record cache still holding a deleted window's
+/// record, or a clock stepped back) still goes into the new window's filter, so it is found,
+/// also after the filters are saved and read back.
+#[test]
+fn a_record_put_over_a_stale_old_record_is_found() {
+    use idemstore::whitebox::Tree;
+    let width = 1_000;
+    let at = 10 * width + 500;
+    let mut tree = Tree::new(width).unwrap();
+    tree.put(b"\x01t\x02op\x01k", None, at).unwrap();
+    tree.drop_window_of(at).unwrap();
+    assert!(!tree.finds(b"\x01t\x02op\x01k").unwrap());
+    // The window is made again by another key.
+    tree.put(b"\x01t\x02op\x01other", None, at).unwrap();
+    // The key is written again, by a caller that read its old record before the deletion.
+    tree.put(b"\x01t\x02op\x01k", Some(at), at).unwrap();
+    assert!(
+        tree.finds(b"\x01t\x02op\x01k").unwrap(),
+        "lost from its filter"
+    );
+    tree.reopen().unwrap();
+    assert!(
+        tree.finds(b"\x01t\x02op\x01k").unwrap(),
+        "lost after a reopen"
+    );
+    assert!(tree.finds(b"\x01t\x02op\x01other").unwrap());
+}

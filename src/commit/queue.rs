@@ -124,6 +124,7 @@ impl Committer {
         });
         let last = requests.last().expect("at least one request");
         let mut queued = false;
+        let mut woken = false;
         loop {
             // Woken with the answer: return without touching the queue or the syncer.
             if queued && requests.iter().all(|r| r.is_answered()) {
@@ -152,12 +153,22 @@ impl Committer {
                     drop(writer);
                     shared.syncer.drive(Some(&**last));
                 }
-                None => wake_committer(shared, queue),
+                None => {
+                    wake_committer(shared, queue);
+                    if woken {
+                        // Woken unanswered: a sync that answered its own caller handed the
+                        // next one to this thread (`Syncer::run_syncs`), and the committer
+                        // syncs only the frames it wrote itself, so drive it here (a no-op
+                        // when another thread syncs already).
+                        shared.syncer.drive(Some(&**last));
+                    }
+                }
             }
             if requests.iter().all(|r| r.is_answered()) {
                 return collect::<O>(&requests);
             }
             thread::park();
+            woken = true;
         }
     }
 

@@ -31,8 +31,9 @@
 //!
 //! The threads' operation lists and the background steps come from a seed; the scheduling is
 //! real concurrency, so a seed gives other interleavings on every run. A history that no order
-//! explains fails the test, printing its seed and every event of its segments so far; so does
-//! a panic.
+//! explains fails the test, printing its seed and every event of its segments so far; so do
+//! a panic and a call not answered within two minutes (a hang: the segment's calls take
+//! milliseconds; the stuck threads are left behind so the failure is reported).
 //!
 //! Counts: `cargo test` runs 300 histories ([`HISTORIES`]) of 8 segments, each thread 5
 //! operations and the background thread 4 steps a segment: 120 operations and 32 background
@@ -43,10 +44,9 @@
 //! counts the calls, those concurrent with another, acquisitions, replays and lost leases.
 
 use std::fmt;
-use std::panic::{self, AssertUnwindSafe};
-use std::sync::Barrier;
+use std::sync::{mpsc, Arc, Barrier};
 use std::thread;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use idemstore::whitebox::{to_millis, Background, Millis};
 use idemstore::{
@@ -520,44 +520,88 @@ fn reserved(reservation: Reservation, key: usize) -> (Ret, Option<Lease>) {
     (Ret::Reserved(answer, None), None)
 }
 
+/// How long a segment may take before the test calls it a hang: its calls take
+/// milliseconds, so only a call that is never answered reaches this.
+const HANG: Duration = Duration::from_secs(120);
+
 /// Runs one segment: the threads and the background thread start together; every event is
 /// recorded under the shared lock, an invocation before the call and a return after it.
-fn run_segment(store: &Store, shared: &Mutex<Shared>, segment: &Segment) {
-    let start = Barrier::new(THREADS + 1);
-    thread::scope(|s| {
-        for (thread, steps) in segment.threads.iter().enumerate() {
-            let start = &start;
-            s.spawn(move || {
-                start.wait();
-                for step in steps {
-                    let (call, lease) = {
-                        let mut shared = shared.lock();
-                        let Some((call, lease)) = resolve(*step, &shared.leases) else {
-                            continue;
-                        };
-                        shared.events.push(Event::Invoke(thread, call.clone()));
-                        (call, lease)
-                    };
-                    let (ret, acquired) = perform(store, &call, lease.as_ref());
-                    let mut shared = shared.lock();
-                    shared.events.push(Event::Return(thread, ret));
-                    if let (Some(lease), Call::Reserve { key, .. }) = (acquired, &call) {
-                        shared.leases.push((*key, lease));
-                    }
+/// `Err` when a thread panicked, or when a call was not answered within [`HANG`] (its thread
+/// is left behind, so that the test fails with the history rather than hanging).
+fn run_segment(
+    store: &Arc<Store>,
+    shared: &Arc<Mutex<Shared>>,
+    segment: &Segment,
+) -> Result<(), String> {
+    let start = Arc::new(Barrier::new(THREADS + 1));
+    let (done, finished) = mpsc::channel();
+    let spawn = |f: Box<dyn FnOnce() + Send>| {
+        let (start, done) = (Arc::clone(&start), done.clone());
+        thread::spawn(move || {
+            // Reports on the way out, also when unwinding.
+            struct Report(mpsc::Sender<bool>);
+            impl Drop for Report {
+                fn drop(&mut self) {
+                    let _ = self.0.send(thread::panicking());
                 }
-            });
-        }
-        start.wait();
-        for step in &segment.background {
-            let call = Call::Background(*step);
+            }
+            let _report = Report(done);
+            start.wait();
+            f();
+        });
+    };
+    for (thread, steps) in segment.threads.iter().enumerate() {
+        let (store, shared, steps) = (Arc::clone(store), Arc::clone(shared), steps.clone());
+        spawn(Box::new(move || {
+            for step in steps {
+                let (call, lease) = {
+                    let mut shared = shared.lock();
+                    let Some((call, lease)) = resolve(step, &shared.leases) else {
+                        continue;
+                    };
+                    shared.events.push(Event::Invoke(thread, call.clone()));
+                    (call, lease)
+                };
+                let (ret, acquired) = perform(&store, &call, lease.as_ref());
+                let mut shared = shared.lock();
+                shared.events.push(Event::Return(thread, ret));
+                if let (Some(lease), Call::Reserve { key, .. }) = (acquired, &call) {
+                    shared.leases.push((*key, lease));
+                }
+            }
+        }));
+    }
+    let (store, shared, steps) = (
+        Arc::clone(store),
+        Arc::clone(shared),
+        segment.background.clone(),
+    );
+    spawn(Box::new(move || {
+        for step in steps {
+            let call = Call::Background(step);
             shared
                 .lock()
                 .events
                 .push(Event::Invoke(THREADS, call.clone()));
-            let (ret, _) = perform(store, &call, None);
+            let (ret, _) = perform(&store, &call, None);
             shared.lock().events.push(Event::Return(THREADS, ret));
         }
-    });
+    }));
+    let deadline = Instant::now() + HANG;
+    for _ in 0..=THREADS {
+        let wait = deadline.saturating_duration_since(Instant::now());
+        match finished.recv_timeout(wait) {
+            Ok(false) => {}
+            Ok(true) => return Err("panicked (the panic is printed above)".into()),
+            Err(_) => {
+                return Err(format!(
+                    "hung: a call was not answered within {HANG:?} (the calls invoked \
+                     without a return below)"
+                ))
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Checks one segment's events against the spec from `start`; returns the spec after the
@@ -609,12 +653,13 @@ fn run_history(seed: u64, tally: &mut Tally) {
         .__manual_background()
         .open_with_storage(SimDisk::new(), SimDisk::new())
         .expect("open the store");
-    let shared = Mutex::new(Shared::default());
+    let store = Arc::new(store);
+    let shared = Arc::new(Mutex::new(Shared::default()));
     let mut spec = Spec::new();
     let mut transcript = String::new();
     for (i, segment) in plan(seed).iter().enumerate() {
         let from = shared.lock().events.len();
-        let ran = panic::catch_unwind(AssertUnwindSafe(|| run_segment(&store, &shared, segment)));
+        let ran = run_segment(&store, &shared, segment);
         let events = shared.lock().events[from..].to_vec();
         tally.add(&events);
         transcript += &format!(
@@ -634,8 +679,8 @@ fn run_history(seed: u64, tally: &mut Tally) {
                 THREADS - 1
             )
         };
-        if ran.is_err() {
-            fail("panicked (the panic is printed above)");
+        if let Err(what) = ran {
+            fail(&what);
         }
         let Some(end) = check_segment(&spec, &events) else {
             fail("is not linearizable against the reference model");

@@ -675,7 +675,7 @@ fn run(ops: &[Op]) {
                 store.__background(*step).expect(&context);
                 match step {
                     Background::DropEndedWindows => {
-                        for (key, gone) in drop_ended_windows(&mut model) {
+                        for (key, gone) in model.drop_ended_windows(WINDOW_MS) {
                             ghosts.insert(key, (gone, false));
                         }
                     }
@@ -736,26 +736,6 @@ fn run(ops: &[Op]) {
             }
         }
     }
-}
-
-/// What deleting the ended windows removes: every stored record whose window (its expiry
-/// over [`WINDOW_MS`]) ended at the store's time, expired with it.
-fn drop_ended_windows(model: &mut Keys) -> Vec<(usize, Model)> {
-    let now = model.now;
-    let ended: Vec<usize> = model
-        .records
-        .keys()
-        .copied()
-        .filter(|&k| {
-            model
-                .expires_at(k)
-                .is_some_and(|t| (t / WINDOW_MS + 1) * WINDOW_MS <= now)
-        })
-        .collect();
-    ended
-        .into_iter()
-        .map(|k| (k, model.records.remove(&k).expect("a stored record")))
-        .collect()
 }
 
 fn cases() -> u32 {

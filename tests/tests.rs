@@ -35,6 +35,7 @@ mod http_kill;
 #[cfg(feature = "http")]
 mod http_knobs;
 mod kill;
+mod linearizable;
 mod log_identity;
 mod lost_log;
 mod model;

@@ -210,7 +210,7 @@ impl Model {
 }
 
 /// What `reserve` answers, per docs/DESIGN.md, in plain fields (times in milliseconds).
-#[derive(Debug, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Answer {
     Acquired {
         attempt: u32,
@@ -235,6 +235,7 @@ pub(crate) enum Answer {
 /// handed out (the store picks tokens; the model checks that each is bigger than all before)
 /// and the token floor of the last reopen. Keys are small indexes; `retention` gives each
 /// key's retention (per its operation), `lease` the store's lease.
+#[derive(Clone)]
 pub(crate) struct Keys {
     pub(crate) now: Millis,
     pub(crate) records: HashMap<usize, Model>,
@@ -397,6 +398,25 @@ impl Keys {
         };
         self.records.remove(&key);
         Ok(Some(class))
+    }
+
+    /// What deleting the ended expiry windows (`window` ms wide) removes: every stored record
+    /// whose window (its expiry over `window`) ended at the store's time, expired with it.
+    pub(crate) fn drop_ended_windows(&mut self, window: Millis) -> Vec<(usize, Model)> {
+        let now = self.now;
+        let ended: Vec<usize> = self
+            .records
+            .keys()
+            .copied()
+            .filter(|&k| {
+                self.expires_at(k)
+                    .is_some_and(|t| (t / window + 1) * window <= now)
+            })
+            .collect();
+        ended
+            .into_iter()
+            .map(|k| (k, self.records.remove(&k).expect("a stored record")))
+            .collect()
     }
 
     /// Whether `key` is pending and stale at `now` (its lease ended or granted by an earlier

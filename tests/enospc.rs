@@ -90,9 +90,7 @@ const CASES: [Case; 4] = [
     },
 ];
 
-fn long_mode() -> bool {
-    std::env::var_os("IDEMSTORE_LONG").is_some_and(|v| v != "0")
-}
+use crate::common::long_mode;
 
 fn builder(case: Case) -> Builder {
     let mut builder = Store::builder();

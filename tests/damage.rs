@@ -29,9 +29,11 @@
 //! last two frames; with two regions, some also land in the first region's last frames and
 //! in the second region's first ones.
 //!
-//! Short mode (the default, `cargo test`): every page of the store file once, 64 offsets of
-//! the log and (unclean) 32 in each of those frame ranges. `IDEMSTORE_LONG=1`: every page at
-//! 8 offsets, 1,000 offsets of the log and 200 in each range.
+//! Under `cargo test` (a debug build, a smoke run): 6 random pages of the store file, 6
+//! offsets of the log and (unclean) 2 in each of those frame ranges. In a release build (CI's
+//! `release` step): every page of the store file once, 64 offsets of the log and 32 in each
+//! range. `IDEMSTORE_LONG=1`: every page at 8 offsets, 1,000 offsets of the log and 200 in
+//! each range.
 //! `IDEMSTORE_DAMAGE_SEED=<n>` repeats a run's choice of offsets (the seed is printed).
 
 use std::fmt::Write as _;
@@ -51,10 +53,6 @@ const PENDING: usize = 500;
 /// Keys completed after the last checkpoint in the unclean case (only in the log).
 const LOGGED: usize = 100;
 const PAGE: u64 = 4096;
-
-fn long_mode() -> bool {
-    std::env::var_os("IDEMSTORE_LONG").is_some_and(|v| v != "0")
-}
 
 fn log_of(path: &Path) -> PathBuf {
     let mut name = path.as_os_str().to_os_string();
@@ -121,10 +119,25 @@ fn changed_by(log: &Path, write: impl FnOnce()) -> (usize, usize) {
     let before = fs::read(log).unwrap();
     write();
     let after = fs::read(log).unwrap();
-    let changed: Vec<usize> = (0..after.len())
-        .filter(|&i| before.get(i) != Some(&after[i]))
-        .collect();
-    (changed[0], changed[changed.len() - 1] + 1)
+    // Blocks compared whole first (a debug build compares a slice as fast as a release one,
+    // byte by byte it is slow), then bytes in the first and last blocks that differ.
+    const BLOCK: usize = 4096;
+    let differs = |i: usize| before.get(i) != Some(&after[i]);
+    let block_differs = |b: usize| {
+        let range = b * BLOCK..((b + 1) * BLOCK).min(after.len());
+        before.get(range.clone()) != Some(&after[range])
+    };
+    let blocks = after.len().div_ceil(BLOCK);
+    let first = (0..blocks)
+        .find(|&b| block_differs(b))
+        .expect("the log changed");
+    let last = (0..blocks).rev().find(|&b| block_differs(b)).unwrap();
+    let start = (first * BLOCK..).find(|&i| differs(i)).unwrap();
+    let end = ((last * BLOCK)..((last + 1) * BLOCK).min(after.len()))
+        .rev()
+        .find(|&i| differs(i))
+        .unwrap();
+    (start, end + 1)
 }
 
 /// Builds the store in `dir` and leaves it closed cleanly, or as a killed process leaves it.
@@ -145,8 +158,10 @@ fn build(dir: &Path, kind: Kind) {
                 other => panic!("a fresh key answered {other:?}"),
             })
             .collect();
-        for (lease, result) in leases {
-            store.complete(&lease, result).unwrap();
+        // One batch (one frame, one sync) for a chunk, one each for a single key.
+        let completions = leases.iter().map(|(lease, result)| (lease, result.clone()));
+        for answer in store.complete_many(completions.collect()).unwrap() {
+            answer.unwrap();
         }
     };
     for chunk in (0..COMPLETED).collect::<Vec<_>>().chunks(250) {
@@ -437,11 +452,19 @@ fn sweep(kind: Kind) -> std::collections::BTreeMap<Outcome, usize> {
         .len();
     let log = fs::read(log_of(&pristine.path().join("store.idem"))).unwrap();
     let log_used = used_len(&log).max(64);
-    let (per_page, log_flips) = if long_mode() { (8, 1000) } else { (1, 64) };
+    // Pages of the store file (`None`: every page), flips per page, flips in the log and in
+    // each of the log's target ranges.
+    let (pages, per_page, log_flips, per_range) =
+        crate::common::by_mode((Some(6), 1, 6, 2), (None, 1, 64, 32), (None, 8, 1000, 200));
     // Copy 0 is the undamaged store (xor 0): it must answer every key as stored, or a
     // sweep where every copy fails to open would pass.
     let mut flips = vec![("log", 0)];
-    for page in 0..store_len / PAGE {
+    let store_pages = store_len / PAGE;
+    let pages: Vec<u64> = match pages {
+        None => (0..store_pages).collect(),
+        Some(n) => (0..n).map(|_| rng.below(store_pages)).collect(),
+    };
+    for page in pages {
         for _ in 0..per_page {
             flips.push(("store", page * PAGE + rng.below(PAGE)));
         }
@@ -455,7 +478,7 @@ fn sweep(kind: Kind) -> std::collections::BTreeMap<Outcome, usize> {
     {
         let (first, end) = range.split_once(' ').unwrap();
         let (first, end): (u64, u64) = (first.parse().unwrap(), end.parse().unwrap());
-        for _ in 0..if long_mode() { 200 } else { 32 } {
+        for _ in 0..per_range {
             flips.push(("log", first + rng.below(end - first)));
         }
     }

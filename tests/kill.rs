@@ -15,7 +15,8 @@
 //! A second test kills a child that creates new stores in a loop: every store file that exists
 //! afterwards opens (creation is crash-safe), and the ones acknowledged hold their key.
 //!
-//! 20 rounds by default; `IDEMSTORE_LONG=1` runs 200. `IDEMSTORE_KILL_SEED=<n>` repeats a run's
+//! 5 rounds under `cargo test` (a debug build), 20 in a release build (CI's `release` step);
+//! `IDEMSTORE_LONG=1` runs 200. `IDEMSTORE_KILL_SEED=<n>` repeats a run's
 //! choice of kill moments (the seed is printed).
 
 use std::collections::HashMap;
@@ -33,16 +34,8 @@ use idemstore::{Builder, Fingerprint, Key, Reservation, Status, Store};
 const CHILD_ENV: &str = "IDEMSTORE_KILL_CHILD";
 const THREADS: usize = 4;
 
-fn long_mode() -> bool {
-    std::env::var_os("IDEMSTORE_LONG").is_some_and(|v| v != "0")
-}
-
 fn rounds() -> usize {
-    if long_mode() {
-        200
-    } else {
-        20
-    }
+    crate::common::by_mode(5, 20, 200)
 }
 
 /// Small checkpoints, so that kills also land during checkpoints and log rewinds.
@@ -391,7 +384,7 @@ fn verify(store: &Store, expected: &HashMap<(String, String), Acked>, round: usi
 fn every_store_file_left_by_a_killed_creator_opens() {
     let dir = tempfile::tempdir().expect("temporary directory");
     let mut rng = Rng::seeded();
-    let rounds = if long_mode() { 40 } else { 5 };
+    let rounds = crate::common::by_mode(5, 5, 40);
     let mut created = HashMap::new();
     for round in 0..rounds {
         let sub = dir.path().join(format!("round-{round}"));

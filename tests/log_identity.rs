@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use idemstore::{OpenError, Reservation};
 
 use crate::common::{acquire, fp, key, Env};
+use crate::support::sim::SimDisk;
 
 fn log_of(path: &Path) -> PathBuf {
     let mut name = path.as_os_str().to_os_string();
@@ -56,24 +57,53 @@ fn a_new_store_never_adopts_a_deleted_stores_log() {
     assert_eq!(kept, log, "the old log is set aside unchanged");
 }
 
-/// Another store's log next to an existing store is never replayed: it is set aside too.
+/// Another store's log next to an existing store is never replayed. The existing store was
+/// killed (its file copied while it was open: no clean-close mark, so its next open reads the
+/// log): the open refuses, since the store's own log is gone, and leaves the other log as it
+/// was; with `accept_log_loss` it opens, sets the other log aside, and the other store's key is
+/// new here.
 #[test]
 fn an_existing_store_never_replays_another_stores_log() {
     let other = Env::new();
     let foreign = log_after_kill(&other, "b1");
     let env = Env::new();
-    drop(env.open());
+    {
+        let store = env.open();
+        let image = fs::read(&env.path).unwrap();
+        drop(store);
+        fs::write(&env.path, image).unwrap();
+    }
+    assert!(
+        !idemstore::whitebox::closed_clean(SimDisk::from_image(fs::read(&env.path).unwrap()))
+            .unwrap(),
+        "the store is left as a kill leaves it, without the clean-close mark"
+    );
     fs::write(log_of(&env.path), &foreign).unwrap();
 
-    let store = env.open();
-    let k = key("user-1", "POST /charges", "b1");
-    assert!(
-        matches!(
-            store.reserve(&k, fp("amount=100")).unwrap(),
-            Reservation::Acquired(_)
-        ),
-        "another store's acknowledged key must not appear"
+    match env.builder().open(&env.path) {
+        Err(err @ OpenError::LostLog { .. }) => {
+            assert!(err.to_string().contains("another store's log"), "{err}");
+        }
+        Err(other) => panic!("expected LostLog, got {other}"),
+        Ok(store) => {
+            let got = store.reserve(&key("user-1", "POST /charges", "b1"), fp("amount=100"));
+            panic!("opened with another store's log in place of its own; b1 answers {got:?}")
+        }
+    }
+    assert_eq!(
+        fs::read(log_of(&env.path)).unwrap(),
+        foreign,
+        "the refused log is left as it was"
     );
+
+    let mut accepting = env.builder();
+    accepting.accept_log_loss(true);
+    let store = accepting.open(&env.path).unwrap();
+    let k = key("user-1", "POST /charges", "b1");
+    match store.reserve(&k, fp("amount=100")).unwrap() {
+        Reservation::Acquired(_) => {}
+        other => panic!("another store's acknowledged key appeared: {other:?}"),
+    }
 }
 
 /// A log whose identity block is damaged could be this store's own: opening refuses, naming

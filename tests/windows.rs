@@ -28,15 +28,24 @@ fn open(path: &std::path::Path, clock: &ManualClock, sweeper: bool) -> Store {
         .unwrap()
 }
 
-/// Completes `n` keys named `{prefix}-{i}`, moving the clock 100 ms every 10 keys.
+/// Completes `n` keys named `{prefix}-{i}`, moving the clock 100 ms every 10 keys. The 10
+/// keys of one clock reading are reserved in one batch and completed in one (two syncs).
 fn complete(store: &Store, clock: &ManualClock, prefix: &str, n: usize) {
-    for i in 0..n {
-        let k = key("t", "op", &format!("{prefix}-{i}"));
-        match store.reserve(&k, fp("r")).unwrap() {
-            Reservation::Acquired(lease) => store.complete(&lease, b"done".to_vec()).unwrap(),
-            other => panic!("{k}: {other:?}"),
+    for first in (0..n).step_by(10) {
+        let items: Vec<_> = (first..n.min(first + 10))
+            .map(|i| (key("t", "op", &format!("{prefix}-{i}")), fp("r")))
+            .collect();
+        let leases: Vec<_> = (store.reserve_many(&items).unwrap().into_iter().zip(&items))
+            .map(|(answer, (k, _))| match answer.unwrap() {
+                Reservation::Acquired(lease) => (lease, b"done".to_vec()),
+                other => panic!("{k}: {other:?}"),
+            })
+            .collect();
+        let completions = leases.iter().map(|(lease, result)| (lease, result.clone()));
+        for answer in store.complete_many(completions.collect()).unwrap() {
+            answer.unwrap();
         }
-        if i % 10 == 9 {
+        if items.len() == 10 {
             clock.advance(Duration::from_millis(100));
         }
     }

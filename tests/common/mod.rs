@@ -16,6 +16,25 @@ pub const LEASE: Duration = Duration::from_secs(1);
 /// Retention used by the tests.
 pub const RETENTION: Duration = Duration::from_secs(5);
 
+/// Whether `IDEMSTORE_LONG=1` asks for the long modes (RELIABILITY.md, "Long modes").
+pub fn long_mode() -> bool {
+    std::env::var_os("IDEMSTORE_LONG").is_some_and(|v| v != "0")
+}
+
+/// The count of a long loop (power cuts, kill rounds, crash-model cases, damaged copies) for
+/// this run: `smoke` under `cargo test`, which builds the tests in debug; `full` in a release
+/// build (CI's `release` step runs those suites there); `long` with `IDEMSTORE_LONG=1`, in
+/// either build. So `cargo test` stays short and nothing is dropped from CI.
+pub fn by_mode<T>(smoke: T, full: T, long: T) -> T {
+    if long_mode() {
+        long
+    } else if cfg!(debug_assertions) {
+        smoke
+    } else {
+        full
+    }
+}
+
 /// The prefix of the store's records tables (one per expiry window, docs/format.md), for
 /// tests that inspect or damage the file with redb directly.
 pub const RECORDS_PREFIX: &str = "idemstore.records.";

@@ -234,6 +234,24 @@ mod tests {
             ("open", super::open),
             ("ops", super::ops),
         ];
+        // The folder is checked in (with its README), so a wrong path fails here instead of
+        // checking nothing; so does a folder named after no target.
+        let listed = fs::read_dir(&root)
+            .unwrap_or_else(|e| panic!("{}: {e}", root.display()))
+            .map(|entry| entry.expect("directory entry").file_name())
+            .collect::<Vec<_>>();
+        for name in &listed {
+            let name = name.to_string_lossy();
+            assert!(
+                name == "README.md" || targets.iter().any(|(target, _)| *target == name),
+                "fuzz/known-crashes/{name} is no target's folder (decode, open, ops)"
+            );
+        }
+        assert!(
+            listed.iter().any(|name| name == "README.md"),
+            "{} has no README.md: is it the right folder?",
+            root.display()
+        );
         for (target, run) in targets {
             let Ok(entries) = fs::read_dir(root.join(target)) else {
                 continue;

@@ -186,7 +186,16 @@ fn child() {
         "umask" => child_with_permissive_umask(),
         "connect" => match AdminClient::connect(&path) {
             Ok(_) => println!("ADMITTED"),
-            Err(e) => println!("REFUSED: {e}"),
+            Err(e) => {
+                // The whole chain: an error's message leaves its cause to `source()`.
+                let mut text = e.to_string();
+                let mut cause = std::error::Error::source(&e);
+                while let Some(inner) = cause {
+                    text.push_str(&format!(": {inner}"));
+                    cause = inner.source();
+                }
+                println!("REFUSED: {text}");
+            }
         },
         other => panic!("unknown child spec {other}"),
     }

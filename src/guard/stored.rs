@@ -189,7 +189,8 @@ mod tests {
             ("set-cookie", b"a=1"),
             ("set-cookie", b"b=2"),
         ];
-        let bytes = encode(201, headers, b"\0body\xff");
+        let body = b"\0body\xff";
+        let bytes = encode(201, headers, body);
         let stored = StoredResponse::decode(&bytes).expect("decodes");
         assert_eq!(stored.status, 201);
         let owned: Vec<(String, Vec<u8>)> = headers
@@ -199,7 +200,7 @@ mod tests {
         assert_eq!(stored.headers, owned);
         assert_eq!(&stored.body[..], b"\0body\xff");
         assert_eq!(stored.encode(), bytes);
-        assert_eq!(encoded_len(headers, 7), bytes.len() as u64);
+        assert_eq!(encoded_len(headers, body.len() as u64), bytes.len() as u64);
         assert_eq!(status(&bytes), Some(201));
         for len in 0..bytes.len() - 6 {
             // Cut inside the header block: refused, never a partial response.

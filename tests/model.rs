@@ -27,6 +27,7 @@
 //! any other count (RELIABILITY.md, "The state-machine test").
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use idemstore::whitebox::Background;
@@ -738,6 +739,11 @@ fn run(ops: &[Op]) {
     }
 }
 
+/// What the passing cases covered (steps, applier commits, other background steps, clock
+/// steps back, process crashes, power losses, clean reopens), printed after the last case.
+static COVERED: [AtomicU64; 7] = [const { AtomicU64::new(0) }; 7];
+static CASES_RUN: AtomicU64 = AtomicU64::new(0);
+
 fn cases() -> u32 {
     std::env::var("PROPTEST_CASES")
         .ok()
@@ -755,6 +761,28 @@ proptest! {
     #[test]
     fn store_matches_the_reference_model(ops in prop::collection::vec(op(), 1..=60)) {
         run(&ops);
+        for op in &ops {
+            let what = match op {
+                Op::Background(Background::ApplierCommit) => Some(1),
+                Op::Background(_) => Some(2),
+                Op::StepBack { .. } => Some(3),
+                Op::Crash { power: false, .. } => Some(4),
+                Op::Crash { power: true, .. } => Some(5),
+                Op::Reopen => Some(6),
+                _ => None,
+            };
+            COVERED[0].fetch_add(1, Ordering::Relaxed);
+            if let Some(what) = what {
+                COVERED[what].fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        if CASES_RUN.fetch_add(1, Ordering::Relaxed) + 1 == u64::from(cases()) {
+            let n = |i: usize| COVERED[i].load(Ordering::Relaxed);
+            eprintln!(
+                "state-machine test: {} cases, {} steps, {} applier commits and {} other background steps between operations, {} clock steps back, {} process crashes, {} power losses, {} clean reopens",
+                cases(), n(0), n(1), n(2), n(3), n(4), n(5), n(6)
+            );
+        }
     }
 }
 

@@ -35,6 +35,7 @@ mod http_kill;
 mod http_knobs;
 mod kill;
 mod log_identity;
+mod log_size;
 mod lost_log;
 mod model;
 mod model_backends;

@@ -37,6 +37,7 @@ mod http_knobs;
 mod kill;
 mod linearizable;
 mod log_identity;
+mod log_size;
 mod lost_log;
 mod model;
 mod model_backends;

@@ -21,10 +21,15 @@
 //! ([`Store::guard_read`](crate::Store)), so such a page gives an error naming the file,
 //! never a panic.
 
-use redb::{ReadableDatabase, TableError, WriteTransaction};
+use std::path::Path;
+
+use redb::{Database, ReadableDatabase, TableError, WriteTransaction};
 
 use crate::error::{Error, OpenError};
-use crate::tree::tables::{META, META_CLOSED_CLEAN};
+use crate::log::identity::{self, Identity, LOG_HEADER_LEN};
+use crate::log::lost_log::META_LOG_LEN;
+use crate::log::wal::OsFile;
+use crate::tree::tables::{META, META_CLOSED_CLEAN, META_LOG_START};
 
 /// Whether the file carries the clean-close mark (read without writing). Read by opens only.
 pub(crate) fn recorded(db: &impl ReadableDatabase) -> Result<bool, OpenError> {
@@ -59,4 +64,56 @@ pub(crate) fn mark(txn: &WriteTransaction) -> Result<(), Error> {
     meta.insert(META_CLOSED_CLEAN, 1)
         .map_err(|e| Error::storage(ctx, e))?;
     Ok(())
+}
+
+/// Cuts the log of the cleanly closed store in `db` (identity `store_id`) at `log_path` to its
+/// identity block, and moves the place of the next frame back to right after it, so that an
+/// archived store does not carry a log as long as its checkpoint region. A cleanly closed
+/// store's log holds nothing the store needs: its last checkpoint holds every frame, and the
+/// frames left are under older salts (see [`crate::log::wal`]).
+///
+/// The new place is durable before the log is cut, so a crash in between leaves old frames
+/// that no salt recorded matches. A log is left alone when the store was not closed cleanly
+/// (its next open replays it), or when it is missing or not the store's own. Returns the
+/// log's length after, `None` when it was left alone.
+pub(crate) fn shrink_log(
+    db: &Database,
+    store_id: u64,
+    log_path: &Path,
+) -> Result<Option<u64>, OpenError> {
+    if !recorded(db)? {
+        return Ok(None);
+    }
+    let io = |what: &str, e| OpenError::io(format!("{what} log {}", log_path.display()), e);
+    let file = match std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(log_path)
+    {
+        Ok(file) => OsFile(file),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io("opening", e)),
+    };
+    if identity::read(&file, store_id).map_err(|e| io("reading the identity of", e))?
+        != Identity::Ours
+    {
+        return Ok(None);
+    }
+    let ctx = "moving the log's first frame back to its start";
+    let txn = db.begin_write().map_err(|e| OpenError::storage(ctx, e))?;
+    {
+        let mut meta = txn
+            .open_table(META)
+            .map_err(|e| OpenError::storage(ctx, e))?;
+        for key in [META_LOG_START, META_LOG_LEN] {
+            meta.insert(key, LOG_HEADER_LEN)
+                .map_err(|e| OpenError::storage(ctx, e))?;
+        }
+    }
+    txn.commit().map_err(|e| OpenError::storage(ctx, e))?;
+    file.0
+        .set_len(LOG_HEADER_LEN)
+        .and_then(|()| file.0.sync_all())
+        .map_err(|e| io("shortening", e))?;
+    Ok(Some(LOG_HEADER_LEN))
 }

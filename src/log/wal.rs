@@ -101,6 +101,42 @@ pub struct Wal {
     pub(super) buf: Vec<u8>,
     /// Where the frame in `buf` goes.
     pub(super) pending_at: u64,
+    /// How far the file is zero-filled ahead of the frames, and how far it may be
+    /// ([`preallocate`](Wal::preallocate)); `None`: the file grows with each frame.
+    pub(super) prealloc: Option<Prealloc>,
+}
+
+/// The log's zero-filled length and the length it grows to at most, ahead of the frames.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Prealloc {
+    filled: u64,
+    cap: u64,
+}
+
+/// The first zero-filled length of a preallocated log (a store that logs little keeps a log
+/// this small).
+pub(crate) const PREALLOC_FIRST: u64 = 256 << 10;
+/// The most a preallocated log grows by at once: it doubles until then.
+pub(crate) const PREALLOC_STEP_MAX: u64 = 4 << 20;
+
+/// The length a preallocated log of `filled` bytes grows to so that a frame ending at `end`
+/// lies in zero-filled bytes: doubled (by at most [`PREALLOC_STEP_MAX`]), never past `cap`.
+fn prealloc_target(filled: u64, end: u64, cap: u64) -> u64 {
+    let step = filled.clamp(PREALLOC_FIRST, PREALLOC_STEP_MAX);
+    filled.saturating_add(step).max(end).min(cap)
+}
+
+/// Writes zeros into `file` from `from` up to `to`, a megabyte at a time.
+pub(crate) fn zero_fill(file: &dyn LogFile, from: u64, to: u64) -> io::Result<()> {
+    const CHUNK: u64 = 1 << 20;
+    let zeros = vec![0u8; CHUNK.min(to.saturating_sub(from)) as usize];
+    let mut at = from;
+    while at < to {
+        let n = CHUNK.min(to - at) as usize;
+        file.write_all_at(&zeros[..n], at)?;
+        at += n as u64;
+    }
+    Ok(())
 }
 
 /// The log file that belongs to the store at `store_path`.
@@ -136,6 +172,7 @@ impl Wal {
             max_payload: u32::MAX as usize,
             buf: Vec::new(),
             pending_at: start,
+            prealloc: None,
         }
     }
 
@@ -210,6 +247,7 @@ impl Wal {
         let at = self.pending_at;
         let seq = self.next_seq;
         debug_assert!(self.fits(), "a frame never reaches a region still needed");
+        self.grow(at + self.buf.len() as u64)?;
         self.file.write_all_at(&self.buf, at).map_err(|e| {
             Error::io(
                 format!("writing log {} at offset {at}", self.path.display()),
@@ -220,6 +258,45 @@ impl Wal {
         self.end = at + self.buf.len() as u64;
         self.next_seq += 1;
         Ok(seq)
+    }
+
+    /// Keeps the file zero-filled ahead of the frames, growing it up to `cap` bytes as they
+    /// reach its end (from its length now: a log zero-filled to [`PREALLOC_FIRST`] when it was
+    /// created, or longer from an earlier run). A frame then overwrites allocated blocks, so its
+    /// sync flushes data only, not the file's size, except at the few syncs that follow a
+    /// growth: the log doubles (by at most [`PREALLOC_STEP_MAX`]) each time.
+    pub(crate) fn preallocate(&mut self, cap: u64) -> Result<(), Error> {
+        let filled = self.file.len().map_err(|e| {
+            Error::io(
+                format!("reading the length of log {}", self.path.display()),
+                e,
+            )
+        })?;
+        self.prealloc = Some(Prealloc { filled, cap });
+        Ok(())
+    }
+
+    /// Zero-fills the file past `end` when a preallocated log's frames reach its end.
+    fn grow(&mut self, end: u64) -> Result<(), Error> {
+        let Some(prealloc) = &mut self.prealloc else {
+            return Ok(());
+        };
+        if end <= prealloc.filled || prealloc.filled >= prealloc.cap {
+            return Ok(());
+        }
+        let target = prealloc_target(prealloc.filled, end, prealloc.cap);
+        zero_fill(&*self.file, prealloc.filled, target).map_err(|e| {
+            Error::io(
+                format!(
+                    "preallocating log {} from {} to {target} bytes",
+                    self.path.display(),
+                    prealloc.filled
+                ),
+                e,
+            )
+        })?;
+        prealloc.filled = target;
+        Ok(())
     }
 
     /// Sets the largest frame payload (tests scale it down).

@@ -352,15 +352,17 @@ impl Builder {
         self
     }
 
-    /// Zero-fill the log to [`checkpoint_bytes`](Builder::checkpoint_bytes) + 1 MiB when the
-    /// store opens (once; a store's log keeps its size). The log is overwritten in place after
-    /// every checkpoint anyway; preallocating makes the very first cycle in place too, so each
-    /// sync flushes data only, not file metadata, which made syncs faster when measured
-    /// (BENCHMARKS.md, "Preallocating the log and verifying on open").
+    /// Zero-fill the log ahead of its frames: 256 KiB when it is created, then doubled (by at
+    /// most 4 MiB at a time) each time its frames reach its end, up to
+    /// [`checkpoint_bytes`](Builder::checkpoint_bytes) + 1 MiB, where it stays (the log is
+    /// overwritten in place after every checkpoint). A frame then overwrites allocated blocks,
+    /// so its sync flushes data only, not file metadata, which made syncs faster when measured
+    /// (BENCHMARKS.md, "Preallocating the log and verifying on open"); only the sync after each
+    /// growth also flushes the file's new size.
     ///
-    /// Cost: disk space of `checkpoint_bytes` + 1 MiB for the log from creation on (33 MiB
-    /// with the default), and one write of that size when the store is created. A test suite
-    /// that creates many short-lived stores may turn it off.
+    /// Cost: the zero-filled part of the log on disk (at most `checkpoint_bytes` + 1 MiB, 33
+    /// MiB with the default; a store that logs little keeps a small log), written once. A test
+    /// suite that creates many short-lived stores may turn it off.
     /// Default = `true`.
     pub fn preallocate_log(&mut self, preallocate: bool) -> &mut Self {
         self.preallocate_log = preallocate;

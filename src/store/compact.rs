@@ -20,8 +20,10 @@ use crate::store::open::file::{check_format, open_redb};
 /// is meant for a store that will be read, copied or archived rather than written: it costs
 /// about 5 s per million keys.
 ///
-/// What the store holds is not changed: records, indexes, the clean-close mark and the log
-/// (a store that was not closed cleanly replays its log at its next open, as before). A crash
+/// What the store holds is not changed: records, indexes and the clean-close mark. The log of
+/// a cleanly closed store holds nothing the store needs, and is cut to its 32-byte identity
+/// block; the log of a store that was not closed cleanly is left as it is (its next open
+/// replays it, as before). A crash
 /// during compaction leaves a file that redb repairs at the next open. The store must not be
 /// open (it is refused with [`OpenError::AlreadyOpen`]).
 ///
@@ -55,6 +57,8 @@ pub fn compact(path: impl AsRef<Path>) -> Result<(u64, u64), OpenError> {
         .compact()
         .map_err(|e| OpenError::storage("compacting the store file", e))?
     {}
+    let store_id = crate::store::open::store_id(&db)?;
+    crate::log::clean_close::shrink_log(&db, store_id, &crate::log::wal::log_path(path))?;
     drop(db);
     Ok((before, size()?))
 }

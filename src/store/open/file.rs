@@ -22,7 +22,7 @@ use redb::backends::FileBackend;
 use redb::{Database, DatabaseError, ReadableDatabase, StorageError, TableError};
 
 use crate::error::OpenError;
-use crate::log::wal::OsFile;
+use crate::log::wal::{LogFile, OsFile};
 use crate::tree::pages::PageFile;
 use crate::tree::tables::{Tables, FORMAT_VERSION, META, META_FORMAT};
 use crate::tree::windows::Windows;
@@ -321,8 +321,9 @@ fn link_into_place(temp: &Path, path: &Path) -> Result<(), OpenError> {
 }
 
 /// Opens the log file, creating it with permission bits `mode` if needed, and makes its
-/// directory entry durable. With `preallocate`, zero-fills it to `size` bytes first, so that
-/// appends overwrite allocated blocks and a sync flushes data only.
+/// directory entry durable. With `preallocate`, zero-fills it to that many bytes first (unless
+/// it is that long already), so that appends overwrite allocated blocks and a sync flushes data
+/// only; the log then grows ahead of its frames as it is used (`Wal::preallocate`).
 ///
 /// The directory is synced on every open, not only when the file is created here: a process
 /// that created the log may have died before its directory sync, and the file it left can
@@ -346,11 +347,12 @@ pub(crate) fn open_log(
         _ => Path::new("."),
     };
     sync_dir(dir)?;
+    let file = OsFile(file);
     if let Some(size) = preallocate {
-        zero_fill(&file, size)
+        zero_fill_to(&file, size)
             .map_err(|e| OpenError::io(format!("preallocating log {}", path.display()), e))?;
     }
-    Ok(OsFile(file))
+    Ok(file)
 }
 
 /// Renames another store's log at `path` out of the way (it is never deleted), with a name
@@ -381,20 +383,15 @@ pub(crate) fn set_aside(path: &Path, other: u64) -> Result<PathBuf, OpenError> {
     Ok(aside)
 }
 
-fn zero_fill(file: &File, size: u64) -> io::Result<()> {
-    use std::os::unix::fs::FileExt;
-    const CHUNK: usize = 1 << 20;
-    let mut len = file.metadata()?.len();
+/// Zero-fills the log to `size` bytes unless it is that long already, and makes its length
+/// durable.
+fn zero_fill_to(file: &OsFile, size: u64) -> io::Result<()> {
+    let len = file.len()?;
     if len >= size {
         return Ok(());
     }
-    let zeros = vec![0u8; CHUNK];
-    while len < size {
-        let n = CHUNK.min((size - len) as usize);
-        file.write_all_at(&zeros[..n], len)?;
-        len += n as u64;
-    }
-    file.sync_all()
+    crate::log::wal::zero_fill(file, len, size)?;
+    file.0.sync_all()
 }
 
 /// Every directory synced, for tests that check a directory entry was made durable (feature

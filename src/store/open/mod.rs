@@ -12,7 +12,7 @@ use crate::decide::policy::Policies;
 use crate::error::OpenError;
 use crate::log::identity::{self, Identity};
 use crate::log::recovery;
-use crate::log::wal::{log_path, LogFile};
+use crate::log::wal::{log_path, LogFile, PREALLOC_FIRST};
 use crate::record::TokenFloor;
 use crate::state::overlay::Overlay;
 use crate::state::overlay::RecordCache;
@@ -74,8 +74,16 @@ fn guard_open(
 }
 
 /// The store's random identity, from its meta table (the tables speak `Error`).
-fn store_id(db: &Database) -> Result<u64, OpenError> {
+pub(in crate::store) fn store_id(db: &Database) -> Result<u64, OpenError> {
     stored_id(db).map_err(OpenError::from_shared)
+}
+
+/// How long a log may grow zero-filled ahead of its frames (`Builder::preallocate_log`): the
+/// checkpoint region and 1 MiB; `None` when it is not preallocated.
+fn log_preallocation(builder: &Builder) -> Option<u64> {
+    builder
+        .preallocate_log
+        .then_some(builder.checkpoint_bytes.saturating_add(1 << 20))
 }
 
 /// Whose log `log` is; refuses one whose identity block is damaged (it may be the store's own,
@@ -156,9 +164,7 @@ impl Store {
             }
             _ => {}
         }
-        let preallocate = builder
-            .preallocate_log
-            .then_some(builder.checkpoint_bytes + (1 << 20));
+        let preallocate = log_preallocation(builder).map(|cap| PREALLOC_FIRST.min(cap));
         let mut log = file::open_log(&log_path, builder.file_mode, preallocate)?;
         if let Identity::Other(other) = log_identity(&log, store_id, path, &log_path)? {
             if !closed_clean && !builder.accept_log_loss {
@@ -196,6 +202,8 @@ impl Store {
         // Storage without files has no directory to serve an admin socket in.
         let mut builder = builder.clone();
         builder.admin_socket(crate::AdminSocket::Off);
+        // Nor is it preallocated: the storage decides how its log grows.
+        builder.preallocate_log = false;
         let builder = &builder;
         guard_open(
             &path.clone(),
@@ -272,6 +280,9 @@ impl Store {
         let (mut wal, next_token) = recovery::recover(&db, &windows, log, log_path, strict)
             .map_err(OpenError::from_shared)?;
         wal.set_max_payload(builder.limits.frame_bytes);
+        if let Some(cap) = log_preallocation(builder) {
+            wal.preallocate(cap).map_err(OpenError::from_shared)?;
+        }
         // Leases end with their process: every token below the first one this owner hands
         // out was handed out by an earlier owner of the file (`Builder::leases_survive_restart`).
         let floor = if builder.leases_survive_restart {

@@ -542,7 +542,9 @@ impl Applier {
             let (windows, held) = tables.drop_ended_windows(now)?;
             self.engine.counters.add(Counter::WindowsDeleted, windows);
             self.engine.counters.add(Counter::Swept, held);
-            super::sweep::forget_ended_windows(&self.engine, now);
+            if windows > 0 {
+                super::sweep::forget_ended_windows(&self.engine, now);
+            }
         }
         Ok(())
     }

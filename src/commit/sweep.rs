@@ -43,7 +43,9 @@ impl Writer {
             let (windows, held) = Tables::open(txn, &engine.windows)?.drop_ended_windows(now)?;
             engine.counters.add(Counter::WindowsDeleted, windows);
             engine.counters.add(Counter::Swept, held);
-            forget_ended_windows(&engine, now);
+            if windows > 0 {
+                forget_ended_windows(&engine, now);
+            }
             Ok(Ok(held))
         })
     }

@@ -415,7 +415,7 @@ mod on_postgres {
         }
 
         async fn background(&mut self, store: &PgStore, step: u8) -> &'static str {
-            if step % 8 == 0 {
+            if step.is_multiple_of(8) {
                 // Between two operations: no operation is in flight, so none is ambiguous.
                 self.server.kill();
                 self.server.restart();
@@ -470,7 +470,7 @@ mod on_etcd {
         }
 
         async fn background(&mut self, store: &EtcdStore, step: u8) -> &'static str {
-            if step % 8 == 0 {
+            if step.is_multiple_of(8) {
                 let member = usize::from(step / 8) % 3;
                 // On a thread of its own: the cluster's helpers run a runtime of their own.
                 let cluster = &mut self.cluster;

@@ -142,7 +142,7 @@ async fn run<B: Backend>(backend: &mut B, case: u32, ops: &[Op]) {
     let mut model = Keys::new(crate::model::START_MS, LEASE_MS, retention_of);
     let mut leases: Vec<(usize, Lease)> = Vec::new();
     for (step, op) in ops.iter().enumerate() {
-        let context = format!("case {case} step {step} {op:?}");
+        let mut context = format!("case {case} step {step} {op:?}");
         let pick = |pick: &u16| {
             (!leases.is_empty()).then(|| {
                 let i = usize::from(*pick) % leases.len();
@@ -318,7 +318,7 @@ async fn run<B: Backend>(backend: &mut B, case: u32, ops: &[Op]) {
             }
             Op::Background { step } => {
                 let name = backend.background(&store, *step).await;
-                let _ = name;
+                context.push_str(&format!(" ({name})"));
             }
         }
         for k in 0..KEYS {

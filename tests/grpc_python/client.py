@@ -257,7 +257,7 @@ def main():
         clean_metadata(r)
 
     def answer_over_the_stored_limit_is_never_run_again():
-        big = "b" * 300
+        big = "b" * 700
         response, _ = ok(stub.CreateOrder, order("c-big", big), metadata=[AUTH])
         check(response.item == big, "the first answer is sent whole")
         e = error(stub.CreateOrder, order("c-big", big), metadata=[AUTH])

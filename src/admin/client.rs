@@ -11,7 +11,7 @@ use super::socket_path;
 use crate::answers::LiveLease;
 use crate::clock::{from_millis, to_millis};
 use crate::decide::Resolution;
-use crate::error::Error;
+use crate::error::{Error, StorageError};
 use crate::key::Key;
 use crate::record::RecordClass;
 use crate::record::{Record, TokenFloor};
@@ -179,13 +179,14 @@ impl AdminClient {
 
     fn stream(&self) -> Result<UnixStream, Error> {
         UnixStream::connect(&self.socket).map_err(|e| {
-            Error::io(
+            StorageError::io(
                 format!(
                     "connecting to the admin socket {} (is a service holding the store with Builder::admin_socket?)",
                     self.socket.display()
                 ),
                 e,
             )
+            .into()
         })
     }
 
@@ -206,11 +207,12 @@ impl AdminClient {
 
     fn ask_raw(&self, request: &Request) -> Result<Answer, Asked> {
         let mut stream = self.stream()?;
-        let io_error = |e: io::Error| {
-            Error::io(
+        let io_error = |e: io::Error| -> Error {
+            StorageError::io(
                 format!("talking to the admin socket {}", self.socket.display()),
                 e,
             )
+            .into()
         };
         stream
             .set_read_timeout(Some(ANSWER_TIMEOUT))
@@ -226,10 +228,11 @@ impl AdminClient {
     }
 
     fn bad_answer(&self, reason: String) -> Error {
-        Error::Corruption {
+        StorageError::Corruption {
             location: format!("an answer of the admin socket {}", self.socket.display()),
             reason,
         }
+        .into()
     }
 
     fn unexpected(&self, answer: &Answer) -> Error {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::clock::{duration_millis, Clock, SystemClock};
-use crate::error::{Error, OpenError};
+use crate::error::OpenError;
 use crate::key::Key;
 use crate::log::wal::LogFile;
 pub use crate::state::settings::Durability;
@@ -579,7 +579,7 @@ impl Builder {
     }
 
     fn validate(&self) -> Result<(), OpenError> {
-        self.validate_retentions().map_err(OpenError::from_shared)?;
+        self.validate_retentions()?;
         let check = |ok: bool, setting: &'static str, reason: &str| {
             if ok {
                 Ok(())
@@ -633,13 +633,13 @@ impl Builder {
     }
 
     /// Checks the per-operation retentions.
-    fn validate_retentions(&self) -> Result<(), Error> {
+    fn validate_retentions(&self) -> Result<(), OpenError> {
         validate_retentions(&self.retention_by_operation)
     }
 }
 
 /// Checks a list of per-operation retentions (of this builder or the etcd store's).
-pub(crate) fn validate_retentions(by_operation: &[(Vec<u8>, Duration)]) -> Result<(), Error> {
+pub(crate) fn validate_retentions(by_operation: &[(Vec<u8>, Duration)]) -> Result<(), OpenError> {
     for (operation, retention) in by_operation {
         let name = String::from_utf8_lossy(operation);
         let reason = if operation.is_empty() || operation.len() > Key::MAX_PART_LEN {
@@ -653,7 +653,7 @@ pub(crate) fn validate_retentions(by_operation: &[(Vec<u8>, Duration)]) -> Resul
         } else {
             continue;
         };
-        return Err(Error::InvalidConfig {
+        return Err(OpenError::InvalidConfig {
             setting: "retention_for",
             reason,
         });

@@ -28,7 +28,7 @@ use std::sync::Arc;
 use redb::ReadableDatabase;
 
 use crate::commit::{sweep, Committer, Writer};
-use crate::error::Error;
+use crate::error::{Error, StorageError};
 use crate::key::Key;
 use crate::record::{Millis, Record, TokenFloor};
 use crate::state::Engine;
@@ -273,7 +273,8 @@ impl Store {
         self.engine
             .db
             .begin_read()
-            .map_err(|e| Error::storage("starting a read transaction", e))
+            .map_err(|e| StorageError::redb("starting a read transaction", e))
+            .map_err(Into::into)
     }
 
     /// The record stored for `key`, or `None` when it is absent or expired.
@@ -345,10 +346,11 @@ impl Store {
         read: impl FnOnce() -> Result<T, Error>,
     ) -> Result<T, Error> {
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(read)).unwrap_or_else(|_| {
-            Err(Error::Corruption {
+            Err(StorageError::Corruption {
                 location: format!("store {}", self.path.display()),
                 reason: format!("redb panicked {doing}: a page of the file is damaged"),
-            })
+            }
+            .into())
         })
     }
 
@@ -369,11 +371,11 @@ impl Store {
                 .engine
                 .db
                 .begin_read()
-                .map_err(|e| Error::storage(ctx, e))?;
+                .map_err(|e| StorageError::redb(ctx, e))?;
             let records = crate::tree::windows::Records::open(&txn, &self.engine.windows)?;
             let deadlines = txn
                 .open_table(DEADLINES)
-                .map_err(|e| Error::storage(ctx, e))?;
+                .map_err(|e| StorageError::redb(ctx, e))?;
             sweep::stale(&records, &deadlines, self.now(), self.token_floor(), limit)
         })
     }
@@ -386,6 +388,7 @@ impl Store {
         self.engine
             .db
             .begin_read()
-            .map_err(|e| Error::storage("inspecting the store", e))
+            .map_err(|e| StorageError::redb("inspecting the store", e))
+            .map_err(Into::into)
     }
 }

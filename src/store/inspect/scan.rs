@@ -1,6 +1,7 @@
 //! Counts, listings and file facts.
 
 use super::*;
+use crate::error::StorageError;
 
 impl Store {
     /// The [`RecordClass`] of `record` now, by the store's clock.
@@ -223,7 +224,7 @@ impl Store {
         let size = |path: &std::path::Path| {
             std::fs::metadata(path)
                 .map(|m| m.len())
-                .map_err(|e| Error::io(format!("reading the size of {}", path.display()), e))
+                .map_err(|e| StorageError::io(format!("reading the size of {}", path.display()), e))
         };
         let log_path = log_path(self.path());
         let since = self.log_since_checkpoint()?;

@@ -5,22 +5,7 @@
 //! Each message says what failed and names the file, key or limit; the error that caused it
 //! (an operating-system error, redb's, a cluster client's) is not repeated in the message but
 //! returned by [`source()`](std::error::Error::source), so a reporter that walks the chain
-//! (anyhow's `{:#}`, eyre, `idemstore` on the command line) prints each cause once:
-//!
-//! ```
-//! use std::error::Error as _;
-//!
-//! # let dir = tempfile::tempdir()?;
-//! let Err(error) = idemstore::Store::open(dir.path()) else { unreachable!("a directory") };
-//! let mut line = error.to_string();
-//! let mut cause = error.source();
-//! while let Some(next) = cause {
-//!     line = format!("{line}: {next}");
-//!     cause = next.source();
-//! }
-//! println!("{line}");
-//! # Ok::<(), Box<dyn std::error::Error>>(())
-//! ```
+//! (anyhow's `{:#}`, eyre, `idemstore` on the command line) prints each cause once.
 //!
 //! As in redb, one core, [`StorageError`] (I/O naming the file, redb's own error, corruption
 //! naming where, a poisoned store), is wrapped once by each narrower type: [`OpenError`], the
@@ -31,42 +16,8 @@
 use std::fmt;
 use std::path::PathBuf;
 
+pub(crate) use crate::answers::LeaseLostReason;
 use crate::key::{Key, KeyError};
-
-/// What a lease holder found in place of its own pending reservation.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum LeaseLostReason {
-    /// Another caller took the stale reservation over with a newer token.
-    TakenOver {
-        /// The token that now holds the key.
-        by_token: u64,
-    },
-    /// The key is already completed (by this lease or another).
-    Completed {
-        /// The token of the lease that completed it.
-        by_token: u64,
-    },
-    /// The key is parked for review.
-    NeedsReview,
-    /// The key is no longer stored: released, or expired and swept.
-    Gone,
-}
-
-impl fmt::Display for LeaseLostReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            LeaseLostReason::TakenOver { by_token } => {
-                write!(f, "the reservation was taken over by token {by_token}")
-            }
-            LeaseLostReason::Completed { by_token } => {
-                write!(f, "the key was already completed by token {by_token}")
-            }
-            LeaseLostReason::NeedsReview => f.write_str("the key is marked for review"),
-            LeaseLostReason::Gone => f.write_str("the key is no longer reserved"),
-        }
-    }
-}
 
 /// The core every other error type wraps: the storage under a store failed, or holds bytes
 /// that are not what the store writes. redb's `StorageError` plays the same part.
@@ -98,15 +49,10 @@ pub enum StorageError {
         /// What is wrong.
         reason: String,
     },
-    /// An earlier write or sync failed, so the store refuses all further work. Reopen the
-    /// store to recover to the last durable state.
-    ///
-    /// Every call the failure fails gets this error, the calls whose write failed included.
-    /// On a full disk ([`io_kind`](StorageError::io_kind) is
-    /// [`std::io::ErrorKind::StorageFull`]) the cause names the store file and the free space
-    /// reopening needs ("free at least N bytes"): an upper estimate, the rule `idemstore
-    /// check` uses for the next checkpoint. An open that fails on a full disk is an
-    /// [`Io`](StorageError::Io) error of that kind, naming the store and the room the same way.
+    /// An earlier write or sync failed (the calls it failed get this error too), so the store
+    /// refuses all further work: reopen it to recover to the last durable state. On a full
+    /// disk ([`io_kind`](StorageError::io_kind) is [`std::io::ErrorKind::StorageFull`]) the
+    /// cause names the store file and the free space reopening needs (an upper estimate).
     Poisoned {
         /// The first failure.
         cause: String,

@@ -117,10 +117,10 @@ mod tree;
 pub mod whitebox;
 
 pub use admin::{AdminClient, AdminSocket};
-pub use answers::{Completed, Lease, LiveLease, Reservation, Seen};
+pub use answers::{Completed, Lease, LeaseLostReason, LiveLease, Reservation, Seen};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decide::Resolution;
-pub use error::{Error, LeaseLostReason, OpenError, Result, StorageError};
+pub use error::{Error, OpenError, Result, StorageError};
 #[cfg(feature = "etcd")]
 pub use etcd::{EtcdBuilder, EtcdSnapshot, EtcdStore, EtcdSweeper};
 pub use fingerprint::Fingerprint;

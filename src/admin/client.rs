@@ -26,7 +26,7 @@ const ANSWER_TIMEOUT: Duration = Duration::from_secs(120);
 /// from another process. Each call is one connection.
 ///
 /// # Errors
-/// Every call returns [`Error::Io`] naming the socket when it cannot be reached (no service
+/// Every call returns [`StorageError::Io`](crate::StorageError::Io) naming the socket when it cannot be reached (no service
 /// holds the store, or it runs without the setting), and [`Error::Admin`] with the store's own
 /// message when the store refused the request.
 #[derive(Debug, Clone)]
@@ -40,7 +40,7 @@ impl AdminClient {
     /// A client of the store at `store_path`, checking that its socket answers.
     ///
     /// # Errors
-    /// [`Error::Io`] naming the socket when nothing listens on it.
+    /// [`StorageError::Io`](crate::StorageError::Io) naming the socket when nothing listens on it.
     pub fn connect(store_path: impl AsRef<Path>) -> Result<AdminClient, Error> {
         let mut client = AdminClient {
             socket: socket_path(store_path.as_ref()),

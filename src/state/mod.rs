@@ -8,7 +8,7 @@
 //!
 //! ## The latched first write failure
 //!
-//! Once a write or sync fails, every call fails with [`Error::Poisoned`] until the store is
+//! Once a write or sync fails, every call fails with [`StorageError::Poisoned`](crate::StorageError::Poisoned) until the store is
 //! reopened.
 //!
 //! ## Counters
@@ -90,7 +90,7 @@ impl Engine {
     /// as the last commit of it left it.
     ///
     /// The inner `Err` is a damaged record (an error for this key alone); the outer one is a
-    /// storage error, or [`Error::Poisoned`] when a failed write may have dropped a newer
+    /// storage error, or [`StorageError::Poisoned`](crate::StorageError::Poisoned) when a failed write may have dropped a newer
     /// state from memory since the caller last checked.
     pub(crate) fn newest(&self, key: &Key) -> Result<Result<Option<Record>, Error>, Error> {
         if let Some(state) = self.overlay.get(key) {

@@ -37,11 +37,11 @@ use crate::store::open::file::{check_format, open_redb};
 /// ```
 ///
 /// # Errors
-/// An [`OpenError`], as opening the file can fail (each converts into the
-/// [`Error`](crate::Error) of the same name): [`OpenError::AlreadyOpen`] while a store has
-/// the file open, [`OpenError::NotAStore`] for a file that is not an idemstore store (a
-/// foreign redb database is left untouched), [`OpenError::Io`], [`OpenError::Corruption`]
-/// naming a damaged block, and [`OpenError::Storage`] when redb's compaction fails.
+/// An [`OpenError`], as opening the file can fail (it converts into
+/// [`Error::Open`](crate::Error::Open)): [`OpenError::AlreadyOpen`] while a store has the
+/// file open, [`OpenError::NotAStore`] for a file that is not an idemstore store (a foreign
+/// redb database is left untouched), and [`OpenError::Storage`] for I/O, a damaged block
+/// (naming it) or redb's compaction failing.
 pub fn compact(path: impl AsRef<Path>) -> Result<(u64, u64), OpenError> {
     let path = path.as_ref();
     let size = || {

@@ -280,7 +280,7 @@ impl Store {
     /// The record stored for `key`, or `None` when it is absent or expired.
     ///
     /// # Errors
-    /// [`Error::Corruption`] naming the key when its record is damaged.
+    /// [`StorageError::Corruption`](crate::StorageError::Corruption) naming the key when its record is damaged.
     pub fn get(&self, key: &Key) -> Result<Option<Record>, Error> {
         self.engine.poison.check()?;
         let now = self.now();
@@ -301,7 +301,7 @@ impl Store {
     /// of neighbouring keys are then read one after the other). Every key is
     /// still looked up in the overlay before the cache and in the cache before redb, the
     /// order [`read_one`](Store::read_one) keeps. Never an older state than acknowledged:
-    /// after the store is poisoned a record read from redb is [`Error::Poisoned`] instead.
+    /// after the store is poisoned a record read from redb is [`StorageError::Poisoned`](crate::StorageError::Poisoned) instead.
     pub(super) fn read_many<'k>(
         &self,
         keys: impl IntoIterator<Item = &'k Key>,
@@ -337,7 +337,7 @@ impl Store {
     }
 
     /// Runs `read`, which reads redb pages, turning a panic inside redb into
-    /// [`Error::Corruption`] naming the file. A store closed cleanly opens without verifying
+    /// [`StorageError::Corruption`](crate::StorageError::Corruption) naming the file. A store closed cleanly opens without verifying
     /// every page (`clean_close.rs`), so a page damaged since is first met by a read, and redb
     /// can panic on a damaged page it trusts.
     pub(crate) fn guard_read<T>(
@@ -360,7 +360,7 @@ impl Store {
     /// [`resolve`](Store::resolve).
     ///
     /// # Errors
-    /// [`Error::Corruption`] naming the key of a damaged record; storage errors.
+    /// [`StorageError::Corruption`](crate::StorageError::Corruption) naming the key of a damaged record; storage errors.
     pub fn stale(&self, limit: usize) -> Result<Vec<(Key, Record)>, Error> {
         // Commit what the committer holds in its open transaction, so the listing sees every
         // acknowledged operation.

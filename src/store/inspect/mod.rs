@@ -186,7 +186,7 @@ pub struct FileInfo {
 #[non_exhaustive]
 pub enum ProblemKind {
     /// A record fails its checksum or does not decode; reading its key reports
-    /// [`Error::Corruption`].
+    /// [`StorageError::Corruption`](crate::StorageError::Corruption).
     DamagedRecord,
     /// A stored key is not a valid `(scope, operation, id)` encoding.
     BadKey,

@@ -46,7 +46,7 @@ impl Store {
     /// ```
     ///
     /// # Errors
-    /// Storage errors, and [`Error::Poisoned`]. Damaged records are counted, not errors.
+    /// Storage errors, and [`StorageError::Poisoned`](crate::StorageError::Poisoned). Damaged records are counted, not errors.
     pub fn counts(&self) -> Result<StateCounts, Error> {
         self.guard_read("counting records", || self.counts_unguarded())
     }
@@ -105,7 +105,7 @@ impl Store {
     /// ```
     ///
     /// # Errors
-    /// Storage errors, and [`Error::Poisoned`].
+    /// Storage errors, and [`StorageError::Poisoned`](crate::StorageError::Poisoned).
     pub fn scan(&self, filter: &ScanFilter, limit: usize) -> Result<Vec<(Key, Record)>, Error> {
         self.guard_read("scanning records", || self.scan_unguarded(filter, limit))
     }
@@ -209,7 +209,7 @@ impl Store {
     /// ```
     ///
     /// # Errors
-    /// [`Error::Io`] when a file's size cannot be read; storage errors; [`Error::Poisoned`].
+    /// [`StorageError::Io`](crate::StorageError::Io) when a file's size cannot be read; storage errors; [`StorageError::Poisoned`](crate::StorageError::Poisoned).
     pub fn file_info(&self) -> Result<FileInfo, Error> {
         self.guard_read("reading the file's layout", || self.file_info_unguarded())
     }

@@ -154,7 +154,7 @@ fn open_existing(
         Err(
             e @ (OpenError::Storage(StorageError::Corruption { .. })
             | OpenError::AlreadyOpen { .. }),
-        ) => return Err(e.into()),
+        ) => return Err(e),
         Err(_) => (false, false),
     };
     let file = fs::OpenOptions::new()
@@ -435,8 +435,9 @@ fn sync_dir(dir: &Path) -> Result<(), OpenError> {
 ///
 /// # Errors
 /// [`OpenError::NotAStore`] for a file that is not a store file, [`OpenError::AlreadyOpen`],
-/// [`OpenError::Corruption`] naming the offset of a damaged block, [`OpenError::Io`]. Each
-/// converts into the [`Error`](crate::Error) of the same name.
+/// [`OpenError::Storage`] with [`StorageError::Corruption`](crate::StorageError::Corruption)
+/// naming the offset of a damaged block or [`StorageError::Io`](crate::StorageError::Io).
+/// Each converts into [`Error::Open`](crate::Error::Open).
 pub fn open_redb(path: impl AsRef<Path>) -> Result<Database, OpenError> {
     let path = path.as_ref();
     check_page_file(path)?;

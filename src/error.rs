@@ -83,14 +83,13 @@ impl StorageError {
     /// the offset.
     pub(crate) fn redb(context: &'static str, source: impl Into<redb::Error>) -> StorageError {
         let source = source.into();
-        match &source {
-            redb::Error::Io(e) => StorageError::damage(e, context),
-            _ => None,
+        if let redb::Error::Io(e) = &source {
+            if let Some(damage) = StorageError::damage(e, context) {
+                return damage;
+            }
         }
-        .unwrap_or(StorageError::Redb {
-            context,
-            source: Box::new(source),
-        })
+        let source = Box::new(source);
+        StorageError::Redb { context, source }
     }
 
     /// The damaged block of a store file behind `error`, met while `doing`: the page layer

@@ -308,8 +308,7 @@ impl Writer {
             Some((open, _)) => open
                 .commit()
                 .map(|()| true)
-                .map_err(|e| StorageError::redb("committing a write transaction", e))
-                .map_err(Into::into),
+                .map_err(|e| StorageError::redb("committing a write transaction", e).into()),
             None => Ok(false),
         });
         drop(txn);

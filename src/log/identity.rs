@@ -86,8 +86,7 @@ pub(crate) fn claim(
     let ctx = || format!("writing the identity of log {}", path.display());
     file.write_all_at(&block(store_id), 0)
         .and_then(|()| file.sync_data())
-        .map_err(|e| StorageError::io(ctx(), e))
-        .map_err(Into::into)
+        .map_err(|e| StorageError::io(ctx(), e).into())
 }
 
 #[cfg(test)]

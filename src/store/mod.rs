@@ -273,8 +273,7 @@ impl Store {
         self.engine
             .db
             .begin_read()
-            .map_err(|e| StorageError::redb("starting a read transaction", e))
-            .map_err(Into::into)
+            .map_err(|e| StorageError::redb("starting a read transaction", e).into())
     }
 
     /// The record stored for `key`, or `None` when it is absent or expired.
@@ -388,7 +387,6 @@ impl Store {
         self.engine
             .db
             .begin_read()
-            .map_err(|e| StorageError::redb("inspecting the store", e))
-            .map_err(Into::into)
+            .map_err(|e| StorageError::redb("inspecting the store", e).into())
     }
 }

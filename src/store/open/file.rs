@@ -275,8 +275,9 @@ fn build_empty_store(
     drop(db);
     File::open(temp)
         .and_then(|file| file.sync_all())
-        .map_err(|e| StorageError::io(format!("syncing new store file {}", temp.display()), e))
-        .map_err(Into::into)
+        .map_err(|e| {
+            StorageError::io(format!("syncing new store file {}", temp.display()), e).into()
+        })
 }
 
 /// Writes the store's tables and format marker into an empty database (its windows `width` ms
@@ -288,9 +289,7 @@ fn initialize(db: &Database, width: u64) -> Result<(), OpenError> {
         .and_then(|mut tables| tables.initialize(width))
         // Nothing was logged yet: a new store is closed cleanly (`log/lost_log.rs`).
         .and_then(|()| crate::log::clean_close::mark(&txn))?;
-    txn.commit()
-        .map_err(|e| StorageError::redb(ctx, e))
-        .map_err(Into::into)
+    txn.commit().map_err(|e| StorageError::redb(ctx, e).into())
 }
 
 /// Initializes a database that has no tables yet (one just created on a storage backend by
@@ -313,9 +312,9 @@ fn link_into_place(temp: &Path, path: &Path) -> Result<(), OpenError> {
         // Another process created the store first: use theirs.
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
         // File systems without hard links: a rename, checked first (a narrow race remains).
-        Err(_) if !path.exists() => fs::rename(temp, path)
-            .map_err(|e| StorageError::io(format!("moving the new store to {}", path.display()), e))
-            .map_err(Into::into),
+        Err(_) if !path.exists() => fs::rename(temp, path).map_err(|e| {
+            StorageError::io(format!("moving the new store to {}", path.display()), e).into()
+        }),
         Err(e) => {
             Err(StorageError::io(format!("linking the new store to {}", path.display()), e).into())
         }
@@ -407,8 +406,7 @@ fn sync_dir(dir: &Path) -> Result<(), OpenError> {
     SYNCED_DIRS.lock().push(dir.to_path_buf());
     File::open(dir)
         .and_then(|d| d.sync_all())
-        .map_err(|e| StorageError::io(format!("syncing directory {}", dir.display()), e))
-        .map_err(Into::into)
+        .map_err(|e| StorageError::io(format!("syncing directory {}", dir.display()), e).into())
 }
 
 /// Opens the file of a closed store as a plain redb [`Database`], through the checksummed

@@ -1,5 +1,6 @@
 //! What a reserve answers: the outcomes and the lease an acquisition hands out.
 
+use std::fmt;
 use std::time::{Duration, SystemTime};
 
 use crate::key::Key;
@@ -115,4 +116,39 @@ pub enum LiveLease {
     /// Take the key from the holder: its later complete and extend fail with
     /// [`Error::LeaseLost`](crate::Error::LeaseLost), and its fencing token is never handed out again.
     Take,
+}
+
+/// What a lease holder found in place of its own pending reservation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LeaseLostReason {
+    /// Another caller took the stale reservation over with a newer token.
+    TakenOver {
+        /// The token that now holds the key.
+        by_token: u64,
+    },
+    /// The key is already completed (by this lease or another).
+    Completed {
+        /// The token of the lease that completed it.
+        by_token: u64,
+    },
+    /// The key is parked for review.
+    NeedsReview,
+    /// The key is no longer stored: released, or expired and swept.
+    Gone,
+}
+
+impl fmt::Display for LeaseLostReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LeaseLostReason::TakenOver { by_token } => {
+                write!(f, "the reservation was taken over by token {by_token}")
+            }
+            LeaseLostReason::Completed { by_token } => {
+                write!(f, "the key was already completed by token {by_token}")
+            }
+            LeaseLostReason::NeedsReview => f.write_str("the key is marked for review"),
+            LeaseLostReason::Gone => f.write_str("the key is no longer reserved"),
+        }
+    }
 }

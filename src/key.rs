@@ -3,7 +3,47 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::error::{Error, KeyPart};
+/// Which part of a [`Key`] a [`KeyError`] is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyPart {
+    /// The scope (who).
+    Scope,
+    /// The operation (what).
+    Operation,
+    /// The client's id.
+    Id,
+}
+
+impl fmt::Display for KeyPart {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            KeyPart::Scope => "scope",
+            KeyPart::Operation => "operation",
+            KeyPart::Id => "id",
+        })
+    }
+}
+
+/// A key part that is empty or longer than [`Key::MAX_PART_LEN`]: what [`Key::new`] returns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyError {
+    /// The offending part.
+    pub part: KeyPart,
+    /// Its length in bytes.
+    pub len: usize,
+}
+
+impl fmt::Display for KeyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (part, max) = (self.part, Key::MAX_PART_LEN);
+        match self.len {
+            0 => write!(f, "key {part} is empty; it needs 1 to {max} bytes"),
+            len => write!(f, "key {part} is {len} bytes; the limit is {max} bytes"),
+        }
+    }
+}
+
+impl std::error::Error for KeyError {}
 
 /// An idempotency key: who (`scope`), what (`operation`) and the client's own key (`id`).
 ///
@@ -98,13 +138,13 @@ impl Key {
     /// Builds a key from its three parts.
     ///
     /// # Errors
-    /// [`Error::InvalidKey`] when a part is empty or longer than [`Key::MAX_PART_LEN`] bytes; the
+    /// [`KeyError`] when a part is empty or longer than [`Key::MAX_PART_LEN`] bytes; the
     /// error names the part and its length.
     pub fn new(
         scope: impl AsRef<[u8]>,
         operation: impl AsRef<[u8]>,
         id: impl AsRef<[u8]>,
-    ) -> Result<Key, Error> {
+    ) -> Result<Key, KeyError> {
         let parts = [
             (KeyPart::Scope, scope.as_ref()),
             (KeyPart::Operation, operation.as_ref()),
@@ -117,7 +157,7 @@ impl Key {
             let len = u8::try_from(bytes.len())
                 .ok()
                 .filter(|len| *len > 0)
-                .ok_or(Error::InvalidKey {
+                .ok_or(KeyError {
                     part,
                     len: bytes.len(),
                 })?;

@@ -117,14 +117,14 @@ mod tree;
 pub mod whitebox;
 
 pub use admin::{AdminClient, AdminSocket};
-pub use answers::{Completed, Lease, LiveLease, Reservation, Seen};
+pub use answers::{Completed, Lease, LeaseLostReason, LiveLease, Reservation, Seen};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decide::Resolution;
-pub use error::{Error, KeyPart, LeaseLostReason, OpenError, Result};
+pub use error::{Error, OpenError, Result, StorageError};
 #[cfg(feature = "etcd")]
 pub use etcd::{EtcdBuilder, EtcdSnapshot, EtcdStore, EtcdSweeper};
 pub use fingerprint::Fingerprint;
-pub use key::Key;
+pub use key::{Key, KeyError, KeyPart};
 pub use log::wal::LogFile;
 #[cfg(feature = "postgres")]
 pub use postgres::{PgBuilder, PgSnapshot, PgStore, PgWork};

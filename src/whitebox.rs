@@ -39,10 +39,10 @@ pub fn decode_record(bytes: &[u8]) -> Result<Record, String> {
 /// clean-close mark.
 pub fn closed_clean(db: impl redb::StorageBackend) -> Result<bool, crate::Error> {
     let pages = crate::tree::pages::PageFile::new(db, crate::store::open::STORAGE_NAME)
-        .map_err(|e| crate::Error::io("reading a page file's header", e))?;
+        .map_err(|e| crate::StorageError::io("reading a page file's header", e))?;
     let db = redb::Builder::new()
         .create_with_backend(pages)
-        .map_err(|e| crate::Error::storage("opening a page file", e))?;
+        .map_err(|e| crate::StorageError::redb("opening a page file", e))?;
     crate::log::clean_close::recorded(&db).map_err(crate::Error::from)
 }
 
@@ -63,19 +63,19 @@ pub fn forget_synced(dir: &std::path::Path) {
 pub fn format_version(db: impl redb::StorageBackend) -> Result<Option<u64>, crate::Error> {
     use redb::ReadableDatabase;
     let pages = crate::tree::pages::PageFile::new(db, crate::store::open::STORAGE_NAME)
-        .map_err(|e| crate::Error::io("reading a page file's header", e))?;
+        .map_err(|e| crate::StorageError::io("reading a page file's header", e))?;
     let db = redb::Builder::new()
         .create_with_backend(pages)
-        .map_err(|e| crate::Error::storage("opening a page file", e))?;
+        .map_err(|e| crate::StorageError::redb("opening a page file", e))?;
     let txn = db
         .begin_read()
-        .map_err(|e| crate::Error::storage("reading the format", e))?;
+        .map_err(|e| crate::StorageError::redb("reading the format", e))?;
     let meta = txn
         .open_table(crate::tree::tables::META)
-        .map_err(|e| crate::Error::storage("reading the format", e))?;
+        .map_err(|e| crate::StorageError::redb("reading the format", e))?;
     let version = meta
         .get(crate::tree::tables::META_FORMAT)
-        .map_err(|e| crate::Error::storage("reading the format", e))?;
+        .map_err(|e| crate::StorageError::redb("reading the format", e))?;
     Ok(version.map(|v| v.value()))
 }
 
@@ -91,4 +91,10 @@ pub fn page_work() -> (u64, u64) {
 /// load generator times it).
 pub fn page_sum(index: u64, data: &[u8]) -> u32 {
     crate::tree::pages::sum(index, data)
+}
+
+/// What every caller of a batch that failed with `error` gets: the store poisoned, with
+/// `error` and its causes as the cause (`state::error_copy`).
+pub fn poisoned_copy(error: &crate::Error) -> crate::Error {
+    crate::state::error_copy(error)
 }

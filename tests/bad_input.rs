@@ -43,12 +43,8 @@ fn oversized_and_empty_key_parts_are_refused_naming_the_part_and_limit() {
     for (part, name, oversized, empty) in cases {
         let err = oversized.expect_err(name);
         let message = err.to_string();
-        match err {
-            Error::InvalidKey { part: got, len } => {
-                assert_eq!((got, len), (part, Key::MAX_PART_LEN + 1))
-            }
-            other => panic!("{name}: expected InvalidKey, got {other:?}"),
-        }
+        let idemstore::KeyError { part: got, len } = err;
+        assert_eq!((got, len), (part, Key::MAX_PART_LEN + 1), "{name}");
         assert!(message.contains(name), "{message}");
         assert!(
             message.contains(&(Key::MAX_PART_LEN + 1).to_string()),
@@ -61,10 +57,8 @@ fn oversized_and_empty_key_parts_are_refused_naming_the_part_and_limit() {
 
         let err = empty.expect_err(name);
         let message = err.to_string();
-        match err {
-            Error::InvalidKey { part: got, len } => assert_eq!((got, len), (part, 0)),
-            other => panic!("{name}: expected InvalidKey, got {other:?}"),
-        }
+        let idemstore::KeyError { part: got, len } = err;
+        assert_eq!((got, len), (part, 0), "{name}");
         assert!(message.contains(name), "{message}");
         assert!(message.contains("empty"), "{message}");
     }
@@ -484,7 +478,7 @@ fn a_corrupt_record_is_reported_with_its_key_and_other_keys_still_work() {
 
     let store = env.open();
     let check = |err: Error, what: &str| match &err {
-        Error::Corruption { location, .. } => {
+        Error::Storage(idemstore::StorageError::Corruption { location, .. }) => {
             assert!(location.contains(&damaged.to_string()), "{what}: {err}");
             assert!(
                 err.to_string().contains(&damaged.to_string()),

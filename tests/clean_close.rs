@@ -219,7 +219,10 @@ fn verify_on_open_checks_the_file_only_after_an_unclean_shutdown() {
             let mut verifying = builder(&clock);
             verifying.verify_on_open(true);
             match verifying.open_with_storage(db.clone(), log.clone()) {
-                Err(idemstore::OpenError::Corruption { location, .. }) => {
+                Err(idemstore::OpenError::Storage(idemstore::StorageError::Corruption {
+                    location,
+                    ..
+                })) => {
                     assert!(location.contains("storage.idem"), "{location}");
                     refused += 1;
                 }

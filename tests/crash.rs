@@ -593,7 +593,13 @@ fn damaged_frame_followed_by_valid_frames_refuses_to_open() {
     let err = builder(&clock)
         .open_with_storage(db.clone(), log.clone())
         .unwrap_err();
-    assert!(matches!(err, OpenError::Corruption { .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            OpenError::Storage(idemstore::StorageError::Corruption { .. })
+        ),
+        "{err}"
+    );
     assert!(err.to_string().contains("offset"), "{err}");
 }
 
@@ -720,8 +726,17 @@ fn failed_log_sync_poisons_and_reopen_recovers() {
     let err = store.reserve(&key(1), fp).unwrap_err();
     assert!(err.to_string().contains("injected"), "{err}");
     let later = store.reserve(&key(2), fp).unwrap_err();
-    assert!(matches!(later, Error::Poisoned { .. }), "{later}");
-    assert!(matches!(store.get(&key(0)), Err(Error::Poisoned { .. })));
+    assert!(
+        matches!(
+            later,
+            Error::Storage(idemstore::StorageError::Poisoned { .. })
+        ),
+        "{later}"
+    );
+    assert!(matches!(
+        store.get(&key(0)),
+        Err(Error::Storage(idemstore::StorageError::Poisoned { .. }))
+    ));
     db.freeze();
     log.freeze();
     let (db, log) = (db.after_process_crash(), log.after_process_crash());
@@ -758,7 +773,7 @@ fn failed_redb_write_at_checkpoint_poisons_and_reopen_recovers() {
     assert!(store.checkpoint().is_err());
     assert!(matches!(
         store.reserve(&key(0), fp),
-        Err(Error::Poisoned { .. })
+        Err(Error::Storage(idemstore::StorageError::Poisoned { .. }))
     ));
     db.freeze();
     log.freeze();
@@ -871,8 +886,17 @@ fn poisoned_then_recovers(
 ) {
     let fp = Fingerprint::of(b"after");
     let later = store.reserve(&Key::new("fill", "op", "later").unwrap(), fp);
-    assert!(matches!(later, Err(Error::Poisoned { .. })), "{later:?}");
-    assert!(matches!(store.checkpoint(), Err(Error::Poisoned { .. })));
+    assert!(
+        matches!(
+            later,
+            Err(Error::Storage(idemstore::StorageError::Poisoned { .. }))
+        ),
+        "{later:?}"
+    );
+    assert!(matches!(
+        store.checkpoint(),
+        Err(Error::Storage(idemstore::StorageError::Poisoned { .. }))
+    ));
     db.freeze();
     log.freeze();
     let (db, log) = (db.after_process_crash(), log.after_process_crash());

@@ -342,7 +342,13 @@ fn a_store_without_its_window_width_is_refused_by_name() {
         .retention(Duration::from_secs(3_600))
         .open(&env.path)
         .unwrap_err();
-    assert!(matches!(err, OpenError::Corruption { .. }), "{err:?}");
+    assert!(
+        matches!(
+            err,
+            OpenError::Storage(idemstore::StorageError::Corruption { .. })
+        ),
+        "{err:?}"
+    );
     let message = err.to_string();
     assert!(message.contains("window_ms"), "{message}");
     assert!(

@@ -357,7 +357,7 @@ fn a_read_racing_the_poisoning_never_returns_an_older_state() {
         "the read did not run the hook that poisons the store first"
     );
     match read {
-        Err(idemstore::Error::Poisoned { .. }) => {}
+        Err(idemstore::Error::Storage(idemstore::StorageError::Poisoned { .. })) => {}
         Ok(Some(record)) => assert!(
             matches!(record.status(), idemstore::Status::Completed { .. }),
             "a read returned {:?}, older than the acknowledged completion",

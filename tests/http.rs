@@ -865,10 +865,11 @@ impl Faulty {
 
     fn check(&self, key: &Key) -> Result<(), Error> {
         if self.fails_for == Some(key.id()) {
-            return Err(Error::InvalidConfig {
+            return Err(idemstore::OpenError::InvalidConfig {
                 setting: "test",
                 reason: "the store fails for this key (deliberately)".into(),
-            });
+            }
+            .into());
         }
         Ok(())
     }

@@ -73,7 +73,7 @@ fn only_a_new_store_is_made_without_page_checksums() {
     let before = std::fs::read(&env.path).expect("read the store file");
     let refused = env.builder().__without_page_checksums().open(&env.path);
     match refused {
-        Err(e @ OpenError::Io { .. }) => {
+        Err(e @ OpenError::Storage(idemstore::StorageError::Io { .. })) => {
             let message = e.to_string();
             assert!(
                 message.contains("always a new file") && message.contains("store.idem"),

@@ -20,6 +20,7 @@ mod damage;
 mod deadlines;
 #[cfg(target_os = "linux")]
 mod enospc;
+mod errors;
 #[cfg(feature = "etcd")]
 mod etcd;
 mod expiry;

@@ -60,7 +60,7 @@ pub fn id(n: u64) -> String {
 }
 
 /// Key number `n` (scope `tenant`, operation `op`, [`id`]).
-pub fn key(n: u64) -> Result<Key, idemstore::Error> {
+pub fn key(n: u64) -> Result<Key, idemstore::KeyError> {
     Key::new("tenant", "op", id(n))
 }
 

@@ -33,7 +33,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use idemstore::{
     AdminClient, Error, Key, LiveLease, OpenError, Record, RecordClass, Resolution, ScanFilter,
-    StateCounts, Status, Store, Verification,
+    StateCounts, Status, StorageError, Store, Verification,
 };
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::{json, Value};
@@ -80,11 +80,13 @@ fn is_broken_pipe(error: &anyhow::Error) -> bool {
 fn report(error: &anyhow::Error, json: bool) {
     // Opening the file fails with an `OpenError`, the store's operations with an `Error`.
     let already_open = matches!(
-        error.downcast_ref::<OpenError>(),
+        error
+            .downcast_ref::<OpenError>()
+            .or_else(|| match error.downcast_ref::<Error>() {
+                Some(Error::Open(open)) => Some(open),
+                _ => None,
+            }),
         Some(OpenError::AlreadyOpen { .. })
-    ) || matches!(
-        error.downcast_ref::<Error>(),
-        Some(Error::AlreadyOpen { .. })
     );
     let hint = match error.downcast_ref::<Error>() {
         _ if already_open => Some(
@@ -96,7 +98,9 @@ fn report(error: &anyhow::Error, json: bool) {
         Some(Error::LeaseLive { .. }) => {
             Some("add --force to take the key from its holder (its later complete fails)")
         }
-        Some(Error::Poisoned { .. }) => Some("run the command again: reopening recovers"),
+        Some(Error::Storage(StorageError::Poisoned { .. })) => {
+            Some("run the command again: reopening recovers")
+        }
         _ if error.is::<UnderReview>() => Some(
             "settle it with `idemstore resolve ... --complete RESULT_FILE` (the work happened) \
              or `--release` (it did not); or add --force to delete it anyway",

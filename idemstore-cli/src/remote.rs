@@ -87,10 +87,11 @@ pub(crate) fn execute(
 /// A command that needs a store file, refused on a store that has none (`place` names where
 /// the store lives). The arguments are checked before, so no command gets here.
 pub(crate) fn no_file(what: &'static str, place: &str) -> Error {
-    Error::InvalidConfig {
+    OpenError::InvalidConfig {
         setting: what,
         reason: format!("{place} has no file"),
     }
+    .into()
 }
 
 /// The [`View`] of a store that lives elsewhere (`$ty` holds its `runtime`, `store` and

@@ -11,7 +11,7 @@ use super::socket_path;
 use crate::answers::LiveLease;
 use crate::clock::{from_millis, to_millis};
 use crate::decide::Resolution;
-use crate::error::Error;
+use crate::error::{Error, StorageError};
 use crate::key::Key;
 use crate::record::RecordClass;
 use crate::record::{Record, TokenFloor};
@@ -26,7 +26,7 @@ const ANSWER_TIMEOUT: Duration = Duration::from_secs(120);
 /// from another process. Each call is one connection.
 ///
 /// # Errors
-/// Every call returns [`Error::Io`] naming the socket when it cannot be reached (no service
+/// Every call returns [`StorageError::Io`](crate::StorageError::Io) naming the socket when it cannot be reached (no service
 /// holds the store, or it runs without the setting), and [`Error::Admin`] with the store's own
 /// message when the store refused the request.
 #[derive(Debug, Clone)]
@@ -40,7 +40,7 @@ impl AdminClient {
     /// A client of the store at `store_path`, checking that its socket answers.
     ///
     /// # Errors
-    /// [`Error::Io`] naming the socket when nothing listens on it.
+    /// [`StorageError::Io`](crate::StorageError::Io) naming the socket when nothing listens on it.
     pub fn connect(store_path: impl AsRef<Path>) -> Result<AdminClient, Error> {
         let mut client = AdminClient {
             socket: socket_path(store_path.as_ref()),
@@ -179,13 +179,14 @@ impl AdminClient {
 
     fn stream(&self) -> Result<UnixStream, Error> {
         UnixStream::connect(&self.socket).map_err(|e| {
-            Error::io(
+            StorageError::io(
                 format!(
                     "connecting to the admin socket {} (is a service holding the store with Builder::admin_socket?)",
                     self.socket.display()
                 ),
                 e,
             )
+            .into()
         })
     }
 
@@ -206,11 +207,12 @@ impl AdminClient {
 
     fn ask_raw(&self, request: &Request) -> Result<Answer, Asked> {
         let mut stream = self.stream()?;
-        let io_error = |e: io::Error| {
-            Error::io(
+        let io_error = |e: io::Error| -> Error {
+            StorageError::io(
                 format!("talking to the admin socket {}", self.socket.display()),
                 e,
             )
+            .into()
         };
         stream
             .set_read_timeout(Some(ANSWER_TIMEOUT))
@@ -226,10 +228,11 @@ impl AdminClient {
     }
 
     fn bad_answer(&self, reason: String) -> Error {
-        Error::Corruption {
+        StorageError::Corruption {
             location: format!("an answer of the admin socket {}", self.socket.display()),
             reason,
         }
+        .into()
     }
 
     fn unexpected(&self, answer: &Answer) -> Error {

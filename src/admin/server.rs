@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use super::protocol::{Answer, Failure, Request, MAX_MESSAGE};
 use super::{peer, socket_path, AdminSocket};
 use crate::answers::LiveLease;
-use crate::error::Error;
+use crate::error::{Error, StorageError};
 use crate::store::Store;
 
 /// The longest socket path a Unix socket address holds (`sun_path` is 108 bytes on Linux,
@@ -44,7 +44,7 @@ pub(crate) struct Server {
 
 impl Server {
     /// Serves `store` (a handle sharing the owner's parts) on the socket next to its file.
-    pub(crate) fn start(store: Store, access: AdminSocket) -> Result<Option<Server>, Error> {
+    pub(crate) fn start(store: Store, access: AdminSocket) -> Result<Option<Server>, StorageError> {
         if access == AdminSocket::Off {
             return Ok(None);
         }
@@ -58,7 +58,7 @@ impl Server {
                 let path = path.clone();
                 move || serve(&listener, &path, &store, access, &stop)
             })
-            .map_err(|e| Error::io("starting the admin socket's thread", e))?;
+            .map_err(|e| StorageError::io("starting the admin socket's thread", e))?;
         Ok(Some(Server {
             stop,
             thread: Some(thread),
@@ -80,11 +80,11 @@ impl Drop for Server {
 /// Binds the socket at `path`, replacing a socket file a dead process left (the caller owns
 /// the store, so no live process serves it), never any other kind of file; through a private
 /// directory (the module's docs), so that it has mode 0600 from its first instant at `path`.
-fn bind(path: &Path) -> Result<UnixListener, Error> {
+fn bind(path: &Path) -> Result<UnixListener, StorageError> {
     let context = |what: &str| format!("{what} the admin socket {}", path.display());
     let len = path.as_os_str().len();
     if len > MAX_SOCKET_PATH {
-        return Err(Error::io(
+        return Err(StorageError::io(
             context("creating"),
             io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -97,12 +97,16 @@ fn bind(path: &Path) -> Result<UnixListener, Error> {
         ));
     }
     match std::fs::symlink_metadata(path) {
-        Ok(meta) if meta.file_type().is_socket() => {
-            std::fs::remove_file(path).map_err(|e| Error::io(context("removing the stale"), e))?
+        Ok(meta) if meta.file_type().is_socket() => std::fs::remove_file(path)
+            .map_err(|e| StorageError::io(context("removing the stale"), e))?,
+        Ok(_) => {
+            return Err(StorageError::io(
+                context("creating"),
+                in_the_way("a socket"),
+            ))
         }
-        Ok(_) => return Err(Error::io(context("creating"), in_the_way("a socket"))),
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(Error::io(context("checking"), e)),
+        Err(e) => return Err(StorageError::io(context("checking"), e)),
     }
     let private = private_dir(path);
     let private_context = |what: &str| {
@@ -112,21 +116,22 @@ fn bind(path: &Path) -> Result<UnixListener, Error> {
             path.display()
         )
     };
-    remove_left_private_dir(&private).map_err(|e| Error::io(private_context("clearing"), e))?;
+    remove_left_private_dir(&private)
+        .map_err(|e| StorageError::io(private_context("clearing"), e))?;
     std::fs::DirBuilder::new()
         .mode(0o700)
         .create(&private)
-        .map_err(|e| Error::io(private_context("creating"), e))?;
+        .map_err(|e| StorageError::io(private_context("creating"), e))?;
     let bound = private.join("s");
     let listener = UnixListener::bind(&bound)
-        .map_err(|e| Error::io(context("binding"), e))
+        .map_err(|e| StorageError::io(context("binding"), e))
         .and_then(|listener| {
             std::fs::set_permissions(&bound, std::fs::Permissions::from_mode(0o600))
-                .map_err(|e| Error::io(context("restricting the permissions of"), e))?;
+                .map_err(|e| StorageError::io(context("restricting the permissions of"), e))?;
             listener
                 .set_nonblocking(true)
-                .map_err(|e| Error::io(context("configuring"), e))?;
-            link_into_place(&bound, path).map_err(|e| Error::io(context("linking"), e))?;
+                .map_err(|e| StorageError::io(context("configuring"), e))?;
+            link_into_place(&bound, path).map_err(|e| StorageError::io(context("linking"), e))?;
             Ok(listener)
         });
     let _ = std::fs::remove_file(&bound);

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex};
 use redb::WriteTransaction;
 
-use crate::error::Error;
+use crate::error::{Error, StorageError};
 use crate::key::Key;
 use crate::record::Record;
 use crate::state::overlay::Held;
@@ -84,7 +84,7 @@ pub(crate) trait Target {
 
 impl Target for Tables<'_> {
     fn load(&mut self, key: &Key) -> Result<Result<Option<Record>, Error>, Error> {
-        Tables::load(self, key.encoded())
+        Ok(Tables::load(self, key.encoded())?.map_err(Into::into))
     }
 
     fn put(
@@ -93,11 +93,11 @@ impl Target for Tables<'_> {
         old: Option<IndexEntries>,
         record: &Arc<Record>,
     ) -> Result<(), Error> {
-        Tables::put(self, key.encoded(), old, record, &record.encode())
+        Tables::put(self, key.encoded(), old, record, &record.encode()).map_err(Into::into)
     }
 
     fn delete(&mut self, key: &Key, old: Option<IndexEntries>) -> Result<(), Error> {
-        Tables::delete(self, key.encoded(), old)
+        Tables::delete(self, key.encoded(), old).map_err(Into::into)
     }
 }
 
@@ -307,12 +307,12 @@ impl Applier {
     }
 
     /// Starts the applier thread. Without it every batch is applied by the next flush.
-    pub(super) fn start(self: &Arc<Applier>) -> Result<(), Error> {
+    pub(super) fn start(self: &Arc<Applier>) -> Result<(), StorageError> {
         let applier = Arc::clone(self);
         let thread = thread::Builder::new()
             .name("idemstore-applier".into())
             .spawn(move || applier.run())
-            .map_err(|e| Error::io("starting the applier thread", e))?;
+            .map_err(|e| StorageError::io("starting the applier thread", e))?;
         *self.thread.lock() = Some(thread);
         Ok(())
     }
@@ -477,7 +477,7 @@ impl Applier {
         }
         let (open, _) = txn.take().expect("checked above");
         open.commit()
-            .map_err(|e| Error::storage("committing a write transaction", e))?;
+            .map_err(|e| StorageError::redb("committing a write transaction", e))?;
         self.engine.counters.add(Counter::Commits, 1);
         self.committed_all();
         Ok(())
@@ -508,10 +508,10 @@ impl Applier {
                 .engine
                 .db
                 .begin_write()
-                .map_err(|e| Error::storage(ctx, e))?;
+                .map_err(|e| StorageError::redb(ctx, e))?;
             opened
                 .set_durability(redb::Durability::None)
-                .map_err(|e| Error::storage(ctx, e))?;
+                .map_err(|e| StorageError::redb(ctx, e))?;
             *txn = Some((opened, Instant::now()));
         }
         let (open, _) = txn.as_ref().expect("opened above");

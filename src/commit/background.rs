@@ -200,7 +200,9 @@ impl Writer {
             // The last checkpoint: a durable commit that holds every frame and carries the
             // clean-close mark.
             let _ = self.transact(CommitKind::Durable, |_, txn, _, _| {
-                crate::log::clean_close::mark(txn).map(Ok)
+                crate::log::clean_close::mark(txn)
+                    .map(Ok)
+                    .map_err(Into::into)
             });
         }
     }

@@ -21,7 +21,7 @@ use redb::WriteTransaction;
 
 use super::apply::{Applier, OpenTxn};
 use super::{Writer, Written};
-use crate::error::Error;
+use crate::error::{Error, StorageError};
 use crate::log::identity::LOG_HEADER_LEN;
 use crate::record::Millis;
 use crate::state::Counter;
@@ -58,14 +58,14 @@ fn commit_checkpoint(
         let opened = engine
             .db
             .begin_write()
-            .map_err(|e| Error::storage(ctx, e))?;
+            .map_err(|e| StorageError::redb(ctx, e))?;
         *txn = Some((opened, Instant::now()));
     }
     applier.apply_queued(txn)?;
     let (mut open, _) = txn.take().expect("opened above");
     let ctx = "committing a checkpoint";
     open.set_durability(redb::Durability::Immediate)
-        .map_err(|e| Error::storage(ctx, e))?;
+        .map_err(|e| StorageError::redb(ctx, e))?;
     // As `Writer::begin` does for every durable commit.
     open.set_quick_repair(true);
     let mut tables = Tables::open(&open, &engine.windows)?;
@@ -74,7 +74,7 @@ fn commit_checkpoint(
     tables.set_next_token(meta.next_token)?;
     tables.set_log_region(meta.start, meta.salt, meta.following)?;
     drop(tables);
-    open.commit().map_err(|e| Error::storage(ctx, e))?;
+    open.commit().map_err(|e| StorageError::redb(ctx, e))?;
     applier.committed_all();
     Ok(())
 }
@@ -126,7 +126,9 @@ impl Writer {
             Ok(Err(refusal)) => {
                 self.next_token = token_before;
                 if let Err(e) = txn.abort() {
-                    return Err(self.fail(Error::storage("rolling back a transaction", e)));
+                    return Err(
+                        self.fail(StorageError::redb("rolling back a transaction", e).into())
+                    );
                 }
                 return Err(refusal);
             }
@@ -147,11 +149,11 @@ impl Writer {
                 Ok(())
             });
             if let Err(error) = saved {
-                return Err(self.fail(error));
+                return Err(self.fail(error.into()));
             }
         }
         if let Err(e) = txn.commit() {
-            return Err(self.fail(Error::storage("committing a write transaction", e)));
+            return Err(self.fail(StorageError::redb("committing a write transaction", e).into()));
         }
         self.engine.counters.add(Counter::Commits, 1);
         if kind == CommitKind::Durable {
@@ -259,7 +261,7 @@ impl Writer {
             }
             Err(e) => {
                 self.applier.release_hold();
-                Err(self.fail(Error::io("starting a checkpoint thread", e)))
+                Err(self.fail(StorageError::io("starting a checkpoint thread", e).into()))
             }
         }
     }
@@ -277,10 +279,11 @@ impl Writer {
             return Ok(());
         }
         let outcome = running.join().unwrap_or_else(|_| {
-            Err(Error::storage(
+            Err(StorageError::redb(
                 "committing a checkpoint",
                 std::io::Error::other("the checkpoint thread panicked"),
-            ))
+            )
+            .into())
         });
         match outcome {
             Ok(()) => {

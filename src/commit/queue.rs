@@ -23,7 +23,7 @@ use crate::decide::{
     WithRetention,
 };
 use crate::decide::{Decision, Operation};
-use crate::error::Error;
+use crate::error::{Error, StorageError};
 use crate::key::Key;
 use crate::state::error_copy;
 use crate::state::settings::{Durability, Limits};
@@ -60,7 +60,7 @@ pub(crate) struct Committer {
 }
 
 impl Committer {
-    pub(crate) fn start(writer: Writer, limits: Limits) -> Result<Committer, Error> {
+    pub(crate) fn start(writer: Writer, limits: Limits) -> Result<Committer, StorageError> {
         let applier = Arc::clone(&writer.applier);
         if !writer.schedule.manual {
             applier.start()?;
@@ -88,7 +88,7 @@ impl Committer {
             })
             .map_err(|e| {
                 applier.stop();
-                Error::io("starting the committer thread", e)
+                StorageError::io("starting the committer thread", e)
             })?;
         Ok(Committer {
             shared,
@@ -405,10 +405,13 @@ fn run_guarded(shared: &Shared, writer: &mut Writer, batch: Vec<Arc<Request>>) {
     requests.extend(batch.iter().cloned());
     let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| writer.run_batch(batch)));
     if run.is_err() {
-        let error = writer.fail(Error::Poisoned {
-            cause: "a thread panicked while committing a batch".into(),
-            io_kind: None,
-        });
+        let error = writer.fail(
+            StorageError::Poisoned {
+                cause: "a thread panicked while committing a batch".into(),
+                io_kind: None,
+            }
+            .into(),
+        );
         for request in requests.drain(..) {
             if !request.is_answered() {
                 request.fail(error_copy(&error));

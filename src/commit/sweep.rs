@@ -10,7 +10,7 @@ use std::sync::Arc;
 use redb::{ReadOnlyTable, ReadableTable, ReadableTableMetadata};
 
 use crate::commit::{CommitKind, Writer};
-use crate::error::Error;
+use crate::error::{Error, StorageError};
 use crate::key::Key;
 use crate::record::{Millis, Record, RecordClass, TokenFloor};
 use crate::state::{Counter, Engine};
@@ -83,18 +83,18 @@ pub(crate) fn sweep_expired(
         }
         let left = limit - deleted.len();
         let table = tables.window(window)?;
-        let held = table.len().map_err(|e| Error::storage(ctx, e))?;
+        let held = table.len().map_err(|e| StorageError::redb(ctx, e))?;
         if windows.end(window) <= now && held <= left as u64 {
-            for entry in table.iter().map_err(|e| Error::storage(ctx, e))? {
-                let (key, _) = entry.map_err(|e| Error::storage(ctx, e))?;
+            for entry in table.iter().map_err(|e| StorageError::redb(ctx, e))? {
+                let (key, _) = entry.map_err(|e| StorageError::redb(ctx, e))?;
                 deleted.extend(Key::decode(key.value()));
             }
             tables.drop_window(window)?;
             continue;
         }
         let mut due: Vec<(Millis, Vec<u8>, Record)> = Vec::new();
-        for entry in table.iter().map_err(|e| Error::storage(ctx, e))? {
-            let (key, value) = entry.map_err(|e| Error::storage(ctx, e))?;
+        for entry in table.iter().map_err(|e| StorageError::redb(ctx, e))? {
+            let (key, value) = entry.map_err(|e| StorageError::redb(ctx, e))?;
             let Ok(record) = decode_record(key.value(), value.value()) else {
                 continue;
             };
@@ -132,18 +132,21 @@ pub(crate) fn stale(
         (LEASE + 1, 0, &[][..])
     };
     let entries = deadlines.range((LEASE, 0, &[][..])..end);
-    for entry in entries.map_err(|e| Error::storage(ctx, e))? {
+    for entry in entries.map_err(|e| StorageError::redb(ctx, e))? {
         if found.len() >= limit {
             break;
         }
-        let (index_key, _) = entry.map_err(|e| Error::storage(ctx, e))?;
+        let (index_key, _) = entry.map_err(|e| StorageError::redb(ctx, e))?;
         let key_bytes = index_key.value().2;
-        let Some(bytes) = records.get(key_bytes).map_err(|e| Error::storage(ctx, e))? else {
+        let Some(bytes) = records
+            .get(key_bytes)
+            .map_err(|e| StorageError::redb(ctx, e))?
+        else {
             continue;
         };
         let record = decode_record(key_bytes, bytes.value())?;
         let key = Key::decode(key_bytes)
-            .ok_or_else(|| Error::corrupt_record(key_bytes, "key does not decode"))?;
+            .ok_or_else(|| StorageError::corrupt_record(key_bytes, "key does not decode"))?;
         if record.class(now, floor) == RecordClass::Stale {
             found.push((key, record));
         }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::error::Error;
+use crate::error::{Error, StorageError};
 use crate::log::wal::{LogFile, Wal};
 use crate::state::Counter;
 
@@ -170,7 +170,8 @@ impl Syncer {
                     }
                 }
                 Err(e) => {
-                    let error = Error::io(format!("syncing log {}", self.path.display()), e);
+                    let error =
+                        StorageError::io(format!("syncing log {}", self.path.display()), e).into();
                     self.engine.poison.set(&error);
                     self.engine.overlay.clear();
                     for batch in state.pending.drain(..) {

@@ -8,7 +8,7 @@ use std::time::Instant;
 use redb::WriteTransaction;
 
 use crate::decide::{decide, with_token, Change, Operation};
-use crate::error::Error;
+use crate::error::{Error, StorageError};
 use crate::key::Key;
 use crate::log::wal::Wal;
 use crate::record::Millis;
@@ -102,9 +102,9 @@ impl Writer {
             .engine
             .db
             .begin_write()
-            .map_err(|e| Error::storage(ctx, e))?;
+            .map_err(|e| StorageError::redb(ctx, e))?;
         txn.set_durability(durability)
-            .map_err(|e| Error::storage(ctx, e))?;
+            .map_err(|e| StorageError::redb(ctx, e))?;
         // A durable commit (a checkpoint) also records redb's allocator state, so that opening
         // after a crash loads it instead of walking the whole file: one more sync per
         // checkpoint, and an open whose cost does not grow with the store.
@@ -308,7 +308,7 @@ impl Writer {
             Some((open, _)) => open
                 .commit()
                 .map(|()| true)
-                .map_err(|e| Error::storage("committing a write transaction", e)),
+                .map_err(|e| StorageError::redb("committing a write transaction", e).into()),
             None => Ok(false),
         });
         drop(txn);

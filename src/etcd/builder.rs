@@ -150,10 +150,11 @@ impl EtcdBuilder {
 
     fn check(&self) -> Result<(), Error> {
         let invalid = |setting, reason: &str| {
-            Err(Error::InvalidConfig {
+            Err(crate::OpenError::InvalidConfig {
                 setting,
                 reason: reason.to_string(),
-            })
+            }
+            .into())
         };
         if self.prefix.is_empty() {
             return invalid("prefix", "it must not be empty");
@@ -190,7 +191,7 @@ impl EtcdBuilder {
     /// reachable member; etcd forwards writes to the leader.
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`] for a setting out of range; [`Error::Cluster`] when no
+    /// [`OpenError::InvalidConfig`](crate::OpenError::InvalidConfig) for a setting out of range; [`Error::Cluster`] when no
     /// endpoint answers.
     pub async fn connect<E: AsRef<str>>(&self, endpoints: &[E]) -> Result<EtcdStore, Error> {
         self.check()?;

@@ -21,7 +21,7 @@ impl EtcdStore {
     ///
     /// # Errors
     /// [`Error::LeaseLive`] naming the lease's end when a live lease holds the key (nothing
-    /// is changed); [`Error::Corruption`] for a damaged record; [`Error::Cluster`] when the
+    /// is changed); [`StorageError::Corruption`](crate::StorageError::Corruption) for a damaged record; [`Error::Cluster`] when the
     /// cluster gave no definite answer within the operation deadline.
     pub async fn expire(&self, key: &Key) -> Result<Option<RecordClass>, Error> {
         self.expire_with(key, LiveLease::Refuse).await

@@ -86,7 +86,7 @@ impl EtcdStore {
     /// `New` is answered once a majority of members wrote the key.
     ///
     /// # Errors
-    /// [`Error::Corruption`] for a damaged record; [`Error::Cluster`].
+    /// [`StorageError::Corruption`](crate::StorageError::Corruption) for a damaged record; [`Error::Cluster`].
     pub async fn observe(&self, key: &Key, window: Duration) -> Result<Seen, Error> {
         let op = Observe {
             window: duration_millis(window),

@@ -103,7 +103,7 @@ impl EtcdSnapshot {
     /// [`EtcdStore::get`]).
     ///
     /// # Errors
-    /// [`Error::Corruption`] naming the key when its value does not decode;
+    /// [`StorageError::Corruption`](crate::StorageError::Corruption) naming the key when its value does not decode;
     /// [`Error::Cluster`].
     pub async fn get(&self, key: &Key) -> Result<Option<Record>, Error> {
         let inner = self.store.inner();
@@ -115,7 +115,7 @@ impl EtcdSnapshot {
         let Some(kv) = response.kvs().first() else {
             return Ok(None);
         };
-        let record = decode(kv).map_err(|reason| Error::Corruption {
+        let record = decode(kv).map_err(|reason| crate::StorageError::Corruption {
             location: format!("etcd record of key {key}"),
             reason,
         })?;

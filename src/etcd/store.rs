@@ -175,7 +175,7 @@ impl EtcdStore {
     /// and then goes stale when its lease runs out.
     ///
     /// # Errors
-    /// [`Error::Corruption`] for a damaged record; [`Error::Cluster`] when the cluster gave no
+    /// [`StorageError::Corruption`](crate::StorageError::Corruption) for a damaged record; [`Error::Cluster`] when the cluster gave no
     /// definite answer within the operation deadline.
     pub async fn reserve(&self, key: &Key, fingerprint: Fingerprint) -> Result<Reservation, Error> {
         let start = self.inner.start(key, true);
@@ -379,7 +379,7 @@ impl EtcdStore {
     /// The stored record, `None` when absent or expired; a linearizable read.
     ///
     /// # Errors
-    /// [`Error::Corruption`], [`Error::Cluster`].
+    /// [`StorageError::Corruption`](crate::StorageError::Corruption), [`Error::Cluster`].
     pub async fn get(&self, key: &Key) -> Result<Option<Record>, Error> {
         let now = self.inner.now();
         Ok(self

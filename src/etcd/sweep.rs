@@ -32,7 +32,7 @@ impl EtcdStore {
     /// Expired records already read as absent.
     ///
     /// # Errors
-    /// [`Error::Corruption`] naming a damaged record or index entry; [`Error::Cluster`].
+    /// [`StorageError::Corruption`](crate::StorageError::Corruption) naming a damaged record or index entry; [`Error::Cluster`].
     pub async fn sweep(&self, limit: usize) -> Result<usize, Error> {
         if limit == 0 {
             // etcd reads a range limit of 0 as "no limit".
@@ -113,7 +113,7 @@ impl EtcdStore {
     /// entries no sweep deleted yet.
     ///
     /// # Errors
-    /// [`Error::Corruption`] naming a damaged record or index entry; [`Error::Cluster`].
+    /// [`StorageError::Corruption`](crate::StorageError::Corruption) naming a damaged record or index entry; [`Error::Cluster`].
     pub async fn stale(&self, limit: usize) -> Result<Vec<(Key, Record)>, Error> {
         let inner = self.inner();
         let now = inner.now();
@@ -167,19 +167,21 @@ impl EtcdStore {
     /// are skipped: the next round tries again.
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`] when called outside a tokio runtime or with a zero interval or
+    /// [`OpenError::InvalidConfig`](crate::OpenError::InvalidConfig) when called outside a tokio runtime or with a zero interval or
     /// slice.
     pub fn spawn_sweeper(&self, every: Duration, slice: usize) -> Result<EtcdSweeper, Error> {
         if every.is_zero() || slice == 0 {
-            return Err(Error::InvalidConfig {
+            return Err(crate::OpenError::InvalidConfig {
                 setting: "spawn_sweeper",
                 reason: "the interval and the slice must be above zero".into(),
-            });
+            }
+            .into());
         }
-        let runtime = tokio::runtime::Handle::try_current().map_err(|e| Error::InvalidConfig {
-            setting: "spawn_sweeper",
-            reason: format!("it needs a tokio runtime: {e}"),
-        })?;
+        let runtime =
+            tokio::runtime::Handle::try_current().map_err(|e| crate::OpenError::InvalidConfig {
+                setting: "spawn_sweeper",
+                reason: format!("it needs a tokio runtime: {e}"),
+            })?;
         let store = self.clone();
         let task = runtime.spawn(async move {
             loop {

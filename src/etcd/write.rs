@@ -208,13 +208,14 @@ impl Inner {
             .first()
             .map(|kv| {
                 layout::decode(kv.value(), kv.mod_revision(), kv.create_revision()).map_err(
-                    |reason| Error::Corruption {
+                    |reason| crate::StorageError::Corruption {
                         location: format!("etcd record of key {key}"),
                         reason,
                     },
                 )
             })
             .transpose()
+            .map_err(Into::into)
     }
 
     /// After an ambiguous answer whose put did not show its nonce: whether an earlier copy
@@ -371,7 +372,7 @@ impl Inner {
     /// revision 0 replaced by the entry's own revision.
     ///
     /// # Errors
-    /// [`Error::Corruption`] naming a damaged entry; [`Error::Cluster`].
+    /// [`StorageError::Corruption`](crate::StorageError::Corruption) naming a damaged entry; [`Error::Cluster`].
     pub(crate) async fn index_entries(
         &self,
         start: Vec<u8>,
@@ -393,7 +394,7 @@ impl Inner {
         get.kvs()
             .iter()
             .map(|kv| {
-                let damaged = |reason: String| Error::Corruption {
+                let damaged = |reason: String| crate::StorageError::Corruption {
                     location: format!(
                         "etcd index entry {}",
                         String::from_utf8_lossy(kv.key()).escape_debug()
@@ -422,7 +423,7 @@ impl Inner {
     /// Checks the prefix's layout version, and writes it on a prefix without records.
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`] naming the prefix and both versions when the prefix holds
+    /// [`OpenError::InvalidConfig`](crate::OpenError::InvalidConfig) naming the prefix and both versions when the prefix holds
     /// another layout version (records without a version key are version 1);
     /// [`Error::Cluster`].
     pub(crate) async fn check_layout(&self) -> Result<(), Error> {
@@ -459,7 +460,7 @@ impl Inner {
         };
         match found {
             Some(version) if version == layout::LAYOUT_VERSION => Ok(()),
-            Some(version) => Err(Error::InvalidConfig {
+            Some(version) => Err(crate::OpenError::InvalidConfig {
                 setting: "prefix",
                 reason: format!(
                     "prefix `{}` holds idemstore's etcd layout version {version}; this build \
@@ -469,7 +470,8 @@ impl Inner {
                     String::from_utf8_lossy(self.layout.prefix()).escape_debug(),
                     layout::LAYOUT_VERSION
                 ),
-            }),
+            }
+            .into()),
             None => {
                 // An empty prefix: this store writes it in the current layout.
                 let txn = Txn::new()

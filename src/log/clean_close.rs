@@ -25,7 +25,7 @@ use std::path::Path;
 
 use redb::{Database, ReadableDatabase, TableError, WriteTransaction};
 
-use crate::error::{Error, OpenError};
+use crate::error::{OpenError, StorageError};
 use crate::log::identity::{self, Identity, LOG_HEADER_LEN};
 use crate::log::lost_log::META_LOG_LEN;
 use crate::log::wal::OsFile;
@@ -34,35 +34,39 @@ use crate::tree::tables::{META, META_CLOSED_CLEAN, META_LOG_START};
 /// Whether the file carries the clean-close mark (read without writing). Read by opens only.
 pub(crate) fn recorded(db: &impl ReadableDatabase) -> Result<bool, OpenError> {
     let ctx = "reading the clean-close mark";
-    let txn = db.begin_read().map_err(|e| OpenError::storage(ctx, e))?;
+    let txn = db.begin_read().map_err(|e| StorageError::redb(ctx, e))?;
     let meta = match txn.open_table(META) {
         Ok(meta) => meta,
         // Not a store: the format check reports it.
         Err(TableError::TableDoesNotExist(_)) => return Ok(false),
-        Err(e) => return Err(OpenError::storage(ctx, e)),
+        Err(e) => return Err(StorageError::redb(ctx, e).into()),
     };
     let value = meta
         .get(META_CLOSED_CLEAN)
-        .map_err(|e| OpenError::storage(ctx, e))?;
+        .map_err(|e| StorageError::redb(ctx, e))?;
     Ok(value.is_some_and(|v| v.value() == 1))
 }
 
 /// Removes the mark in `txn` and returns whether it was there.
-pub(crate) fn take(txn: &WriteTransaction) -> Result<bool, Error> {
+pub(crate) fn take(txn: &WriteTransaction) -> Result<bool, StorageError> {
     let ctx = "clearing the clean-close mark";
-    let mut meta = txn.open_table(META).map_err(|e| Error::storage(ctx, e))?;
+    let mut meta = txn
+        .open_table(META)
+        .map_err(|e| StorageError::redb(ctx, e))?;
     let removed = meta
         .remove(META_CLOSED_CLEAN)
-        .map_err(|e| Error::storage(ctx, e))?;
+        .map_err(|e| StorageError::redb(ctx, e))?;
     Ok(removed.is_some_and(|v| v.value() == 1))
 }
 
 /// Writes the mark in `txn` (a new store, which has logged nothing).
-pub(crate) fn mark(txn: &WriteTransaction) -> Result<(), Error> {
+pub(crate) fn mark(txn: &WriteTransaction) -> Result<(), StorageError> {
     let ctx = "writing the clean-close mark";
-    let mut meta = txn.open_table(META).map_err(|e| Error::storage(ctx, e))?;
+    let mut meta = txn
+        .open_table(META)
+        .map_err(|e| StorageError::redb(ctx, e))?;
     meta.insert(META_CLOSED_CLEAN, 1)
-        .map_err(|e| Error::storage(ctx, e))?;
+        .map_err(|e| StorageError::redb(ctx, e))?;
     Ok(())
 }
 
@@ -84,7 +88,7 @@ pub(crate) fn shrink_log(
     if !recorded(db)? {
         return Ok(None);
     }
-    let io = |what: &str, e| OpenError::io(format!("{what} log {}", log_path.display()), e);
+    let io = |what: &str, e| StorageError::io(format!("{what} log {}", log_path.display()), e);
     let file = match std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -92,7 +96,7 @@ pub(crate) fn shrink_log(
     {
         Ok(file) => OsFile(file),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(io("opening", e)),
+        Err(e) => return Err(io("opening", e).into()),
     };
     if identity::read(&file, store_id).map_err(|e| io("reading the identity of", e))?
         != Identity::Ours
@@ -100,17 +104,17 @@ pub(crate) fn shrink_log(
         return Ok(None);
     }
     let ctx = "moving the log's first frame back to its start";
-    let txn = db.begin_write().map_err(|e| OpenError::storage(ctx, e))?;
+    let txn = db.begin_write().map_err(|e| StorageError::redb(ctx, e))?;
     {
         let mut meta = txn
             .open_table(META)
-            .map_err(|e| OpenError::storage(ctx, e))?;
+            .map_err(|e| StorageError::redb(ctx, e))?;
         for key in [META_LOG_START, META_LOG_LEN] {
             meta.insert(key, LOG_HEADER_LEN)
-                .map_err(|e| OpenError::storage(ctx, e))?;
+                .map_err(|e| StorageError::redb(ctx, e))?;
         }
     }
-    txn.commit().map_err(|e| OpenError::storage(ctx, e))?;
+    txn.commit().map_err(|e| StorageError::redb(ctx, e))?;
     file.0
         .set_len(LOG_HEADER_LEN)
         .and_then(|()| file.0.sync_all())

@@ -13,7 +13,7 @@
 //! created. The block is written and synced when the log is created (or found empty) and never
 //! changes; frames start after it.
 
-use crate::error::OpenError;
+use crate::error::{OpenError, StorageError};
 
 use super::wal::LogFile;
 
@@ -86,7 +86,7 @@ pub(crate) fn claim(
     let ctx = || format!("writing the identity of log {}", path.display());
     file.write_all_at(&block(store_id), 0)
         .and_then(|()| file.sync_data())
-        .map_err(|e| OpenError::io(ctx(), e))
+        .map_err(|e| StorageError::io(ctx(), e).into())
 }
 
 #[cfg(test)]

@@ -18,7 +18,7 @@ use std::path::Path;
 
 use redb::{ReadableDatabase, TableError, WriteTransaction};
 
-use crate::error::{Error, OpenError};
+use crate::error::{OpenError, StorageError};
 use crate::tree::tables::META;
 
 /// The meta key of the log's length when the store last opened.
@@ -27,25 +27,27 @@ pub(crate) const META_LOG_LEN: &str = "log_len";
 /// The log's length recorded by the last open (0 when none was). Read by opens only.
 pub(crate) fn recorded_len(db: &impl ReadableDatabase) -> Result<u64, OpenError> {
     let ctx = "reading the log's recorded length";
-    let txn = db.begin_read().map_err(|e| OpenError::storage(ctx, e))?;
+    let txn = db.begin_read().map_err(|e| StorageError::redb(ctx, e))?;
     let meta = match txn.open_table(META) {
         Ok(meta) => meta,
         Err(TableError::TableDoesNotExist(_)) => return Ok(0),
-        Err(e) => return Err(OpenError::storage(ctx, e)),
+        Err(e) => return Err(StorageError::redb(ctx, e).into()),
     };
     let value = meta
         .get(META_LOG_LEN)
-        .map_err(|e| OpenError::storage(ctx, e))?;
+        .map_err(|e| StorageError::redb(ctx, e))?;
     Ok(value.map_or(0, |v| v.value()))
 }
 
 /// Records the log's length in `txn`; returns whether it changed.
-pub(crate) fn record_len(txn: &WriteTransaction, len: u64) -> Result<bool, Error> {
+pub(crate) fn record_len(txn: &WriteTransaction, len: u64) -> Result<bool, StorageError> {
     let ctx = "recording the log's length";
-    let mut meta = txn.open_table(META).map_err(|e| Error::storage(ctx, e))?;
+    let mut meta = txn
+        .open_table(META)
+        .map_err(|e| StorageError::redb(ctx, e))?;
     let old = meta
         .insert(META_LOG_LEN, len)
-        .map_err(|e| Error::storage(ctx, e))?;
+        .map_err(|e| StorageError::redb(ctx, e))?;
     Ok(old.is_none_or(|v| v.value() != len))
 }
 

@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use redb::Database;
 
-use crate::error::Error;
+use crate::error::StorageError;
 use crate::log::identity::LOG_HEADER_LEN;
 use crate::log::wal::{self, parse_header, Frame, LogFile, Wal, HEADER_LEN};
 use crate::record::Record;
@@ -28,7 +28,7 @@ pub(crate) fn recover(
     log: Arc<dyn LogFile>,
     log_path: PathBuf,
     strict: bool,
-) -> Result<(Wal, u64), Error> {
+) -> Result<(Wal, u64), StorageError> {
     replay(db, windows, log, log_path, strict)
 }
 
@@ -38,9 +38,9 @@ fn replay(
     log: Arc<dyn LogFile>,
     log_path: PathBuf,
     strict: bool,
-) -> Result<(Wal, u64), Error> {
+) -> Result<(Wal, u64), StorageError> {
     let ctx = "replaying the log";
-    let mut txn = db.begin_write().map_err(|e| Error::storage(ctx, e))?;
+    let mut txn = db.begin_write().map_err(|e| StorageError::redb(ctx, e))?;
     // Record redb's allocator state with this commit, as checkpoints do (`commit/writer.rs`).
     txn.set_quick_repair(true);
     let (checkpoint_seq, mut next_token, salt, start, next_salt) = {
@@ -62,7 +62,7 @@ fn replay(
     // The log never shrinks; its length now lets a later open tell a truncated log
     // (`log/lost_log.rs`).
     let log_len = log.len().map_err(|e| {
-        Error::io(
+        StorageError::io(
             format!("reading the length of log {}", log_path.display()),
             e,
         )
@@ -75,7 +75,7 @@ fn replay(
     if crate::log::clean_close::take(&txn)? {
         // Closed cleanly: the checkpoint holds every frame, so the log is not read. The mark
         // is removed durably before any new frame can be written.
-        txn.commit().map_err(|e| Error::storage(ctx, e))?;
+        txn.commit().map_err(|e| StorageError::redb(ctx, e))?;
         let mut wal = Wal::resume_at(log, log_path, checkpoint_seq, salt, start);
         wal.set_next_salt(next_salt);
         return Ok((wal, next_token));
@@ -104,9 +104,9 @@ fn replay(
         // extend the new run, and nothing can forge a frame without knowing the salt. (Only a
         // changed log length or a new next salt is committed.)
         if changed {
-            txn.commit().map_err(|e| Error::storage(ctx, e))?;
+            txn.commit().map_err(|e| StorageError::redb(ctx, e))?;
         } else {
-            txn.abort().map_err(|e| Error::storage(ctx, e))?;
+            txn.abort().map_err(|e| StorageError::redb(ctx, e))?;
         }
         wal.rewind_to(start, salt);
         wal.set_next_salt(next_salt);
@@ -133,10 +133,11 @@ fn replay(
                 let old_index = old.as_ref().map(IndexEntries::of);
                 match &entry.record {
                     Some(bytes) => {
-                        let record = Record::decode(bytes).map_err(|reason| Error::Corruption {
-                            location: format!("log frame seq {}", frame.seq),
-                            reason: format!("a logged record does not decode: {reason}"),
-                        })?;
+                        let record =
+                            Record::decode(bytes).map_err(|reason| StorageError::Corruption {
+                                location: format!("log frame seq {}", frame.seq),
+                                reason: format!("a logged record does not decode: {reason}"),
+                            })?;
                         tables.put(&entry.key, old_index, &record, bytes)?;
                     }
                     None => tables.delete(&entry.key, old_index)?,
@@ -149,7 +150,7 @@ fn replay(
         tables.set_wal_seq(wal.last_seq())?;
         tables.set_log_region(LOG_HEADER_LEN, new_salt, next_salt)?;
     }
-    txn.commit().map_err(|e| Error::storage(ctx, e))?;
+    txn.commit().map_err(|e| StorageError::redb(ctx, e))?;
     wal.rewind(new_salt);
     wal.set_next_salt(next_salt);
     Ok((wal, next_token))
@@ -203,7 +204,7 @@ impl Wal {
         checkpoint_seq: u64,
         salt: u64,
         strict: bool,
-    ) -> Result<Recovered, Error> {
+    ) -> Result<Recovered, StorageError> {
         let position = LogPosition {
             checkpoint_seq,
             start: crate::log::identity::LOG_HEADER_LEN,
@@ -227,16 +228,16 @@ impl Wal {
         path: PathBuf,
         position: LogPosition,
         strict: bool,
-    ) -> Result<Recovered, Error> {
+    ) -> Result<Recovered, StorageError> {
         let LogPosition {
             checkpoint_seq,
             start,
             salt,
             mut next_salt,
         } = position;
-        let len = file
-            .len()
-            .map_err(|e| Error::io(format!("reading the length of log {}", path.display()), e))?;
+        let len = file.len().map_err(|e| {
+            StorageError::io(format!("reading the length of log {}", path.display()), e)
+        })?;
         let mut wal = Wal::resume_at(file, path, checkpoint_seq, salt, start);
         let mut frames = Vec::new();
         let mut previous: Option<u64> = None;
@@ -310,16 +311,16 @@ impl Wal {
         })
     }
 
-    fn corrupt(&self, offset: u64, reason: String) -> Error {
-        Error::Corruption {
+    fn corrupt(&self, offset: u64, reason: String) -> StorageError {
+        StorageError::Corruption {
             location: format!("log {} at offset {offset}", self.path.display()),
             reason,
         }
     }
 
-    fn read(&self, buf: &mut [u8], offset: u64) -> Result<(), Error> {
+    fn read(&self, buf: &mut [u8], offset: u64) -> Result<(), StorageError> {
         self.file.read_exact_at(buf, offset).map_err(|e| {
-            Error::io(
+            StorageError::io(
                 format!("reading log {} at offset {offset}", self.path.display()),
                 e,
             )
@@ -327,7 +328,11 @@ impl Wal {
     }
 
     /// The checksum-valid frame at `offset`, or `None` if there is none (end of the log).
-    fn read_frame(&self, offset: u64, len: u64) -> Result<Option<(wal::Header, Vec<u8>)>, Error> {
+    fn read_frame(
+        &self,
+        offset: u64,
+        len: u64,
+    ) -> Result<Option<(wal::Header, Vec<u8>)>, StorageError> {
         self.read_frame_under(self.salt, offset, len)
     }
 
@@ -337,7 +342,7 @@ impl Wal {
         salt: u64,
         offset: u64,
         len: u64,
-    ) -> Result<Option<(wal::Header, Vec<u8>)>, Error> {
+    ) -> Result<Option<(wal::Header, Vec<u8>)>, StorageError> {
         if offset + HEADER_LEN as u64 > len {
             return Ok(None);
         }
@@ -366,7 +371,7 @@ impl Wal {
         from: u64,
         len: u64,
         expected: u64,
-    ) -> Result<Vec<(u64, wal::Header)>, Error> {
+    ) -> Result<Vec<(u64, wal::Header)>, StorageError> {
         const CHUNK: u64 = 1 << 20;
         let mut found = Vec::new();
         let mut start = from;

@@ -65,7 +65,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::error::Error;
+use crate::error::StorageError;
 pub(crate) use crate::log::identity::LOG_HEADER_LEN;
 use crate::record::Record;
 
@@ -191,7 +191,7 @@ impl Wal {
         next_token: u64,
         durable: u64,
         entries: impl ExactSizeIterator<Item = (&'a [u8], Option<&'a [u8]>)>,
-    ) -> Result<u64, Error> {
+    ) -> Result<u64, StorageError> {
         self.encode(next_token, durable, entries);
         if !self.fits() {
             return Err(self.corrupt_limit());
@@ -232,8 +232,8 @@ impl Wal {
     }
 
     #[cfg_attr(not(feature = "__whitebox"), allow(dead_code))]
-    fn corrupt_limit(&self) -> Error {
-        Error::Corruption {
+    fn corrupt_limit(&self) -> StorageError {
+        StorageError::Corruption {
             location: format!("log {}", self.path.display()),
             reason: format!(
                 "a frame at offset {} would overwrite the log region at {} before its checkpoint is durable",
@@ -243,13 +243,13 @@ impl Wal {
     }
 
     /// Writes the frame [`encode`](Wal::encode)d last; returns its sequence number.
-    pub(crate) fn write_encoded(&mut self) -> Result<u64, Error> {
+    pub(crate) fn write_encoded(&mut self) -> Result<u64, StorageError> {
         let at = self.pending_at;
         let seq = self.next_seq;
         debug_assert!(self.fits(), "a frame never reaches a region still needed");
         self.grow(at + self.buf.len() as u64)?;
         self.file.write_all_at(&self.buf, at).map_err(|e| {
-            Error::io(
+            StorageError::io(
                 format!("writing log {} at offset {at}", self.path.display()),
                 e,
             )
@@ -265,9 +265,9 @@ impl Wal {
     /// created, or longer from an earlier run). A frame then overwrites allocated blocks, so its
     /// sync flushes data only, not the file's size, except at the few syncs that follow a
     /// growth: the log doubles (by at most [`PREALLOC_STEP_MAX`]) each time.
-    pub(crate) fn preallocate(&mut self, cap: u64) -> Result<(), Error> {
+    pub(crate) fn preallocate(&mut self, cap: u64) -> Result<(), StorageError> {
         let filled = self.file.len().map_err(|e| {
-            Error::io(
+            StorageError::io(
                 format!("reading the length of log {}", self.path.display()),
                 e,
             )
@@ -277,7 +277,7 @@ impl Wal {
     }
 
     /// Zero-fills the file past `end` when a preallocated log's frames reach its end.
-    fn grow(&mut self, end: u64) -> Result<(), Error> {
+    fn grow(&mut self, end: u64) -> Result<(), StorageError> {
         let Some(prealloc) = &mut self.prealloc else {
             return Ok(());
         };
@@ -286,7 +286,7 @@ impl Wal {
         }
         let target = prealloc_target(prealloc.filled, end, prealloc.cap);
         zero_fill(&*self.file, prealloc.filled, target).map_err(|e| {
-            Error::io(
+            StorageError::io(
                 format!(
                     "preallocating log {} from {} to {target} bytes",
                     self.path.display(),
@@ -586,8 +586,8 @@ pub fn parse_header(salt: u64, bytes: &[u8]) -> Option<Header> {
 }
 
 /// Decodes a payload whose checksum matched. `offset` names the frame in errors.
-pub fn decode_payload(header: &Header, payload: &[u8], offset: u64) -> Result<Frame, Error> {
-    let bad = |reason: &str| Error::Corruption {
+pub fn decode_payload(header: &Header, payload: &[u8], offset: u64) -> Result<Frame, StorageError> {
+    let bad = |reason: &str| StorageError::Corruption {
         location: format!("log frame at offset {offset} (seq {})", header.seq),
         reason: reason.to_string(),
     };
@@ -595,7 +595,7 @@ pub fn decode_payload(header: &Header, payload: &[u8], offset: u64) -> Result<Fr
         return Err(bad("payload checksum mismatch"));
     }
     let mut rest = payload;
-    let mut take = |n: usize| -> Result<&[u8], Error> {
+    let mut take = |n: usize| -> Result<&[u8], StorageError> {
         if rest.len() < n {
             return Err(bad("payload ends inside an entry"));
         }

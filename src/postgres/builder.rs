@@ -154,7 +154,9 @@ impl PgBuilder {
     }
 
     fn check(&self) -> Result<(), Error> {
-        let invalid = |setting, reason: String| Err(Error::InvalidConfig { setting, reason });
+        let invalid = |setting, reason: String| {
+            Err(crate::OpenError::InvalidConfig { setting, reason }.into())
+        };
         schema::check_table(&self.table)?;
         if self.lease < Duration::from_millis(1) {
             return invalid("lease", "it must be at least 1 ms".into());
@@ -196,15 +198,16 @@ impl PgBuilder {
     /// checking its schema version otherwise.
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`] for a setting out of range, a connection string that does not
+    /// [`OpenError::InvalidConfig`](crate::OpenError::InvalidConfig) for a setting out of range, a connection string that does not
     /// parse, or a table of another schema version (naming both); [`Error::Database`] when
     /// PostgreSQL cannot be reached.
     pub async fn connect(&self, config: &str) -> Result<PgStore, Error> {
-        let config =
-            tokio_postgres::Config::from_str(config).map_err(|error| Error::InvalidConfig {
+        let config = tokio_postgres::Config::from_str(config).map_err(|error| {
+            crate::OpenError::InvalidConfig {
                 setting: "config",
                 reason: format!("the connection string does not parse: {error}"),
-            })?;
+            }
+        })?;
         self.connect_with(config).await
     }
 
@@ -253,7 +256,7 @@ impl PgBuilder {
         let pool = Pool::builder(manager)
             .max_size(self.pool_size)
             .build()
-            .map_err(|error| Error::InvalidConfig {
+            .map_err(|error| crate::OpenError::InvalidConfig {
                 setting: "pool_size",
                 reason: error.to_string(),
             })?;

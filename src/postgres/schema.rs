@@ -61,14 +61,15 @@ pub(crate) fn check_table(name: &str) -> Result<(), Error> {
         .chars()
         .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
     if !ok_first || !ok_rest || name.len() > MAX_TABLE_LEN {
-        return Err(Error::InvalidConfig {
+        return Err(crate::OpenError::InvalidConfig {
             setting: "table",
             reason: format!(
                 "table name `{}` must be 1 to {MAX_TABLE_LEN} bytes of lower-case ASCII letters, \
                  digits and `_`, not starting with a digit",
                 name.escape_debug()
             ),
-        });
+        }
+        .into());
     }
     Ok(())
 }
@@ -247,7 +248,7 @@ pub(crate) fn lock_key(table: &str) -> i64 {
 /// the version otherwise.
 ///
 /// # Errors
-/// [`Error::InvalidConfig`] naming the table and both versions when it holds another schema
+/// [`OpenError::InvalidConfig`](crate::OpenError::InvalidConfig) naming the table and both versions when it holds another schema
 /// version, or when a table of that name exists without idemstore's version row;
 /// [`Error::Database`] when PostgreSQL refuses.
 pub(crate) async fn connect_schema(
@@ -282,13 +283,14 @@ pub(crate) async fn connect_schema(
         .map_err(|e| failed("checking the schema", e))?;
     if !has_meta {
         if has_table {
-            return Err(Error::InvalidConfig {
+            return Err(crate::OpenError::InvalidConfig {
                 setting: "table",
                 reason: format!(
                     "a table `{t}` exists without idemstore's `{t}_meta` version row: it was \
                      not made by idemstore; choose another table name"
                 ),
-            });
+            }
+            .into());
         }
         for statement in sql.create() {
             tx.batch_execute(&statement)
@@ -310,7 +312,7 @@ pub(crate) async fn connect_schema(
         .map(|row| row.get(0));
     match found {
         Some(version) if version == SCHEMA_VERSION.to_string() => Ok(()),
-        found => Err(Error::InvalidConfig {
+        found => Err(crate::OpenError::InvalidConfig {
             setting: "table",
             reason: format!(
                 "table `{t}` holds idemstore's PostgreSQL schema version {}; this build reads \
@@ -319,6 +321,7 @@ pub(crate) async fn connect_schema(
                  another table name",
                 found.as_deref().unwrap_or("(none)")
             ),
-        }),
+        }
+        .into()),
     }
 }

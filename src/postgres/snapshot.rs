@@ -92,7 +92,7 @@ impl PgSnapshot {
     /// `key`'s record in the snapshot; `None` when absent or expired (as [`PgStore::get`]).
     ///
     /// # Errors
-    /// [`Error::Corruption`] naming the key when its row does not decode; [`Error::Database`].
+    /// [`StorageError::Corruption`](crate::StorageError::Corruption) naming the key when its row does not decode; [`Error::Database`].
     pub async fn get(&self, key: &Key) -> Result<Option<Record>, Error> {
         let statement = format!(
             "SELECT key, token, nonce, body FROM {} WHERE key = $1",

@@ -108,7 +108,7 @@ impl PgStore {
     /// `Acquired` is returned only after PostgreSQL committed the row.
     ///
     /// # Errors
-    /// [`Error::Corruption`] for a damaged row; [`Error::Database`] when PostgreSQL gave no
+    /// [`StorageError::Corruption`](crate::StorageError::Corruption) for a damaged row; [`Error::Database`] when PostgreSQL gave no
     /// definite answer within the operation deadline (saying whether the write may have
     /// landed: an acquisition nobody was told of goes stale when its lease runs out).
     pub async fn reserve(&self, key: &Key, fingerprint: Fingerprint) -> Result<Reservation, Error> {
@@ -463,7 +463,7 @@ impl PgStore {
     ///
     /// # Errors
     /// [`Error::LeaseLive`] naming the lease's end when a live lease holds the key (nothing
-    /// is changed); [`Error::Corruption`]; [`Error::Database`].
+    /// is changed); [`StorageError::Corruption`](crate::StorageError::Corruption); [`Error::Database`].
     pub async fn expire(&self, key: &Key) -> Result<Option<RecordClass>, Error> {
         self.expire_with(key, LiveLease::Refuse).await
     }
@@ -496,7 +496,7 @@ impl PgStore {
     /// The dedup window; see [`Store::observe`](crate::Store::observe).
     ///
     /// # Errors
-    /// [`Error::Corruption`], [`Error::Database`].
+    /// [`StorageError::Corruption`](crate::StorageError::Corruption), [`Error::Database`].
     pub async fn observe(&self, key: &Key, window: Duration) -> Result<Seen, Error> {
         let op = Observe {
             window: duration_millis(window),
@@ -605,7 +605,7 @@ impl PgStore {
     /// The stored record, `None` when absent or expired.
     ///
     /// # Errors
-    /// [`Error::Corruption`], [`Error::Database`].
+    /// [`StorageError::Corruption`](crate::StorageError::Corruption), [`Error::Database`].
     pub async fn get(&self, key: &Key) -> Result<Option<Record>, Error> {
         let now = self.inner.now();
         let mut rows = self.inner.read_rows(&[key.encoded()]).await?;
@@ -621,7 +621,7 @@ impl PgStore {
     /// at intervals of a lease or more on a large table.
     ///
     /// # Errors
-    /// [`Error::Corruption`] for a damaged row; [`Error::Database`].
+    /// [`StorageError::Corruption`](crate::StorageError::Corruption) for a damaged row; [`Error::Database`].
     pub async fn stale(&self, limit: usize) -> Result<Vec<(Key, Record)>, Error> {
         let now = self.inner.now();
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
@@ -635,10 +635,11 @@ impl PgStore {
             .map(Inner::decode_row)
             .filter_map(|(key, row)| match (Key::decode(&key), row) {
                 (_, Err(error)) => Some(Err(error)),
-                (None, Ok(_)) => Some(Err(Error::Corruption {
+                (None, Ok(_)) => Some(Err(crate::StorageError::Corruption {
                     location: format!("PostgreSQL row of key bytes {key:02x?}"),
                     reason: "the key column is not a key's encoding".to_string(),
-                })),
+                }
+                .into())),
                 (Some(key), Ok(Row { record, .. })) => {
                     (record.class(now, self.inner.policies.floor()) == RecordClass::Stale)
                         .then_some(Ok((key, record)))

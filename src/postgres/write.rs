@@ -446,14 +446,14 @@ impl Inner {
                 record.token = token.cast_unsigned();
                 Row { record, nonce }
             })
-            .map_err(|reason| Error::Corruption {
+            .map_err(|reason| crate::StorageError::Corruption {
                 location: format!(
                     "PostgreSQL row of key {}",
                     Key::decode(&key).map_or_else(|| format!("{key:02x?}"), |key| key.to_string())
                 ),
                 reason,
             });
-        (key, decoded)
+        (key, decoded.map_err(Into::into))
     }
 
     /// The rows of `keys` (encoded), read in one statement; absent keys are missing.

@@ -8,7 +8,7 @@
 //!
 //! ## The latched first write failure
 //!
-//! Once a write or sync fails, every call fails with [`Error::Poisoned`] until the store is
+//! Once a write or sync fails, every call fails with [`StorageError::Poisoned`](crate::StorageError::Poisoned) until the store is
 //! reopened.
 //!
 //! ## Counters
@@ -31,7 +31,7 @@ use redb::{Database, ReadableDatabase};
 
 use crate::clock::{to_millis, Clock};
 use crate::decide::policy::Policies;
-use crate::error::Error;
+use crate::error::{Error, OpenError, StorageError};
 use crate::key::Key;
 use crate::record::{Millis, Record};
 use crate::tree::tables::decode_record;
@@ -90,7 +90,7 @@ impl Engine {
     /// as the last commit of it left it.
     ///
     /// The inner `Err` is a damaged record (an error for this key alone); the outer one is a
-    /// storage error, or [`Error::Poisoned`] when a failed write may have dropped a newer
+    /// storage error, or [`StorageError::Poisoned`](crate::StorageError::Poisoned) when a failed write may have dropped a newer
     /// state from memory since the caller last checked.
     pub(crate) fn newest(&self, key: &Key) -> Result<Result<Option<Record>, Error>, Error> {
         if let Some(state) = self.overlay.get(key) {
@@ -101,19 +101,23 @@ impl Engine {
         }
         let ctx = "reading a record";
         let (_, table) = self.overlay.committed(|| {
-            let txn = self.db.begin_read().map_err(|e| Error::storage(ctx, e))?;
+            let txn = self
+                .db
+                .begin_read()
+                .map_err(|e| StorageError::redb(ctx, e))?;
             Records::open(&txn, &self.windows)
         })?;
         let value = table
             .get(key.encoded())
-            .map_err(|e| Error::storage(ctx, e))?;
+            .map_err(|e| StorageError::redb(ctx, e))?;
         // A failed write clears the overlay and the cache after latching the poison: if that
         // happened since the caller checked, the overlay or the cache may have held a newer
         // acknowledged state than redb, so refuse rather than return an older one.
         self.poison.check()?;
         Ok(value
             .map(|bytes| decode_record(key.encoded(), bytes.value()))
-            .transpose())
+            .transpose()
+            .map_err(Into::into))
     }
 }
 
@@ -207,25 +211,25 @@ pub fn reopen_room(replay: u64) -> u64 {
 /// An open that failed on a full disk (replaying the log into the B-tree grows the store file)
 /// says so, naming the store file and how much room the next try needs; other errors are
 /// returned as they are.
-pub(crate) fn full_disk_at_open(error: Error, store: &Path, replay: u64) -> Error {
+pub(crate) fn full_disk_at_open(error: OpenError, store: &Path, replay: u64) -> OpenError {
     let (context, source) = match error {
-        Error::Io { context, source } if source.kind() == std::io::ErrorKind::StorageFull => {
+        OpenError::Storage(StorageError::Io { context, source })
+            if source.kind() == std::io::ErrorKind::StorageFull =>
+        {
             (context, source)
         }
-        Error::Storage { context, source } => match *source {
+        OpenError::Storage(StorageError::Redb { context, source }) => match *source {
             redb::Error::Io(e) if e.kind() == std::io::ErrorKind::StorageFull => {
                 (context.to_string(), e)
             }
             other => {
-                return Error::Storage {
-                    context,
-                    source: Box::new(other),
-                }
+                let source = Box::new(other);
+                return StorageError::Redb { context, source }.into();
             }
         },
         other => return other,
     };
-    Error::io(
+    StorageError::io(
         format!(
             "{context} while opening store {} (the disk is full: free at least {} bytes on its disk, then open it again; opening replays up to {} bytes of log into it)",
             store.display(),
@@ -234,6 +238,7 @@ pub(crate) fn full_disk_at_open(error: Error, store: &Path, replay: u64) -> Erro
         ),
         source,
     )
+    .into()
 }
 
 impl Poison {
@@ -254,10 +259,11 @@ impl Poison {
     pub(crate) fn check(&self) -> Result<(), Error> {
         match self.0.get() {
             None => Ok(()),
-            Some((cause, io_kind)) => Err(Error::Poisoned {
+            Some((cause, io_kind)) => Err(StorageError::Poisoned {
                 cause: cause.clone(),
                 io_kind: *io_kind,
-            }),
+            }
+            .into()),
         }
     }
 
@@ -293,15 +299,16 @@ impl Poison {
 /// message and I/O error kind (so a full disk is recognizable with [`Error::io_kind`]).
 pub(crate) fn error_copy(error: &Error) -> Error {
     match error {
-        Error::Poisoned { cause, io_kind } => Error::Poisoned {
+        Error::Storage(StorageError::Poisoned { cause, io_kind }) => StorageError::Poisoned {
             cause: cause.clone(),
             io_kind: *io_kind,
         },
-        other => Error::Poisoned {
+        other => StorageError::Poisoned {
             cause: crate::error::with_causes(other),
             io_kind: other.io_kind(),
         },
     }
+    .into()
 }
 
 // The counters (see the module docs).

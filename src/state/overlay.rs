@@ -260,7 +260,7 @@ mod tests {
             txn.commit().unwrap();
         };
         let opened = std::cell::Cell::new(0);
-        let open = || -> Result<RecordsTable, crate::Error> {
+        let open = || -> Result<RecordsTable, crate::error::StorageError> {
             opened.set(opened.get() + 1);
             RecordsTable::open(&db.begin_read().unwrap(), &windows)
         };

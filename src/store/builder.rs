@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::clock::{duration_millis, Clock, SystemClock};
-use crate::error::{Error, OpenError};
+use crate::error::OpenError;
 use crate::key::Key;
 use crate::log::wal::LogFile;
 pub use crate::state::settings::Durability;
@@ -381,7 +381,7 @@ impl Builder {
     /// after a crash replays at most [`checkpoint_bytes`](Builder::checkpoint_bytes) of log
     /// and loads redb's recorded allocator state: its time does not grow with the store. A
     /// page damaged anyway is met by the read that reaches it, which returns
-    /// [`Error::Corruption`] naming the file, never a panic; [`Store::verify`] checks every
+    /// [`StorageError::Corruption`](crate::StorageError::Corruption) naming the file, never a panic; [`Store::verify`] checks every
     /// record on demand.
     ///
     /// A store closed cleanly (dropped) is never verified on open: nothing was in flight when
@@ -432,7 +432,7 @@ impl Builder {
     /// without Unix sockets).
     ///
     /// # Errors
-    /// [`Builder::open`] fails with [`OpenError::Io`] naming the socket when it
+    /// [`Builder::open`] fails with [`StorageError::Io`](crate::StorageError::Io) naming the socket when it
     /// cannot be served: a path longer than a Unix socket address allows (107 bytes on
     /// Linux), or a file that is not a socket in its place (or, at `.NAME.a` next to the store,
     /// one that is not the directory the socket is bound in). Choose [`AdminSocket::Off`] there.
@@ -491,7 +491,7 @@ impl Builder {
     /// Opens the store at `path`, creating it (crash-safely) if it does not exist.
     ///
     /// # Errors
-    /// An [`OpenError`], which converts into the [`Error`] of the same name (so `?` works in
+    /// An [`OpenError`], which converts into [`Error::Open`](crate::Error::Open) (so `?` works in
     /// a function returning [`idemstore::Result`](crate::Result)):
     /// - [`OpenError::InvalidConfig`] for a setting out of range;
     /// - [`OpenError::NotAStore`] when `path` is a directory or another program's file (which
@@ -500,7 +500,7 @@ impl Builder {
     /// - [`OpenError::LostLog`] when the store was not closed cleanly and its log is missing,
     ///   empty, truncated or another store's (see [`Builder::accept_log_loss`]);
     /// - [`OpenError::ForeignLog`] when the log next to it cannot be shown to be its own;
-    /// - [`OpenError::Io`], [`OpenError::Storage`] or [`OpenError::Corruption`] when the file
+    /// - [`StorageError::Io`](crate::StorageError::Io), [`OpenError::Storage`] or [`StorageError::Corruption`](crate::StorageError::Corruption) when the file
     ///   or its log cannot be read or replayed.
     pub fn open(&self, path: impl AsRef<Path>) -> Result<Store, OpenError> {
         self.validate()?;
@@ -579,7 +579,7 @@ impl Builder {
     }
 
     fn validate(&self) -> Result<(), OpenError> {
-        self.validate_retentions().map_err(OpenError::from_shared)?;
+        self.validate_retentions()?;
         let check = |ok: bool, setting: &'static str, reason: &str| {
             if ok {
                 Ok(())
@@ -633,13 +633,13 @@ impl Builder {
     }
 
     /// Checks the per-operation retentions.
-    fn validate_retentions(&self) -> Result<(), Error> {
+    fn validate_retentions(&self) -> Result<(), OpenError> {
         validate_retentions(&self.retention_by_operation)
     }
 }
 
 /// Checks a list of per-operation retentions (of this builder or the etcd store's).
-pub(crate) fn validate_retentions(by_operation: &[(Vec<u8>, Duration)]) -> Result<(), Error> {
+pub(crate) fn validate_retentions(by_operation: &[(Vec<u8>, Duration)]) -> Result<(), OpenError> {
     for (operation, retention) in by_operation {
         let name = String::from_utf8_lossy(operation);
         let reason = if operation.is_empty() || operation.len() > Key::MAX_PART_LEN {
@@ -653,7 +653,7 @@ pub(crate) fn validate_retentions(by_operation: &[(Vec<u8>, Duration)]) -> Resul
         } else {
             continue;
         };
-        return Err(Error::InvalidConfig {
+        return Err(OpenError::InvalidConfig {
             setting: "retention_for",
             reason,
         });

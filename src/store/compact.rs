@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use crate::error::OpenError;
+use crate::error::{OpenError, StorageError};
 use crate::store::open::file::{check_format, open_redb};
 
 /// Moves the pages of the closed store at `path` towards the start of its file and shortens
@@ -37,17 +37,17 @@ use crate::store::open::file::{check_format, open_redb};
 /// ```
 ///
 /// # Errors
-/// An [`OpenError`], as opening the file can fail (each converts into the
-/// [`Error`](crate::Error) of the same name): [`OpenError::AlreadyOpen`] while a store has
-/// the file open, [`OpenError::NotAStore`] for a file that is not an idemstore store (a
-/// foreign redb database is left untouched), [`OpenError::Io`], [`OpenError::Corruption`]
-/// naming a damaged block, and [`OpenError::Storage`] when redb's compaction fails.
+/// An [`OpenError`], as opening the file can fail (it converts into
+/// [`Error::Open`](crate::Error::Open)): [`OpenError::AlreadyOpen`] while a store has the
+/// file open, [`OpenError::NotAStore`] for a file that is not an idemstore store (a foreign
+/// redb database is left untouched), and [`OpenError::Storage`] for I/O, a damaged block
+/// (naming it) or redb's compaction failing.
 pub fn compact(path: impl AsRef<Path>) -> Result<(u64, u64), OpenError> {
     let path = path.as_ref();
     let size = || {
         std::fs::metadata(path)
             .map(|m| m.len())
-            .map_err(|e| OpenError::io(format!("reading metadata of {}", path.display()), e))
+            .map_err(|e| StorageError::io(format!("reading metadata of {}", path.display()), e))
     };
     let before = size()?;
     let mut db = open_redb(path)?;
@@ -55,7 +55,7 @@ pub fn compact(path: impl AsRef<Path>) -> Result<(u64, u64), OpenError> {
     // redb compacts until nothing more moves; a second call finds nothing to do.
     while db
         .compact()
-        .map_err(|e| OpenError::storage("compacting the store file", e))?
+        .map_err(|e| StorageError::redb("compacting the store file", e))?
     {}
     let store_id = crate::store::open::store_id(&db)?;
     crate::log::clean_close::shrink_log(&db, store_id, &crate::log::wal::log_path(path))?;

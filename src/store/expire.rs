@@ -54,8 +54,8 @@ impl Store {
     ///
     /// # Errors
     /// [`Error::LeaseLive`] naming the lease's end when a live lease holds the key (nothing
-    /// is changed); [`Error::Corruption`] when its record is damaged; storage errors and
-    /// [`Error::Poisoned`] as for [`reserve`](Store::reserve).
+    /// is changed); [`StorageError::Corruption`](crate::StorageError::Corruption) when its record is damaged; storage errors and
+    /// [`StorageError::Poisoned`](crate::StorageError::Poisoned) as for [`reserve`](Store::reserve).
     pub fn expire(&self, key: &Key) -> Result<Option<RecordClass>, Error> {
         self.expire_one(key, LiveLease::Refuse)
     }

@@ -28,7 +28,7 @@ use std::sync::Arc;
 use redb::ReadableDatabase;
 
 use crate::commit::{sweep, Committer, Writer};
-use crate::error::Error;
+use crate::error::{Error, StorageError};
 use crate::key::Key;
 use crate::record::{Millis, Record, TokenFloor};
 use crate::state::Engine;
@@ -273,13 +273,13 @@ impl Store {
         self.engine
             .db
             .begin_read()
-            .map_err(|e| Error::storage("starting a read transaction", e))
+            .map_err(|e| StorageError::redb("starting a read transaction", e).into())
     }
 
     /// The record stored for `key`, or `None` when it is absent or expired.
     ///
     /// # Errors
-    /// [`Error::Corruption`] naming the key when its record is damaged.
+    /// [`StorageError::Corruption`](crate::StorageError::Corruption) naming the key when its record is damaged.
     pub fn get(&self, key: &Key) -> Result<Option<Record>, Error> {
         self.engine.poison.check()?;
         let now = self.now();
@@ -300,7 +300,7 @@ impl Store {
     /// of neighbouring keys are then read one after the other). Every key is
     /// still looked up in the overlay before the cache and in the cache before redb, the
     /// order [`read_one`](Store::read_one) keeps. Never an older state than acknowledged:
-    /// after the store is poisoned a record read from redb is [`Error::Poisoned`] instead.
+    /// after the store is poisoned a record read from redb is [`StorageError::Poisoned`](crate::StorageError::Poisoned) instead.
     pub(super) fn read_many<'k>(
         &self,
         keys: impl IntoIterator<Item = &'k Key>,
@@ -336,7 +336,7 @@ impl Store {
     }
 
     /// Runs `read`, which reads redb pages, turning a panic inside redb into
-    /// [`Error::Corruption`] naming the file. A store closed cleanly opens without verifying
+    /// [`StorageError::Corruption`](crate::StorageError::Corruption) naming the file. A store closed cleanly opens without verifying
     /// every page (`clean_close.rs`), so a page damaged since is first met by a read, and redb
     /// can panic on a damaged page it trusts.
     pub(crate) fn guard_read<T>(
@@ -345,10 +345,11 @@ impl Store {
         read: impl FnOnce() -> Result<T, Error>,
     ) -> Result<T, Error> {
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(read)).unwrap_or_else(|_| {
-            Err(Error::Corruption {
+            Err(StorageError::Corruption {
                 location: format!("store {}", self.path.display()),
                 reason: format!("redb panicked {doing}: a page of the file is damaged"),
-            })
+            }
+            .into())
         })
     }
 
@@ -358,7 +359,7 @@ impl Store {
     /// [`resolve`](Store::resolve).
     ///
     /// # Errors
-    /// [`Error::Corruption`] naming the key of a damaged record; storage errors.
+    /// [`StorageError::Corruption`](crate::StorageError::Corruption) naming the key of a damaged record; storage errors.
     pub fn stale(&self, limit: usize) -> Result<Vec<(Key, Record)>, Error> {
         // Commit what the committer holds in its open transaction, so the listing sees every
         // acknowledged operation.
@@ -369,11 +370,11 @@ impl Store {
                 .engine
                 .db
                 .begin_read()
-                .map_err(|e| Error::storage(ctx, e))?;
+                .map_err(|e| StorageError::redb(ctx, e))?;
             let records = crate::tree::windows::Records::open(&txn, &self.engine.windows)?;
             let deadlines = txn
                 .open_table(DEADLINES)
-                .map_err(|e| Error::storage(ctx, e))?;
+                .map_err(|e| StorageError::redb(ctx, e))?;
             sweep::stale(&records, &deadlines, self.now(), self.token_floor(), limit)
         })
     }
@@ -386,6 +387,6 @@ impl Store {
         self.engine
             .db
             .begin_read()
-            .map_err(|e| Error::storage("inspecting the store", e))
+            .map_err(|e| StorageError::redb("inspecting the store", e).into())
     }
 }

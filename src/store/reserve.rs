@@ -39,7 +39,7 @@ impl Store {
     /// [`Durability`](crate::Durability).
     ///
     /// # Errors
-    /// [`Error::Corruption`] when the key's stored record is damaged; [`Error::Poisoned`] after
+    /// [`StorageError::Corruption`](crate::StorageError::Corruption) when the key's stored record is damaged; [`StorageError::Poisoned`](crate::StorageError::Poisoned) after
     /// a failed write; [`Error::Storage`] for I/O failures.
     pub fn reserve(&self, key: &Key, fingerprint: Fingerprint) -> Result<Reservation, Error> {
         match self.read_for_reserve(key, fingerprint)? {

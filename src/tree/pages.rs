@@ -61,7 +61,7 @@ const HEADER_SUM: std::ops::Range<usize> = 504..508;
 /// The sector of block 0 that holds redb's header and the sum.
 const SECTOR: usize = 512;
 
-pub(crate) use crate::error::Damage;
+use crate::error::StorageError;
 
 /// The sums of one group, as in memory.
 struct Sums {
@@ -218,9 +218,8 @@ impl<B: StorageBackend> PageFile<B> {
     fn damage(&self, offset: u64, reason: String) -> io::Error {
         io::Error::new(
             io::ErrorKind::InvalidData,
-            Damage {
-                file: self.file.to_string(),
-                offset,
+            StorageError::Corruption {
+                location: format!("store {} at offset {offset}", self.file),
                 reason,
             },
         )

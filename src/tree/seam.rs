@@ -11,7 +11,7 @@ use redb::{Database, ReadableDatabase};
 
 use super::tables::{open_windows, IndexEntries, Tables};
 use super::windows::{Records, Windows};
-use crate::error::Error;
+use crate::error::StorageError;
 use crate::fingerprint::Fingerprint;
 use crate::record::{Millis, Record, State};
 
@@ -26,14 +26,14 @@ pub struct Tree {
 
 impl Tree {
     /// An empty store's tables, its windows `width` ms wide, opened as a store opens them.
-    pub fn new(width: u64) -> Result<Tree, Error> {
+    pub fn new(width: u64) -> Result<Tree, StorageError> {
         let ctx = "making a whitebox tree";
         let db = redb::Builder::new()
             .create_with_backend(InMemoryBackend::new())
-            .map_err(|e| Error::storage(ctx, e))?;
-        let txn = db.begin_write().map_err(|e| Error::storage(ctx, e))?;
+            .map_err(|e| StorageError::redb(ctx, e))?;
+        let txn = db.begin_write().map_err(|e| StorageError::redb(ctx, e))?;
         Tables::open(&txn, &Windows::new(1))?.initialize(width)?;
-        txn.commit().map_err(|e| Error::storage(ctx, e))?;
+        txn.commit().map_err(|e| StorageError::redb(ctx, e))?;
         let windows = open_windows(&db, Path::new(NAME))?;
         Ok(Tree { db, windows })
     }
@@ -42,7 +42,12 @@ impl Tree {
     /// commit that saves the filters, telling the tables that the record stored before it
     /// expires at `old` (`None`: none), as a caller that read it, maybe from a stale cache,
     /// would.
-    pub fn put(&self, key: &[u8], old: Option<Millis>, expires_at: Millis) -> Result<(), Error> {
+    pub fn put(
+        &self,
+        key: &[u8],
+        old: Option<Millis>,
+        expires_at: Millis,
+    ) -> Result<(), StorageError> {
         let record = Record {
             fingerprint: Fingerprint::of(b"whitebox tree"),
             token: 1,
@@ -61,22 +66,25 @@ impl Tree {
     }
 
     /// Deletes the window a record expiring at `expires_at` lives in, in one durable commit.
-    pub fn drop_window_of(&self, expires_at: Millis) -> Result<(), Error> {
+    pub fn drop_window_of(&self, expires_at: Millis) -> Result<(), StorageError> {
         let window = self.windows.of(expires_at);
         self.write(|tables| tables.drop_window(window).map(drop))
     }
 
     /// Whether a lookup through the windows' filters finds `key`.
-    pub fn finds(&self, key: &[u8]) -> Result<bool, Error> {
+    pub fn finds(&self, key: &[u8]) -> Result<bool, StorageError> {
         let ctx = "reading a whitebox tree";
-        let txn = self.db.begin_read().map_err(|e| Error::storage(ctx, e))?;
+        let txn = self
+            .db
+            .begin_read()
+            .map_err(|e| StorageError::redb(ctx, e))?;
         let records = Records::open(&txn, &self.windows)?;
-        let found = records.get(key).map_err(|e| Error::storage(ctx, e))?;
+        let found = records.get(key).map_err(|e| StorageError::redb(ctx, e))?;
         Ok(found.is_some())
     }
 
     /// Reads the windows and their saved filters again, as the next open would.
-    pub fn reopen(&mut self) -> Result<(), Error> {
+    pub fn reopen(&mut self) -> Result<(), StorageError> {
         self.windows = open_windows(&self.db, Path::new(NAME))?;
         Ok(())
     }
@@ -84,15 +92,18 @@ impl Tree {
     /// Runs `change` in one write transaction that saves the filters, committed durably.
     fn write(
         &self,
-        change: impl FnOnce(&mut Tables<'_>) -> Result<(), Error>,
-    ) -> Result<(), Error> {
+        change: impl FnOnce(&mut Tables<'_>) -> Result<(), StorageError>,
+    ) -> Result<(), StorageError> {
         let ctx = "writing a whitebox tree";
-        let txn = self.db.begin_write().map_err(|e| Error::storage(ctx, e))?;
+        let txn = self
+            .db
+            .begin_write()
+            .map_err(|e| StorageError::redb(ctx, e))?;
         {
             let mut tables = Tables::open(&txn, &self.windows)?;
             change(&mut tables)?;
             tables.save_filters()?;
         }
-        txn.commit().map_err(|e| Error::storage(ctx, e))
+        txn.commit().map_err(|e| StorageError::redb(ctx, e))
     }
 }

@@ -28,7 +28,7 @@ use redb::{
 };
 
 use super::windows::{table_name, FilterSeed, Probe, RecordsDef, Windows, FILTERS, FILTER_HASH};
-use crate::error::Error;
+use crate::error::StorageError;
 use crate::record::{Millis, Record};
 
 /// The lease index: (kind, time, encoded key) → (); see the module's documentation.
@@ -75,18 +75,20 @@ pub(crate) const FORMAT_VERSION: u64 = 4;
 /// filters table cannot be opened (of another type), the store gets a new random seed and the
 /// identity, and its saved filters are deleted, in one durable commit before anything is read:
 /// every window's filter is then built from its keys, and saved by the next durable commit.
-pub(crate) fn open_windows(db: &Database, store: &Path) -> Result<Windows, Error> {
+pub(crate) fn open_windows(db: &Database, store: &Path) -> Result<Windows, StorageError> {
     let ctx = "reading the store's windows";
-    let mut txn = db.begin_write().map_err(|e| Error::storage(ctx, e))?;
+    let mut txn = db.begin_write().map_err(|e| StorageError::redb(ctx, e))?;
     txn.set_quick_repair(true);
-    let meta_error = |reason: String| Error::Corruption {
+    let meta_error = |reason: String| StorageError::Corruption {
         location: format!("table idemstore.meta of store {}", store.display()),
         reason,
     };
     let (width, known, mut changed) = {
-        let mut meta = txn.open_table(META).map_err(|e| Error::storage(ctx, e))?;
-        let read = |name: &str| -> Result<Option<u64>, Error> {
-            let value = meta.get(name).map_err(|e| Error::storage(ctx, e))?;
+        let mut meta = txn
+            .open_table(META)
+            .map_err(|e| StorageError::redb(ctx, e))?;
+        let read = |name: &str| -> Result<Option<u64>, StorageError> {
+            let value = meta.get(name).map_err(|e| StorageError::redb(ctx, e))?;
             Ok(value.map(|v| v.value()))
         };
         let width = match read(META_WINDOW_MS)? {
@@ -125,44 +127,48 @@ pub(crate) fn open_windows(db: &Database, store: &Path) -> Result<Windows, Error
     // page that fails its checksum is the file's damage, reported as such.
     let unreadable = match txn.open_table(FILTERS) {
         Ok(_) => false,
-        Err(TableError::Storage(e)) => return Err(Error::storage(ctx, e)),
+        Err(TableError::Storage(e)) => return Err(StorageError::redb(ctx, e)),
         Err(_) => true,
     };
     if changed || unreadable {
         txn.delete_table(FILTERS)
-            .map_err(|e| Error::storage(ctx, e))?;
+            .map_err(|e| StorageError::redb(ctx, e))?;
         txn.open_table(FILTERS)
-            .map_err(|e| Error::storage(ctx, e))?;
+            .map_err(|e| StorageError::redb(ctx, e))?;
         changed = true;
     }
     if changed {
-        txn.commit().map_err(|e| Error::storage(ctx, e))?;
+        txn.commit().map_err(|e| StorageError::redb(ctx, e))?;
     } else {
-        txn.abort().map_err(|e| Error::storage(ctx, e))?;
+        txn.abort().map_err(|e| StorageError::redb(ctx, e))?;
     }
     Windows::load(db, width, known)
 }
 
 /// The random identity of the store in `db`, made at creation; the log carries it. Read from
 /// the meta table alone, before [`open_windows`] has checked the other tables.
-pub(crate) fn store_id(db: &Database) -> Result<u64, Error> {
+pub(crate) fn store_id(db: &Database) -> Result<u64, StorageError> {
     let ctx = "reading the store's identity";
-    let txn = db.begin_read().map_err(|e| Error::storage(ctx, e))?;
-    let meta = txn.open_table(META).map_err(|e| Error::storage(ctx, e))?;
+    let txn = db.begin_read().map_err(|e| StorageError::redb(ctx, e))?;
+    let meta = txn
+        .open_table(META)
+        .map_err(|e| StorageError::redb(ctx, e))?;
     let value = meta
         .get(META_STORE_ID)
-        .map_err(|e| Error::storage(ctx, e))?;
-    value.map(|v| v.value()).ok_or_else(|| Error::Corruption {
-        location: "table idemstore.meta".into(),
-        reason: "the store's identity is missing".into(),
-    })
+        .map_err(|e| StorageError::redb(ctx, e))?;
+    value
+        .map(|v| v.value())
+        .ok_or_else(|| StorageError::Corruption {
+            location: "table idemstore.meta".into(),
+            reason: "the store's identity is missing".into(),
+        })
 }
 
 /// Writes the filters' hash identity ([`FILTER_HASH`]) and a new random seed into `meta`.
 fn write_filter_hash(
     meta: &mut Table<'_, &'static str, u64>,
     ctx: &'static str,
-) -> Result<FilterSeed, Error> {
+) -> Result<FilterSeed, StorageError> {
     let seed = FilterSeed(new_salt(), new_salt());
     for (name, value) in [
         (META_FILTER_HASH, FILTER_HASH),
@@ -170,14 +176,14 @@ fn write_filter_hash(
         (META_FILTER_SEED[1], seed.1),
     ] {
         meta.insert(name, value)
-            .map_err(|e| Error::storage(ctx, e))?;
+            .map_err(|e| StorageError::redb(ctx, e))?;
     }
     Ok(seed)
 }
 
 /// Decodes a stored record, naming the key on damage.
-pub(crate) fn decode_record(key: &[u8], bytes: &[u8]) -> Result<Record, Error> {
-    Record::decode(bytes).map_err(|reason| Error::corrupt_record(key, reason))
+pub(crate) fn decode_record(key: &[u8], bytes: &[u8]) -> Result<Record, StorageError> {
+    Record::decode(bytes).map_err(|reason| StorageError::corrupt_record(key, reason))
 }
 
 /// The store's tables opened in one write transaction: the windows' records tables as they
@@ -195,7 +201,7 @@ impl<'txn> Tables<'txn> {
     pub(crate) fn open(
         txn: &'txn WriteTransaction,
         windows: &'txn Windows,
-    ) -> Result<Tables<'txn>, Error> {
+    ) -> Result<Tables<'txn>, StorageError> {
         let open = "opening the store's tables";
         Ok(Tables {
             txn,
@@ -203,22 +209,24 @@ impl<'txn> Tables<'txn> {
             records: BTreeMap::new(),
             deadlines: txn
                 .open_table(DEADLINES)
-                .map_err(|e| Error::storage(open, e))?,
-            meta: txn.open_table(META).map_err(|e| Error::storage(open, e))?,
+                .map_err(|e| StorageError::redb(open, e))?,
+            meta: txn
+                .open_table(META)
+                .map_err(|e| StorageError::redb(open, e))?,
             filters: txn
                 .open_table(FILTERS)
-                .map_err(|e| Error::storage(open, e))?,
+                .map_err(|e| StorageError::redb(open, e))?,
         })
     }
 
     /// Saves the filter of every window whose saved filter is missing or out of date: every
     /// durable commit does, so a durable state's saved filters hold every key of its tables.
-    pub(crate) fn save_filters(&mut self) -> Result<(), Error> {
+    pub(crate) fn save_filters(&mut self) -> Result<(), StorageError> {
         for (window, filter) in self.windows.list() {
             if !filter.saved.load(Ordering::Acquire) {
                 self.filters
                     .insert(window, filter.encode().as_slice())
-                    .map_err(|e| Error::storage("saving a window's filter", e))?;
+                    .map_err(|e| StorageError::redb("saving a window's filter", e))?;
                 filter.saved.store(true, Ordering::Release);
             }
         }
@@ -234,7 +242,7 @@ impl<'txn> Tables<'txn> {
     pub(crate) fn window(
         &mut self,
         window: u64,
-    ) -> Result<&mut Table<'txn, &'static [u8], &'static [u8]>, Error> {
+    ) -> Result<&mut Table<'txn, &'static [u8], &'static [u8]>, StorageError> {
         use std::collections::btree_map::Entry;
         match self.records.entry(window) {
             Entry::Occupied(open) => Ok(open.into_mut()),
@@ -242,7 +250,7 @@ impl<'txn> Tables<'txn> {
                 let table = self
                     .txn
                     .open_table(RecordsDef::new(&table_name(window)))
-                    .map_err(|e| Error::storage("opening a window's records", e))?;
+                    .map_err(|e| StorageError::redb("opening a window's records", e))?;
                 Ok(slot.insert(table))
             }
         }
@@ -251,7 +259,7 @@ impl<'txn> Tables<'txn> {
     /// Deletes every window that has ended at `now` (a table deletion each: the records are
     /// not read, and a cache may keep them, as they read as absent); returns how many windows
     /// and how many records they held.
-    pub(crate) fn drop_ended_windows(&mut self, now: Millis) -> Result<(u64, u64), Error> {
+    pub(crate) fn drop_ended_windows(&mut self, now: Millis) -> Result<(u64, u64), StorageError> {
         let (mut windows, mut held) = (0, 0);
         for window in self.windows.due(now) {
             held += self.drop_window(window)?;
@@ -262,23 +270,23 @@ impl<'txn> Tables<'txn> {
 
     /// Deletes window `window`'s table with every record in it (all expired: the window ended)
     /// and the lease entries of its pending records; returns how many records it held.
-    pub(crate) fn drop_window(&mut self, window: u64) -> Result<u64, Error> {
+    pub(crate) fn drop_window(&mut self, window: u64) -> Result<u64, StorageError> {
         let ctx = "deleting an expired window";
         let end = self.windows.end(window);
         let candidates: Vec<(Millis, Vec<u8>)> = self
             .deadlines
             .range::<(u8, u64, &[u8])>((LEASE, 0, &[][..])..(LEASE, end, &[][..]))
-            .map_err(|e| Error::storage(ctx, e))?
+            .map_err(|e| StorageError::redb(ctx, e))?
             .map(|entry| entry.map(|(k, _)| (k.value().1, k.value().2.to_vec())))
             .collect::<Result<_, _>>()
-            .map_err(|e| Error::storage(ctx, e))?;
+            .map_err(|e| StorageError::redb(ctx, e))?;
         let table = self.window(window)?;
-        let held = table.len().map_err(|e| Error::storage(ctx, e))?;
+        let held = table.len().map_err(|e| StorageError::redb(ctx, e))?;
         let mut spent = Vec::new();
         for (at, key) in candidates {
             if table
                 .get(key.as_slice())
-                .map_err(|e| Error::storage(ctx, e))?
+                .map_err(|e| StorageError::redb(ctx, e))?
                 .is_some()
             {
                 spent.push((at, key));
@@ -290,10 +298,10 @@ impl<'txn> Tables<'txn> {
         self.records.remove(&window);
         self.txn
             .delete_table(RecordsDef::new(&table_name(window)))
-            .map_err(|e| Error::storage(ctx, e))?;
+            .map_err(|e| StorageError::redb(ctx, e))?;
         self.filters
             .remove(window)
-            .map_err(|e| Error::storage(ctx, e))?;
+            .map_err(|e| StorageError::redb(ctx, e))?;
         self.windows.forget(window);
         Ok(held)
     }
@@ -301,39 +309,39 @@ impl<'txn> Tables<'txn> {
     /// Writes the format marker, the width of the windows (`width`), the first token, the
     /// store's random identity, its first log salt and the filters' hash with its random seed
     /// into a new store: all durable before any frame is written.
-    pub(crate) fn initialize(&mut self, width: u64) -> Result<(), Error> {
+    pub(crate) fn initialize(&mut self, width: u64) -> Result<(), StorageError> {
         let ctx = "initializing a new store";
         self.meta
             .insert(META_FORMAT, FORMAT_VERSION)
-            .map_err(|e| Error::storage(ctx, e))?;
+            .map_err(|e| StorageError::redb(ctx, e))?;
         self.meta
             .insert(META_WINDOW_MS, width.max(1))
-            .map_err(|e| Error::storage(ctx, e))?;
+            .map_err(|e| StorageError::redb(ctx, e))?;
         write_filter_hash(&mut self.meta, ctx)?;
         self.meta
             .insert(META_NEXT_TOKEN, 1)
-            .map_err(|e| Error::storage(ctx, e))?;
+            .map_err(|e| StorageError::redb(ctx, e))?;
         self.meta
             .insert(META_WAL_SEQ, 0)
-            .map_err(|e| Error::storage(ctx, e))?;
+            .map_err(|e| StorageError::redb(ctx, e))?;
         self.meta
             .insert(META_STORE_ID, new_salt().max(1))
-            .map_err(|e| Error::storage(ctx, e))?;
+            .map_err(|e| StorageError::redb(ctx, e))?;
         self.meta
             .insert(META_LOG_SALT, new_salt())
-            .map_err(|e| Error::storage(ctx, e))?;
+            .map_err(|e| StorageError::redb(ctx, e))?;
         Ok(())
     }
 
     /// The last log frame whose changes this file holds.
-    pub(crate) fn wal_seq(&self) -> Result<u64, Error> {
+    pub(crate) fn wal_seq(&self) -> Result<u64, StorageError> {
         Ok(self
             .meta_u64(META_WAL_SEQ, "reading the log position")?
             .unwrap_or(0))
     }
 
     /// The salt of the log frames written since the last checkpoint (random from creation on).
-    pub(crate) fn log_salt(&self) -> Result<u64, Error> {
+    pub(crate) fn log_salt(&self) -> Result<u64, StorageError> {
         Ok(self
             .meta_u64(META_LOG_SALT, "reading the log salt")?
             .unwrap_or(0))
@@ -341,18 +349,21 @@ impl<'txn> Tables<'txn> {
 
     /// Where the frames after [`wal_seq`](Tables::wal_seq) start (`None`: at the log's first
     /// frame, as in a store written before log regions).
-    pub(crate) fn log_start(&self) -> Result<Option<u64>, Error> {
+    pub(crate) fn log_start(&self) -> Result<Option<u64>, StorageError> {
         self.meta_u64(META_LOG_START, "reading the log region")
     }
 
     /// The salt of the next log region's frames (`None` in a store written before regions).
-    pub(crate) fn next_log_salt(&self) -> Result<Option<u64>, Error> {
+    pub(crate) fn next_log_salt(&self) -> Result<Option<u64>, StorageError> {
         self.meta_u64(META_NEXT_LOG_SALT, "reading the next log salt")
     }
 
     /// The meta value `name`, if present (`doing` names the read in an error).
-    fn meta_u64(&self, name: &str, doing: &'static str) -> Result<Option<u64>, Error> {
-        let value = self.meta.get(name).map_err(|e| Error::storage(doing, e))?;
+    fn meta_u64(&self, name: &str, doing: &'static str) -> Result<Option<u64>, StorageError> {
+        let value = self
+            .meta
+            .get(name)
+            .map_err(|e| StorageError::redb(doing, e))?;
         Ok(value.map(|v| v.value()))
     }
 
@@ -363,46 +374,49 @@ impl<'txn> Tables<'txn> {
         start: u64,
         salt: u64,
         next_salt: u64,
-    ) -> Result<(), Error> {
+    ) -> Result<(), StorageError> {
         let ctx = "saving the log region";
         self.meta
             .insert(META_LOG_START, start)
-            .map_err(|e| Error::storage(ctx, e))?;
+            .map_err(|e| StorageError::redb(ctx, e))?;
         self.meta
             .insert(META_LOG_SALT, salt)
-            .map_err(|e| Error::storage(ctx, e))?;
+            .map_err(|e| StorageError::redb(ctx, e))?;
         self.meta
             .insert(META_NEXT_LOG_SALT, next_salt)
-            .map_err(|e| Error::storage(ctx, e))?;
+            .map_err(|e| StorageError::redb(ctx, e))?;
         Ok(())
     }
 
-    pub(crate) fn set_wal_seq(&mut self, seq: u64) -> Result<(), Error> {
+    pub(crate) fn set_wal_seq(&mut self, seq: u64) -> Result<(), StorageError> {
         self.meta
             .insert(META_WAL_SEQ, seq)
-            .map_err(|e| Error::storage("saving the log position", e))?;
+            .map_err(|e| StorageError::redb("saving the log position", e))?;
         Ok(())
     }
 
-    pub(crate) fn next_token(&self) -> Result<u64, Error> {
+    pub(crate) fn next_token(&self) -> Result<u64, StorageError> {
         let value = self.meta_u64(META_NEXT_TOKEN, "reading the next fencing token")?;
-        value.ok_or_else(|| Error::Corruption {
+        value.ok_or_else(|| StorageError::Corruption {
             location: "table idemstore.meta".into(),
             reason: "the next fencing token is missing".into(),
         })
     }
 
-    pub(crate) fn set_next_token(&mut self, token: u64) -> Result<(), Error> {
+    pub(crate) fn set_next_token(&mut self, token: u64) -> Result<(), StorageError> {
         self.meta
             .insert(META_NEXT_TOKEN, token)
-            .map_err(|e| Error::storage("saving the next fencing token", e))?;
+            .map_err(|e| StorageError::redb("saving the next fencing token", e))?;
         Ok(())
     }
 
     /// The record stored under `key`, expired or not.
     ///
     /// `Ok(Err(_))` is a corrupt record: an error for that key alone, not for the whole batch.
-    pub(crate) fn load(&mut self, key: &[u8]) -> Result<Result<Option<Record>, Error>, Error> {
+    pub(crate) fn load(
+        &mut self,
+        key: &[u8],
+    ) -> Result<Result<Option<Record>, StorageError>, StorageError> {
         let probe = Probe::of(self.windows.hash(key));
         for (window, filter) in self.windows.list() {
             if !filter.may_hold(&probe) {
@@ -411,7 +425,7 @@ impl<'txn> Tables<'txn> {
             let value = self
                 .window(window)?
                 .get(key)
-                .map_err(|e| Error::storage("reading a record", e))?;
+                .map_err(|e| StorageError::redb("reading a record", e))?;
             if let Some(bytes) = value {
                 return Ok(decode_record(key, bytes.value()).map(Some));
             }
@@ -429,7 +443,7 @@ impl<'txn> Tables<'txn> {
         old: Option<IndexEntries>,
         record: &Record,
         encoded: &[u8],
-    ) -> Result<(), Error> {
+    ) -> Result<(), StorageError> {
         self.put_indexed(key, old, IndexEntries::of(record), encoded)
     }
 
@@ -440,7 +454,7 @@ impl<'txn> Tables<'txn> {
         old: Option<IndexEntries>,
         index: IndexEntries,
         encoded: &[u8],
-    ) -> Result<(), Error> {
+    ) -> Result<(), StorageError> {
         let ctx = "writing a record";
         let target = self.windows.of(index.expires_at);
         if let Some(old) = old {
@@ -463,26 +477,30 @@ impl<'txn> Tables<'txn> {
                 // makes the next open build the window's filter from its keys.
                 self.filters
                     .remove(target)
-                    .map_err(|e| Error::storage(ctx, e))?;
+                    .map_err(|e| StorageError::redb(ctx, e))?;
             }
             filter.insert_probe(&probe);
         }
         count_write();
         self.window(target)?
             .insert(key, encoded)
-            .map_err(|e| Error::storage(ctx, e))?;
+            .map_err(|e| StorageError::redb(ctx, e))?;
         if let Some(at) = index.lease {
             count_write();
             self.deadlines
                 .insert((LEASE, at, key), ())
-                .map_err(|e| Error::storage(ctx, e))?;
+                .map_err(|e| StorageError::redb(ctx, e))?;
         }
         Ok(())
     }
 
     /// Deletes `key` with its lease entry (`old`, as for [`put`](Tables::put); `None` when
     /// unknown, as for a record that does not decode: then every window that may hold it).
-    pub(crate) fn delete(&mut self, key: &[u8], old: Option<IndexEntries>) -> Result<(), Error> {
+    pub(crate) fn delete(
+        &mut self,
+        key: &[u8],
+        old: Option<IndexEntries>,
+    ) -> Result<(), StorageError> {
         match old {
             Some(old) => {
                 self.unindex(key, old)?;
@@ -494,7 +512,7 @@ impl<'txn> Tables<'txn> {
 
     /// Removes `key` from every window that may hold it: for a record whose window is not
     /// known (it does not decode).
-    pub(crate) fn remove_everywhere(&mut self, key: &[u8]) -> Result<(), Error> {
+    pub(crate) fn remove_everywhere(&mut self, key: &[u8]) -> Result<(), StorageError> {
         let probe = Probe::of(self.windows.hash(key));
         for (window, filter) in self.windows.list() {
             if filter.may_hold(&probe) {
@@ -505,14 +523,14 @@ impl<'txn> Tables<'txn> {
     }
 
     /// Removes `key` from `window`'s table, if the window has one.
-    fn remove_from(&mut self, window: u64, key: &[u8]) -> Result<(), Error> {
+    fn remove_from(&mut self, window: u64, key: &[u8]) -> Result<(), StorageError> {
         if self.windows.existing(window).is_none() {
             return Ok(());
         }
         count_write();
         self.window(window)?
             .remove(key)
-            .map_err(|e| Error::storage("deleting a record", e))?;
+            .map_err(|e| StorageError::redb("deleting a record", e))?;
         Ok(())
     }
 
@@ -522,21 +540,21 @@ impl<'txn> Tables<'txn> {
         kind: u8,
         at: Millis,
         key: &[u8],
-    ) -> Result<(), Error> {
+    ) -> Result<(), StorageError> {
         count_write();
         self.deadlines
             .remove((kind, at, key))
-            .map_err(|e| Error::storage("updating the lease index", e))?;
+            .map_err(|e| StorageError::redb("updating the lease index", e))?;
         Ok(())
     }
 
     /// Removes a record's lease entry.
-    fn unindex(&mut self, key: &[u8], index: IndexEntries) -> Result<(), Error> {
+    fn unindex(&mut self, key: &[u8], index: IndexEntries) -> Result<(), StorageError> {
         if let Some(at) = index.lease {
             count_write();
             self.deadlines
                 .remove((LEASE, at, key))
-                .map_err(|e| Error::storage("updating the lease index", e))?;
+                .map_err(|e| StorageError::redb("updating the lease index", e))?;
         }
         Ok(())
     }

@@ -33,7 +33,7 @@ use redb::{
 };
 use siphasher::sip::SipHasher13;
 
-use crate::error::Error;
+use crate::error::StorageError;
 use crate::record::Millis;
 
 /// The prefix of every window's records table; the window follows as 16 hex digits.
@@ -144,19 +144,23 @@ impl Windows {
     /// (damaged, or hostile), built from its table's keys. The caller has checked that the rows
     /// were written under `seed`, and replaced a filters table that could not be opened
     /// (`tables::open_windows`); a page that fails its checksum is an error, as everywhere.
-    pub(crate) fn load(db: &Database, width: u64, seed: FilterSeed) -> Result<Windows, Error> {
+    pub(crate) fn load(
+        db: &Database,
+        width: u64,
+        seed: FilterSeed,
+    ) -> Result<Windows, StorageError> {
         let ctx = "reading the store's windows";
         let windows = Windows::seeded(width, seed);
-        let txn = db.begin_read().map_err(|e| Error::storage(ctx, e))?;
+        let txn = db.begin_read().map_err(|e| StorageError::redb(ctx, e))?;
         let names: Vec<String> = txn
             .list_tables()
-            .map_err(|e| Error::storage(ctx, e))?
+            .map_err(|e| StorageError::redb(ctx, e))?
             .map(|handle| handle.name().to_string())
             .collect();
         let saved = match txn.open_table(FILTERS) {
             Ok(table) => Some(table),
             Err(TableError::TableDoesNotExist(_)) => None,
-            Err(e) => return Err(Error::storage(ctx, e)),
+            Err(e) => return Err(StorageError::redb(ctx, e)),
         };
         let mut map = windows.map.write();
         for name in names {
@@ -164,7 +168,7 @@ impl Windows {
                 continue;
             };
             let row = match &saved {
-                Some(table) => table.get(window).map_err(|e| Error::storage(ctx, e))?,
+                Some(table) => table.get(window).map_err(|e| StorageError::redb(ctx, e))?,
                 None => None,
             };
             let filter = match row.and_then(|bytes| Filter::decode(bytes.value())) {
@@ -179,16 +183,16 @@ impl Windows {
     }
 
     /// A filter of every key in table `name` (not saved: the next durable commit saves it).
-    fn filter_of_table(&self, txn: &ReadTransaction, name: &str) -> Result<Filter, Error> {
+    fn filter_of_table(&self, txn: &ReadTransaction, name: &str) -> Result<Filter, StorageError> {
         let ctx = "reading a window's keys";
         let table = txn
             .open_table(RecordsDef::new(name))
-            .map_err(|e| Error::storage(ctx, e))?;
-        let len = table.len().map_err(|e| Error::storage(ctx, e))?;
+            .map_err(|e| StorageError::redb(ctx, e))?;
+        let len = table.len().map_err(|e| StorageError::redb(ctx, e))?;
         let len = usize::try_from(len).unwrap_or(usize::MAX);
         let filter = Filter::with_capacity(len.saturating_add(len / 4));
-        for entry in table.iter().map_err(|e| Error::storage(ctx, e))? {
-            let (key, _) = entry.map_err(|e| Error::storage(ctx, e))?;
+        for entry in table.iter().map_err(|e| StorageError::redb(ctx, e))? {
+            let (key, _) = entry.map_err(|e| StorageError::redb(ctx, e))?;
             filter.insert(self.hash(key.value()));
         }
         Ok(filter)
@@ -562,12 +566,12 @@ pub(crate) struct Records {
 impl Records {
     /// The records of `txn`: every window's table that `txn` holds (a window without a
     /// filter, one deleted since `txn` began, is looked up in for every key).
-    pub(crate) fn open(txn: &ReadTransaction, windows: &Windows) -> Result<Records, Error> {
+    pub(crate) fn open(txn: &ReadTransaction, windows: &Windows) -> Result<Records, StorageError> {
         let ctx = "reading the store's windows";
         let filters = windows.map.read().clone();
         let names: Vec<String> = txn
             .list_tables()
-            .map_err(|e| Error::storage(ctx, e))?
+            .map_err(|e| StorageError::redb(ctx, e))?
             .map(|handle| handle.name().to_string())
             .collect();
         let mut tables = Vec::new();
@@ -582,7 +586,7 @@ impl Records {
             match txn.open_table(RecordsDef::new(&name)) {
                 Ok(table) => tables.push((window, filter, table)),
                 Err(TableError::TableDoesNotExist(_)) => {}
-                Err(e) => return Err(Error::storage(ctx, e)),
+                Err(e) => return Err(StorageError::redb(ctx, e)),
             }
         }
         Ok(Records {
@@ -628,23 +632,23 @@ impl Records {
     /// until it returns `Ok(true)`.
     pub(crate) fn each_in_key_order(
         &self,
-        mut f: impl FnMut(&[u8], &[u8]) -> Result<bool, Error>,
-    ) -> Result<(), Error> {
+        mut f: impl FnMut(&[u8], &[u8]) -> Result<bool, StorageError>,
+    ) -> Result<(), StorageError> {
         let ctx = "reading the store's records";
         type Iter<'t> = redb::Range<'t, &'static [u8], &'static [u8]>;
         let mut iters: Vec<Iter<'_>> = Vec::new();
         let mut heads: Vec<Option<Entry>> = Vec::new();
-        let next = |iter: &mut Iter<'_>| -> Result<Option<Entry>, Error> {
+        let next = |iter: &mut Iter<'_>| -> Result<Option<Entry>, StorageError> {
             match iter.next() {
                 None => Ok(None),
                 Some(entry) => {
-                    let (k, v) = entry.map_err(|e| Error::storage(ctx, e))?;
+                    let (k, v) = entry.map_err(|e| StorageError::redb(ctx, e))?;
                     Ok(Some((k.value().to_vec(), v.value().to_vec())))
                 }
             }
         };
         for (_, _, table) in &self.tables {
-            let mut iter = table.iter().map_err(|e| Error::storage(ctx, e))?;
+            let mut iter = table.iter().map_err(|e| StorageError::redb(ctx, e))?;
             heads.push(next(&mut iter)?);
             iters.push(iter);
         }

@@ -339,7 +339,7 @@ async fn a_prefix_of_another_layout_version_is_refused(cluster: &Cluster, client
             .await
     };
     match connect("old-layout/").await {
-        Err(Error::InvalidConfig { setting, reason }) => {
+        Err(Error::Open(idemstore::OpenError::InvalidConfig { setting, reason })) => {
             assert_eq!(setting, "prefix");
             assert!(
                 reason.contains("`old-layout/`") && reason.contains("layout version 1"),
@@ -356,7 +356,7 @@ async fn a_prefix_of_another_layout_version_is_refused(cluster: &Cluster, client
     );
     client.put("newer/layout", vec![9u8], None).await.unwrap();
     match connect("newer/").await {
-        Err(Error::InvalidConfig { reason, .. }) => {
+        Err(Error::Open(idemstore::OpenError::InvalidConfig { reason, .. })) => {
             assert!(reason.contains("layout version 9"), "{reason}");
         }
         other => panic!("a version 9 prefix was not refused: {other:?}"),
@@ -469,7 +469,7 @@ async fn a_damaged_value_is_corruption_naming_the_key(cluster: &Cluster, client:
             store.reserve(&k, fp("b")).await.unwrap_err(),
         ] {
             match &error {
-                Error::Corruption { location, .. } => {
+                Error::Storage(idemstore::StorageError::Corruption { location, .. }) => {
                     assert!(location.contains(&k.to_string()), "{error}")
                 }
                 other => panic!("expected Corruption, got {other:?}"),
@@ -534,7 +534,9 @@ fn settings_out_of_range_are_refused_before_connecting() {
         // No cluster listens there: the settings are checked first.
         let result = runtime().block_on(builder.connect(&["127.0.0.1:1"]));
         match result {
-            Err(Error::InvalidConfig { setting: s, .. }) => assert_eq!(s, setting),
+            Err(Error::Open(idemstore::OpenError::InvalidConfig { setting: s, .. })) => {
+                assert_eq!(s, setting)
+            }
             other => panic!("{setting}: expected InvalidConfig, got {other:?}"),
         }
     }

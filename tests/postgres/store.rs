@@ -70,7 +70,7 @@ fn a_schema_of_another_version_is_refused_naming_both() {
                 .connect(&server.config())
                 .await
             {
-                Err(Error::InvalidConfig { setting, reason }) => {
+                Err(Error::Open(idemstore::OpenError::InvalidConfig { setting, reason })) => {
                     assert_eq!(setting, "table");
                     assert!(
                         reason.contains(&format!("version {found};"))
@@ -91,7 +91,7 @@ fn a_schema_of_another_version_is_refused_naming_both() {
             .connect(&server.config())
             .await
         {
-            Err(Error::InvalidConfig { reason, .. }) => {
+            Err(Error::Open(idemstore::OpenError::InvalidConfig { reason, .. })) => {
                 assert!(reason.contains("not made by idemstore"), "{reason}")
             }
             other => panic!("expected a foreign table to be refused, got {other:?}"),
@@ -114,7 +114,7 @@ fn bad_settings_name_the_setting() {
                 .connect("host=127.0.0.1 port=1 connect_timeout=1"),
         );
         match result {
-            Err(Error::InvalidConfig { setting, .. }) => {
+            Err(Error::Open(idemstore::OpenError::InvalidConfig { setting, .. })) => {
                 assert!(!ok, "{table:?} refused");
                 assert_eq!(setting, "table");
             }
@@ -126,11 +126,15 @@ fn bad_settings_name_the_setting() {
         }
     }
     match rt.block_on(PgStore::builder().pool_size(0).connect("host=127.0.0.1")) {
-        Err(Error::InvalidConfig { setting, .. }) => assert_eq!(setting, "pool_size"),
+        Err(Error::Open(idemstore::OpenError::InvalidConfig { setting, .. })) => {
+            assert_eq!(setting, "pool_size")
+        }
         other => panic!("{other:?}"),
     }
     match rt.block_on(PgStore::connect("host=127.0.0.1 port=notanumber")) {
-        Err(Error::InvalidConfig { setting, .. }) => assert_eq!(setting, "config"),
+        Err(Error::Open(idemstore::OpenError::InvalidConfig { setting, .. })) => {
+            assert_eq!(setting, "config")
+        }
         other => panic!("{other:?}"),
     }
 }
@@ -561,7 +565,7 @@ fn the_body_leaves_the_token_to_its_column_and_damage_is_reported() {
             .await
             .unwrap();
         match store.get(&k).await {
-            Err(Error::Corruption { location, .. }) => {
+            Err(Error::Storage(idemstore::StorageError::Corruption { location, .. })) => {
                 assert!(location.contains(&k.to_string()), "{location}")
             }
             other => panic!("expected the damaged row to be reported, got {other:?}"),

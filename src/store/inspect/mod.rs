@@ -15,7 +15,7 @@ use std::time::Duration;
 use redb::ReadableTable;
 
 use crate::clock::{describe_millis, duration_millis};
-use crate::error::Error;
+use crate::error::{Error, StorageError};
 use crate::key::Key;
 use crate::log::wal::log_path;
 use crate::record::{Millis, Record, RecordClass, State, TokenFloor};
@@ -186,7 +186,7 @@ pub struct FileInfo {
 #[non_exhaustive]
 pub enum ProblemKind {
     /// A record fails its checksum or does not decode; reading its key reports
-    /// [`Error::Corruption`].
+    /// [`StorageError::Corruption`](crate::StorageError::Corruption).
     DamagedRecord,
     /// A stored key is not a valid `(scope, operation, id)` encoding.
     BadKey,
@@ -294,7 +294,7 @@ impl Verification {
 
 /// Storage errors of the inspection calls.
 fn storage(source: impl Into<redb::Error>) -> Error {
-    Error::storage("inspecting the store", source)
+    StorageError::redb("inspecting the store", source).into()
 }
 
 /// The record stored under `key`, or `None` when it is absent or does not decode.

@@ -1,6 +1,7 @@
 //! Counts, listings and file facts.
 
 use super::*;
+use crate::error::StorageError;
 
 impl Store {
     /// The [`RecordClass`] of `record` now, by the store's clock.
@@ -45,7 +46,7 @@ impl Store {
     /// ```
     ///
     /// # Errors
-    /// Storage errors, and [`Error::Poisoned`]. Damaged records are counted, not errors.
+    /// Storage errors, and [`StorageError::Poisoned`](crate::StorageError::Poisoned). Damaged records are counted, not errors.
     pub fn counts(&self) -> Result<StateCounts, Error> {
         self.guard_read("counting records", || self.counts_unguarded())
     }
@@ -104,7 +105,7 @@ impl Store {
     /// ```
     ///
     /// # Errors
-    /// Storage errors, and [`Error::Poisoned`].
+    /// Storage errors, and [`StorageError::Poisoned`](crate::StorageError::Poisoned).
     pub fn scan(&self, filter: &ScanFilter, limit: usize) -> Result<Vec<(Key, Record)>, Error> {
         self.guard_read("scanning records", || self.scan_unguarded(filter, limit))
     }
@@ -208,7 +209,7 @@ impl Store {
     /// ```
     ///
     /// # Errors
-    /// [`Error::Io`] when a file's size cannot be read; storage errors; [`Error::Poisoned`].
+    /// [`StorageError::Io`](crate::StorageError::Io) when a file's size cannot be read; storage errors; [`StorageError::Poisoned`](crate::StorageError::Poisoned).
     pub fn file_info(&self) -> Result<FileInfo, Error> {
         self.guard_read("reading the file's layout", || self.file_info_unguarded())
     }
@@ -223,7 +224,7 @@ impl Store {
         let size = |path: &std::path::Path| {
             std::fs::metadata(path)
                 .map(|m| m.len())
-                .map_err(|e| Error::io(format!("reading the size of {}", path.display()), e))
+                .map_err(|e| StorageError::io(format!("reading the size of {}", path.display()), e))
         };
         let log_path = log_path(self.path());
         let since = self.log_since_checkpoint()?;

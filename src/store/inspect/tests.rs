@@ -5,6 +5,7 @@ use std::time::Duration;
 use super::*;
 use crate::answers::Reservation;
 use crate::clock::ManualClock;
+use crate::error::StorageError;
 use crate::fingerprint::Fingerprint;
 use crate::tree::tables::Tables;
 
@@ -96,7 +97,7 @@ fn verify_reports_damage_and_index_mismatches_by_key() {
                 let mut bytes = tables
                     .window(wa)?
                     .get(key("a").encoded())
-                    .map_err(|e| Error::storage(ctx, e))?
+                    .map_err(|e| StorageError::redb(ctx, e))?
                     .unwrap()
                     .value()
                     .to_vec();
@@ -104,13 +105,13 @@ fn verify_reports_damage_and_index_mismatches_by_key() {
                 tables
                     .window(wa)?
                     .insert(key("a").encoded(), bytes.as_slice())
-                    .map_err(|e| Error::storage(ctx, e))?;
+                    .map_err(|e| StorageError::redb(ctx, e))?;
                 // c: kept in the window after its own.
                 let wc = window(&mut tables, "c")?;
                 let bytes = tables
                     .window(wc)?
                     .remove(key("c").encoded())
-                    .map_err(|e| Error::storage(ctx, e))?
+                    .map_err(|e| StorageError::redb(ctx, e))?
                     .unwrap()
                     .value()
                     .to_vec();
@@ -120,24 +121,24 @@ fn verify_reports_damage_and_index_mismatches_by_key() {
                 tables
                     .window(wc + 1)?
                     .insert(key("c").encoded(), bytes.as_slice())
-                    .map_err(|e| Error::storage(ctx, e))?;
+                    .map_err(|e| StorageError::redb(ctx, e))?;
                 // b: drop its lease index entry and add a stray one.
                 let record = tables.load(key("b").encoded())?.unwrap().unwrap();
                 let lease = record.lease_until().unwrap();
                 tables
                     .deadlines
                     .remove((LEASE, lease, key("b").encoded()))
-                    .map_err(|e| Error::storage(ctx, e))?;
+                    .map_err(|e| StorageError::redb(ctx, e))?;
                 tables
                     .deadlines
                     .insert((LEASE, lease + 1, key("b").encoded()), ())
-                    .map_err(|e| Error::storage(ctx, e))?;
+                    .map_err(|e| StorageError::redb(ctx, e))?;
                 // d: completed, with its expiry entry, and a second entry (a lease one):
                 // at most one entry per key.
                 tables
                     .deadlines
                     .insert((LEASE, lease + 2, key("d").encoded()), ())
-                    .map_err(|e| Error::storage(ctx, e))?;
+                    .map_err(|e| StorageError::redb(ctx, e))?;
                 Ok(Ok(()))
             })
         })

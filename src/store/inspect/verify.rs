@@ -30,7 +30,7 @@ impl Store {
     ///
     /// # Errors
     /// Storage errors (including damage redb itself detects in its pages), and
-    /// [`Error::Poisoned`]. Damage to records and indexes is reported in the result.
+    /// [`StorageError::Poisoned`](crate::StorageError::Poisoned). Damage to records and indexes is reported in the result.
     pub fn verify(&self) -> Result<Verification, Error> {
         self.verify_with_progress(|_, _| {})
     }

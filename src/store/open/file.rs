@@ -19,9 +19,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use redb::backends::FileBackend;
-use redb::{Database, DatabaseError, ReadableDatabase, StorageError, TableError};
+use redb::{Database, DatabaseError, ReadableDatabase, TableError};
 
-use crate::error::OpenError;
+use crate::error::{OpenError, StorageError};
 use crate::log::wal::{LogFile, OsFile};
 use crate::tree::pages::PageFile;
 use crate::tree::tables::{Tables, FORMAT_VERSION, META, META_FORMAT};
@@ -48,10 +48,9 @@ pub(crate) fn open_or_create(
             create(path, mode, width, &builder(false))?;
             open_existing(path, builder)
         }
-        Err(e) => Err(OpenError::io(
-            format!("reading metadata of {}", path.display()),
-            e,
-        )),
+        Err(e) => {
+            Err(StorageError::io(format!("reading metadata of {}", path.display()), e).into())
+        }
     }
 }
 
@@ -73,7 +72,7 @@ pub(crate) fn create_without_pages(
         .mode(mode)
         .open(path)
         .map_err(|e| {
-            OpenError::io(
+            StorageError::io(
                 format!(
                     "creating store {} without page checksums (a benchmark-only store is always a new file)",
                     path.display()
@@ -105,10 +104,9 @@ pub(crate) fn page_file(file: File, path: &Path) -> Result<PageFile<FileBackend>
 
 /// An I/O error of the page layer, or the damage it found, naming `path`.
 fn damaged_or_io(path: &Path, e: io::Error) -> OpenError {
-    match crate::tree::pages::Damage::of(&e) {
-        Some(damage) => damage.to_open_error("opening the store"),
-        None => OpenError::io(format!("opening store {}", path.display()), e),
-    }
+    StorageError::damage(&e, "opening the store")
+        .unwrap_or_else(|| StorageError::io(format!("opening store {}", path.display()), e))
+        .into()
 }
 
 /// Opens an existing file after checking, without writing, that it is a store file (the page
@@ -124,7 +122,7 @@ fn open_existing(
         Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
             return Err(not_a_store(path, "it is shorter than a store header"))
         }
-        Err(e) => return Err(OpenError::io(format!("reading {}", path.display()), e)),
+        Err(e) => return Err(StorageError::io(format!("reading {}", path.display()), e).into()),
     }
     if start[..REDB_SIGNATURE.len()] == REDB_SIGNATURE {
         return Err(not_a_store(
@@ -140,7 +138,7 @@ fn open_existing(
     // crash recovery cannot be opened read-only; it is checked after the read-write open below,
     // which verifies it first when asked to.
     let read_only = File::open(path)
-        .map_err(|e| OpenError::io(format!("opening {}", path.display()), e))
+        .map_err(|e| StorageError::io(format!("opening {}", path.display()), e).into())
         .and_then(|file| page_file(file, path))
         .and_then(|pages| {
             builder(false)
@@ -153,14 +151,17 @@ fn open_existing(
             let closed_clean = crate::log::clean_close::recorded(&read_only)?;
             (true, closed_clean)
         }
-        Err(e @ (OpenError::Corruption { .. } | OpenError::AlreadyOpen { .. })) => return Err(e),
+        Err(
+            e @ (OpenError::Storage(StorageError::Corruption { .. })
+            | OpenError::AlreadyOpen { .. }),
+        ) => return Err(e),
         Err(_) => (false, false),
     };
     let file = fs::OpenOptions::new()
         .read(true)
         .write(true)
         .open(path)
-        .map_err(|e| OpenError::io(format!("opening store {}", path.display()), e))?;
+        .map_err(|e| StorageError::io(format!("opening store {}", path.display()), e))?;
     let db = builder(!closed_clean)
         .create_with_backend(page_file(file, path)?)
         .map_err(|e| open_error(path, "opening", e))?;
@@ -176,11 +177,10 @@ pub(crate) fn open_error(path: &Path, doing: &str, error: DatabaseError) -> Open
         DatabaseError::DatabaseAlreadyOpen => OpenError::AlreadyOpen {
             path: path.to_path_buf(),
         },
-        DatabaseError::Storage(StorageError::Io(e)) => match crate::tree::pages::Damage::of(&e) {
-            Some(damage) => damage.to_open_error(doing),
-            None => OpenError::io(format!("{doing} store {}", path.display()), e),
-        },
-        DatabaseError::Storage(StorageError::Corrupted(reason)) => {
+        DatabaseError::Storage(redb::StorageError::Io(e)) => StorageError::damage(&e, doing)
+            .unwrap_or_else(|| StorageError::io(format!("{doing} store {}", path.display()), e))
+            .into(),
+        DatabaseError::Storage(redb::StorageError::Corrupted(reason)) => {
             not_a_store(path, format!("its redb structure is damaged: {reason}"))
         }
         other => not_a_store(path, format!("redb refused it: {other}")),
@@ -191,7 +191,7 @@ pub(crate) fn open_error(path: &Path, doing: &str, error: DatabaseError) -> Open
 /// neither reads nor converts.
 pub(crate) fn check_format(db: &impl ReadableDatabase, path: &Path) -> Result<(), OpenError> {
     let ctx = "reading the store's format marker";
-    let txn = db.begin_read().map_err(|e| OpenError::storage(ctx, e))?;
+    let txn = db.begin_read().map_err(|e| StorageError::redb(ctx, e))?;
     let meta = match txn.open_table(META) {
         Ok(meta) => meta,
         Err(TableError::TableDoesNotExist(_)) => {
@@ -200,11 +200,11 @@ pub(crate) fn check_format(db: &impl ReadableDatabase, path: &Path) -> Result<()
                 "a redb database without idemstore's tables",
             ))
         }
-        Err(e) => return Err(OpenError::storage(ctx, e)),
+        Err(e) => return Err(StorageError::redb(ctx, e).into()),
     };
     match meta
         .get(META_FORMAT)
-        .map_err(|e| OpenError::storage(ctx, e))?
+        .map_err(|e| StorageError::redb(ctx, e))?
     {
         Some(v) if v.value() == FORMAT_VERSION => Ok(()),
         Some(v) => Err(not_a_store(
@@ -233,13 +233,14 @@ fn create(path: &Path, mode: u32, width: u64, builder: &redb::Builder) -> Result
         _ => PathBuf::from("."),
     };
     if !dir.is_dir() {
-        return Err(OpenError::io(
+        return Err(StorageError::io(
             format!("creating store {}", path.display()),
             io::Error::new(
                 io::ErrorKind::NotFound,
                 format!("directory {} does not exist", dir.display()),
             ),
-        ));
+        )
+        .into());
     }
     let temp = dir.join(format!(
         ".{}.creating.{}.{}",
@@ -266,7 +267,7 @@ fn build_empty_store(
         .create_new(true)
         .mode(mode)
         .open(temp)
-        .map_err(|e| OpenError::io(format!("creating store file {}", temp.display()), e))?;
+        .map_err(|e| StorageError::io(format!("creating store file {}", temp.display()), e))?;
     let db = builder
         .create_with_backend(page_file(file, temp)?)
         .map_err(|e| open_error(temp, "creating", e))?;
@@ -274,21 +275,21 @@ fn build_empty_store(
     drop(db);
     File::open(temp)
         .and_then(|file| file.sync_all())
-        .map_err(|e| OpenError::io(format!("syncing new store file {}", temp.display()), e))
+        .map_err(|e| {
+            StorageError::io(format!("syncing new store file {}", temp.display()), e).into()
+        })
 }
 
 /// Writes the store's tables and format marker into an empty database (its windows `width` ms
 /// wide), durably.
 fn initialize(db: &Database, width: u64) -> Result<(), OpenError> {
     let ctx = "initializing a new store";
-    let txn = db.begin_write().map_err(|e| OpenError::storage(ctx, e))?;
-    // The tables and the mark are shared with the operations, which speak `Error`.
+    let txn = db.begin_write().map_err(|e| StorageError::redb(ctx, e))?;
     Tables::open(&txn, &Windows::new(1))
         .and_then(|mut tables| tables.initialize(width))
         // Nothing was logged yet: a new store is closed cleanly (`log/lost_log.rs`).
-        .and_then(|()| crate::log::clean_close::mark(&txn))
-        .map_err(OpenError::from_shared)?;
-    txn.commit().map_err(|e| OpenError::storage(ctx, e))
+        .and_then(|()| crate::log::clean_close::mark(&txn))?;
+    txn.commit().map_err(|e| StorageError::redb(ctx, e).into())
 }
 
 /// Initializes a database that has no tables yet (one just created on a storage backend by
@@ -296,10 +297,10 @@ fn initialize(db: &Database, width: u64) -> Result<(), OpenError> {
 /// ms.
 pub(crate) fn initialize_if_new(db: &Database, width: u64) -> Result<(), OpenError> {
     let ctx = "checking for a new store";
-    let txn = db.begin_read().map_err(|e| OpenError::storage(ctx, e))?;
+    let txn = db.begin_read().map_err(|e| StorageError::redb(ctx, e))?;
     match txn.open_table(META) {
         Err(TableError::TableDoesNotExist(_)) => initialize(db, width),
-        Err(e) => Err(OpenError::storage(ctx, e)),
+        Err(e) => Err(StorageError::redb(ctx, e).into()),
         Ok(_) => Ok(()),
     }
 }
@@ -311,12 +312,12 @@ fn link_into_place(temp: &Path, path: &Path) -> Result<(), OpenError> {
         // Another process created the store first: use theirs.
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
         // File systems without hard links: a rename, checked first (a narrow race remains).
-        Err(_) if !path.exists() => fs::rename(temp, path)
-            .map_err(|e| OpenError::io(format!("moving the new store to {}", path.display()), e)),
-        Err(e) => Err(OpenError::io(
-            format!("linking the new store to {}", path.display()),
-            e,
-        )),
+        Err(_) if !path.exists() => fs::rename(temp, path).map_err(|e| {
+            StorageError::io(format!("moving the new store to {}", path.display()), e).into()
+        }),
+        Err(e) => {
+            Err(StorageError::io(format!("linking the new store to {}", path.display()), e).into())
+        }
     }
 }
 
@@ -341,7 +342,7 @@ pub(crate) fn open_log(
         .truncate(false)
         .mode(mode)
         .open(path)
-        .map_err(|e| OpenError::io(format!("opening log {}", path.display()), e))?;
+        .map_err(|e| StorageError::io(format!("opening log {}", path.display()), e))?;
     let dir = match path.parent() {
         Some(dir) if !dir.as_os_str().is_empty() => dir,
         _ => Path::new("."),
@@ -350,7 +351,7 @@ pub(crate) fn open_log(
     let file = OsFile(file);
     if let Some(size) = preallocate {
         zero_fill_to(&file, size)
-            .map_err(|e| OpenError::io(format!("preallocating log {}", path.display()), e))?;
+            .map_err(|e| StorageError::io(format!("preallocating log {}", path.display()), e))?;
     }
     Ok(file)
 }
@@ -366,7 +367,7 @@ pub(crate) fn set_aside(path: &Path, other: u64) -> Result<PathBuf, OpenError> {
     name.push(format!(".foreign-{other:016x}-{millis}"));
     let aside = PathBuf::from(name);
     fs::rename(path, &aside).map_err(|e| {
-        OpenError::io(
+        StorageError::io(
             format!(
                 "setting aside log {} (it belongs to another store) as {}",
                 path.display(),
@@ -405,7 +406,7 @@ fn sync_dir(dir: &Path) -> Result<(), OpenError> {
     SYNCED_DIRS.lock().push(dir.to_path_buf());
     File::open(dir)
         .and_then(|d| d.sync_all())
-        .map_err(|e| OpenError::io(format!("syncing directory {}", dir.display()), e))
+        .map_err(|e| StorageError::io(format!("syncing directory {}", dir.display()), e).into())
 }
 
 /// Opens the file of a closed store as a plain redb [`Database`], through the checksummed
@@ -432,8 +433,9 @@ fn sync_dir(dir: &Path) -> Result<(), OpenError> {
 ///
 /// # Errors
 /// [`OpenError::NotAStore`] for a file that is not a store file, [`OpenError::AlreadyOpen`],
-/// [`OpenError::Corruption`] naming the offset of a damaged block, [`OpenError::Io`]. Each
-/// converts into the [`Error`](crate::Error) of the same name.
+/// [`OpenError::Storage`] with [`StorageError::Corruption`](crate::StorageError::Corruption)
+/// naming the offset of a damaged block or [`StorageError::Io`](crate::StorageError::Io).
+/// Each converts into [`Error::Open`](crate::Error::Open).
 pub fn open_redb(path: impl AsRef<Path>) -> Result<Database, OpenError> {
     let path = path.as_ref();
     check_page_file(path)?;
@@ -441,7 +443,7 @@ pub fn open_redb(path: impl AsRef<Path>) -> Result<Database, OpenError> {
         .read(true)
         .write(true)
         .open(path)
-        .map_err(|e| OpenError::io(format!("opening store {}", path.display()), e))?;
+        .map_err(|e| StorageError::io(format!("opening store {}", path.display()), e))?;
     redb::Builder::new()
         .create_with_backend(page_file(file, path)?)
         .map_err(|e| open_error(path, "opening", e))
@@ -456,7 +458,7 @@ pub fn open_redb_read_only(path: impl AsRef<Path>) -> Result<redb::ReadOnlyDatab
     let path = path.as_ref();
     check_page_file(path)?;
     let file =
-        File::open(path).map_err(|e| OpenError::io(format!("opening {}", path.display()), e))?;
+        File::open(path).map_err(|e| StorageError::io(format!("opening {}", path.display()), e))?;
     redb::Builder::new()
         .open_read_only_with_backend(page_file(file, path)?)
         .map_err(|e| open_error(path, "opening", e))
@@ -473,7 +475,7 @@ fn check_page_file(path: &Path) -> Result<(), OpenError> {
         Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
             return Err(not_a_store(path, "it is shorter than a store header"))
         }
-        read => read.map_err(|e| OpenError::io(format!("reading {}", path.display()), e))?,
+        read => read.map_err(|e| StorageError::io(format!("reading {}", path.display()), e))?,
     }
     crate::tree::pages::check_header(&start).map_err(|reason| not_a_store(path, reason))
 }

@@ -9,7 +9,7 @@ use redb::Database;
 
 use crate::commit::{Committer, Schedule, Writer};
 use crate::decide::policy::Policies;
-use crate::error::OpenError;
+use crate::error::{OpenError, StorageError};
 use crate::log::identity::{self, Identity};
 use crate::log::recovery;
 use crate::log::wal::{log_path, LogFile, PREALLOC_FIRST};
@@ -67,15 +67,13 @@ fn guard_open(
                 reason: "redb panicked while reading it: the file is damaged".into(),
             })
         })
-        // The full-disk rewording is shared with the poison latch and speaks `Error`: the
-        // round trip keeps every open error as it was (it only rewords an `Io` or `Storage`
-        // error of a full disk into an `Io` one).
-        .map_err(|e| OpenError::from_shared(full_disk_at_open(e.into(), path, replay)))
+        // Only an I/O or redb error of a full disk is reworded (into an I/O one).
+        .map_err(|e| full_disk_at_open(e, path, replay))
 }
 
-/// The store's random identity, from its meta table (the tables speak `Error`).
+/// The store's random identity, from its meta table.
 pub(in crate::store) fn store_id(db: &Database) -> Result<u64, OpenError> {
-    stored_id(db).map_err(OpenError::from_shared)
+    Ok(stored_id(db)?)
 }
 
 /// How long a log may grow zero-filled ahead of its frames (`Builder::preallocate_log`): the
@@ -95,7 +93,7 @@ fn log_identity(
     log_path: &Path,
 ) -> Result<Identity, OpenError> {
     let identity = identity::read(log, store_id).map_err(|e| {
-        OpenError::io(
+        StorageError::io(
             format!("reading the identity of log {}", log_path.display()),
             e,
         )
@@ -237,8 +235,6 @@ impl Store {
         builder: &Builder,
         path: PathBuf,
     ) -> Result<Store, OpenError> {
-        // The helpers shared with the operations (the tables, recovery, the engine's threads)
-        // speak `Error`, converted here (`OpenError::from_shared`).
         let store_id = store_id(&db)?;
         let closed_clean = crate::log::clean_close::recorded(&db)?;
         let refuse = !closed_clean && !builder.accept_log_loss;
@@ -264,7 +260,7 @@ impl Store {
             }
         }
         let log_len = log.len().map_err(|e| {
-            OpenError::io(
+            StorageError::io(
                 format!("reading the length of log {}", log_path.display()),
                 e,
             )
@@ -276,12 +272,11 @@ impl Store {
             ));
         }
         let strict = builder.durability == Durability::Immediate;
-        let windows = open_windows(&db, &path).map_err(OpenError::from_shared)?;
-        let (mut wal, next_token) = recovery::recover(&db, &windows, log, log_path, strict)
-            .map_err(OpenError::from_shared)?;
+        let windows = open_windows(&db, &path)?;
+        let (mut wal, next_token) = recovery::recover(&db, &windows, log, log_path, strict)?;
         wal.set_max_payload(builder.limits.frame_bytes);
         if let Some(cap) = log_preallocation(builder) {
-            wal.preallocate(cap).map_err(OpenError::from_shared)?;
+            wal.preallocate(cap)?;
         }
         // Leases end with their process: every token below the first one this owner hands
         // out was handed out by an earlier owner of the file (`Builder::leases_survive_restart`).
@@ -324,17 +319,14 @@ impl Store {
         );
         let mut store = Store {
             engine,
-            committer: Arc::new(
-                Committer::start(writer, builder.limits).map_err(OpenError::from_shared)?,
-            ),
+            committer: Arc::new(Committer::start(writer, builder.limits)?),
             max_result_len: builder.max_result_len,
             path,
             read_hook: super::ReadHook::default(),
             submit_hook: super::ReadHook::default(),
             admin: None,
         };
-        store.admin = crate::admin::Server::start(store.handle(), builder.admin_socket)
-            .map_err(OpenError::from_shared)?;
+        store.admin = crate::admin::Server::start(store.handle(), builder.admin_socket)?;
         Ok(store)
     }
 }

@@ -368,7 +368,7 @@ impl Harness {
                 assert!(self.faulty, "an error without an injected fault: {e}");
                 if self.poisoned {
                     assert!(
-                        matches!(e, Error::Poisoned { .. }),
+                        matches!(e, Error::Storage(idemstore::StorageError::Poisoned { .. })),
                         "a call after a failure is not refused as poisoned: {e}"
                     );
                 }

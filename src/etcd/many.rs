@@ -213,7 +213,6 @@ impl EtcdStore {
     ) -> Result<Vec<Result<T, Error>>, Error>
     where
         O: crate::decide::Operation + Clone,
-        O::Outcome: super::write::AtRevision,
     {
         let mut refused = Vec::new();
         let mut sent = Vec::new();

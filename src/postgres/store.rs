@@ -710,7 +710,6 @@ impl PgStore {
     ) -> Result<Vec<Result<T, Error>>, Error>
     where
         O: crate::decide::Operation + Clone,
-        O::Outcome: super::write::Tokened,
     {
         let mut refused = Vec::new();
         let mut sent = Vec::new();

@@ -18,10 +18,8 @@ use tokio_postgres::types::ToSql;
 
 use super::schema::Sql;
 use crate::clock::{to_millis, Clock};
-use crate::decide::expire::Expired;
 use crate::decide::policy::Policies;
 use crate::decide::{decide, Change, Operation};
-use crate::decide::{LeaseOutcome, Reserved};
 use crate::error::Error;
 use crate::key::Key;
 use crate::record::{Millis, Record};
@@ -229,55 +227,6 @@ pub(crate) fn sql_millis(millis: Millis) -> i64 {
     i64::try_from(millis).unwrap_or(i64::MAX)
 }
 
-/// The outcome types whose answer names the token an acquisition was given.
-pub(crate) trait Tokened {
-    /// The outcome with the placeholder token replaced by the one the write was given.
-    fn with_token(self, token: u64) -> Self;
-}
-
-impl Tokened for Reserved {
-    fn with_token(self, token: u64) -> Self {
-        match self {
-            Reserved::Acquired {
-                token: PLACEHOLDER,
-                attempt,
-                lease_until,
-                progress,
-            } => Reserved::Acquired {
-                token,
-                attempt,
-                lease_until,
-                progress,
-            },
-            other => other,
-        }
-    }
-}
-
-impl<T> Tokened for LeaseOutcome<T> {
-    fn with_token(self, _token: u64) -> Self {
-        self
-    }
-}
-
-impl Tokened for Result<(), &'static str> {
-    fn with_token(self, _token: u64) -> Self {
-        self
-    }
-}
-
-impl Tokened for Expired {
-    fn with_token(self, _token: u64) -> Self {
-        self
-    }
-}
-
-impl Tokened for bool {
-    fn with_token(self, _token: u64) -> Self {
-        self
-    }
-}
-
 /// One item's write, waiting for its statement's answer.
 struct Sending<T> {
     /// The item's place in key order ([`Work::order`]).
@@ -482,7 +431,6 @@ impl Inner {
     ) -> Result<O::Outcome, Error>
     where
         O: Operation + Clone,
-        O::Outcome: Tokened,
     {
         let started = Instant::now();
         let hint = self.hints.lock().remove(key.encoded());
@@ -560,7 +508,7 @@ impl Inner {
                 }
                 record.token = token;
                 self.hints.lock().note_owned(k, Row { record, nonce });
-                return Ok(decision.outcome.with_token(token));
+                return Ok(O::outcome_with_token(decision.outcome, token));
             }
             Err(Failure::Refused(error)) => {
                 return Err(refused(&[(key, ())], 1, error));
@@ -603,7 +551,6 @@ impl Inner {
     ) -> Result<Vec<Result<O::Outcome, Error>>, Error>
     where
         O: Operation + Clone,
-        O::Outcome: Tokened,
     {
         self.rounds(ops, absent_first, Instant::now(), Start::Guess)
             .await
@@ -620,7 +567,6 @@ impl Inner {
     ) -> Result<Vec<Result<O::Outcome, Error>>, Error>
     where
         O: Operation + Clone,
-        O::Outcome: Tokened,
     {
         let n = ops.len();
         let key = |item: usize| ops[item].0.borrow().encoded();
@@ -749,7 +695,7 @@ impl Inner {
                     if let (Some(at), false) = (landed, guessed) {
                         let found = earlier.swap_remove(at);
                         let token = current.as_ref().map_or(0, |row| row.record.token);
-                        w.answer(rank, Ok(found.outcome.with_token(token)));
+                        w.answer(rank, Ok(O::outcome_with_token(found.outcome, token)));
                         continue;
                     }
                 }
@@ -820,10 +766,7 @@ impl Inner {
         w: &mut Work<O::Outcome>,
         puts: Vec<(Sending<O::Outcome>, i64)>,
         update: bool,
-    ) -> Result<(), Error>
-    where
-        O::Outcome: Tokened,
-    {
+    ) -> Result<(), Error> {
         let n = puts.len();
         let first = self.nonces(n);
         let (mut keys, mut olds, mut fresh, mut tokens) = (
@@ -956,7 +899,7 @@ impl Inner {
                             } else {
                                 hints.note_owned(keys[at], row);
                             }
-                            w.answer(rank, Ok(sending.outcome.with_token(token)));
+                            w.answer(rank, Ok(O::outcome_with_token(sending.outcome, token)));
                         }
                         None => {
                             // The row changed (or exists) since it was decided on.
@@ -1016,10 +959,7 @@ impl Inner {
         ops: &[(K, O)],
         w: &mut Work<O::Outcome>,
         deletes: Vec<(Sending<O::Outcome>, i64)>,
-    ) -> Result<(), Error>
-    where
-        O::Outcome: Tokened,
-    {
+    ) -> Result<(), Error> {
         let keys: Vec<&[u8]> = deletes
             .iter()
             .map(|(s, _)| ops[w.order[s.rank]].0.borrow().encoded())

@@ -9,8 +9,8 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio_postgres::NoTls;
 
 use super::schema::{self, Sql};
+use super::store::Inner;
 use super::store::PgStore;
-use super::write::Inner;
 use crate::clock::{Clock, SystemClock};
 use crate::decide::policy::Policies;
 use crate::error::Error;
@@ -275,7 +275,7 @@ impl PgBuilder {
             nonce_base: random_id(),
             writes: AtomicU64::new(0),
             resends: AtomicU64::new(0),
-            hints: parking_lot::Mutex::new(super::write::Hints::new()),
+            hints: parking_lot::Mutex::new(super::hints::Hints::new()),
             waiters,
             wait_poll: self.wait_poll,
         }))

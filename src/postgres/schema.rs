@@ -13,7 +13,7 @@
 //!   indexed), `watched` whether a `reserve_or_wait` caller waits for the row to change
 //!   (`wait.rs`), `lease_until` the lease end of a pending row
 //!   (NULL otherwise), `body` the record in the local store's encoding (`docs/format.md`)
-//!   encoded with its token zero, less the token field (`write::stored_body`): the column is
+//!   encoded with its token zero, less the token field (`statement::stored_body`): the column is
 //!   the token. The 8-byte columns come first, so no padding sits between columns.
 //! - `T_sweep`: an index on `sweep_at`, which sweeping walks. It is the only index besides the
 //!   primary key, and a completion leaves `sweep_at` as the reserve wrote it (a pending

@@ -3,11 +3,11 @@
 //! connection of its own with a `REPEATABLE READ READ ONLY` transaction open, so every read
 //! sees the rows as the first one did, whatever is written meanwhile.
 
-use super::store::PgStore;
-use super::write::Inner;
+use super::store::{Inner, PgStore};
 use crate::error::Error;
 use crate::key::Key;
 use crate::record::{Millis, Record, RecordClass, TokenFloor};
+use crate::remote::Backend;
 use crate::store::inspect::{self, ScanFilter, StateCounts};
 
 /// Rows read per statement while counting or listing.

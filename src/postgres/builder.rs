@@ -226,7 +226,8 @@ impl PgBuilder {
         if config.get_application_name().is_none() {
             config.application_name("idemstore");
         }
-        let sql = Sql::new(&self.table);
+        let lease = super::statement::sql_millis(crate::clock::duration_millis(self.lease));
+        let sql = Sql::new(&self.table, lease);
         // One connection of its own for the schema, so that a wrong address or a refused
         // version fails here rather than at the first reserve.
         let (mut client, connection) =
@@ -269,7 +270,6 @@ impl PgBuilder {
             ),
             clock: self.clock.clone(),
             max_result_len: self.max_result_len,
-            lease: crate::clock::duration_millis(self.lease),
             op_deadline: self.op_deadline,
             statement_timeout: self.statement_timeout,
             nonce_base: random_id(),

@@ -23,7 +23,7 @@ use crate::decide::{decide, Change, Completion};
 use crate::error::{Error, LeaseLostReason};
 use crate::fingerprint::Fingerprint;
 use crate::key::Key;
-use crate::record::{Millis, Record, RecordClass};
+use crate::record::{Record, RecordClass};
 use crate::remote::Backend;
 
 /// The shared state of a [`PgStore`](super::PgStore) and its clones.
@@ -33,8 +33,6 @@ pub(crate) struct Inner {
     pub(crate) policies: Policies,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) max_result_len: usize,
-    /// The lease of new acquisitions (how far past now sweeping looks, `schema.rs`).
-    pub(crate) lease: Millis,
     pub(crate) op_deadline: Duration,
     pub(crate) statement_timeout: Duration,
     pub(crate) nonce_base: u64,
@@ -274,13 +272,7 @@ impl PgStore {
         let old = current.as_ref().map_or(0, |row| row.nonce);
         let written = tx
             .query(
-                &format!(
-                    "UPDATE {} SET nonce = $2, sweep_at = GREATEST(sweep_at, {}), \
-                     expires_at = $3, lease_until = NULL, body = $4 \
-                     WHERE key = $1 AND nonce = $5 RETURNING watched",
-                    inner.sql.table,
-                    super::schema::sweep_at("$3")
-                ),
+                inner.sql.complete_locked.as_str(),
                 &[
                     &keys[0],
                     &inner.nonce(),
@@ -369,9 +361,7 @@ impl PgStore {
                 &[
                     &now,
                     &limit,
-                    // `sweep_at` is the expiry rounded up by at most a step.
-                    &now.saturating_add(sql_millis(self.inner.lease))
-                        .saturating_add(super::schema::SWEEP_STEP_MS),
+                    &now.saturating_add(self.inner.sql.sweep_ahead),
                 ],
                 || "sweeping expired keys".to_string(),
             )

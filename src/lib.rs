@@ -107,6 +107,9 @@ mod log;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod record;
+// The operations the etcd and PostgreSQL stores share, over each one's dialect.
+#[cfg(any(feature = "etcd", feature = "postgres"))]
+mod remote;
 mod reservations;
 mod state;
 mod store;

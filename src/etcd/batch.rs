@@ -12,7 +12,7 @@ use etcd_client::{Txn, TxnOp, TxnOpResponse};
 
 use super::layout::{placeholder, Stored, MAX_SLOTS};
 use super::store::Inner;
-use super::write::{landed, unchanged, written, AtRevision, Sent, Start};
+use super::write::{at_revision, landed, unchanged, written, Sent, Start};
 use crate::decide::{decide, Change, Decision, Operation};
 use crate::error::Error;
 use crate::key::Key;
@@ -66,7 +66,6 @@ impl Inner {
     ) -> Result<Vec<Result<O::Outcome, Error>>, Error>
     where
         O: Operation + Clone,
-        O::Outcome: AtRevision,
     {
         let mut answers: Answers<O::Outcome> = items.iter().map(|_| None).collect();
         let mut starts: Vec<Option<Start>> = items.iter().map(|_| None).collect();
@@ -104,7 +103,6 @@ impl Inner {
     ) -> Result<Vec<usize>, Error>
     where
         O: Operation + Clone,
-        O::Outcome: AtRevision,
     {
         // Reads, one transaction per `max_txn_ops` keys, all at once.
         let to_read: Vec<usize> = round
@@ -237,7 +235,6 @@ impl Inner {
     ) -> Result<Vec<Settled<O::Outcome>>, Error>
     where
         O: Operation + Clone,
-        O::Outcome: AtRevision,
     {
         let nonce = self.nonce();
         let mut compares = Vec::new();
@@ -293,7 +290,11 @@ impl Inner {
                     let key = &items[write.item].0;
                     let now = written(write.current.as_ref(), &decision.change, nonce, revision);
                     self.hints.note(key, now.as_ref());
-                    Settled::Answered(Ok(decision.outcome.at_revision(revision)))
+                    Settled::Answered(Ok(at_revision::<O>(
+                        &decision.change,
+                        decision.outcome,
+                        revision,
+                    )))
                 })
                 .collect());
         }

@@ -16,8 +16,9 @@ use super::layout::{self, Layout};
 use super::store::{EtcdStore, Inner};
 use crate::error::Error;
 use crate::key::Key;
-use crate::record::{Millis, Record, RecordClass, TokenFloor};
-use crate::store::inspect::{self, ScanFilter, StateCounts};
+use crate::record::{Millis, Record, RecordClass};
+use crate::remote::snapshot::{self, Records};
+use crate::store::inspect::{ScanFilter, StateCounts};
 
 /// Keys read per range request. A page is halved while the answer is over [`MAX_MESSAGE`]
 /// (each record may hold a result of up to 1,400 KiB).
@@ -95,8 +96,7 @@ impl EtcdSnapshot {
 
     /// The [`RecordClass`] of `record` at the moment the snapshot was taken.
     pub fn class_of(&self, record: &Record) -> RecordClass {
-        // Several processes share a cluster: a lease lasts its time, whoever acquired it.
-        record.class(self.now, TokenFloor::NONE)
+        snapshot::class_of(self.now, record)
     }
 
     /// `key`'s record at the snapshot's revision; `None` when absent or expired (as
@@ -129,17 +129,7 @@ impl EtcdSnapshot {
     /// # Errors
     /// [`Error::Cluster`], for a compacted revision too.
     pub async fn counts(&self) -> Result<StateCounts, Error> {
-        let mut counts = StateCounts::default();
-        self.each_record(|kv, key| {
-            let (Some(key), Ok(record)) = (key, decode(kv)) else {
-                counts.damaged += 1;
-                return true;
-            };
-            counts.count(self.class_of(&record), key, record);
-            true
-        })
-        .await?;
-        Ok(counts)
+        snapshot::counts(self).await
     }
 
     /// Up to `limit` records that match `filter`, with their keys, in the order of
@@ -159,26 +149,20 @@ impl EtcdSnapshot {
         filter: &ScanFilter,
         limit: usize,
     ) -> Result<Vec<(Key, Record)>, Error> {
-        if limit == 0 {
-            return Ok(Vec::new());
-        }
-        let mut listing = inspect::Listing::new(filter, limit);
-        self.each_record(|kv, key| match (key, decode(kv)) {
-            (Some(key), Ok(record)) => {
-                let class = self.class_of(&record);
-                listing.offer(key, record, class, self.now)
-            }
-            _ => true,
-        })
-        .await?;
-        Ok(listing.finish())
+        snapshot::scan(self, filter, limit).await
+    }
+}
+
+impl Records for EtcdSnapshot {
+    fn taken(&self) -> Millis {
+        self.now
     }
 
     /// Calls `visit` with every record of the store in key order (the key `None` when it
     /// does not decode), page by page, until it returns `false`.
     async fn each_record(
         &self,
-        mut visit: impl FnMut(&KeyValue, Option<Key>) -> bool,
+        mut visit: impl FnMut(Option<Key>, Option<Record>) -> bool,
     ) -> Result<(), Error> {
         let inner = self.store.inner();
         let (mut start, end) = records_range(&inner.layout);
@@ -188,7 +172,7 @@ impl EtcdSnapshot {
             let page = range(inner, &start, &end, PAGE, false, self.revision, &what).await?;
             for kv in page.kvs() {
                 let key = kv.key().get(records..).and_then(Key::decode);
-                if !visit(kv, key) {
+                if !visit(key, decode(kv).ok()) {
                     return Ok(());
                 }
             }

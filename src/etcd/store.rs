@@ -9,19 +9,16 @@ use etcd_client::{Client, TxnOp};
 use super::builder::EtcdBuilder;
 use super::hints::Hints;
 use super::layout::Layout;
-use crate::answers::{Lease, Reservation};
-use crate::clock::{duration_millis, from_millis, to_millis, Clock};
+use crate::answers::Lease;
+use crate::clock::{to_millis, Clock};
 use crate::decide::answer;
 use crate::decide::policy::Policies;
-use crate::decide::Resolution;
-use crate::decide::{
-    Complete, Completion, Extend, MarkNeedsReview, RecordStep, Release, Reserve, Reserved, Resolve,
-    WithRetention,
-};
+use crate::decide::{Completion, Extend, Operation, Reserve, Reserved};
 use crate::error::{Error, LeaseLostReason};
 use crate::fingerprint::Fingerprint;
 use crate::key::Key;
-use crate::record::{Millis, Progress, Record};
+use crate::record::{Millis, Record};
+use crate::remote::Backend;
 
 /// The shared state of an [`EtcdStore`] and its clones.
 pub(crate) struct Inner {
@@ -90,6 +87,53 @@ impl Inner {
             lease_until,
             progress,
         })
+    }
+}
+
+impl Backend for Inner {
+    fn now(&self) -> Millis {
+        Inner::now(self)
+    }
+
+    fn max_result_len(&self) -> usize {
+        self.max_result_len
+    }
+
+    async fn decide_write<O>(
+        &self,
+        key: &Key,
+        op: O,
+        absent_first: bool,
+    ) -> Result<O::Outcome, Error>
+    where
+        O: Operation + Clone + Sync,
+    {
+        let start = self.start(key, absent_first);
+        self.apply_from(key, op, &[], start).await
+    }
+
+    async fn decide_write_many<O>(
+        &self,
+        items: &[(Key, O)],
+        absent_first: bool,
+    ) -> Result<Vec<Result<O::Outcome, Error>>, Error>
+    where
+        O: Operation + Clone + Sync,
+    {
+        self.apply_many(items, absent_first).await
+    }
+
+    async fn read_record(&self, key: &Key) -> Result<Option<Record>, Error> {
+        Ok(self.read(key).await?.map(|stored| stored.record))
+    }
+
+    async fn acquired(
+        &self,
+        key: &Key,
+        fingerprint: Fingerprint,
+        reserved: Reserved,
+    ) -> Result<Reserved, Error> {
+        self.fresh_lease(key, fingerprint, reserved).await
     }
 }
 
@@ -164,40 +208,6 @@ impl EtcdStore {
             .load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Reserves `key`; the answers of [`Store::reserve`](crate::Store::reserve).
-    ///
-    /// # Durability
-    /// `Acquired` is returned only after a majority of the cluster's members wrote the
-    /// reservation to disk.
-    ///
-    /// # Cancel safety
-    /// Dropping the future does not withdraw a reservation already sent: it may be acquired,
-    /// and then goes stale when its lease runs out.
-    ///
-    /// # Errors
-    /// [`StorageError::Corruption`](crate::StorageError::Corruption) for a damaged record; [`Error::Cluster`] when the cluster gave no
-    /// definite answer within the operation deadline.
-    pub async fn reserve(&self, key: &Key, fingerprint: Fingerprint) -> Result<Reservation, Error> {
-        let start = self.inner.start(key, true);
-        let op = Reserve { fingerprint };
-        let reserved = self.inner.apply_from(key, op, &[], start).await?;
-        let reserved = self.inner.fresh_lease(key, fingerprint, reserved).await?;
-        Ok(answer::reservation(key, reserved))
-    }
-
-    /// Stores the lease's result; see [`Store::complete`](crate::Store::complete).
-    ///
-    /// # Errors
-    /// [`Error::ResultTooLarge`], [`Error::LeaseLost`], [`Error::Cluster`].
-    pub async fn complete(&self, lease: &Lease, result: Vec<u8>) -> Result<(), Error> {
-        self.check_result(&lease.key, &result)?;
-        let op = Complete {
-            token: lease.token,
-            result,
-        };
-        answer::completion(lease, self.inner.apply(&lease.key, op, &[]).await?)
-    }
-
     /// Completes the lease's key and applies the caller's own etcd operations (`ops`) in the
     /// same transaction: both are applied, or neither. The counterpart of
     /// [`Store::complete_with`](crate::Store::complete_with). The operations must not touch
@@ -225,11 +235,7 @@ impl EtcdStore {
         result: Vec<u8>,
         ops: Vec<TxnOp>,
     ) -> Result<(), Error> {
-        self.check_result(&lease.key, &result)?;
-        let op = Complete {
-            token: lease.token,
-            result,
-        };
+        let op = crate::remote::completion(self.inner(), lease, result)?;
         let reason = match self.inner.apply(&lease.key, op, &ops).await? {
             Ok(Completion::Stored) => return Ok(()),
             // The caller's operations went with the first completion, not this call.
@@ -240,164 +246,10 @@ impl EtcdStore {
         };
         Err(answer::lease_lost(lease, reason))
     }
-
-    /// [`complete`](EtcdStore::complete), keeping this key's result for `retention` instead of
-    /// its operation's retention; see
-    /// [`Store::complete_with_retention`](crate::Store::complete_with_retention). A zero
-    /// retention stores the completion and lets the key read as absent at once.
-    ///
-    /// # Errors
-    /// As for [`complete`](EtcdStore::complete).
-    pub async fn complete_with_retention(
-        &self,
-        lease: &Lease,
-        result: Vec<u8>,
-        retention: Duration,
-    ) -> Result<(), Error> {
-        self.check_result(&lease.key, &result)?;
-        let op = WithRetention {
-            op: Complete {
-                token: lease.token,
-                result,
-            },
-            retention: duration_millis(retention),
-        };
-        answer::completion(lease, self.inner.apply(&lease.key, op, &[]).await?)
-    }
-
-    /// Records a recovery point for multi-step work; see
-    /// [`Store::record_step`](crate::Store::record_step). It is on a majority's disks when
-    /// this returns; the caller that takes the stale reservation over (on any host) finds it
-    /// in [`Lease::progress`].
-    ///
-    /// ```no_run
-    /// use idemstore::{EtcdStore, Fingerprint, Key, Reservation};
-    ///
-    /// # async fn run(store: EtcdStore) -> Result<(), idemstore::Error> {
-    /// let key = Key::new("user-7", "checkout", "k1")?;
-    /// if let Reservation::Acquired(lease) = store.reserve(&key, Fingerprint::of(b"cart")).await? {
-    ///     let resume_after = lease.progress().map_or(0, |p| p.step);
-    ///     if resume_after < 1 {
-    ///         store.record_step(&lease, 1, b"charge ch_42").await?; // step 1: card charged
-    ///     }
-    ///     store.complete(&lease, b"order 1".to_vec()).await?;
-    /// }
-    /// # Ok(()) }
-    /// ```
-    ///
-    /// # Errors
-    /// [`Error::ResultTooLarge`] when `data` is over the result limit; [`Error::LeaseLost`]
-    /// when the lease no longer owns the key; [`Error::Cluster`].
-    pub async fn record_step(&self, lease: &Lease, step: u32, data: &[u8]) -> Result<(), Error> {
-        self.check_result(&lease.key, data)?;
-        let op = RecordStep {
-            token: lease.token,
-            progress: Progress {
-                step,
-                data: data.to_vec(),
-            },
-        };
-        answer::with_lease(lease, self.inner.apply(&lease.key, op, &[]).await?)
-    }
-
-    /// Deletes the reservation if this lease still holds it pending; see
-    /// [`Store::release_if_pending`](crate::Store::release_if_pending).
-    ///
-    /// # Errors
-    /// [`Error::LeaseLost`], [`Error::Cluster`].
-    pub async fn release_if_pending(&self, lease: &Lease) -> Result<bool, Error> {
-        let op = Release { token: lease.token };
-        answer::with_lease(lease, self.inner.apply(&lease.key, op, &[]).await?)
-    }
-
-    /// Renews the lease; see [`Store::extend`](crate::Store::extend).
-    ///
-    /// # Errors
-    /// [`Error::LeaseLost`], [`Error::Cluster`].
-    pub async fn extend(&self, lease: &Lease) -> Result<Lease, Error> {
-        let op = Extend { token: lease.token };
-        let lease_until = answer::with_lease(lease, self.inner.apply(&lease.key, op, &[]).await?)?;
-        Ok(Lease {
-            lease_until: from_millis(lease_until),
-            ..lease.clone()
-        })
-    }
-
-    /// Parks the key for a person; see [`Store::mark_needs_review`](crate::Store::mark_needs_review).
-    ///
-    /// # Errors
-    /// [`Error::NoteTooLarge`], [`Error::LeaseLost`], [`Error::Cluster`].
-    pub async fn mark_needs_review(&self, lease: &Lease, note: &str) -> Result<(), Error> {
-        if note.len() > Key::MAX_NOTE_LEN {
-            return Err(Error::NoteTooLarge {
-                key: lease.key.clone(),
-                len: note.len(),
-            });
-        }
-        let op = MarkNeedsReview {
-            token: lease.token,
-            note: note.to_string(),
-        };
-        answer::with_lease(lease, self.inner.apply(&lease.key, op, &[]).await?)
-    }
-
-    /// Settles a key under review or a stale reservation; see
-    /// [`Store::resolve`](crate::Store::resolve).
-    ///
-    /// # Errors
-    /// [`Error::NotResolvable`], [`Error::ResultTooLarge`], [`Error::Cluster`].
-    pub async fn resolve(&self, key: &Key, resolution: Resolution) -> Result<(), Error> {
-        if let Resolution::Complete(result) = &resolution {
-            self.check_result(key, result)?;
-        }
-        let outcome = self.inner.apply(key, Resolve(resolution), &[]).await?;
-        answer::resolved(key, outcome)
-    }
-
-    /// [`resolve`](EtcdStore::resolve); a [`Resolution::Complete`] result is kept for
-    /// `retention` instead of the key's operation's retention; see
-    /// [`Store::resolve_with_retention`](crate::Store::resolve_with_retention).
-    ///
-    /// # Errors
-    /// As for [`resolve`](EtcdStore::resolve).
-    pub async fn resolve_with_retention(
-        &self,
-        key: &Key,
-        resolution: Resolution,
-        retention: Duration,
-    ) -> Result<(), Error> {
-        if let Resolution::Complete(result) = &resolution {
-            self.check_result(key, result)?;
-        }
-        let op = WithRetention {
-            op: Resolve(resolution),
-            retention: duration_millis(retention),
-        };
-        answer::resolved(key, self.inner.apply(key, op, &[]).await?)
-    }
-
-    /// The stored record, `None` when absent or expired; a linearizable read.
-    ///
-    /// # Errors
-    /// [`StorageError::Corruption`](crate::StorageError::Corruption), [`Error::Cluster`].
-    pub async fn get(&self, key: &Key) -> Result<Option<Record>, Error> {
-        let now = self.inner.now();
-        Ok(self
-            .inner
-            .read(key)
-            .await?
-            .map(|stored| stored.record)
-            .filter(|record| !record.is_expired(now)))
-    }
-
-    pub(super) fn check_result(&self, key: &Key, result: &[u8]) -> Result<(), Error> {
-        if result.len() > self.inner.max_result_len {
-            return Err(Error::ResultTooLarge {
-                key: key.clone(),
-                len: result.len(),
-                limit: self.inner.max_result_len,
-            });
-        }
-        Ok(())
-    }
 }
+
+crate::remote::store_operations!(EtcdStore {
+    failure: "Cluster",
+    durable: "a majority of the cluster's members wrote it to disk",
+    batch: "transactions",
+});

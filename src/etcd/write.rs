@@ -8,7 +8,7 @@ use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp, TxnOpResponse, Txn
 
 use super::layout::{self, placeholder, resolve_token, Listed, Nonce, Stored};
 use super::store::Inner;
-use crate::decide::Reserved;
+
 use crate::decide::{decide, Change, Operation};
 use crate::error::Error;
 use crate::key::Key;
@@ -279,7 +279,6 @@ impl Inner {
     ) -> Result<O::Outcome, Error>
     where
         O: Operation + Clone,
-        O::Outcome: AtRevision,
     {
         self.apply_from(key, op, extra, self.start(key, false))
             .await
@@ -299,7 +298,6 @@ impl Inner {
     ) -> Result<O::Outcome, Error>
     where
         O: Operation + Clone,
-        O::Outcome: AtRevision,
     {
         let record_key = self.layout.record(key);
         let (mut current, mut guessed) = match start {
@@ -338,7 +336,11 @@ impl Inner {
                 Sent::Applied { revision } => {
                     let written = written(current.as_ref(), &decision.change, nonce, revision);
                     self.hints.note(key, written.as_ref());
-                    return Ok(decision.outcome.at_revision(revision));
+                    return Ok(at_revision::<O>(
+                        &decision.change,
+                        decision.outcome,
+                        revision,
+                    ));
                 }
                 Sent::Refused { responses } => {
                     let found = self.stored_in(key, responses.first())?;
@@ -348,7 +350,11 @@ impl Inner {
                     {
                         // An earlier copy of this very write was applied.
                         let revision = found.as_ref().map_or(0, |s| s.mod_revision);
-                        return Ok(decision.outcome.at_revision(revision));
+                        return Ok(at_revision::<O>(
+                            &decision.change,
+                            decision.outcome,
+                            revision,
+                        ));
                     }
                     if let (true, Change::Put(_), Some(now)) =
                         (answer.ambiguous, &decision.change, found.as_ref())
@@ -358,7 +364,11 @@ impl Inner {
                             .landed_before(key, current.as_ref(), now, nonce)
                             .await?
                         {
-                            return Ok(decision.outcome.at_revision(revision));
+                            return Ok(at_revision::<O>(
+                                &decision.change,
+                                decision.outcome,
+                                revision,
+                            ));
                         }
                     }
                     current = found;
@@ -571,44 +581,19 @@ pub(crate) fn landed(
     }
 }
 
-/// An outcome as it is answered once the write's revision is known: an acquisition's
-/// placeholder token becomes its real token (see [`resolve_token`]). Only a reserve answers a
-/// token; every other outcome is answered as decided.
-pub(crate) trait AtRevision {
-    /// The outcome of a write applied at `revision`.
-    fn at_revision(self, revision: i64) -> Self;
-}
-
-impl AtRevision for Reserved {
-    fn at_revision(self, revision: i64) -> Reserved {
-        match self {
-            Reserved::Acquired {
-                token,
-                attempt,
-                lease_until,
-                progress,
-            } => Reserved::Acquired {
-                token: resolve_token(token, revision),
-                attempt,
-                lease_until,
-                progress,
-            },
-            other => other,
+/// An outcome as it is answered once its write landed at `revision`: an acquisition's
+/// placeholder token (the one its record was written with) becomes its real token (see
+/// [`resolve_token`]). Every other outcome is answered as decided.
+pub(crate) fn at_revision<O: Operation>(
+    change: &Change,
+    outcome: O::Outcome,
+    revision: i64,
+) -> O::Outcome {
+    match change {
+        Change::Put(record) => {
+            O::outcome_with_token(outcome, resolve_token(record.token, revision))
         }
-    }
-}
-
-/// The lease operations, resolve and expire answer no token.
-impl<T, E> AtRevision for Result<T, E> {
-    fn at_revision(self, _revision: i64) -> Self {
-        self
-    }
-}
-
-/// `observe` answers whether the key was new, no token.
-impl AtRevision for bool {
-    fn at_revision(self, _revision: i64) -> Self {
-        self
+        Change::Delete | Change::Keep => outcome,
     }
 }
 
@@ -629,6 +614,7 @@ fn no_response(key: &Key) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::decide::Reserved;
     use crate::fingerprint::Fingerprint;
     use crate::record::{Record, State};
 
@@ -689,13 +675,17 @@ mod tests {
 
     #[test]
     fn tokens_are_given_only_to_acquisitions() {
-        let acquired = Reserved::Acquired {
-            token: placeholder(2),
-            attempt: 1,
-            lease_until: 5,
-            progress: None,
+        use crate::decide::{Completion, Reserve};
+        let reserve = Reserve {
+            fingerprint: Fingerprint::of(b"b"),
         };
-        match acquired.at_revision(40) {
+        let policy = crate::decide::Policy {
+            lease: 5,
+            retention: 10,
+            floor: crate::record::TokenFloor::NONE,
+        };
+        let acquired = decide(None, reserve, 0, policy, placeholder(2));
+        match at_revision::<Reserve>(&acquired.change, acquired.outcome, 40) {
             Reserved::Acquired { token, .. } => assert_eq!(token, (40 << 10) | 2),
             other => panic!("{other:?}"),
         }
@@ -703,8 +693,13 @@ mod tests {
             retry_after: Duration::from_millis(5),
             attempt: 1,
         };
-        assert_eq!(replay.clone().at_revision(40), replay);
-        let done: Result<(), &str> = Ok(());
-        assert_eq!(done.at_revision(40), Ok(()));
+        assert_eq!(
+            at_revision::<Reserve>(&Change::Keep, replay.clone(), 40),
+            replay
+        );
+        assert_eq!(
+            at_revision::<crate::decide::Complete>(&Change::Delete, Ok(Completion::Stored), 40),
+            Ok(Completion::Stored)
+        );
     }
 }

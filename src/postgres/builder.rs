@@ -9,8 +9,8 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 use tokio_postgres::NoTls;
 
 use super::schema::{self, Sql};
+use super::store::Inner;
 use super::store::PgStore;
-use super::write::Inner;
 use crate::clock::{Clock, SystemClock};
 use crate::decide::policy::Policies;
 use crate::error::Error;
@@ -229,7 +229,8 @@ impl PgBuilder {
         if config.get_application_name().is_none() {
             config.application_name("idemstore");
         }
-        let sql = Sql::new(&self.table);
+        let lease = super::statement::sql_millis(crate::clock::duration_millis(self.lease));
+        let sql = Sql::new(&self.table, lease);
         // One connection of its own for the schema, so that a wrong address or a refused
         // version fails here rather than at the first reserve.
         let (mut client, connection) =
@@ -272,13 +273,12 @@ impl PgBuilder {
             ),
             clock: self.clock.clone(),
             max_result_len: self.max_result_len,
-            lease: crate::clock::duration_millis(self.lease),
             op_deadline: self.op_deadline,
             statement_timeout: self.statement_timeout,
             nonce_base: random_id(),
             writes: AtomicU64::new(0),
             resends: AtomicU64::new(0),
-            hints: parking_lot::Mutex::new(super::write::Hints::new()),
+            hints: parking_lot::Mutex::new(super::hints::Hints::new()),
             waiters,
             wait_poll: self.wait_poll,
         }))

@@ -9,11 +9,12 @@
 //!   on it, and after a lost answer it tells a writer whether its write landed),
 //!   `sweep_at` where the row sits in the sweep index (milliseconds since the epoch): the
 //!   record's expiry rounded up to a whole second (a write raises it to the new record's
-//!   rounded expiry when that is later, and leaves it otherwise), `expires_at` when the row reads as absent (not
+//!   rounded expiry when that is later, lowers it to that when it is more than a lease
+//!   earlier, and leaves it otherwise: [`lowered`]), `expires_at` when the row reads as absent (not
 //!   indexed), `watched` whether a `reserve_or_wait` caller waits for the row to change
 //!   (`wait.rs`), `lease_until` the lease end of a pending row
 //!   (NULL otherwise), `body` the record in the local store's encoding (`docs/format.md`)
-//!   encoded with its token zero, less the token field (`write::stored_body`): the column is
+//!   encoded with its token zero, less the token field (`statement::stored_body`): the column is
 //!   the token. The 8-byte columns come first, so no padding sits between columns.
 //! - `T_sweep`: an index on `sweep_at`, which sweeping walks. It is the only index besides the
 //!   primary key, and a completion leaves `sweep_at` as the reserve wrote it (a pending
@@ -42,7 +43,7 @@ const TOKEN_BLOCK: i64 = 1024;
 /// rows of one second share one value, which the sweep index stores once with a list of the
 /// rows (B-tree deduplication), 6 bytes a row instead of a 16-byte entry
 /// (BENCHMARKS.md, "PostgreSQL").
-pub(crate) const SWEEP_STEP_MS: i64 = 1000;
+const SWEEP_STEP_MS: i64 = 1000;
 /// The answer of a multi-row write: its rows' nonces and tokens as two arrays in one row (one
 /// message to send and parse instead of one per row), NULL when no row was written.
 const AGGREGATE: &str = "SELECT array_agg(nonce), array_agg(token)";
@@ -87,21 +88,31 @@ pub(crate) struct Sql {
     pub(crate) update_one: String,
     pub(crate) delete: String,
     pub(crate) read_for_update: String,
+    /// `complete_with`'s completion of the row it locked.
+    pub(crate) complete_locked: String,
     pub(crate) sweep: String,
+    /// How far past now a sweep walks the `sweep_at` index (milliseconds): a row's
+    /// `sweep_at` is at most this much after its expiry.
+    pub(crate) sweep_ahead: i64,
     pub(crate) stale: String,
     pub(crate) mark: String,
     pub(crate) notify: String,
 }
 
 impl Sql {
-    pub(crate) fn new(table: &str) -> Sql {
+    /// The statements of the store of `table` whose acquisitions' lease is `lease`
+    /// (milliseconds).
+    pub(crate) fn new(table: &str, lease: i64) -> Sql {
         let t = table;
-        let (up_e, up_5, up_3, up_ue, up_6) = (
-            sweep_at("e"),
-            sweep_at("$5"),
-            sweep_at("$3"),
-            sweep_at("u.e"),
-            sweep_at("$6"),
+        // A pending record's `sweep_at` is kept by a completion that expires at most this
+        // much earlier (its lease, rounded up to a step as `sweep_at` is); a sweep looks this
+        // far and a step past now, so it finds the row by its expiry.
+        let kept =
+            (lease.saturating_add(SWEEP_STEP_MS - 1) / SWEEP_STEP_MS).saturating_mul(SWEEP_STEP_MS);
+        let (up_e, up_5, up_3) = (sweep_at("e"), sweep_at("$5"), sweep_at("$3"));
+        let (up_ue, up_6) = (
+            lowered(&format!("{t}.sweep_at"), &sweep_at("u.e"), kept),
+            lowered("sweep_at", &sweep_at("$6"), kept),
         );
         // Tokens in blocks: the sequence steps by TOKEN_BLOCK, and one `nextval` per block
         // of rows gives each new row `value + its place in the block` (a `nextval` per row
@@ -142,10 +153,11 @@ impl Sql {
                  VALUES ($1, nextval('{t}_tokens'), $2, {up_3}, $3, $4, $5) \
                  ON CONFLICT (key) DO NOTHING RETURNING nonce, token"
             ),
-            // `sweep_at` only rises: a completion leaves it as it was, so it is a HOT update.
+            // `sweep_at` rises, or falls only to an expiry more than `kept` earlier: a
+            // completion leaves it as it was, so it is a HOT update.
             update: format!(
                 "WITH w AS (UPDATE {t} SET token = CASE WHEN u.nt THEN nextval('{t}_tokens') ELSE u.tk END, \
-                 nonce = $5::int8 + u.i - 1, sweep_at = GREATEST({t}.sweep_at, {up_ue}), \
+                 nonce = $5::int8 + u.i - 1, sweep_at = {up_ue}, \
                  expires_at = u.e, lease_until = u.l, body = u.b \
                  FROM unnest($1::bytea[], $2::int8[], $3::bool[], $4::int8[], \
                  $6::int8[], $7::int8[], $8::bytea[]) WITH ORDINALITY AS u(k, o, nt, tk, e, l, b, i) \
@@ -154,7 +166,7 @@ impl Sql {
             ),
             update_one: format!(
                 "UPDATE {t} SET token = CASE WHEN $3 THEN nextval('{t}_tokens') ELSE $4 END, \
-                 nonce = $5, sweep_at = GREATEST(sweep_at, {up_6}), expires_at = $6, lease_until = $7, \
+                 nonce = $5, sweep_at = {up_6}, expires_at = $6, lease_until = $7, \
                  body = $8 \
                  WHERE key = $1 AND nonce = $2 RETURNING nonce, token, watched"
             ),
@@ -165,8 +177,13 @@ impl Sql {
             read_for_update: format!(
                 "SELECT key, token, nonce, body FROM {t} WHERE key = ANY($1::bytea[]) FOR UPDATE"
             ),
-            // The inner select walks the sweep index up to `$3` (now plus the lease: a
-            // completion leaves `sweep_at` at the pending record's expiry, at most one lease
+            complete_locked: format!(
+                "UPDATE {t} SET nonce = $2, sweep_at = {}, expires_at = $3, lease_until = NULL, \
+                 body = $4 WHERE key = $1 AND nonce = $5 RETURNING watched",
+                lowered("sweep_at", &sweep_at("$3"), kept)
+            ),
+            // The inner select walks the sweep index up to `$3` (now plus `sweep_ahead`: a
+            // completion leaves `sweep_at` at the pending record's expiry, at most `kept`
             // after its own) and keeps the rows that expired; the outer condition is checked
             // again on a row a concurrent write changed meanwhile.
             sweep: format!(
@@ -187,6 +204,7 @@ impl Sql {
                 "SELECT pg_notify('{}', k) FROM unnest($1::text[]) AS k",
                 super::wait::channel(t)
             ),
+            sweep_ahead: kept.saturating_add(SWEEP_STEP_MS),
         }
     }
 
@@ -231,6 +249,15 @@ pub(crate) fn sweep_at(e: &str) -> String {
         i64::MAX - SWEEP_STEP_MS,
         SWEEP_STEP_MS - 1
     )
+}
+
+/// The SQL of a write's new `sweep_at`, from the row's `old` one and the new record's `new`
+/// one: the later of the two, so that a completion (which expires no later than the pending
+/// record) changes no indexed column; but `new` when it is more than `kept` earlier than
+/// `old` (a completion or a resolve kept for less than its operation's retention, a key
+/// under review settled), which a sweep walking `kept` past now would otherwise reach late.
+fn lowered(old: &str, new: &str, kept: i64) -> String {
+    format!("(CASE WHEN {old} - {kept} > {new} THEN {new} ELSE GREATEST({old}, {new}) END)")
 }
 
 /// The advisory lock key that serializes schema creation among stores connecting at once.

@@ -3,12 +3,13 @@
 //! connection of its own with a `REPEATABLE READ READ ONLY` transaction open, so every read
 //! sees the rows as the first one did, whatever is written meanwhile.
 
-use super::store::PgStore;
-use super::write::Inner;
+use super::store::{Inner, PgStore};
 use crate::error::Error;
 use crate::key::Key;
-use crate::record::{Millis, Record, RecordClass, TokenFloor};
-use crate::store::inspect::{self, ScanFilter, StateCounts};
+use crate::record::{Millis, Record, RecordClass};
+use crate::remote::snapshot::{self, Records};
+use crate::remote::Backend;
+use crate::store::inspect::{ScanFilter, StateCounts};
 
 /// Rows read per statement while counting or listing.
 const PAGE: i64 = 512;
@@ -85,8 +86,7 @@ impl PgStore {
 impl PgSnapshot {
     /// The [`RecordClass`] of `record` at the moment the snapshot was taken.
     pub fn class_of(&self, record: &Record) -> RecordClass {
-        // Several processes share a database: a lease lasts its time, whoever acquired it.
-        record.class(self.now, TokenFloor::NONE)
+        snapshot::class_of(self.now, record)
     }
 
     /// `key`'s record in the snapshot; `None` when absent or expired (as [`PgStore::get`]).
@@ -117,17 +117,7 @@ impl PgSnapshot {
     /// # Errors
     /// [`Error::Database`].
     pub async fn counts(&self) -> Result<StateCounts, Error> {
-        let mut counts = StateCounts::default();
-        self.each_record(|key, record| {
-            let (Some(key), Ok(record)) = (key, record) else {
-                counts.damaged += 1;
-                return true;
-            };
-            counts.count(self.class_of(&record), key, record);
-            true
-        })
-        .await?;
-        Ok(counts)
+        snapshot::counts(self).await
     }
 
     /// Up to `limit` records that match `filter`, with their keys, in the order of
@@ -143,26 +133,30 @@ impl PgSnapshot {
         filter: &ScanFilter,
         limit: usize,
     ) -> Result<Vec<(Key, Record)>, Error> {
-        if limit == 0 {
-            return Ok(Vec::new());
+        snapshot::scan(self, filter, limit).await
+    }
+
+    fn failed(&self, what: String, error: tokio_postgres::Error) -> Error {
+        Error::Database {
+            context: format!(
+                "{what} of table `{}` in a snapshot; it changes nothing",
+                self.table
+            ),
+            source: Box::new(error),
         }
-        let mut listing = inspect::Listing::new(filter, limit);
-        self.each_record(|key, record| match (key, record) {
-            (Some(key), Ok(record)) => {
-                let class = self.class_of(&record);
-                listing.offer(key, record, class, self.now)
-            }
-            _ => true,
-        })
-        .await?;
-        Ok(listing.finish())
+    }
+}
+
+impl Records for PgSnapshot {
+    fn taken(&self) -> Millis {
+        self.now
     }
 
     /// Calls `visit` with every row in key order (the key `None` when it does not decode),
     /// page by page, until it returns `false`.
     async fn each_record(
         &self,
-        mut visit: impl FnMut(Option<Key>, Result<Record, Error>) -> bool,
+        mut visit: impl FnMut(Option<Key>, Option<Record>) -> bool,
     ) -> Result<(), Error> {
         let statement = format!(
             "SELECT key, token, nonce, body FROM {} WHERE key > $1 ORDER BY key LIMIT $2",
@@ -177,7 +171,7 @@ impl PgSnapshot {
                 .map_err(|error| self.failed("reading the rows".to_string(), error))?;
             for row in &rows {
                 let (key, record) = Inner::decode_row(row);
-                let keep_on = visit(Key::decode(&key), record.map(|row| row.record));
+                let keep_on = visit(Key::decode(&key), record.ok().map(|row| row.record));
                 after = key;
                 if !keep_on {
                     return Ok(());
@@ -186,16 +180,6 @@ impl PgSnapshot {
             if rows.len() < PAGE as usize {
                 return Ok(());
             }
-        }
-    }
-
-    fn failed(&self, what: String, error: tokio_postgres::Error) -> Error {
-        Error::Database {
-            context: format!(
-                "{what} of table `{}` in a snapshot; it changes nothing",
-                self.table
-            ),
-            source: Box::new(error),
         }
     }
 }

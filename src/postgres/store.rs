@@ -7,20 +7,47 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::builder::PgBuilder;
-use super::write::{sql_millis, Inner, Row, PLACEHOLDER};
-use crate::answers::{Lease, LiveLease, Reservation, Seen};
-use crate::clock::{duration_millis, from_millis};
+use std::sync::atomic::AtomicU64;
+
+use deadpool_postgres::Pool;
+
+use super::hints::Hints;
+use super::schema::Sql;
+use super::statement::PLACEHOLDER;
+use super::statement::{sql_millis, Row};
+use crate::answers::{Lease, Reservation};
+use crate::clock::Clock;
 use crate::decide::answer;
-use crate::decide::expire::Expire;
-use crate::decide::{decide, Change, Resolution};
-use crate::decide::{
-    Complete, Completion, Extend, LeaseOutcome, MarkNeedsReview, Observe, RecordStep, Release,
-    Reserve, Resolve, WithRetention,
-};
+use crate::decide::policy::Policies;
+use crate::decide::{decide, Change, Completion};
 use crate::error::{Error, LeaseLostReason};
 use crate::fingerprint::Fingerprint;
 use crate::key::Key;
-use crate::record::{Millis, Progress, Record, RecordClass};
+use crate::record::{Record, RecordClass};
+use crate::remote::Backend;
+
+/// The shared state of a [`PgStore`](super::PgStore) and its clones.
+pub(crate) struct Inner {
+    pub(crate) pool: Pool,
+    pub(crate) sql: Sql,
+    pub(crate) policies: Policies,
+    pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) max_result_len: usize,
+    pub(crate) op_deadline: Duration,
+    pub(crate) statement_timeout: Duration,
+    pub(crate) nonce_base: u64,
+    pub(crate) writes: AtomicU64,
+    /// Statements sent again after an error that applied nothing or may have applied.
+    pub(crate) resends: AtomicU64,
+    /// The pending rows this process wrote last, by key: a holder's next write (complete,
+    /// extend, release) is decided on it and sent at once under its nonce, with no read; a
+    /// wrong guess costs only the compare that matches nothing, then a read.
+    pub(crate) hints: parking_lot::Mutex<Hints>,
+    /// The `reserve_or_wait` callers, woken by notifications (`wait.rs`).
+    pub(crate) waiters: Arc<super::wait::Waiters>,
+    /// The longest a waiting call sleeps without a notification.
+    pub(crate) wait_poll: Duration,
+}
 
 /// The caller's own statements for [`PgStore::complete_with`]: run on the completion's
 /// transaction, before the completion is written.
@@ -102,50 +129,6 @@ impl PgStore {
         self.inner.resends.load(Ordering::Relaxed)
     }
 
-    /// Reserves `key`; the answers of [`Store::reserve`](crate::Store::reserve).
-    ///
-    /// # Durability
-    /// `Acquired` is returned only after PostgreSQL committed the row.
-    ///
-    /// # Errors
-    /// [`StorageError::Corruption`](crate::StorageError::Corruption) for a damaged row; [`Error::Database`] when PostgreSQL gave no
-    /// definite answer within the operation deadline (saying whether the write may have
-    /// landed: an acquisition nobody was told of goes stale when its lease runs out).
-    pub async fn reserve(&self, key: &Key, fingerprint: Fingerprint) -> Result<Reservation, Error> {
-        let reserved = self.inner.apply(key, Reserve { fingerprint }, true).await?;
-        Ok(answer::reservation(key, reserved))
-    }
-
-    /// Reserves many keys in few statements (one insert for the new ones); the answers of
-    /// [`Store::reserve_many`](crate::Store::reserve_many), one per item, in order. A key that
-    /// appears twice is decided again after the first was written.
-    ///
-    /// # Errors
-    /// The outer error is a failure of the database ([`Error::Database`]); an item's error (a
-    /// damaged row) does not fail the others.
-    pub async fn reserve_many(
-        &self,
-        items: &[(Key, Fingerprint)],
-    ) -> Result<Vec<Result<Reservation, Error>>, Error> {
-        let ops: Vec<(&Key, Reserve)> = items
-            .iter()
-            .map(|(key, fingerprint)| {
-                (
-                    key,
-                    Reserve {
-                        fingerprint: *fingerprint,
-                    },
-                )
-            })
-            .collect();
-        let outcomes = self.inner.apply_many(&ops, true).await?;
-        Ok(outcomes
-            .into_iter()
-            .zip(items)
-            .map(|(outcome, (key, _))| outcome.map(|r| answer::reservation(key, r)))
-            .collect())
-    }
-
     /// Reserves `key`, waiting while another caller holds it, up to `timeout`; see
     /// [`Store::reserve_or_wait`](crate::Store::reserve_or_wait). A waiter is woken by a
     /// PostgreSQL notification when the key's row changes (completed, released, marked for
@@ -192,42 +175,6 @@ impl PgStore {
         }
     }
 
-    /// Stores the lease's result; see [`Store::complete`](crate::Store::complete).
-    ///
-    /// # Errors
-    /// [`Error::ResultTooLarge`], [`Error::LeaseLost`], [`Error::Database`].
-    pub async fn complete(&self, lease: &Lease, result: Vec<u8>) -> Result<(), Error> {
-        self.check_result(&lease.key, &result)?;
-        let op = Complete {
-            token: lease.token,
-            result,
-        };
-        answer::completion(lease, self.inner.apply(&lease.key, op, false).await?)
-    }
-
-    /// [`complete`](PgStore::complete), keeping this key's result for `retention` instead of
-    /// its operation's retention; see
-    /// [`Store::complete_with_retention`](crate::Store::complete_with_retention).
-    ///
-    /// # Errors
-    /// As for [`complete`](PgStore::complete).
-    pub async fn complete_with_retention(
-        &self,
-        lease: &Lease,
-        result: Vec<u8>,
-        retention: Duration,
-    ) -> Result<(), Error> {
-        self.check_result(&lease.key, &result)?;
-        let op = WithRetention {
-            op: Complete {
-                token: lease.token,
-                result,
-            },
-            retention: duration_millis(retention),
-        };
-        answer::completion(lease, self.inner.apply(&lease.key, op, false).await?)
-    }
-
     /// Completes the lease's key and runs the caller's own statements (`work`) in the same
     /// PostgreSQL transaction: both are committed, or neither. The counterpart of
     /// [`Store::complete_with`](crate::Store::complete_with): "work done, key still pending"
@@ -272,7 +219,7 @@ impl PgStore {
         F: for<'t> FnOnce(&'t tokio_postgres::Transaction<'t>) -> PgWork<'t, E> + Send,
         E: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
-        self.check_result(&lease.key, &result)?;
+        let op = crate::remote::completion(self.inner(), lease, result)?;
         let inner = &self.inner;
         let key = &lease.key;
         let failed =
@@ -298,10 +245,6 @@ impl PgStore {
             Some((_, row)) => Some(row?),
             None => None,
         };
-        let op = Complete {
-            token: lease.token,
-            result,
-        };
         let decision = decide(
             current.as_ref().map(|row| row.record.clone()),
             op,
@@ -325,17 +268,11 @@ impl PgStore {
         work(&tx).await.map_err(|source| Error::Callback {
             source: source.into(),
         })?;
-        let body = super::write::stored_body(&record);
+        let body = super::statement::stored_body(&record);
         let old = current.as_ref().map_or(0, |row| row.nonce);
         let written = tx
             .query(
-                &format!(
-                    "UPDATE {} SET nonce = $2, sweep_at = GREATEST(sweep_at, {}), \
-                     expires_at = $3, lease_until = NULL, body = $4 \
-                     WHERE key = $1 AND nonce = $5 RETURNING watched",
-                    inner.sql.table,
-                    super::schema::sweep_at("$3")
-                ),
+                inner.sql.complete_locked.as_str(),
                 &[
                     &keys[0],
                     &inner.nonce(),
@@ -366,253 +303,6 @@ impl PgStore {
             inner.wake(&[key.encoded()]).await;
         }
         Ok(())
-    }
-
-    /// Records a recovery point for multi-step work; see
-    /// [`Store::record_step`](crate::Store::record_step).
-    ///
-    /// # Errors
-    /// [`Error::ResultTooLarge`], [`Error::LeaseLost`], [`Error::Database`].
-    pub async fn record_step(&self, lease: &Lease, step: u32, data: &[u8]) -> Result<(), Error> {
-        self.check_result(&lease.key, data)?;
-        let op = RecordStep {
-            token: lease.token,
-            progress: Progress {
-                step,
-                data: data.to_vec(),
-            },
-        };
-        answer::with_lease(lease, self.inner.apply(&lease.key, op, false).await?)
-    }
-
-    /// Deletes the reservation if this lease still holds it pending; see
-    /// [`Store::release_if_pending`](crate::Store::release_if_pending).
-    ///
-    /// # Errors
-    /// [`Error::LeaseLost`], [`Error::Database`].
-    pub async fn release_if_pending(&self, lease: &Lease) -> Result<bool, Error> {
-        let op = Release { token: lease.token };
-        answer::with_lease(lease, self.inner.apply(&lease.key, op, false).await?)
-    }
-
-    /// Renews the lease; see [`Store::extend`](crate::Store::extend).
-    ///
-    /// # Errors
-    /// [`Error::LeaseLost`], [`Error::Database`].
-    pub async fn extend(&self, lease: &Lease) -> Result<Lease, Error> {
-        let op = Extend { token: lease.token };
-        extended(lease, self.inner.apply(&lease.key, op, false).await?)
-    }
-
-    /// Parks the key for a person; see
-    /// [`Store::mark_needs_review`](crate::Store::mark_needs_review).
-    ///
-    /// # Errors
-    /// [`Error::NoteTooLarge`], [`Error::LeaseLost`], [`Error::Database`].
-    pub async fn mark_needs_review(&self, lease: &Lease, note: &str) -> Result<(), Error> {
-        if note.len() > Key::MAX_NOTE_LEN {
-            return Err(Error::NoteTooLarge {
-                key: lease.key.clone(),
-                len: note.len(),
-            });
-        }
-        let op = MarkNeedsReview {
-            token: lease.token,
-            note: note.to_string(),
-        };
-        answer::with_lease(lease, self.inner.apply(&lease.key, op, false).await?)
-    }
-
-    /// Settles a key under review or a stale reservation; see
-    /// [`Store::resolve`](crate::Store::resolve).
-    ///
-    /// # Errors
-    /// [`Error::NotResolvable`], [`Error::ResultTooLarge`], [`Error::Database`].
-    pub async fn resolve(&self, key: &Key, resolution: Resolution) -> Result<(), Error> {
-        if let Resolution::Complete(result) = &resolution {
-            self.check_result(key, result)?;
-        }
-        let outcome = self.inner.apply(key, Resolve(resolution), false).await?;
-        answer::resolved(key, outcome)
-    }
-
-    /// [`resolve`](PgStore::resolve), a completed result kept for `retention`; see
-    /// [`Store::resolve_with_retention`](crate::Store::resolve_with_retention).
-    ///
-    /// # Errors
-    /// As for [`resolve`](PgStore::resolve).
-    pub async fn resolve_with_retention(
-        &self,
-        key: &Key,
-        resolution: Resolution,
-        retention: Duration,
-    ) -> Result<(), Error> {
-        if let Resolution::Complete(result) = &resolution {
-            self.check_result(key, result)?;
-        }
-        let op = WithRetention {
-            op: Resolve(resolution),
-            retention: duration_millis(retention),
-        };
-        answer::resolved(key, self.inner.apply(key, op, false).await?)
-    }
-
-    /// Deletes whatever is stored for `key` now; see [`Store::expire`](crate::Store::expire).
-    /// A row past its expiry that no sweep deleted yet is deleted too (a data-deletion request
-    /// removes the bytes). The next reserve acquires the key afresh with a higher token.
-    ///
-    /// # Errors
-    /// [`Error::LeaseLive`] naming the lease's end when a live lease holds the key (nothing
-    /// is changed); [`StorageError::Corruption`](crate::StorageError::Corruption); [`Error::Database`].
-    pub async fn expire(&self, key: &Key) -> Result<Option<RecordClass>, Error> {
-        self.expire_with(key, LiveLease::Refuse).await
-    }
-
-    /// [`expire`](PgStore::expire), also when a live lease holds the key; see
-    /// [`Store::expire_forced`](crate::Store::expire_forced): the holder is fenced.
-    ///
-    /// # Errors
-    /// As for [`expire`](PgStore::expire), without [`Error::LeaseLive`].
-    pub async fn expire_forced(&self, key: &Key) -> Result<Option<RecordClass>, Error> {
-        self.expire_with(key, LiveLease::Take).await
-    }
-
-    /// [`expire`](PgStore::expire) or [`expire_forced`](PgStore::expire_forced), as `live`
-    /// says.
-    ///
-    /// # Errors
-    /// As for [`expire`](PgStore::expire).
-    pub async fn expire_with(
-        &self,
-        key: &Key,
-        live: LiveLease,
-    ) -> Result<Option<RecordClass>, Error> {
-        let op = Expire {
-            force: live == LiveLease::Take,
-        };
-        answer::expired(key, self.inner.apply(key, op, false).await?)
-    }
-
-    /// The dedup window; see [`Store::observe`](crate::Store::observe).
-    ///
-    /// # Errors
-    /// [`StorageError::Corruption`](crate::StorageError::Corruption), [`Error::Database`].
-    pub async fn observe(&self, key: &Key, window: Duration) -> Result<Seen, Error> {
-        let op = Observe {
-            window: duration_millis(window),
-        };
-        Ok(answer::seen(self.inner.apply(key, op, true).await?))
-    }
-
-    /// [`observe`](PgStore::observe) for many keys in few statements; see
-    /// [`Store::observe_many`](crate::Store::observe_many).
-    ///
-    /// # Errors
-    /// The outer error fails the whole batch; an item fails alone when its row is damaged.
-    pub async fn observe_many(
-        &self,
-        keys: &[Key],
-        window: Duration,
-    ) -> Result<Vec<Result<Seen, Error>>, Error> {
-        let window = duration_millis(window);
-        let ops: Vec<(Key, Observe)> = keys
-            .iter()
-            .map(|key| (key.clone(), Observe { window }))
-            .collect();
-        Ok(self
-            .inner
-            .apply_many(&ops, true)
-            .await?
-            .into_iter()
-            .map(|outcome| outcome.map(answer::seen))
-            .collect())
-    }
-
-    /// Completes many leases in few statements; see
-    /// [`Store::complete_many`](crate::Store::complete_many).
-    ///
-    /// # Errors
-    /// The outer error fails the whole batch; an item fails alone with
-    /// [`Error::ResultTooLarge`] or [`Error::LeaseLost`].
-    pub async fn complete_many(
-        &self,
-        items: Vec<(&Lease, Vec<u8>)>,
-    ) -> Result<Vec<Result<(), Error>>, Error> {
-        let leases: Vec<&Lease> = items.iter().map(|(lease, _)| *lease).collect();
-        let ops = items.into_iter().map(|(lease, result)| {
-            let op = self.check_result(&lease.key, &result).map(|()| Complete {
-                token: lease.token,
-                result,
-            });
-            (lease.key.clone(), op)
-        });
-        self.run_many(&leases, ops, answer::completion).await
-    }
-
-    /// Releases many leases in few statements; see
-    /// [`Store::release_if_pending_many`](crate::Store::release_if_pending_many).
-    ///
-    /// # Errors
-    /// The outer error fails the whole batch; an item fails alone with [`Error::LeaseLost`].
-    pub async fn release_if_pending_many(
-        &self,
-        leases: &[&Lease],
-    ) -> Result<Vec<Result<bool, Error>>, Error> {
-        let ops = leases
-            .iter()
-            .map(|lease| (lease.key.clone(), Ok(Release { token: lease.token })));
-        self.run_many(leases, ops, answer::with_lease).await
-    }
-
-    /// Renews many leases in few statements; see
-    /// [`Store::extend_many`](crate::Store::extend_many).
-    ///
-    /// # Errors
-    /// The outer error fails the whole batch; an item fails alone with [`Error::LeaseLost`].
-    pub async fn extend_many(&self, leases: &[&Lease]) -> Result<Vec<Result<Lease, Error>>, Error> {
-        let ops = leases
-            .iter()
-            .map(|lease| (lease.key.clone(), Ok(Extend { token: lease.token })));
-        self.run_many(leases, ops, extended).await
-    }
-
-    /// Expires many keys in few statements; see
-    /// [`Store::expire_many`](crate::Store::expire_many).
-    ///
-    /// # Errors
-    /// The outer error fails the whole batch; a key refused for its live lease, or with a
-    /// damaged row, fails alone.
-    pub async fn expire_many(
-        &self,
-        keys: &[Key],
-        live: LiveLease,
-    ) -> Result<Vec<Result<Option<RecordClass>, Error>>, Error> {
-        let force = live == LiveLease::Take;
-        let ops: Vec<(Key, Expire)> = keys
-            .iter()
-            .map(|key| (key.clone(), Expire { force }))
-            .collect();
-        Ok(self
-            .inner
-            .apply_many(&ops, false)
-            .await?
-            .into_iter()
-            .zip(keys)
-            .map(|(outcome, key)| outcome.and_then(|outcome| answer::expired(key, outcome)))
-            .collect())
-    }
-
-    /// The stored record, `None` when absent or expired.
-    ///
-    /// # Errors
-    /// [`StorageError::Corruption`](crate::StorageError::Corruption), [`Error::Database`].
-    pub async fn get(&self, key: &Key) -> Result<Option<Record>, Error> {
-        let now = self.inner.now();
-        let mut rows = self.inner.read_rows(&[key.encoded()]).await?;
-        match rows.remove(key.encoded()) {
-            None => Ok(None),
-            Some(row) => Ok(Some(row?.record).filter(|record| !record.is_expired(now))),
-        }
     }
 
     /// Reservations whose lease ran out and that have not expired, oldest lease first, up to
@@ -672,9 +362,7 @@ impl PgStore {
                 &[
                     &now,
                     &limit,
-                    // `sweep_at` is the expiry rounded up by at most a step.
-                    &now.saturating_add(sql_millis(self.inner.lease))
-                        .saturating_add(super::schema::SWEEP_STEP_MS),
+                    &now.saturating_add(self.inner.sql.sweep_ahead),
                 ],
                 || "sweeping expired keys".to_string(),
             )
@@ -700,61 +388,10 @@ impl PgStore {
             }
         })
     }
-
-    /// One operation per lease, the items refused before sending (a result over the limit)
-    /// answered with their error; the rest applied together and mapped by `map`.
-    async fn run_many<O, T>(
-        &self,
-        leases: &[&Lease],
-        ops: impl IntoIterator<Item = (Key, Result<O, Error>)>,
-        map: impl Fn(&Lease, O::Outcome) -> Result<T, Error>,
-    ) -> Result<Vec<Result<T, Error>>, Error>
-    where
-        O: crate::decide::Operation + Clone,
-        O::Outcome: super::write::Tokened,
-    {
-        let mut refused = Vec::new();
-        let mut sent = Vec::new();
-        for (key, op) in ops {
-            match op {
-                Ok(op) => {
-                    refused.push(None);
-                    sent.push((key, op));
-                }
-                Err(error) => refused.push(Some(error)),
-            }
-        }
-        let mut outcomes = self.inner.apply_many(&sent, false).await?.into_iter();
-        Ok(refused
-            .into_iter()
-            .zip(leases)
-            .map(|(refused, lease)| match refused {
-                Some(error) => Err(error),
-                None => outcomes
-                    .next()
-                    .expect("one outcome per sent item")
-                    .and_then(|outcome| map(lease, outcome)),
-            })
-            .collect())
-    }
-
-    pub(super) fn check_result(&self, key: &Key, result: &[u8]) -> Result<(), Error> {
-        if result.len() > self.inner.max_result_len {
-            return Err(Error::ResultTooLarge {
-                key: key.clone(),
-                len: result.len(),
-                limit: self.inner.max_result_len,
-            });
-        }
-        Ok(())
-    }
 }
 
-/// An extension's answer: the lease, renewed until the new deadline.
-fn extended(lease: &Lease, outcome: LeaseOutcome<Millis>) -> Result<Lease, Error> {
-    let lease_until = answer::with_lease(lease, outcome)?;
-    Ok(Lease {
-        lease_until: from_millis(lease_until),
-        ..lease.clone()
-    })
-}
+crate::remote::store_operations!(PgStore {
+    failure: "Database",
+    durable: "PostgreSQL committed it",
+    batch: "statements",
+});

@@ -5,278 +5,20 @@
 //! the write's own nonce, never by guessing.
 
 use std::borrow::Borrow;
-use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
-use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use deadpool_postgres::Pool;
-use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 
-use super::schema::Sql;
-use crate::clock::{to_millis, Clock};
-use crate::decide::expire::Expired;
-use crate::decide::policy::Policies;
+use super::statement::{refused, sql_millis, stored_body, token_param, Failure, Row, PLACEHOLDER};
+use super::store::Inner;
+use crate::clock::to_millis;
 use crate::decide::{decide, Change, Operation};
-use crate::decide::{LeaseOutcome, Reserved};
 use crate::error::Error;
 use crate::key::Key;
 use crate::record::{Millis, Record};
-
-/// The token a decision is given: the write replaces it with the sequence's next value.
-pub(crate) const PLACEHOLDER: u64 = 1 << 63;
-
-/// The shared state of a [`PgStore`](super::PgStore) and its clones.
-pub(crate) struct Inner {
-    pub(crate) pool: Pool,
-    pub(crate) sql: Sql,
-    pub(crate) policies: Policies,
-    pub(crate) clock: Arc<dyn Clock>,
-    pub(crate) max_result_len: usize,
-    /// The lease of new acquisitions (how far past now sweeping looks, `schema.rs`).
-    pub(crate) lease: Millis,
-    pub(crate) op_deadline: Duration,
-    pub(crate) statement_timeout: Duration,
-    pub(crate) nonce_base: u64,
-    pub(crate) writes: AtomicU64,
-    /// Statements sent again after an error that applied nothing or may have applied.
-    pub(crate) resends: AtomicU64,
-    /// The pending rows this process wrote last, by key: a holder's next write (complete,
-    /// extend, release) is decided on it and sent at once under its nonce, with no read; a
-    /// wrong guess costs only the compare that matches nothing, then a read.
-    pub(crate) hints: parking_lot::Mutex<Hints>,
-    /// The `reserve_or_wait` callers, woken by notifications (`wait.rs`).
-    pub(crate) waiters: Arc<super::wait::Waiters>,
-    /// The longest a waiting call sleeps without a notification.
-    pub(crate) wait_poll: Duration,
-}
-
-/// Most pending rows remembered as hints; the map is emptied when full.
-const MAX_HINTS: usize = 65_536;
-
-/// The pending rows this process wrote last, by key (see [`Inner::hints`]). A key is
-/// remembered by its 64-bit hash under a key of this map's own (the standard library's
-/// randomly keyed hasher), not by its bytes: no copy of the key per hint. Two keys with one
-/// hash would only make a wrong guess, which the write's compare on the row's nonce (unique
-/// to each write) turns into a read, as for any stale hint.
-pub(crate) struct Hints {
-    rows: HashMap<u64, Row, BuildHasherDefault<Hashed>>,
-    hasher: RandomState,
-}
-
-/// The map's hasher: its keys are already hashes.
-#[derive(Default)]
-pub(crate) struct Hashed(u64);
-
-impl Hasher for Hashed {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for byte in bytes {
-            self.0 = (self.0 << 8) | u64::from(*byte);
-        }
-    }
-    fn write_u64(&mut self, value: u64) {
-        self.0 = value;
-    }
-}
-
-impl Hints {
-    pub(crate) fn new() -> Hints {
-        Hints {
-            rows: HashMap::default(),
-            hasher: RandomState::new(),
-        }
-    }
-
-    fn of(&self, key: &[u8]) -> u64 {
-        self.hasher.hash_one(key)
-    }
-
-    pub(crate) fn get(&self, key: &[u8]) -> Option<&Row> {
-        if self.rows.is_empty() {
-            return None;
-        }
-        self.rows.get(&self.of(key))
-    }
-
-    pub(crate) fn remove(&mut self, key: &[u8]) -> Option<Row> {
-        if self.rows.is_empty() {
-            return None;
-        }
-        let hash = self.of(key);
-        self.rows.remove(&hash)
-    }
-
-    /// Keeps (or drops) the hint of a key: the pending row this process wrote (see
-    /// [`Inner::note`]).
-    pub(crate) fn note(&mut self, key: &[u8], row: Option<&Row>) {
-        match row.filter(|row| row.record.lease_until().is_some()) {
-            Some(row) => self.keep(key, row.clone()),
-            None => {
-                self.remove(key);
-            }
-        }
-    }
-
-    /// [`note`](Hints::note) of a row the caller no longer needs: a pending row is moved in.
-    pub(crate) fn note_owned(&mut self, key: &[u8], row: Row) {
-        if row.record.lease_until().is_some() {
-            self.keep(key, row);
-        } else {
-            self.remove(key);
-        }
-    }
-
-    fn keep(&mut self, key: &[u8], row: Row) {
-        if self.rows.len() >= MAX_HINTS {
-            self.rows.clear();
-        }
-        let hash = self.of(key);
-        self.rows.insert(hash, row);
-    }
-}
-
-/// Where the token field starts in a record's encoding (after the format version, the state
-/// tag and the fingerprint; docs/format.md), and its length. A row's `body` leaves the field
-/// out: the `token` column holds the token.
-const TOKEN_AT: usize = 2 + crate::Fingerprint::LEN;
-const TOKEN_LEN: usize = 8;
-
-/// A record as a row's `body` holds it: its encoding with the token zero (the checksum covers
-/// that zero), less the token field.
-pub(crate) fn stored_body(record: &Record) -> Vec<u8> {
-    let mut zeroed = record.clone();
-    zeroed.token = 0;
-    let mut bytes = zeroed.encode();
-    bytes.drain(TOKEN_AT..TOKEN_AT + TOKEN_LEN);
-    bytes
-}
-
-/// The record of a row's `body` (its token zero): the token field put back, then decoded and
-/// its checksum checked. A body too short to hold the fields before the token is decoded as
-/// it is, which reports it.
-pub(crate) fn record_of(body: &[u8]) -> Result<Record, String> {
-    if body.len() < TOKEN_AT {
-        return Record::decode(body);
-    }
-    let mut bytes = Vec::with_capacity(body.len() + TOKEN_LEN);
-    bytes.extend_from_slice(&body[..TOKEN_AT]);
-    bytes.extend_from_slice(&[0; TOKEN_LEN]);
-    bytes.extend_from_slice(&body[TOKEN_AT..]);
-    Record::decode(&bytes)
-}
-
-/// A row as read: the record (its token from the column), and the nonce of the write that
-/// made it.
-#[derive(Debug, Clone)]
-pub(crate) struct Row {
-    pub(crate) record: Record,
-    pub(crate) nonce: i64,
-}
-
-/// How one statement failed.
-pub(crate) enum Failure {
-    /// Nothing was applied, and sending again may succeed (no connection, a serialization
-    /// failure, a deadlock victim, too many connections).
-    Retry(Box<dyn std::error::Error + Send + Sync>),
-    /// PostgreSQL refused the statement for good; nothing was applied.
-    Refused(tokio_postgres::Error),
-    /// The answer was lost (connection reset, server gone, timeout): it may have been applied.
-    Unknown(Box<dyn std::error::Error + Send + Sync>),
-}
-
-/// SQL states after which nothing was applied and a new try may succeed.
-fn retryable(state: &SqlState) -> bool {
-    [
-        SqlState::T_R_SERIALIZATION_FAILURE,
-        SqlState::T_R_DEADLOCK_DETECTED,
-        SqlState::LOCK_NOT_AVAILABLE,
-        SqlState::TOO_MANY_CONNECTIONS,
-        SqlState::CANNOT_CONNECT_NOW,
-        SqlState::READ_ONLY_SQL_TRANSACTION,
-    ]
-    .contains(state)
-}
-
-/// SQL states that end the session: the statement may have been committed before it ended.
-fn session_ended(state: &SqlState) -> bool {
-    [
-        SqlState::ADMIN_SHUTDOWN,
-        SqlState::CRASH_SHUTDOWN,
-        SqlState::IDLE_SESSION_TIMEOUT,
-    ]
-    .contains(state)
-        || state.code().starts_with("08")
-}
-
-/// Classifies a statement's error.
-pub(crate) fn classify(error: tokio_postgres::Error) -> Failure {
-    match error.code() {
-        Some(state) if retryable(state) => Failure::Retry(Box::new(error)),
-        Some(state) if session_ended(state) => Failure::Unknown(Box::new(error)),
-        Some(_) => Failure::Refused(error),
-        None => Failure::Unknown(Box::new(error)),
-    }
-}
-
-/// Milliseconds as the `bigint` columns store them (never is `i64::MAX`).
-pub(crate) fn sql_millis(millis: Millis) -> i64 {
-    i64::try_from(millis).unwrap_or(i64::MAX)
-}
-
-/// The outcome types whose answer names the token an acquisition was given.
-pub(crate) trait Tokened {
-    /// The outcome with the placeholder token replaced by the one the write was given.
-    fn with_token(self, token: u64) -> Self;
-}
-
-impl Tokened for Reserved {
-    fn with_token(self, token: u64) -> Self {
-        match self {
-            Reserved::Acquired {
-                token: PLACEHOLDER,
-                attempt,
-                lease_until,
-                progress,
-            } => Reserved::Acquired {
-                token,
-                attempt,
-                lease_until,
-                progress,
-            },
-            other => other,
-        }
-    }
-}
-
-impl<T> Tokened for LeaseOutcome<T> {
-    fn with_token(self, _token: u64) -> Self {
-        self
-    }
-}
-
-impl Tokened for Result<(), &'static str> {
-    fn with_token(self, _token: u64) -> Self {
-        self
-    }
-}
-
-impl Tokened for Expired {
-    fn with_token(self, _token: u64) -> Self {
-        self
-    }
-}
-
-impl Tokened for bool {
-    fn with_token(self, _token: u64) -> Self {
-        self
-    }
-}
+use crate::remote::Backend;
 
 /// One item's write, waiting for its statement's answer.
 struct Sending<T> {
@@ -342,147 +84,39 @@ enum Start<T> {
     },
 }
 
-impl Inner {
-    pub(crate) fn now(&self) -> Millis {
+impl Backend for Inner {
+    fn now(&self) -> Millis {
         to_millis(self.clock.now())
     }
 
-    /// A nonce no other write of any store uses (a random base per store, then a counter).
-    pub(crate) fn nonce(&self) -> i64 {
-        self.nonces(1)
+    fn max_result_len(&self) -> usize {
+        self.max_result_len
     }
 
-    /// The first of `n` nonces in a row (`first .. first + n`, no overflow), which no other
-    /// write uses: a statement sends the first and each row adds its place.
-    pub(crate) fn nonces(&self, n: usize) -> i64 {
-        nonce_range(self.nonce_base, &self.writes, n)
-    }
-
-    /// Remembers what this process wrote to `key`: a pending row as a hint, anything else
-    /// forgets the key.
-    pub(crate) fn note(&self, key: &[u8], row: Option<&Row>) {
-        self.hints.lock().note(key, row);
-    }
-
-    /// Notifies the waiters of keys (encoded) whose watched rows a committed write changed
-    /// (`wait.rs`). A failure is not reported: the waiters ask again at their poll interval.
-    pub(crate) async fn wake(&self, keys: &[&[u8]]) {
-        if keys.is_empty() {
-            return;
-        }
-        let payloads: Vec<String> = keys.iter().map(|key| super::wait::hex(key)).collect();
-        let _ = self.query(&self.sql.notify, &[&payloads]).await;
-    }
-
-    /// Runs one statement once, on a pooled connection.
-    pub(crate) async fn query(
-        &self,
-        sql: &str,
-        params: &[&(dyn ToSql + Sync)],
-    ) -> Result<Vec<tokio_postgres::Row>, Failure> {
-        let client = match tokio::time::timeout(self.statement_timeout, self.pool.get()).await {
-            Ok(Ok(client)) => client,
-            Ok(Err(error)) => return Err(Failure::Retry(Box::new(error))),
-            Err(elapsed) => return Err(Failure::Retry(Box::new(elapsed))),
-        };
-        let statement = match client.prepare_cached(sql).await {
-            Ok(statement) => statement,
-            Err(error) => {
-                return Err(match classify(error) {
-                    // Preparing applies nothing.
-                    Failure::Unknown(error) => Failure::Retry(error),
-                    other => other,
-                });
-            }
-        };
-        match tokio::time::timeout(self.statement_timeout, client.query(&statement, params)).await {
-            Ok(Ok(rows)) => Ok(rows),
-            Ok(Err(error)) => Err(classify(error)),
-            Err(elapsed) => Err(Failure::Unknown(Box::new(elapsed))),
+    async fn read_record(&self, key: &Key) -> Result<Option<Record>, Error> {
+        match self
+            .read_rows(&[key.encoded()])
+            .await?
+            .remove(key.encoded())
+        {
+            None => Ok(None),
+            Some(row) => Ok(Some(row?.record)),
         }
     }
 
-    /// Runs a statement that changes nothing, again while it fails for a passing reason, up
-    /// to the operation deadline.
-    pub(crate) async fn read_query(
-        &self,
-        sql: &str,
-        params: &[&(dyn ToSql + Sync)],
-        what: impl Fn() -> String,
-    ) -> Result<Vec<tokio_postgres::Row>, Error> {
-        let started = Instant::now();
-        let mut pause = Duration::from_millis(10);
-        loop {
-            let source = match self.query(sql, params).await {
-                Ok(rows) => return Ok(rows),
-                Err(Failure::Refused(error)) => {
-                    return Err(Error::Database {
-                        context: format!("{}; it refused the statement", what()),
-                        source: Box::new(error),
-                    })
-                }
-                Err(Failure::Retry(error) | Failure::Unknown(error)) => error,
-            };
-            if started.elapsed() + pause > self.op_deadline {
-                return Err(Error::Database {
-                    context: format!("{}; no answer within {:?}", what(), self.op_deadline),
-                    source,
-                });
-            }
-            self.resends.fetch_add(1, Ordering::Relaxed);
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(Duration::from_millis(500));
-        }
-    }
-
-    /// Decodes a row of `key, token, nonce, body`.
-    pub(crate) fn decode_row(row: &tokio_postgres::Row) -> (Vec<u8>, Result<Row, Error>) {
-        let key: Vec<u8> = row.get(0);
-        let token: i64 = row.get(1);
-        let nonce: i64 = row.get(2);
-        let body: &[u8] = row.get(3);
-        let decoded = record_of(body)
-            .map(|mut record| {
-                record.token = token.cast_unsigned();
-                Row { record, nonce }
-            })
-            .map_err(|reason| crate::StorageError::Corruption {
-                location: format!(
-                    "PostgreSQL row of key {}",
-                    Key::decode(&key).map_or_else(|| format!("{key:02x?}"), |key| key.to_string())
-                ),
-                reason,
-            });
-        (key, decoded.map_err(Into::into))
-    }
-
-    /// The rows of `keys` (encoded), read in one statement; absent keys are missing.
-    pub(crate) async fn read_rows(
-        &self,
-        keys: &[&[u8]],
-    ) -> Result<HashMap<Vec<u8>, Result<Row, Error>>, Error> {
-        let rows = self
-            .read_query(&self.sql.read, &[&keys], || {
-                format!("reading {} keys", keys.len())
-            })
-            .await?;
-        Ok(rows.iter().map(Inner::decode_row).collect())
-    }
-
-    /// Applies `op` to one key, as [`apply_many`](Inner::apply_many) does, with a shorter path
+    /// Applies `op` to one key, as [`decide_write_many`](Backend::decide_write_many) does, with a shorter path
     /// for the common case: the row guessed (this process's own pending row, or absent when
     /// `absent_first`), the decision written in one statement, and the answer given when it
     /// applied. Anything else (the row changed, the key exists, a failure, a decision that
     /// changes nothing or deletes) goes the general way, reading the row.
-    pub(crate) async fn apply<O>(
+    async fn decide_write<O>(
         &self,
         key: &Key,
         op: O,
         absent_first: bool,
     ) -> Result<O::Outcome, Error>
     where
-        O: Operation + Clone,
-        O::Outcome: Tokened,
+        O: Operation + Clone + Sync,
     {
         let started = Instant::now();
         let hint = self.hints.lock().remove(key.encoded());
@@ -560,7 +194,7 @@ impl Inner {
                 }
                 record.token = token;
                 self.hints.lock().note_owned(k, Row { record, nonce });
-                return Ok(decision.outcome.with_token(token));
+                return Ok(O::outcome_with_token(decision.outcome, token));
             }
             Err(Failure::Refused(error)) => {
                 return Err(refused(&[(key, ())], 1, error));
@@ -596,20 +230,21 @@ impl Inner {
     /// The outer error when PostgreSQL refused a statement, or gave no answer within the
     /// operation deadline (saying whether a write may have been applied); an item's error
     /// (a damaged row) fails that item alone.
-    pub(crate) async fn apply_many<K: Borrow<Key>, O>(
+    async fn decide_write_many<O>(
         &self,
-        ops: &[(K, O)],
+        ops: &[(Key, O)],
         absent_first: bool,
     ) -> Result<Vec<Result<O::Outcome, Error>>, Error>
     where
-        O: Operation + Clone,
-        O::Outcome: Tokened,
+        O: Operation + Clone + Sync,
     {
         self.rounds(ops, absent_first, Instant::now(), Start::Guess)
             .await
     }
+}
 
-    /// [`apply_many`](Inner::apply_many) from `start`, with the operation deadline counted
+impl Inner {
+    /// [`decide_write_many`](Backend::decide_write_many) from `start`, with the operation deadline counted
     /// from `started`.
     async fn rounds<K: Borrow<Key>, O>(
         &self,
@@ -620,7 +255,6 @@ impl Inner {
     ) -> Result<Vec<Result<O::Outcome, Error>>, Error>
     where
         O: Operation + Clone,
-        O::Outcome: Tokened,
     {
         let n = ops.len();
         let key = |item: usize| ops[item].0.borrow().encoded();
@@ -749,7 +383,7 @@ impl Inner {
                     if let (Some(at), false) = (landed, guessed) {
                         let found = earlier.swap_remove(at);
                         let token = current.as_ref().map_or(0, |row| row.record.token);
-                        w.answer(rank, Ok(found.outcome.with_token(token)));
+                        w.answer(rank, Ok(O::outcome_with_token(found.outcome, token)));
                         continue;
                     }
                 }
@@ -820,10 +454,7 @@ impl Inner {
         w: &mut Work<O::Outcome>,
         puts: Vec<(Sending<O::Outcome>, i64)>,
         update: bool,
-    ) -> Result<(), Error>
-    where
-        O::Outcome: Tokened,
-    {
+    ) -> Result<(), Error> {
         let n = puts.len();
         let first = self.nonces(n);
         let (mut keys, mut olds, mut fresh, mut tokens) = (
@@ -956,7 +587,7 @@ impl Inner {
                             } else {
                                 hints.note_owned(keys[at], row);
                             }
-                            w.answer(rank, Ok(sending.outcome.with_token(token)));
+                            w.answer(rank, Ok(O::outcome_with_token(sending.outcome, token)));
                         }
                         None => {
                             // The row changed (or exists) since it was decided on.
@@ -1016,10 +647,7 @@ impl Inner {
         ops: &[(K, O)],
         w: &mut Work<O::Outcome>,
         deletes: Vec<(Sending<O::Outcome>, i64)>,
-    ) -> Result<(), Error>
-    where
-        O::Outcome: Tokened,
-    {
+    ) -> Result<(), Error> {
         let keys: Vec<&[u8]> = deletes
             .iter()
             .map(|(s, _)| ops[w.order[s.rank]].0.borrow().encoded())
@@ -1065,61 +693,5 @@ impl Inner {
                 Ok(())
             }
         }
-    }
-}
-
-/// The first of `n` consecutive nonces from `base` and the counter `writes`, skipping a range
-/// that would pass the largest bigint (the server would refuse the sum `first + place`).
-fn nonce_range(base: u64, writes: &AtomicU64, n: usize) -> i64 {
-    let n = n.max(1) as u64;
-    loop {
-        let first = base
-            .wrapping_add(writes.fetch_add(n, Ordering::Relaxed))
-            .cast_signed();
-        if first.checked_add((n - 1).cast_signed()).is_some() {
-            return first;
-        }
-    }
-}
-
-/// A record's token as the statements take it: whether the write is an acquisition (the
-/// token comes from the sequence) and otherwise the token it keeps.
-fn token_param(record: &Record) -> (bool, i64) {
-    if record.token == PLACEHOLDER {
-        (true, 0)
-    } else {
-        (false, record.token.cast_signed())
-    }
-}
-
-/// The error of a statement PostgreSQL refused for good.
-fn refused<K: Borrow<Key>, O>(ops: &[(K, O)], count: usize, error: tokio_postgres::Error) -> Error {
-    Error::Database {
-        context: format!(
-            "writing {count} of {} keys (first: {}); it refused the statement, \
-             so that statement applied nothing",
-            ops.len(),
-            ops.first()
-                .map_or_else(String::new, |(key, _)| key.borrow().to_string())
-        ),
-        source: Box::new(error),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_statements_nonces_never_pass_the_largest_bigint() {
-        let base = (i64::MAX - 5).cast_unsigned();
-        let writes = AtomicU64::new(0);
-        let first = nonce_range(base, &writes, 10);
-        assert!(first.checked_add(9).is_some(), "{first}");
-        // The range that crossed was skipped, not handed out.
-        assert_eq!(writes.load(Ordering::Relaxed), 20);
-        // Ranges that fit are consecutive.
-        let next = nonce_range(base, &writes, 3);
-        assert_eq!(next, first + 10);
     }
 }

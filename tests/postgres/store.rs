@@ -620,3 +620,74 @@ fn a_batchs_answers_name_each_rows_own_token() {
         assert_eq!(tokens.len(), 60, "every acquisition has its own token");
     });
 }
+
+/// A key kept for less than its operation's retention is swept at its own expiry, not at the
+/// pending record's (an hour later here): a completion with a shorter per-call retention, and
+/// a key under review settled with a retention (its row had no expiry at all). Completions
+/// kept for the operation's retention (`complete`, `complete_with`) are not swept then, and
+/// leave `sweep_at` as it was (`completions_are_hot_updates`).
+#[test]
+fn a_key_kept_shorter_than_its_operation_is_swept_at_its_own_expiry() {
+    let server = Server::start();
+    let clock = idemstore::ManualClock::starting_at(
+        std::time::UNIX_EPOCH + Duration::from_millis(1_700_000_000_000),
+    );
+    runtime().block_on(async {
+        let store = PgStore::builder()
+            .table("shorter")
+            .lease(Duration::from_secs(2))
+            .retention(Duration::from_secs(3600))
+            .clock(clock.clone())
+            .connect(&server.config())
+            .await
+            .unwrap();
+        let short = Duration::from_secs(10);
+        let one = acquire(&store, &key("one")).await;
+        store
+            .complete_with_retention(&one, b"done".to_vec(), short)
+            .await
+            .unwrap();
+        let with = acquire(&store, &key("with")).await;
+        store
+            .complete_with(&with, b"done".to_vec(), |_| {
+                Box::pin(async { Ok::<(), idemstore::tokio_postgres::Error>(()) })
+            })
+            .await
+            .unwrap();
+        let reviewed = acquire(&store, &key("reviewed")).await;
+        store.mark_needs_review(&reviewed, "check").await.unwrap();
+        store
+            .resolve_with_retention(
+                &key("reviewed"),
+                idemstore::Resolution::Complete(b"settled".to_vec()),
+                short,
+            )
+            .await
+            .unwrap();
+        // Kept for the operation's retention: not swept with the others.
+        let kept = acquire(&store, &key("kept")).await;
+        store.complete(&kept, b"done".to_vec()).await.unwrap();
+        clock.advance(short + Duration::from_millis(1));
+        assert_eq!(
+            store.sweep(100).await.unwrap(),
+            2,
+            "the completion and the resolution kept for 10 s, swept at their expiry"
+        );
+        for (name, swept) in [
+            ("one", true),
+            ("reviewed", true),
+            ("with", false),
+            ("kept", false),
+        ] {
+            let client = raw(&server).await;
+            let rows = client
+                .query(
+                    "SELECT 1 FROM shorter WHERE key = $1",
+                    &[&crate::common::encoded(&key(name))],
+                )
+                .await
+                .unwrap();
+            assert_eq!(rows.is_empty(), swept, "key {name}");
+        }
+    });
+}

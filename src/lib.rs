@@ -132,7 +132,9 @@ pub use record::{Progress, Record, RecordClass, Status};
 pub use reservations::Reservations;
 pub use state::Stats;
 pub use store::builder::{Builder, Durability};
-pub use store::inspect::{FileInfo, Problem, ProblemKind, ScanFilter, StateCounts, Verification};
+pub use store::inspect::{
+    FileInfo, Problem, ProblemKind, ReadOnlyStore, ScanFilter, StateCounts, Verification,
+};
 pub use store::{compact, open_redb, open_redb_read_only, Store};
 
 /// The redb crate this store is built on, for [`Store::complete_with`] callers.

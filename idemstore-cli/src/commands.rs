@@ -20,10 +20,10 @@ pub(crate) fn run(cli: Cli) -> Result<Option<ProblemsFound>> {
     let json = cli.json;
     let keep = cli.leases_survive_restart;
     match cli.command {
-        Command::Stats { file } => stats(&*open_view(&given(file)?, keep)?, &mut out, json)?,
+        Command::Stats { file } => stats(&*open_reader(&given(file)?, keep)?, &mut out, json)?,
         Command::Get { key, raw } => {
             let (file, key) = key.local()?;
-            get(&*open_view(&file, keep)?, &key, &mut out, json, raw)?
+            get(&*open_reader(&file, keep)?, &key, &mut out, json, raw)?
         }
         Command::List {
             file,
@@ -33,7 +33,7 @@ pub(crate) fn run(cli: Cli) -> Result<Option<ProblemsFound>> {
         } => {
             let filter = scan_filter(state, older_than);
             list(
-                &*open_view(&given(file)?, keep)?,
+                &*open_reader(&given(file)?, keep)?,
                 &filter,
                 limit,
                 &mut out,
@@ -67,7 +67,7 @@ pub(crate) fn run(cli: Cli) -> Result<Option<ProblemsFound>> {
             sweep(&*open_view(&file, keep)?, limit, slice, &mut out, json)?
         }
         Command::Check { file } => {
-            let store = open(&file, keep)?;
+            let store = open_read_only(&file, keep)?;
             let bar = progress_bar(
                 "checking {bar:40} {pos}/{len} entries ({percent}%), eta {eta}",
                 json,
@@ -88,7 +88,7 @@ pub(crate) fn run(cli: Cli) -> Result<Option<ProblemsFound>> {
                 .sweep_interval(None)
                 .preallocate_log(false)
                 .accept_log_loss(accept_loss);
-            exists(&file)?;
+            must_exist(&file)?;
             drop(builder.open(&file)?);
             if json {
                 writeln!(out, "{:#}", json!({ "path": file, "closed_cleanly": true }))?;
@@ -97,7 +97,7 @@ pub(crate) fn run(cli: Cli) -> Result<Option<ProblemsFound>> {
             }
         }
         Command::Compact { file } => {
-            exists(&file)?;
+            must_exist(&file)?;
             let (before, after) = idemstore::compact(&file)?;
             if json {
                 writeln!(
@@ -131,20 +131,19 @@ pub(crate) fn usage_error(message: impl std::fmt::Display) -> ! {
         .exit()
 }
 
-/// Refuses a path that does not exist (this tool never creates a store).
-fn exists(path: &Path) -> Result<()> {
-    if !path.exists() {
-        bail!(
-            "{} does not exist (this tool never creates a store)",
+/// Refuses a path that does not exist (only `init` creates a store: a typo must not leave a
+/// new empty store).
+fn must_exist(path: &Path) -> Result<()> {
+    match std::fs::metadata(path) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => bail!(
+            "{} does not exist (only `idemstore init` creates a store)",
             path.display()
-        )
+        ),
+        Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
+        Ok(_) => Ok(()),
     }
-    Ok(())
 }
 
-/// The store at `path` as the commands see it: the live store of the service that serves its
-/// admin socket, else the store opened by this tool (with `keep`, leases granted before the
-/// open last their time, as in a service with `Builder::leases_survive_restart`).
 /// The filter of `list --state S --older-than D`, for a file and for a cluster.
 pub(crate) fn scan_filter(state: Option<StateArg>, older_than: Option<Duration>) -> ScanFilter {
     let filter = state.map_or_else(ScanFilter::any, |s| ScanFilter::of(s.into()));
@@ -154,12 +153,38 @@ pub(crate) fn scan_filter(state: Option<StateArg>, older_than: Option<Duration>)
     }
 }
 
+/// The store at `path` for the commands that only read it: the live store of the service that
+/// serves its admin socket, else the closed store read by this tool without writing (with
+/// `keep`, leases granted before it closed last their time, as in a service with
+/// `Builder::leases_survive_restart`).
+pub(crate) fn open_reader(path: &Path, keep: bool) -> Result<Box<dyn View>> {
+    if let Some(client) = live(path) {
+        return Ok(Box::new(client));
+    }
+    Ok(Box::new(open_read_only(path, keep)?))
+}
+
+/// The running service's admin socket for the store at `path`, if one answers.
+fn live(path: &Path) -> Option<AdminClient> {
+    // A socket left by a service that died refuses the connection: read the file then.
+    std::fs::symlink_metadata(idemstore::admin::socket_path(path)).ok()?;
+    AdminClient::connect(path).ok()
+}
+
+/// Opens a closed store for reading without writing a byte of its files (`ReadOnlyStore`);
+/// one that was not closed cleanly is refused with how to recover it.
+pub(crate) fn open_read_only(path: &Path, keep: bool) -> Result<ReadOnlyStore> {
+    must_exist(path)?;
+    let mut builder = Store::builder();
+    builder.leases_survive_restart(keep);
+    Ok(builder.open_read_only(path)?)
+}
+
+/// The store at `path` for the commands that change it: as [`open_reader`], but opened
+/// writable by this tool when no service serves it.
 pub(crate) fn open_view(path: &Path, keep: bool) -> Result<Box<dyn View>> {
-    if std::fs::symlink_metadata(idemstore::admin::socket_path(path)).is_ok() {
-        // A socket left by a service that died refuses the connection: open the file then.
-        if let Ok(client) = AdminClient::connect(path) {
-            return Ok(Box::new(client));
-        }
+    if let Some(client) = live(path) {
+        return Ok(Box::new(client));
     }
     Ok(Box::new(open(path, keep)?))
 }
@@ -167,16 +192,7 @@ pub(crate) fn open_view(path: &Path, keep: bool) -> Result<Box<dyn View>> {
 /// Opens an existing store; never creates one (a typo must not leave a new empty store).
 /// `keep`: leases granted before this open last their time.
 pub(crate) fn open(path: &Path, keep: bool) -> Result<Store> {
-    match std::fs::metadata(path) {
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            bail!(
-                "{} does not exist (this tool never creates a store)",
-                path.display()
-            )
-        }
-        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
-        Ok(_) => {}
-    }
+    must_exist(path)?;
     // The tool reports and sweeps by itself (`sweep` shows its progress): no background
     // sweeper changing counts under it, and no growing an existing store's log to its
     // preallocated size just to inspect it.
@@ -252,7 +268,7 @@ pub(crate) fn stats(store: &dyn View, out: &mut impl Write, json: bool) -> Resul
                 "the running service",
                 &format!("admin socket {}", socket.display()),
             ]),
-            None => row(["read from", "the file, opened by this tool", ""]),
+            None => row(["read from", "the file, read only by this tool", ""]),
         },
     ];
     table(out, &[], &rows)?;

@@ -32,8 +32,8 @@ use std::time::{Duration, Instant, SystemTime};
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use idemstore::{
-    AdminClient, Error, Key, LiveLease, OpenError, Record, RecordClass, Resolution, ScanFilter,
-    StateCounts, Status, Store, Verification,
+    AdminClient, Error, Key, LiveLease, OpenError, ReadOnlyStore, Record, RecordClass, Resolution,
+    ScanFilter, StateCounts, Status, Store, Verification,
 };
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::{json, Value};

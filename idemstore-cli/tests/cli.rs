@@ -828,3 +828,110 @@ fn recover_accepts_a_lost_log_only_when_asked() {
     );
     run(&["stats", p], 0);
 }
+
+/// The bytes and modification time of each file in `dir`, by name.
+fn files_of(dir: &Path) -> Vec<(String, Vec<u8>, SystemTime)> {
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|entry| {
+            let path = entry.unwrap().path();
+            let modified = std::fs::metadata(&path).unwrap().modified().unwrap();
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            (name, std::fs::read(&path).unwrap(), modified)
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+/// `stats`, `list`, `get` and `check` on a closed store read it without writing: the store
+/// file and its log keep every byte and their modification times, and no file is added.
+#[test]
+fn reading_commands_never_write_the_store_or_its_log() {
+    let fx = Fixture::new();
+    let p = fx.file();
+    let dir = fx.path.parent().unwrap();
+    let before = files_of(dir);
+    assert_eq!(before.len(), 2, "the store file and its log");
+    let reads: [&[&str]; 8] = [
+        &["stats", p],
+        &["--json", "stats", p],
+        &["list", p],
+        &["list", p, "--state", "stale"],
+        &["list", p, "--state", "expired"],
+        &["get", p, "u1", "charge", "done"],
+        &["--json", "get", p, "u1", "charge", "review"],
+        &["check", p],
+    ];
+    for args in reads {
+        run(args, 0);
+        let after = files_of(dir);
+        for (was, is) in before.iter().zip(&after) {
+            assert!(was.1 == is.1, "`idemstore {args:?}` changed {}", was.0);
+            assert_eq!(was.2, is.2, "`idemstore {args:?}` touched {}", was.0);
+        }
+        assert_eq!(
+            before.len(),
+            after.len(),
+            "`idemstore {args:?}` added a file"
+        );
+    }
+    // What the read-only view shows is what the file holds: the same as a writable open's.
+    let listed = run_json(&["--json", "list", p], 0);
+    assert_eq!(ids(&listed["records"]).len(), 5, "{listed:#}");
+}
+
+/// A store that was not closed cleanly (its process was killed: the file and the log as it
+/// left them) is refused by the reading commands, naming the file and how to recover it; after
+/// `idemstore recover` they read it.
+#[test]
+fn reading_commands_refuse_a_store_that_needs_recovery() {
+    let dir = tempfile::tempdir().unwrap();
+    let (scratch, path) = (dir.path().join("open.idem"), dir.path().join("killed.idem"));
+    let store = Store::builder()
+        .admin_socket(idemstore::AdminSocket::Off)
+        .open(&scratch)
+        .unwrap();
+    let lease = acquire(&store, &key("u", "charge", "a"), fp("b"));
+    store.complete(&lease, b"one".to_vec()).unwrap();
+    std::fs::copy(&scratch, &path).unwrap();
+    std::fs::copy(
+        scratch.with_extension("idem.wal"),
+        path.with_extension("idem.wal"),
+    )
+    .unwrap();
+    drop(store);
+    let p = path.to_str().unwrap();
+    let files = || {
+        (
+            std::fs::read(&path).unwrap(),
+            std::fs::read(path.with_extension("idem.wal")).unwrap(),
+        )
+    };
+    let before = files();
+    for args in [
+        &["stats", p][..],
+        &["list", p],
+        &["get", p, "u", "charge", "a"],
+        &["check", p],
+    ] {
+        let output = idemstore(args);
+        assert_eq!(
+            output.status.code(),
+            Some(1),
+            "{args:?}: {}",
+            stderr(&output)
+        );
+        let message = stderr(&output);
+        assert!(
+            message.contains("was not closed cleanly")
+                && message.contains(p)
+                && message.contains(&format!("idemstore recover {p}")),
+            "{args:?}: {message}"
+        );
+        assert!(files() == before, "{args:?} wrote a file");
+    }
+    run(&["recover", p], 0);
+    let record = run_json(&["--json", "get", p, "u", "charge", "a"], 0);
+    assert_eq!(record["result"], "one");
+}

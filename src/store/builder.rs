@@ -507,6 +507,21 @@ impl Builder {
         Store::open_with(self, path.as_ref())
     }
 
+    /// Opens the closed store at `path` for reading only, without writing to its files
+    /// ([`ReadOnlyStore`](crate::ReadOnlyStore), which says what it refuses), with this
+    /// builder's [`clock`](Builder::clock) and
+    /// [`leases_survive_restart`](Builder::leases_survive_restart); the other settings are
+    /// for writing and are not used.
+    ///
+    /// # Errors
+    /// As [`ReadOnlyStore::open`](crate::ReadOnlyStore::open).
+    pub fn open_read_only(
+        &self,
+        path: impl AsRef<Path>,
+    ) -> Result<crate::ReadOnlyStore, OpenError> {
+        crate::store::inspect::ReadOnlyStore::open_with(self, path.as_ref())
+    }
+
     /// Opens (creating if empty) a store on other storage than files: `db` holds what the store
     /// file would ([`redb::StorageBackend`], redb's own seam), `log` what its log file would
     /// ([`LogFile`]). This is the storage seam: an in-memory store for a service's own tests,

@@ -344,12 +344,7 @@ impl Store {
         doing: &str,
         read: impl FnOnce() -> Result<T, Error>,
     ) -> Result<T, Error> {
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(read)).unwrap_or_else(|_| {
-            Err(Error::Corruption {
-                location: format!("store {}", self.path.display()),
-                reason: format!("redb panicked {doing}: a page of the file is damaged"),
-            })
-        })
+        guard_read(&self.path, doing, read)
     }
 
     /// Up to `limit` reservations whose lease ran out without completion, oldest first: work
@@ -388,4 +383,19 @@ impl Store {
             .begin_read()
             .map_err(|e| Error::storage("inspecting the store", e))
     }
+}
+
+/// Runs `read`, which reads redb pages of the store file at `path`, turning a panic inside
+/// redb into [`Error::Corruption`] naming the file ([`Store::guard_read`]).
+pub(crate) fn guard_read<T>(
+    path: &Path,
+    doing: &str,
+    read: impl FnOnce() -> Result<T, Error>,
+) -> Result<T, Error> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(read)).unwrap_or_else(|_| {
+        Err(Error::Corruption {
+            location: format!("store {}", path.display()),
+            reason: format!("redb panicked {doing}: a page of the file is damaged"),
+        })
+    })
 }

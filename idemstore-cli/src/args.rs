@@ -102,7 +102,8 @@ pub(crate) enum Command {
         /// The store file (none with --etcd)
         file: Option<PathBuf>,
     },
-    /// One record: its state, attempt, token, times and stored result
+    /// One record: its state, attempt, token, times and stored result; a response stored by
+    /// the HTTP or gRPC layer is shown as its status, headers and body
     #[command(
         override_usage = "idemstore get [OPTIONS] <FILE> <SCOPE> <OPERATION> <ID>\n       \
         idemstore get [OPTIONS] --etcd <ENDPOINTS> --prefix <PREFIX> <SCOPE> <OPERATION> <ID>"
@@ -110,7 +111,8 @@ pub(crate) enum Command {
     Get {
         #[command(flatten)]
         key: KeyArgs,
-        /// Write only the stored result's bytes to stdout, exactly as stored
+        /// Write only the stored result's bytes to stdout, exactly as stored (a stored
+        /// response in the layer's encoding, not decoded)
         #[arg(long, conflicts_with = "json")]
         raw: bool,
     },

@@ -396,10 +396,36 @@ pub(crate) fn get(
             completed_at,
         } => {
             rows.push(row(["completed", &at(completed_at, now)]));
-            rows.push(row([
-                "result",
-                &format!("{} bytes: {}", result.len(), preview(result, 200)),
-            ]));
+            match Response::of(result) {
+                Some(Response::Stored(response)) => {
+                    rows.push(row([
+                        "response",
+                        &format!(
+                            "status {}, {}, a {}-byte body (the HTTP layer's stored form, \
+                             {} bytes; --raw prints them)",
+                            response.status,
+                            plural(response.headers.len() as u64, "header"),
+                            response.body.len(),
+                            result.len()
+                        ),
+                    ]));
+                    for (name, value) in &response.headers {
+                        rows.push(row([&format!("  {name}"), &preview(value, 200)]));
+                    }
+                    rows.push(row(["body", &preview(&response.body, 200)]));
+                }
+                Some(Response::NotStored(status)) => rows.push(row([
+                    "response",
+                    &format!(
+                        "status {status}, sent but not stored (streamed, or over the layer's \
+                         max_stored_response): duplicates are refused with 410"
+                    ),
+                ])),
+                None => rows.push(row([
+                    "result",
+                    &format!("{} bytes: {}", result.len(), preview(result, 200)),
+                ])),
+            }
         }
         Status::NeedsReview { note, since } => {
             rows.push(row(["marked", &at(since, now)]));

@@ -31,6 +31,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use idemstore::guard::StoredResponse;
 use idemstore::{
     AdminClient, Error, Key, LiveLease, OpenError, ReadOnlyStore, Record, RecordClass, Resolution,
     ScanFilter, StateCounts, Status, Store, Verification,

@@ -935,3 +935,61 @@ fn reading_commands_refuse_a_store_that_needs_recovery() {
     let record = run_json(&["--json", "get", p, "u", "charge", "a"], 0);
     assert_eq!(record["result"], "one");
 }
+
+/// `get` shows a result stored by the HTTP layer as its status, headers and body (in `--json`
+/// too, bytes that are not UTF-8 in hex), the marker of a response sent but not stored as
+/// such, and `--raw` prints the stored bytes exactly.
+#[test]
+fn get_decodes_the_http_layers_stored_responses() {
+    use idemstore::guard::StoredResponse;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("http.idem");
+    let response = StoredResponse {
+        status: 201,
+        headers: vec![
+            ("location".into(), b"/orders/7".to_vec()),
+            ("x-blob".into(), b"\xff\x00".to_vec()),
+        ],
+        body: b"{\"order\":7}".to_vec(),
+    };
+    let stored = response.encode();
+    {
+        let store = Store::builder()
+            .admin_socket(idemstore::AdminSocket::Off)
+            .open(&path)
+            .unwrap();
+        let lease = acquire(&store, &key("u", "POST /orders", "k1"), fp("a"));
+        store.complete(&lease, stored.clone()).unwrap();
+        let lease = acquire(&store, &key("u", "POST /orders", "k2"), fp("b"));
+        // The marker the layer stores for a response it sent but did not keep.
+        store.complete(&lease, b"\x02\xc8\x00".to_vec()).unwrap();
+    }
+    let p = path.to_str().unwrap();
+    let text = run(&["get", p, "u", "POST /orders", "k1"], 0);
+    for shown in [
+        "status 201, 2 headers, a 11-byte body",
+        "location",
+        "/orders/7",
+        "\\xff\\x00",
+        "{\"order\":7}",
+    ] {
+        assert!(text.contains(shown), "{shown:?} missing:\n{text}");
+    }
+    let value = run_json(&["--json", "get", p, "u", "POST /orders", "k1"], 0);
+    let json = &value["response"];
+    assert_eq!(json["status"], 201, "{value:#}");
+    assert_eq!(json["headers"][0]["name"], "location");
+    assert_eq!(json["headers"][0]["value"], "/orders/7");
+    assert_eq!(json["headers"][1]["value_hex"], "ff00");
+    assert_eq!(json["body"], "{\"order\":7}");
+    assert_eq!(
+        value["result_hex"].as_str().map(str::len),
+        Some(2 * stored.len())
+    );
+    let raw = idemstore(&["get", "--raw", p, "u", "POST /orders", "k1"]);
+    assert_eq!(raw.stdout, stored, "--raw prints the stored bytes");
+    let text = run(&["get", p, "u", "POST /orders", "k2"], 0);
+    assert!(text.contains("status 200, sent but not stored"), "{text}");
+    let value = run_json(&["--json", "get", p, "u", "POST /orders", "k2"], 0);
+    assert_eq!(value["response"]["stored"], false, "{value:#}");
+}

@@ -207,7 +207,9 @@ pub(crate) enum Command {
 pub(crate) struct KeyArgs {
     /// The store file (none with --etcd)
     file: Option<PathBuf>,
-    /// Who the key belongs to (user, tenant)
+    /// Who the key belongs to (user, tenant); or the whole key as SCOPE/OPERATION/ID. Key
+    /// parts are read as the tool prints them: `%`, `/`, whitespace, control characters and
+    /// bytes that are not UTF-8 written %XX (e.g. `a/b` as a%2Fb, `100%` as 100%25)
     scope: Option<String>,
     /// What it guards (route, command)
     operation: Option<String>,
@@ -216,32 +218,46 @@ pub(crate) struct KeyArgs {
 }
 
 impl KeyArgs {
-    /// The store file and the key, for a local store; a usage error exits 2.
+    /// The store file and the key, for a local store: the key as three parts or as one
+    /// `SCOPE/OPERATION/ID` (`keys.rs`); a usage error exits 2.
     pub(crate) fn local(&self) -> Result<(PathBuf, Key)> {
-        let (Some(file), Some(scope), Some(operation), Some(id)) =
-            (&self.file, &self.scope, &self.operation, &self.id)
-        else {
-            usage_error("give the store file, then the key's scope, operation and id")
+        let key = match (&self.scope, &self.operation, &self.id) {
+            (Some(scope), Some(operation), Some(id)) => keys::parse(scope, operation, id),
+            (Some(joined), None, None) => keys::parse_joined(joined),
+            _ => usage_error(
+                "give the store file, then the key: its scope, operation and id, or one \
+                 SCOPE/OPERATION/ID",
+            ),
         };
-        let key = Key::new(scope, operation, id).context("bad key")?;
-        Ok((file.clone(), key))
+        let Some(file) = &self.file else {
+            usage_error("give the store file, then the key")
+        };
+        Ok((
+            file.clone(),
+            key.unwrap_or_else(|e| usage_error(format!("{e:#}"))),
+        ))
     }
 
-    /// The key, for a store named by `flag` (`--etcd`, `--postgres`): exactly three parts,
-    /// no file. `Err` is a usage error's message.
+    /// The key, for a store named by `flag` (`--etcd`, `--postgres`): three parts or one
+    /// `SCOPE/OPERATION/ID`, no file. `Err` is a usage error's message.
     #[cfg(any(feature = "etcd", feature = "postgres"))]
     pub(crate) fn remote(&self, flag: &str) -> std::result::Result<Result<Key>, String> {
-        let usage =
-            format!("with {flag}, give the key's scope, operation and id, and no store file");
-        let (Some(scope), Some(operation), Some(id), None) =
-            (&self.file, &self.scope, &self.operation, &self.id)
-        else {
+        let usage = format!(
+            "with {flag}, give the key (its scope, operation and id, or one \
+             SCOPE/OPERATION/ID), and no store file"
+        );
+        let Some(first) = &self.file else {
             return Err(usage);
         };
-        let Some(scope) = scope.to_str() else {
-            return Err(format!("the scope {} is not UTF-8", scope.display()));
+        let Some(first) = first.to_str() else {
+            return Err(format!("the scope {} is not UTF-8", first.display()));
         };
-        Ok(Key::new(scope, operation, id).context("bad key"))
+        let key = match (&self.scope, &self.operation, &self.id) {
+            (Some(operation), Some(id), None) => keys::parse(first, operation, id),
+            (None, None, None) => keys::parse_joined(first),
+            _ => return Err(usage),
+        };
+        key.map(Ok).map_err(|e| format!("{e:#}"))
     }
 }
 

@@ -327,7 +327,7 @@ pub(crate) fn counts_text(
         Some((key, record)) => writeln!(
             out,
             "oldest pending: {} ({}, attempt {}, token {})",
-            key,
+            show(key),
             when(store, record, now),
             record.attempt(),
             record.token()
@@ -344,12 +344,16 @@ pub(crate) fn get(
     raw: bool,
 ) -> Result<()> {
     let Some(record) = store.get(key)? else {
-        bail!("no record for key {key}: never reserved, released, or expired");
+        bail!(
+            "no record for key {}: never reserved, released, or expired",
+            show(key)
+        );
     };
     if raw {
         let Status::Completed { result, .. } = record.status() else {
             bail!(
-                "key {key} is {} and has no stored result",
+                "key {} is {} and has no stored result",
+                show(key),
                 store.class_of(&record)
             );
         };
@@ -532,11 +536,13 @@ pub(crate) fn resolve(
         match result_len {
             Some(len) => writeln!(
                 out,
-                "resolved {key} (was {was}): completed with a {len}-byte result; duplicates now get it"
+                "resolved {} (was {was}): completed with a {len}-byte result; duplicates now get it",
+                show(key)
             )?,
             None => writeln!(
                 out,
-                "resolved {key} (was {was}): released; the next request does the work afresh"
+                "resolved {} (was {was}): released; the next request does the work afresh",
+                show(key)
             )?,
         }
     }
@@ -555,7 +561,7 @@ pub(crate) fn expire(
     if matches!(live, LiveLease::Refuse) {
         let class = store.get(key)?.map(|record| store.class_of(&record));
         if class == Some(RecordClass::NeedsReview) {
-            return Err(UnderReview(key.to_string()).into());
+            return Err(UnderReview(show(key)).into());
         }
     }
     let was = store.expire(key, live)?;
@@ -572,9 +578,10 @@ pub(crate) fn expire(
         match was {
             Some(class) => writeln!(
                 out,
-                "expired {key} (was {class}); the next request with it does the work afresh"
+                "expired {} (was {class}); the next request with it does the work afresh",
+                show(key)
             )?,
-            None => writeln!(out, "nothing stored for {key}; nothing to expire")?,
+            None => writeln!(out, "nothing stored for {}; nothing to expire", show(key))?,
         }
     }
     Ok(())
@@ -688,7 +695,15 @@ pub(crate) fn check(report: &Verification, out: &mut impl Write, json: bool) -> 
     let rows: Vec<Vec<String>> = report
         .problems
         .iter()
-        .map(|p| vec![p.kind.to_string(), p.to_string()])
+        .map(|p| {
+            let place = match (&p.key, p.kind) {
+                (Some(key), kind) if kind != idemstore::ProblemKind::Meta => {
+                    format!("key {}: {}", show(key), p.detail)
+                }
+                _ => p.to_string(),
+            };
+            vec![p.kind.to_string(), place]
+        })
         .collect();
     table(out, &["PROBLEM", "WHERE AND WHAT"], &rows)?;
     writeln!(

@@ -43,6 +43,7 @@ mod args;
 mod cluster;
 mod commands;
 mod database;
+mod keys;
 #[cfg(any(feature = "etcd", feature = "postgres"))]
 mod remote;
 mod render;
@@ -50,6 +51,7 @@ mod view;
 
 use args::*;
 use commands::*;
+use keys::{part, show};
 use render::*;
 use view::View;
 

@@ -197,14 +197,6 @@ pub(crate) fn bytes(n: u64) -> String {
     format!("{value:.1} {}", UNITS[unit])
 }
 
-/// A key part as text: itself when it is UTF-8, else with bytes escaped (`\xff`).
-pub(crate) fn part(bytes: &[u8]) -> String {
-    match std::str::from_utf8(bytes) {
-        Ok(text) => text.to_string(),
-        Err(_) => bytes.escape_ascii().to_string(),
-    }
-}
-
 /// Stored bytes for a one-line preview: text with control characters escaped, cut at `max`
 /// characters.
 pub(crate) fn preview(bytes: &[u8], max: usize) -> String {
@@ -313,8 +305,6 @@ mod tests {
         assert_eq!(preview(b"201 {\"a\":1}\n", 100), "201 {\"a\":1}\\n");
         assert_eq!(preview("ありがとう".as_bytes(), 3), "ありが…");
         assert_eq!(preview(b"\xff\x00ok", 10), "\\xff\\x00ok");
-        assert_eq!(part("利用者-1".as_bytes()), "利用者-1");
-        assert_eq!(part(b"a\xffb"), "a\\xffb");
         assert_eq!(plural(1, "slice"), "1 slice");
         assert_eq!(plural(0, "slice"), "0 slices");
     }

@@ -993,3 +993,70 @@ fn get_decodes_the_http_layers_stored_responses() {
     let value = run_json(&["--json", "get", p, "u", "POST /orders", "k2"], 0);
     assert_eq!(value["response"]["stored"], false, "{value:#}");
 }
+
+/// Keys whose parts hold `/`, `%`, spaces and bytes that are not UTF-8 are printed with those
+/// escaped (%XX), and what is printed (in a table, in JSON, in a message) is accepted back by
+/// every command that takes a key, as three parts or as one SCOPE/OPERATION/ID.
+#[test]
+fn printed_keys_are_accepted_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("keys.idem");
+    let keys = [
+        idemstore::Key::new("tenant/7", "POST /charges", "k 1").unwrap(),
+        idemstore::Key::new("100%", "op", b"\xff\x00id".as_slice()).unwrap(),
+        idemstore::Key::new("利用者", "a%2Fb", "x/y/z").unwrap(),
+    ];
+    {
+        let store = Store::builder()
+            .admin_socket(idemstore::AdminSocket::Off)
+            .open(&path)
+            .unwrap();
+        for (i, key) in keys.iter().enumerate() {
+            let lease = acquire(&store, key, fp(&i.to_string()));
+            store
+                .complete(&lease, format!("result {i}").into_bytes())
+                .unwrap();
+        }
+    }
+    let p = path.to_str().unwrap();
+    let listed = run_json(&["--json", "list", p], 0);
+    let records = listed["records"].as_array().unwrap();
+    assert_eq!(records.len(), keys.len());
+    let table = run(&["list", p], 0);
+    for record in records {
+        let [scope, operation, id] =
+            ["scope", "operation", "id"].map(|f| record[f].as_str().unwrap().to_string());
+        let joined = format!("{scope}/{operation}/{id}");
+        assert!(
+            table.contains(&format!("{scope}  ")) && !scope.contains(['/', ' ']),
+            "{joined} in\n{table}"
+        );
+        let by_parts = run_json(&["--json", "get", p, &scope, &operation, &id], 0);
+        let by_joined = run_json(&["--json", "get", p, &joined], 0);
+        assert_eq!(by_parts["result"], by_joined["result"], "{joined}");
+        assert!(by_parts["result"].as_str().unwrap().starts_with("result "));
+        // A message names the key in the same form.
+        let expired = run(&["expire", p, &joined], 0);
+        assert!(expired.contains(&format!("expired {joined} ")), "{expired}");
+    }
+    assert_eq!(run_json(&["--json", "stats", p], 0)["counts"]["total"], 0);
+    // A `%` that is not an escape, or a key that is not three parts, is a usage error.
+    for (args, says) in [
+        (&["get", p, "100%", "op", "id"][..], "%25"),
+        (&["get", p, "a/b"][..], "SCOPE/OPERATION/ID"),
+        (&["expire", p, "a%zz/b/c"][..], "two hex digits"),
+    ] {
+        let output = idemstore(args);
+        assert_eq!(
+            output.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            stderr(&output)
+        );
+        assert!(
+            stderr(&output).contains(says),
+            "{args:?}: {}",
+            stderr(&output)
+        );
+    }
+}

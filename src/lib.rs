@@ -135,7 +135,7 @@ pub use store::builder::{Builder, Durability};
 pub use store::inspect::{
     FileInfo, Problem, ProblemKind, ReadOnlyStore, ScanFilter, StateCounts, Verification,
 };
-pub use store::{compact, open_redb, open_redb_read_only, Store};
+pub use store::{compact, import, open_redb, open_redb_read_only, Imported, Store};
 
 /// The redb crate this store is built on, for [`Store::complete_with`] callers.
 pub use redb;

@@ -127,10 +127,47 @@ pub(crate) enum Command {
         /// (for stale: stale for at least this long)
         #[arg(long, value_parser = humantime::parse_duration, value_name = "DURATION")]
         older_than: Option<Duration>,
+        /// Only keys whose printed form SCOPE/OPERATION/ID starts with this text, e.g.
+        /// `user-7/` (one scope) or `user-7/POST%20%2Fcharges/` (one operation of it); reads
+        /// every record
+        #[arg(long, value_name = "KEY_PREFIX")]
+        key_prefix: Option<String>,
         /// Show at most this many records (at least 1)
         #[arg(long, default_value_t = 100, value_name = "N",
               value_parser = clap::value_parser!(u64).range(1..))]
         limit: u64,
+    },
+    /// Create an empty store (refused when FILE exists: no other command creates one)
+    Init {
+        /// The new store file (its log is FILE.wal)
+        file: PathBuf,
+        /// How long completed keys are kept, by default: it also fixes the width of the
+        /// store's expiry windows (a 32nd of it) for the store's life. A service sets its own
+        /// retention when it opens the store (Builder::retention)
+        #[arg(long, value_parser = humantime::parse_duration, value_name = "DURATION",
+              default_value = "24h")]
+        retention: Duration,
+        /// The files' permission bits, in octal (Builder::file_mode)
+        #[arg(long, value_name = "OCTAL", default_value = "600", value_parser = octal_mode)]
+        mode: u32,
+    },
+    /// Write every record that has not expired as JSON lines, one record a line, to stdout
+    /// (the fields: docs/3-operating.md, "Export and import")
+    Export {
+        /// The store file
+        file: PathBuf,
+        /// Only keys whose printed form SCOPE/OPERATION/ID starts with this text
+        #[arg(long, value_name = "KEY_PREFIX")]
+        key_prefix: Option<String>,
+    },
+    /// Write the records of an export into a closed store (keys it already holds keep their
+    /// record); a malformed line is refused, naming its number, before anything is written
+    Import {
+        /// The store file (create it first with `idemstore init`)
+        file: PathBuf,
+        /// The export to read ("-" or none: stdin)
+        #[arg(value_name = "EXPORT")]
+        input: Option<PathBuf>,
     },
     /// Settle a stale reservation or a key marked for review
     #[command(
@@ -290,5 +327,13 @@ impl From<StateArg> for RecordClass {
             StateArg::Completed => RecordClass::Completed,
             StateArg::Expired => RecordClass::Expired,
         }
+    }
+}
+
+/// A file mode in octal, at most 0o777.
+fn octal_mode(text: &str) -> std::result::Result<u32, String> {
+    match u32::from_str_radix(text.trim_start_matches("0o"), 8) {
+        Ok(mode) if mode <= 0o777 => Ok(mode),
+        _ => Err(format!("{text:?} is not a file mode in octal (000 to 777)")),
     }
 }

@@ -29,16 +29,31 @@ pub(crate) fn run(cli: Cli) -> Result<Option<ProblemsFound>> {
             file,
             state,
             older_than,
+            key_prefix,
             limit,
         } => {
             let filter = scan_filter(state, older_than);
             list(
                 &*open_reader(&given(file)?, keep)?,
                 &filter,
+                key_prefix.as_deref(),
                 limit,
                 &mut out,
                 json,
             )?
+        }
+        Command::Init {
+            file,
+            retention,
+            mode,
+        } => transfer::init(&file, retention, mode, &mut out, json)?,
+        Command::Export { file, key_prefix } => {
+            let store = open_reader(&file, keep)?;
+            transfer::export(&*store, key_prefix.as_deref(), &mut out)?
+        }
+        Command::Import { file, input } => {
+            must_exist(&file)?;
+            transfer::import(&file, input.as_deref(), &mut out, json)?
         }
         Command::Resolve {
             key,
@@ -133,7 +148,7 @@ pub(crate) fn usage_error(message: impl std::fmt::Display) -> ! {
 
 /// Refuses a path that does not exist (only `init` creates a store: a typo must not leave a
 /// new empty store).
-fn must_exist(path: &Path) -> Result<()> {
+pub(crate) fn must_exist(path: &Path) -> Result<()> {
     match std::fs::metadata(path) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => bail!(
             "{} does not exist (only `idemstore init` creates a store)",
@@ -441,15 +456,33 @@ pub(crate) fn get(
     Ok(())
 }
 
+/// The records `filter` matches whose key's printed form starts with `prefix`: every record
+/// is read when a prefix is given (the stored order of keys is not their printed order).
+pub(crate) fn scan_prefixed(
+    store: &dyn View,
+    filter: &ScanFilter,
+    prefix: Option<&str>,
+    limit: usize,
+) -> Result<Vec<(Key, Record)>> {
+    let Some(prefix) = prefix else {
+        return Ok(store.scan(filter, limit)?);
+    };
+    let mut found = store.scan(filter, usize::MAX)?;
+    found.retain(|(key, _)| show(key).starts_with(prefix));
+    found.truncate(limit);
+    Ok(found)
+}
+
 pub(crate) fn list(
     store: &dyn View,
     filter: &ScanFilter,
+    prefix: Option<&str>,
     limit: u64,
     out: &mut impl Write,
     json: bool,
 ) -> Result<()> {
     let limit = usize::try_from(limit).unwrap_or(usize::MAX);
-    let mut found = store.scan(filter, limit.saturating_add(1))?;
+    let mut found = scan_prefixed(store, filter, prefix, limit.saturating_add(1))?;
     let truncated = found.len() > limit;
     found.truncate(limit);
     let now = SystemTime::now();

@@ -47,6 +47,7 @@ mod keys;
 #[cfg(any(feature = "etcd", feature = "postgres"))]
 mod remote;
 mod render;
+mod transfer;
 mod view;
 
 use args::*;

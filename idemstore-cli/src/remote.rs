@@ -7,7 +7,7 @@ use super::*;
 /// A command whose arguments were checked.
 pub(crate) enum Ready {
     Stats,
-    List(ScanFilter, u64),
+    List(ScanFilter, Option<String>, u64),
     Get(Result<Key>, bool),
     Expire(Result<Key>, bool),
     Resolve(Result<Key>, Resolution, Option<Duration>),
@@ -44,14 +44,18 @@ pub(crate) fn ready(command: Command, flag: &str, elsewhere: &str) -> Result<Rea
             file: None,
             state,
             older_than,
+            key_prefix,
             limit,
-        } => Ready::List(commands::scan_filter(state, older_than), limit),
+        } => Ready::List(commands::scan_filter(state, older_than), key_prefix, limit),
         Command::Sweep { .. }
         | Command::Check { .. }
         | Command::Recover { .. }
-        | Command::Compact { .. } => usage_error(format!(
-            "{flag} works with stats, list, get, expire and resolve; sweep, check, recover and \
-             compact work on a store file ({elsewhere})"
+        | Command::Compact { .. }
+        | Command::Init { .. }
+        | Command::Export { .. }
+        | Command::Import { .. } => usage_error(format!(
+            "{flag} works with stats, list, get, expire and resolve; sweep, check, recover, \
+             compact, init, export and import work on a store file ({elsewhere})"
         )),
     })
 }
@@ -66,7 +70,9 @@ pub(crate) fn execute(
     let mut out = io::stdout().lock();
     match command {
         Ready::Stats => stats(&mut out)?,
-        Ready::List(filter, limit) => list(store, &filter, limit, &mut out, json)?,
+        Ready::List(filter, prefix, limit) => {
+            list(store, &filter, prefix.as_deref(), limit, &mut out, json)?
+        }
         Ready::Get(key, raw) => get(store, &key?, &mut out, json, raw)?,
         Ready::Expire(key, force) => {
             let live = if force {

@@ -931,6 +931,17 @@ fn reading_commands_refuse_a_store_that_needs_recovery() {
         );
         assert!(files() == before, "{args:?} wrote a file");
     }
+    // Nor is one imported into.
+    let dump = dir.path().join("empty.jsonl");
+    std::fs::write(&dump, "").unwrap();
+    let output = idemstore(&["import", p, dump.to_str().unwrap()]);
+    assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("was not closed cleanly"),
+        "{}",
+        stderr(&output)
+    );
+    assert!(files() == before, "import wrote a file");
     run(&["recover", p], 0);
     let record = run_json(&["--json", "get", p, "u", "charge", "a"], 0);
     assert_eq!(record["result"], "one");
@@ -1059,4 +1070,133 @@ fn printed_keys_are_accepted_back() {
             stderr(&output)
         );
     }
+}
+
+/// `init` makes an empty store; `export` writes one JSON line per record that has not
+/// expired; `import` into the new store writes them back exactly, so its export is the same
+/// lines; a malformed line is refused by its number before anything is written.
+#[test]
+fn export_then_import_into_a_new_store_gives_the_same_lines() {
+    let fx = Fixture::new();
+    {
+        // A recovery point and a result that is not UTF-8, beside the fixture's states.
+        let store = fx.open();
+        let lease = acquire(&store, &key("u3", "a/b", "p 1"), fp("p"));
+        store.record_step(&lease, 2, b"ext-9\xff").unwrap();
+        let lease = acquire(&store, &key("u3", "bin", "%"), fp("q"));
+        store.complete(&lease, b"\x00\xff".to_vec()).unwrap();
+    }
+    let p = fx.file();
+    let exported = run(&["export", p], 0);
+    let lines: Vec<&str> = exported.lines().collect();
+    assert_eq!(
+        lines.len(),
+        6,
+        "every record but the expired one:\n{exported}"
+    );
+    for line in &lines {
+        let value: Value = serde_json::from_str(line).unwrap();
+        assert!(
+            value["state"].is_string() && value["token"].is_u64(),
+            "{line}"
+        );
+    }
+    let dir = fx.path.parent().unwrap();
+    let copy = dir.join("copy.idem");
+    let c = copy.to_str().unwrap();
+    let dump = dir.join("dump.jsonl");
+    std::fs::write(&dump, &exported).unwrap();
+    run(&["init", c, "--retention", "24h"], 0);
+    // init never overwrites.
+    assert_eq!(idemstore(&["init", c]).status.code(), Some(1));
+    let done = run_json(&["--json", "import", c, dump.to_str().unwrap()], 0);
+    assert_eq!(
+        (done["imported"].as_u64(), done["already_stored"].as_u64()),
+        (Some(6), Some(0))
+    );
+    assert_eq!(run(&["export", c], 0), exported, "the same lines back");
+    // Again: every key is already stored, and kept.
+    let again = run_json(&["--json", "import", c, dump.to_str().unwrap()], 0);
+    assert_eq!(again["already_stored"], 6);
+    // The imported store answers as the original: same class, token and result.
+    let original = run_json(&["--json", "get", p, "u1", "charge", "done"], 0);
+    let imported = run_json(&["--json", "get", c, "u1", "charge", "done"], 0);
+    assert_eq!(original, imported);
+
+    // A malformed line: refused by its number, nothing written.
+    let fresh = dir.join("fresh.idem");
+    let f = fresh.to_str().unwrap();
+    run(&["init", f], 0);
+    let bad_lines = [
+        ("{\"scope\": \"u\"", "not a JSON object"),
+        (
+            &lines[1].replace("\"state\":\"", "\"state\":\"x"),
+            "field `state`",
+        ),
+        (
+            &lines[1].replace("\"token\":", "\"tokn\":"),
+            "field `token`",
+        ),
+        (
+            &lines[1].replace("\"fingerprint\":\"", "\"fingerprint\":\"zz"),
+            "fingerprint",
+        ),
+    ];
+    for (bad, says) in bad_lines {
+        let input = format!("{}\n{bad}\n", lines[0]);
+        std::fs::write(&dump, input).unwrap();
+        let output = idemstore(&["import", f, dump.to_str().unwrap()]);
+        assert_eq!(output.status.code(), Some(1), "{bad}");
+        let message = stderr(&output);
+        assert!(
+            message.contains("line 2") && message.contains(says),
+            "{bad}: {message}"
+        );
+        assert_eq!(run(&["export", f], 0), "", "nothing imported from {bad}");
+    }
+    // Import needs an existing store.
+    let missing = dir.join("missing.idem");
+    let output = idemstore(&["import", missing.to_str().unwrap(), dump.to_str().unwrap()]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        stderr(&output).contains("idemstore init"),
+        "{}",
+        stderr(&output)
+    );
+    assert!(!missing.exists());
+}
+
+/// `list --key-prefix` keeps the keys whose printed form starts with the prefix, before the
+/// limit is applied.
+#[test]
+fn list_by_key_prefix() {
+    let fx = Fixture::new();
+    let p = fx.file();
+    let listed = run_json(&["--json", "list", p, "--key-prefix", "u1/charge/"], 0);
+    let mut found = ids(&listed["records"]);
+    found.sort();
+    assert_eq!(found, ["done", "live", "review", "stale"], "{listed:#}");
+    let listed = run_json(
+        &["--json", "list", p, "--key-prefix", "u1/", "--limit", "1"],
+        0,
+    );
+    assert_eq!(ids(&listed["records"]).len(), 1);
+    assert_eq!(listed["truncated"], true);
+    let listed = run_json(
+        &[
+            "--json",
+            "list",
+            p,
+            "--key-prefix",
+            "u2/",
+            "--state",
+            "expired",
+        ],
+        0,
+    );
+    assert_eq!(ids(&listed["records"]), ["old"]);
+    assert_eq!(
+        run(&["list", p, "--key-prefix", "nobody/"], 0).trim(),
+        "no records"
+    );
 }

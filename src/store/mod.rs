@@ -10,10 +10,12 @@
 //! - `many.rs`: the batch forms of complete, release and extend (sync and async);
 //! - `expire.rs`: expire (one, forced, many, async);
 //! - `retain.rs`: completing or resolving with a retention of its own;
+//! - `import.rs`: writing exported records into a closed store;
 
 pub(crate) mod builder;
 mod compact;
 mod expire;
+mod import;
 pub(crate) mod inspect;
 mod lease;
 mod many;
@@ -36,6 +38,7 @@ use crate::state::Stats;
 use crate::tree::tables::DEADLINES;
 
 pub use compact::compact;
+pub use import::{import, Imported};
 pub use open::file::{open_redb, open_redb_read_only};
 
 /// An open idempotency store: one file, owned by one process.

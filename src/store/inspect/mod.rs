@@ -26,6 +26,7 @@ use crate::tree::tables::{DEADLINES, LEASE, META, META_NEXT_TOKEN, META_WAL_SEQ}
 use crate::tree::windows::{Probe, Records, Windows};
 
 pub use read_only::ReadOnlyStore;
+pub(crate) use read_only::{needs_recovery, open_clean};
 
 /// One read transaction of a store's tables, with its windows and the time and token floor
 /// that classify its records: what every inspection call reads, on an open [`Store`] and on a

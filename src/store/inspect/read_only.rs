@@ -86,19 +86,7 @@ impl ReadOnlyStore {
     /// [`leases_survive_restart`](Builder::leases_survive_restart); its other settings
     /// are for writing and are not used. [`Builder::open_read_only`] calls this.
     pub(crate) fn open_with(builder: &Builder, path: &Path) -> Result<ReadOnlyStore, OpenError> {
-        check_page_file(path)?;
-        let file = std::fs::File::open(path)
-            .map_err(|e| OpenError::io(format!("opening {}", path.display()), e))?;
-        // redb refuses to open read only a file its last writer did not commit cleanly.
-        let db = match redb::Builder::new().open_read_only_with_backend(page_file(file, path)?) {
-            Ok(db) => db,
-            Err(redb::DatabaseError::RepairAborted) => return Err(needs_recovery(path)),
-            Err(e) => return Err(open_error(path, "opening", e)),
-        };
-        check_format(&db, path)?;
-        if !crate::log::clean_close::recorded(&db)? {
-            return Err(needs_recovery(path));
-        }
+        let db = open_clean(path, "open_read_only")?;
         let meta_read = || -> Result<(u64, u64), Error> {
             let txn = db.begin_read().map_err(storage)?;
             let meta = txn.open_table(META).map_err(storage)?;
@@ -226,10 +214,34 @@ impl ReadOnlyStore {
     }
 }
 
-/// The refusal of a store that needs recovery, naming the file and how to recover it.
-fn needs_recovery(path: &Path) -> OpenError {
+/// The file of the closed store at `path`, opened read only, after checking that it is a store
+/// and that it was closed cleanly: the check of every open that must not replay the log
+/// (`setting` names it in the refusal). Writes nothing.
+pub(crate) fn open_clean(
+    path: &Path,
+    setting: &'static str,
+) -> Result<ReadOnlyDatabase, OpenError> {
+    check_page_file(path)?;
+    let file = std::fs::File::open(path)
+        .map_err(|e| OpenError::io(format!("opening {}", path.display()), e))?;
+    // redb refuses to open read only a file its last writer did not commit cleanly.
+    let db = match redb::Builder::new().open_read_only_with_backend(page_file(file, path)?) {
+        Ok(db) => db,
+        Err(redb::DatabaseError::RepairAborted) => return Err(needs_recovery(path, setting)),
+        Err(e) => return Err(open_error(path, "opening", e)),
+    };
+    check_format(&db, path)?;
+    if !crate::log::clean_close::recorded(&db)? {
+        return Err(needs_recovery(path, setting));
+    }
+    Ok(db)
+}
+
+/// The refusal of a store that needs recovery by an open that must not replay its log
+/// (`setting` names that open), naming the file and how to recover it.
+pub(crate) fn needs_recovery(path: &Path, setting: &'static str) -> OpenError {
     OpenError::InvalidConfig {
-        setting: "open_read_only",
+        setting,
         reason: format!(
             "store {} was not closed cleanly (its process stopped without closing it, or it is \
              being recovered): its log {} may hold operations the file does not, and only \

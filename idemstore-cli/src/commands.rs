@@ -18,15 +18,19 @@ pub(crate) fn run(cli: Cli) -> Result<Option<ProblemsFound>> {
     }
     let mut out = io::stdout().lock();
     let json = cli.json;
-    let keep = cli.leases_survive_restart;
     match cli.command {
-        Command::Stats { file } => stats(&*open_reader(&given(file)?, keep)?, &mut out, json)?,
-        Command::Get { key, raw } => {
+        Command::Stats { file, leases } => {
+            let store = open_reader(&given(file)?, leases.leases_survive_restart)?;
+            stats(&*store, &mut out, json)?
+        }
+        Command::Get { key, leases, raw } => {
             let (file, key) = key.local()?;
-            get(&*open_reader(&file, keep)?, &key, &mut out, json, raw)?
+            let store = open_reader(&file, leases.leases_survive_restart)?;
+            get(&*store, &key, &mut out, json, raw)?
         }
         Command::List {
             file,
+            leases,
             state,
             older_than,
             key_prefix,
@@ -34,7 +38,7 @@ pub(crate) fn run(cli: Cli) -> Result<Option<ProblemsFound>> {
         } => {
             let filter = scan_filter(state, older_than);
             list(
-                &*open_reader(&given(file)?, keep)?,
+                &*open_reader(&given(file)?, leases.leases_survive_restart)?,
                 &filter,
                 key_prefix.as_deref(),
                 limit,
@@ -48,7 +52,7 @@ pub(crate) fn run(cli: Cli) -> Result<Option<ProblemsFound>> {
             mode,
         } => transfer::init(&file, retention, mode, &mut out, json)?,
         Command::Export { file, key_prefix } => {
-            let store = open_reader(&file, keep)?;
+            let store = open_reader(&file, false)?;
             transfer::export(&*store, key_prefix.as_deref(), &mut out)?
         }
         Command::Import { file, input } => {
@@ -57,6 +61,7 @@ pub(crate) fn run(cli: Cli) -> Result<Option<ProblemsFound>> {
         }
         Command::Resolve {
             key,
+            leases,
             action,
             retention,
         } => {
@@ -65,24 +70,25 @@ pub(crate) fn run(cli: Cli) -> Result<Option<ProblemsFound>> {
                 None => Resolution::Release,
             };
             let (file, key) = key.local()?;
-            let store = open_view(&file, keep)?;
+            let store = open_view(&file, leases.leases_survive_restart)?;
             resolve(&*store, &key, resolution, retention, &mut out, json)?
         }
-        Command::Expire { key, force } => {
+        Command::Expire { key, leases, force } => {
             let live = if force {
                 LiveLease::Take
             } else {
                 LiveLease::Refuse
             };
             let (file, key) = key.local()?;
-            expire(&*open_view(&file, keep)?, &key, live, &mut out, json)?
+            let store = open_view(&file, leases.leases_survive_restart)?;
+            expire(&*store, &key, live, &mut out, json)?
         }
         Command::Sweep { file, limit, slice } => {
             let slice = usize::try_from(slice).unwrap_or(usize::MAX);
-            sweep(&*open_view(&file, keep)?, limit, slice, &mut out, json)?
+            sweep(&*open_view(&file, false)?, limit, slice, &mut out, json)?
         }
         Command::Check { file } => {
-            let store = open_read_only(&file, keep)?;
+            let store = open_read_only(&file, false)?;
             let bar = progress_bar(
                 "checking {bar:40} {pos}/{len} entries ({percent}%), eta {eta}",
                 json,

@@ -60,6 +60,7 @@ use view::View;
 struct ProblemsFound;
 
 fn main() -> ExitCode {
+    refuse_absent_features();
     let cli = Cli::parse(); // usage errors exit 2, --help and --version exit 0
     let json = cli.json;
     match run(cli) {
@@ -71,6 +72,30 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `--etcd` or `--postgres` in a build without its feature: a usage error saying how to get
+/// it, before clap asks for the store file those options replace (their help is hidden in
+/// such a build).
+fn refuse_absent_features() {
+    let args: Vec<String> = std::env::args_os()
+        .skip(1)
+        .take_while(|arg| arg != "--")
+        .filter_map(|arg| arg.into_string().ok())
+        .collect();
+    let given = |flag: &str| {
+        args.iter()
+            .any(|arg| arg == flag || arg.starts_with(&format!("{flag}=")))
+    };
+    #[cfg(not(feature = "etcd"))]
+    if given("--etcd") || given("--etcd-config") {
+        cluster::unavailable()
+    }
+    #[cfg(not(feature = "postgres"))]
+    if given("--postgres") {
+        database::unavailable()
+    }
+    let _ = given;
 }
 
 fn is_broken_pipe(error: &anyhow::Error) -> bool {

@@ -22,15 +22,16 @@ pub(crate) fn ready(command: Command, flag: &str, elsewhere: &str) -> Result<Rea
             .unwrap_or_else(|message| usage_error(message))
     };
     Ok(match command {
-        Command::Stats { file: Some(_) } | Command::List { file: Some(_), .. } => {
+        Command::Stats { file: Some(_), .. } | Command::List { file: Some(_), .. } => {
             usage_error(format!("with {flag}, give no store file"))
         }
-        Command::Get { key: k, raw } => Ready::Get(key(&k), raw),
-        Command::Expire { key: k, force } => Ready::Expire(key(&k), force),
+        Command::Get { key: k, raw, .. } => Ready::Get(key(&k), raw),
+        Command::Expire { key: k, force, .. } => Ready::Expire(key(&k), force),
         Command::Resolve {
             key: k,
             action,
             retention,
+            ..
         } => {
             let key = key(&k);
             let resolution = match action.complete {
@@ -39,13 +40,14 @@ pub(crate) fn ready(command: Command, flag: &str, elsewhere: &str) -> Result<Rea
             };
             Ready::Resolve(key, resolution, retention)
         }
-        Command::Stats { file: None } => Ready::Stats,
+        Command::Stats { file: None, .. } => Ready::Stats,
         Command::List {
             file: None,
             state,
             older_than,
             key_prefix,
             limit,
+            ..
         } => Ready::List(commands::scan_filter(state, older_than), key_prefix, limit),
         Command::Sweep { .. }
         | Command::Check { .. }

@@ -83,9 +83,12 @@ impl Fixture {
 /// restart, so the fixture's `live` key stays live (by default a key left pending in a file no
 /// process holds is stale: see [`a_key_left_pending_by_a_gone_process_is_stale`]).
 fn idemstore(args: &[&str]) -> Output {
+    let command = args.iter().find(|arg| !arg.starts_with("--"));
+    let reads_leases =
+        command.is_some_and(|c| ["stats", "list", "get", "expire", "resolve"].contains(c));
     Command::new(env!("CARGO_BIN_EXE_idemstore"))
         .args(args)
-        .arg("--leases-survive-restart")
+        .args(reads_leases.then_some("--leases-survive-restart"))
         .output()
         .expect("run idemstore")
 }
@@ -1198,5 +1201,73 @@ fn list_by_key_prefix() {
     assert_eq!(
         run(&["list", p, "--key-prefix", "nobody/"], 0).trim(),
         "no records"
+    );
+}
+
+/// Each command's help fits the build and itself: `--etcd` and `--postgres` only in builds
+/// with their feature; each argument written the same way (`<FILE>` or `[FILE]`) in the usage
+/// line and the list of arguments; `--leases-survive-restart` only on the commands that tell a
+/// live lease from a stale one; `sweep` speaking of windows; `list --limit 0` refused with
+/// what it would mean.
+#[test]
+fn help_texts_fit_the_build() {
+    let commands = [
+        "stats", "get", "list", "resolve", "expire", "sweep", "check", "recover", "compact",
+        "init", "export", "import",
+    ];
+    let help = |args: &[&str]| run(args, 0);
+    let top = help(&["--help"]);
+    for (flag, built) in [
+        ("--etcd", cfg!(feature = "etcd")),
+        ("--postgres", cfg!(feature = "postgres")),
+    ] {
+        assert_eq!(top.contains(flag), built, "{flag} in --help:\n{top}");
+    }
+    for command in commands {
+        let text = help(&[command, "--help"]);
+        for (flag, built) in [
+            ("--etcd", cfg!(feature = "etcd")),
+            ("--postgres", cfg!(feature = "postgres")),
+        ] {
+            assert_eq!(
+                text.contains(flag),
+                built,
+                "{flag} in {command} --help:\n{text}"
+            );
+        }
+        let usage = text
+            .lines()
+            .find(|line| line.starts_with("Usage:"))
+            .unwrap_or_else(|| panic!("{command}: no usage line"));
+        let arguments = text
+            .split("Arguments:\n")
+            .nth(1)
+            .map(|rest| rest.split("\n\n").next().unwrap_or(""))
+            .unwrap_or("");
+        let names = arguments
+            .lines()
+            .filter_map(|line| line.split_whitespace().next())
+            .filter(|word| word.starts_with(['<', '[']));
+        for name in names {
+            assert!(
+                usage.contains(name),
+                "{command}: {name} is written otherwise in the usage line {usage:?}"
+            );
+        }
+        let leases = ["stats", "get", "list", "resolve", "expire"].contains(&command);
+        assert_eq!(
+            text.contains("--leases-survive-restart"),
+            leases,
+            "{command} --help:\n{text}"
+        );
+    }
+    assert!(help(&["sweep", "--help"]).contains("window"));
+    let fx = Fixture::new();
+    let output = idemstore(&["list", fx.file(), "--limit", "0"]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(
+        stderr(&output).contains("0 would show nothing"),
+        "{}",
+        stderr(&output)
     );
 }

@@ -111,6 +111,10 @@ mod reservations;
 mod state;
 mod store;
 mod tree;
+// The guide's Rust blocks that are not marked `ignore`, compiled by `cargo test`.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/2-http-grpc-actix.md")]
+struct GuideHttp;
 // The internals the crate's own tests and fuzz targets reach (hidden feature, CONTRIBUTING.md).
 #[cfg(feature = "__whitebox")]
 #[doc(hidden)]

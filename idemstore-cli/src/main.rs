@@ -1,20 +1,26 @@
 //! `idemstore`: look into and repair an idemstore file from the command line.
 //!
 //! ```text
+//! idemstore init   keys.idem
 //! idemstore stats  keys.idem
-//! idemstore list   keys.idem --state stale --older-than 5m
+//! idemstore list   keys.idem --state stale --older-than 5m --key-prefix user-7/
 //! idemstore get    keys.idem user-7 charge 4f0c-a1
 //! idemstore resolve keys.idem user-7 charge 4f0c-a1 --complete response.bin
 //! idemstore sweep  keys.idem
 //! idemstore expire keys.idem user-7 charge 4f0c-a1 [--force]
 //! idemstore check  keys.idem
+//! idemstore export keys.idem > keys.jsonl
+//! idemstore import copy.idem keys.jsonl
 //! ```
 //!
-//! A command opens the store like a service would ([`Store::open`]: one process owns a file,
-//! and opening replays its log). When a running service holds the file and
-//! serves its admin socket ([`idemstore::Builder::admin_socket`]), `stats`, `get`, `list`,
-//! and with a read-write socket `expire`, `resolve` and `sweep`, ask the service instead and
-//! see its live state; `check` always needs the store to itself. Tables by default, `--json`
+//! `stats`, `list`, `get`, `export` and `check` read a closed store without writing
+//! ([`ReadOnlyStore`]: a store that was not closed cleanly is refused until `recover`); the
+//! other commands open it like a service would ([`Store::open`]: one process owns a file, and
+//! opening replays its log). When a running service holds the file and serves its admin
+//! socket ([`idemstore::Builder::admin_socket`]), `stats`, `get`, `list`, `export`, and with a
+//! read-write socket `expire`, `resolve` and `sweep`, ask the service instead and see its live
+//! state; `check` always needs the store to itself. Keys print and parse as `keys.rs` says;
+//! `export` and `import` are in `transfer.rs`. Tables by default, `--json`
 //! for scripts. A closed output pipe ends the command quietly with status 0.
 //!
 //! With `--etcd ENDPOINTS --prefix P` (or `--etcd-config FILE`), `stats`, `list`, `get`,

@@ -123,10 +123,11 @@ fn report(error: &anyhow::Error, json: bool) {
     );
     let hint = match error.downcast_ref::<Error>() {
         _ if already_open => Some(
-            "stop the service that has the store open, then run this again \
-             (the tool opens the store itself to replay its log); or let the service serve \
-             its admin socket (Builder::admin_socket: ReadOnly for stats, get and list, \
-             ReadWrite also for expire, resolve and sweep), which this tool then uses",
+            "stop the service that has the store open, then run this again (one process \
+             owns a store file: the tool reads it only when no process has it open); or let \
+             the service serve its admin socket (Builder::admin_socket: ReadOnly for stats, \
+             get, list and export, ReadWrite also for expire, resolve and sweep), which this \
+             tool then uses",
         ),
         Some(Error::LeaseLive { .. }) => {
             Some("add --force to take the key from its holder (its later complete fails)")

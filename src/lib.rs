@@ -114,6 +114,10 @@ mod reservations;
 mod state;
 mod store;
 mod tree;
+// The guide's Rust blocks that are not marked `ignore`, compiled by `cargo test`.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/2-http-grpc-actix.md")]
+struct GuideHttp;
 // The internals the crate's own tests and fuzz targets reach (hidden feature, CONTRIBUTING.md).
 #[cfg(feature = "__whitebox")]
 #[doc(hidden)]
@@ -135,8 +139,10 @@ pub use record::{Progress, Record, RecordClass, Status};
 pub use reservations::Reservations;
 pub use state::Stats;
 pub use store::builder::{Builder, Durability};
-pub use store::inspect::{FileInfo, Problem, ProblemKind, ScanFilter, StateCounts, Verification};
-pub use store::{compact, open_redb, open_redb_read_only, Store};
+pub use store::inspect::{
+    FileInfo, Problem, ProblemKind, ReadOnlyStore, ScanFilter, StateCounts, Verification,
+};
+pub use store::{compact, import, open_redb, open_redb_read_only, Imported, Store};
 
 /// The redb crate this store is built on, for [`Store::complete_with`] callers.
 pub use redb;

@@ -9,6 +9,12 @@ use super::*;
 /// Runs a command against the cluster the arguments name; usage errors exit 2 here.
 #[cfg(not(feature = "etcd"))]
 pub(crate) fn run(_cli: Cli) -> Result<()> {
+    unavailable()
+}
+
+/// The usage error of `--etcd` in a build without the `etcd` feature.
+#[cfg(not(feature = "etcd"))]
+pub(crate) fn unavailable() -> ! {
     usage_error(
         "--etcd and --etcd-config need idemstore built with the etcd feature: \
          `cargo install --path idemstore-cli --features etcd` from a clone (or `cargo build -p idemstore-cli --features etcd`)",

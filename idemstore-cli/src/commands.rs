@@ -18,30 +18,50 @@ pub(crate) fn run(cli: Cli) -> Result<Option<ProblemsFound>> {
     }
     let mut out = io::stdout().lock();
     let json = cli.json;
-    let keep = cli.leases_survive_restart;
     match cli.command {
-        Command::Stats { file } => stats(&*open_view(&given(file)?, keep)?, &mut out, json)?,
-        Command::Get { key, raw } => {
+        Command::Stats { file, leases } => {
+            let store = open_reader(&given(file)?, leases.leases_survive_restart)?;
+            stats(&*store, &mut out, json)?
+        }
+        Command::Get { key, leases, raw } => {
             let (file, key) = key.local()?;
-            get(&*open_view(&file, keep)?, &key, &mut out, json, raw)?
+            let store = open_reader(&file, leases.leases_survive_restart)?;
+            get(&*store, &key, &mut out, json, raw)?
         }
         Command::List {
             file,
+            leases,
             state,
             older_than,
+            key_prefix,
             limit,
         } => {
             let filter = scan_filter(state, older_than);
             list(
-                &*open_view(&given(file)?, keep)?,
+                &*open_reader(&given(file)?, leases.leases_survive_restart)?,
                 &filter,
+                key_prefix.as_deref(),
                 limit,
                 &mut out,
                 json,
             )?
         }
+        Command::Init {
+            file,
+            retention,
+            mode,
+        } => transfer::init(&file, retention, mode, &mut out, json)?,
+        Command::Export { file, key_prefix } => {
+            let store = open_reader(&file, false)?;
+            transfer::export(&*store, key_prefix.as_deref(), &mut out)?
+        }
+        Command::Import { file, input } => {
+            must_exist(&file)?;
+            transfer::import(&file, input.as_deref(), &mut out, json)?
+        }
         Command::Resolve {
             key,
+            leases,
             action,
             retention,
         } => {
@@ -50,24 +70,25 @@ pub(crate) fn run(cli: Cli) -> Result<Option<ProblemsFound>> {
                 None => Resolution::Release,
             };
             let (file, key) = key.local()?;
-            let store = open_view(&file, keep)?;
+            let store = open_view(&file, leases.leases_survive_restart)?;
             resolve(&*store, &key, resolution, retention, &mut out, json)?
         }
-        Command::Expire { key, force } => {
+        Command::Expire { key, leases, force } => {
             let live = if force {
                 LiveLease::Take
             } else {
                 LiveLease::Refuse
             };
             let (file, key) = key.local()?;
-            expire(&*open_view(&file, keep)?, &key, live, &mut out, json)?
+            let store = open_view(&file, leases.leases_survive_restart)?;
+            expire(&*store, &key, live, &mut out, json)?
         }
         Command::Sweep { file, limit, slice } => {
             let slice = usize::try_from(slice).unwrap_or(usize::MAX);
-            sweep(&*open_view(&file, keep)?, limit, slice, &mut out, json)?
+            sweep(&*open_view(&file, false)?, limit, slice, &mut out, json)?
         }
         Command::Check { file } => {
-            let store = open(&file, keep)?;
+            let store = open_read_only(&file, false)?;
             let bar = progress_bar(
                 "checking {bar:40} {pos}/{len} entries ({percent}%), eta {eta}",
                 json,
@@ -88,7 +109,7 @@ pub(crate) fn run(cli: Cli) -> Result<Option<ProblemsFound>> {
                 .sweep_interval(None)
                 .preallocate_log(false)
                 .accept_log_loss(accept_loss);
-            exists(&file)?;
+            must_exist(&file)?;
             drop(builder.open(&file)?);
             if json {
                 writeln!(out, "{:#}", json!({ "path": file, "closed_cleanly": true }))?;
@@ -97,7 +118,7 @@ pub(crate) fn run(cli: Cli) -> Result<Option<ProblemsFound>> {
             }
         }
         Command::Compact { file } => {
-            exists(&file)?;
+            must_exist(&file)?;
             let (before, after) = idemstore::compact(&file)?;
             if json {
                 writeln!(
@@ -131,20 +152,19 @@ pub(crate) fn usage_error(message: impl std::fmt::Display) -> ! {
         .exit()
 }
 
-/// Refuses a path that does not exist (this tool never creates a store).
-fn exists(path: &Path) -> Result<()> {
-    if !path.exists() {
-        bail!(
-            "{} does not exist (this tool never creates a store)",
+/// Refuses a path that does not exist (only `init` creates a store: a typo must not leave a
+/// new empty store).
+pub(crate) fn must_exist(path: &Path) -> Result<()> {
+    match std::fs::metadata(path) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => bail!(
+            "{} does not exist (only `idemstore init` creates a store)",
             path.display()
-        )
+        ),
+        Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
+        Ok(_) => Ok(()),
     }
-    Ok(())
 }
 
-/// The store at `path` as the commands see it: the live store of the service that serves its
-/// admin socket, else the store opened by this tool (with `keep`, leases granted before the
-/// open last their time, as in a service with `Builder::leases_survive_restart`).
 /// The filter of `list --state S --older-than D`, for a file and for a cluster.
 pub(crate) fn scan_filter(state: Option<StateArg>, older_than: Option<Duration>) -> ScanFilter {
     let filter = state.map_or_else(ScanFilter::any, |s| ScanFilter::of(s.into()));
@@ -154,12 +174,38 @@ pub(crate) fn scan_filter(state: Option<StateArg>, older_than: Option<Duration>)
     }
 }
 
+/// The store at `path` for the commands that only read it: the live store of the service that
+/// serves its admin socket, else the closed store read by this tool without writing (with
+/// `keep`, leases granted before it closed last their time, as in a service with
+/// `Builder::leases_survive_restart`).
+pub(crate) fn open_reader(path: &Path, keep: bool) -> Result<Box<dyn View>> {
+    if let Some(client) = live(path) {
+        return Ok(Box::new(client));
+    }
+    Ok(Box::new(open_read_only(path, keep)?))
+}
+
+/// The running service's admin socket for the store at `path`, if one answers.
+fn live(path: &Path) -> Option<AdminClient> {
+    // A socket left by a service that died refuses the connection: read the file then.
+    std::fs::symlink_metadata(idemstore::admin::socket_path(path)).ok()?;
+    AdminClient::connect(path).ok()
+}
+
+/// Opens a closed store for reading without writing a byte of its files (`ReadOnlyStore`);
+/// one that was not closed cleanly is refused with how to recover it.
+pub(crate) fn open_read_only(path: &Path, keep: bool) -> Result<ReadOnlyStore> {
+    must_exist(path)?;
+    let mut builder = Store::builder();
+    builder.leases_survive_restart(keep);
+    Ok(builder.open_read_only(path)?)
+}
+
+/// The store at `path` for the commands that change it: as [`open_reader`], but opened
+/// writable by this tool when no service serves it.
 pub(crate) fn open_view(path: &Path, keep: bool) -> Result<Box<dyn View>> {
-    if std::fs::symlink_metadata(idemstore::admin::socket_path(path)).is_ok() {
-        // A socket left by a service that died refuses the connection: open the file then.
-        if let Ok(client) = AdminClient::connect(path) {
-            return Ok(Box::new(client));
-        }
+    if let Some(client) = live(path) {
+        return Ok(Box::new(client));
     }
     Ok(Box::new(open(path, keep)?))
 }
@@ -167,16 +213,7 @@ pub(crate) fn open_view(path: &Path, keep: bool) -> Result<Box<dyn View>> {
 /// Opens an existing store; never creates one (a typo must not leave a new empty store).
 /// `keep`: leases granted before this open last their time.
 pub(crate) fn open(path: &Path, keep: bool) -> Result<Store> {
-    match std::fs::metadata(path) {
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            bail!(
-                "{} does not exist (this tool never creates a store)",
-                path.display()
-            )
-        }
-        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
-        Ok(_) => {}
-    }
+    must_exist(path)?;
     // The tool reports and sweeps by itself (`sweep` shows its progress): no background
     // sweeper changing counts under it, and no growing an existing store's log to its
     // preallocated size just to inspect it.
@@ -252,7 +289,7 @@ pub(crate) fn stats(store: &dyn View, out: &mut impl Write, json: bool) -> Resul
                 "the running service",
                 &format!("admin socket {}", socket.display()),
             ]),
-            None => row(["read from", "the file, opened by this tool", ""]),
+            None => row(["read from", "the file, read only by this tool", ""]),
         },
     ];
     table(out, &[], &rows)?;
@@ -311,7 +348,7 @@ pub(crate) fn counts_text(
         Some((key, record)) => writeln!(
             out,
             "oldest pending: {} ({}, attempt {}, token {})",
-            key,
+            show(key),
             when(store, record, now),
             record.attempt(),
             record.token()
@@ -328,12 +365,16 @@ pub(crate) fn get(
     raw: bool,
 ) -> Result<()> {
     let Some(record) = store.get(key)? else {
-        bail!("no record for key {key}: never reserved, released, or expired");
+        bail!(
+            "no record for key {}: never reserved, released, or expired",
+            show(key)
+        );
     };
     if raw {
         let Status::Completed { result, .. } = record.status() else {
             bail!(
-                "key {key} is {} and has no stored result",
+                "key {} is {} and has no stored result",
+                show(key),
                 store.class_of(&record)
             );
         };
@@ -380,10 +421,36 @@ pub(crate) fn get(
             completed_at,
         } => {
             rows.push(row(["completed", &at(completed_at, now)]));
-            rows.push(row([
-                "result",
-                &format!("{} bytes: {}", result.len(), preview(result, 200)),
-            ]));
+            match Response::of(result) {
+                Some(Response::Stored(response)) => {
+                    rows.push(row([
+                        "response",
+                        &format!(
+                            "status {}, {}, a {}-byte body (the HTTP layer's stored form, \
+                             {} bytes; --raw prints them)",
+                            response.status,
+                            plural(response.headers.len() as u64, "header"),
+                            response.body.len(),
+                            result.len()
+                        ),
+                    ]));
+                    for (name, value) in &response.headers {
+                        rows.push(row([&format!("  {name}"), &preview(value, 200)]));
+                    }
+                    rows.push(row(["body", &preview(&response.body, 200)]));
+                }
+                Some(Response::NotStored(status)) => rows.push(row([
+                    "response",
+                    &format!(
+                        "status {status}, sent but not stored (streamed, or over the layer's \
+                         max_stored_response): duplicates are refused with 410"
+                    ),
+                ])),
+                None => rows.push(row([
+                    "result",
+                    &format!("{} bytes: {}", result.len(), preview(result, 200)),
+                ])),
+            }
         }
         Status::NeedsReview { note, since } => {
             rows.push(row(["marked", &at(since, now)]));
@@ -395,15 +462,33 @@ pub(crate) fn get(
     Ok(())
 }
 
+/// The records `filter` matches whose key's printed form starts with `prefix`: every record
+/// is read when a prefix is given (the stored order of keys is not their printed order).
+pub(crate) fn scan_prefixed(
+    store: &dyn View,
+    filter: &ScanFilter,
+    prefix: Option<&str>,
+    limit: usize,
+) -> Result<Vec<(Key, Record)>> {
+    let Some(prefix) = prefix else {
+        return Ok(store.scan(filter, limit)?);
+    };
+    let mut found = store.scan(filter, usize::MAX)?;
+    found.retain(|(key, _)| show(key).starts_with(prefix));
+    found.truncate(limit);
+    Ok(found)
+}
+
 pub(crate) fn list(
     store: &dyn View,
     filter: &ScanFilter,
+    prefix: Option<&str>,
     limit: u64,
     out: &mut impl Write,
     json: bool,
 ) -> Result<()> {
     let limit = usize::try_from(limit).unwrap_or(usize::MAX);
-    let mut found = store.scan(filter, limit.saturating_add(1))?;
+    let mut found = scan_prefixed(store, filter, prefix, limit.saturating_add(1))?;
     let truncated = found.len() > limit;
     found.truncate(limit);
     let now = SystemTime::now();
@@ -490,11 +575,13 @@ pub(crate) fn resolve(
         match result_len {
             Some(len) => writeln!(
                 out,
-                "resolved {key} (was {was}): completed with a {len}-byte result; duplicates now get it"
+                "resolved {} (was {was}): completed with a {len}-byte result; duplicates now get it",
+                show(key)
             )?,
             None => writeln!(
                 out,
-                "resolved {key} (was {was}): released; the next request does the work afresh"
+                "resolved {} (was {was}): released; the next request does the work afresh",
+                show(key)
             )?,
         }
     }
@@ -513,7 +600,7 @@ pub(crate) fn expire(
     if matches!(live, LiveLease::Refuse) {
         let class = store.get(key)?.map(|record| store.class_of(&record));
         if class == Some(RecordClass::NeedsReview) {
-            return Err(UnderReview(key.to_string()).into());
+            return Err(UnderReview(show(key)).into());
         }
     }
     let was = store.expire(key, live)?;
@@ -530,9 +617,10 @@ pub(crate) fn expire(
         match was {
             Some(class) => writeln!(
                 out,
-                "expired {key} (was {class}); the next request with it does the work afresh"
+                "expired {} (was {class}); the next request with it does the work afresh",
+                show(key)
             )?,
-            None => writeln!(out, "nothing stored for {key}; nothing to expire")?,
+            None => writeln!(out, "nothing stored for {}; nothing to expire", show(key))?,
         }
     }
     Ok(())
@@ -646,7 +734,15 @@ pub(crate) fn check(report: &Verification, out: &mut impl Write, json: bool) -> 
     let rows: Vec<Vec<String>> = report
         .problems
         .iter()
-        .map(|p| vec![p.kind.to_string(), p.to_string()])
+        .map(|p| {
+            let place = match (&p.key, p.kind) {
+                (Some(key), kind) if kind != idemstore::ProblemKind::Meta => {
+                    format!("key {}: {}", show(key), p.detail)
+                }
+                _ => p.to_string(),
+            };
+            vec![p.kind.to_string(), place]
+        })
         .collect();
     table(out, &["PROBLEM", "WHERE AND WHAT"], &rows)?;
     writeln!(

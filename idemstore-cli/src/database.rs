@@ -9,6 +9,12 @@ use super::*;
 /// Runs a command against the database the arguments name; usage errors exit 2 here.
 #[cfg(not(feature = "postgres"))]
 pub(crate) fn run(_cli: Cli) -> Result<()> {
+    unavailable()
+}
+
+/// The usage error of `--postgres` in a build without the `postgres` feature.
+#[cfg(not(feature = "postgres"))]
+pub(crate) fn unavailable() -> ! {
     usage_error(
         "--postgres needs idemstore built with the postgres feature: \
          `cargo install --path idemstore-cli --features postgres` from a clone (or `cargo build -p idemstore-cli --features postgres`)",

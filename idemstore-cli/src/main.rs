@@ -1,20 +1,26 @@
 //! `idemstore`: look into and repair an idemstore file from the command line.
 //!
 //! ```text
+//! idemstore init   keys.idem
 //! idemstore stats  keys.idem
-//! idemstore list   keys.idem --state stale --older-than 5m
+//! idemstore list   keys.idem --state stale --older-than 5m --key-prefix user-7/
 //! idemstore get    keys.idem user-7 charge 4f0c-a1
 //! idemstore resolve keys.idem user-7 charge 4f0c-a1 --complete response.bin
 //! idemstore sweep  keys.idem
 //! idemstore expire keys.idem user-7 charge 4f0c-a1 [--force]
 //! idemstore check  keys.idem
+//! idemstore export keys.idem > keys.jsonl
+//! idemstore import copy.idem keys.jsonl
 //! ```
 //!
-//! A command opens the store like a service would ([`Store::open`]: one process owns a file,
-//! and opening replays its log). When a running service holds the file and
-//! serves its admin socket ([`idemstore::Builder::admin_socket`]), `stats`, `get`, `list`,
-//! and with a read-write socket `expire`, `resolve` and `sweep`, ask the service instead and
-//! see its live state; `check` always needs the store to itself. Tables by default, `--json`
+//! `stats`, `list`, `get`, `export` and `check` read a closed store without writing
+//! ([`ReadOnlyStore`]: a store that was not closed cleanly is refused until `recover`); the
+//! other commands open it like a service would ([`Store::open`]: one process owns a file, and
+//! opening replays its log). When a running service holds the file and serves its admin
+//! socket ([`idemstore::Builder::admin_socket`]), `stats`, `get`, `list`, `export`, and with a
+//! read-write socket `expire`, `resolve` and `sweep`, ask the service instead and see its live
+//! state; `check` always needs the store to itself. Keys print and parse as `keys.rs` says;
+//! `export` and `import` are in `transfer.rs`. Tables by default, `--json`
 //! for scripts. A closed output pipe ends the command quietly with status 0.
 //!
 //! With `--etcd ENDPOINTS --prefix P` (or `--etcd-config FILE`), `stats`, `list`, `get`,
@@ -31,9 +37,10 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use idemstore::guard::StoredResponse;
 use idemstore::{
-    AdminClient, Error, Key, LiveLease, OpenError, Record, RecordClass, Resolution, ScanFilter,
-    StateCounts, Status, StorageError, Store, Verification,
+    AdminClient, Error, Key, LiveLease, OpenError, ReadOnlyStore, Record, RecordClass, Resolution,
+    ScanFilter, StateCounts, Status, StorageError, Store, Verification,
 };
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde_json::{json, Value};
@@ -42,13 +49,16 @@ mod args;
 mod cluster;
 mod commands;
 mod database;
+mod keys;
 #[cfg(any(feature = "etcd", feature = "postgres"))]
 mod remote;
 mod render;
+mod transfer;
 mod view;
 
 use args::*;
 use commands::*;
+use keys::{part, show};
 use render::*;
 use view::View;
 
@@ -56,6 +66,7 @@ use view::View;
 struct ProblemsFound;
 
 fn main() -> ExitCode {
+    refuse_absent_features();
     let cli = Cli::parse(); // usage errors exit 2, --help and --version exit 0
     let json = cli.json;
     match run(cli) {
@@ -67,6 +78,30 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `--etcd` or `--postgres` in a build without its feature: a usage error saying how to get
+/// it, before clap asks for the store file those options replace (their help is hidden in
+/// such a build).
+fn refuse_absent_features() {
+    let args: Vec<String> = std::env::args_os()
+        .skip(1)
+        .take_while(|arg| arg != "--")
+        .filter_map(|arg| arg.into_string().ok())
+        .collect();
+    let given = |flag: &str| {
+        args.iter()
+            .any(|arg| arg == flag || arg.starts_with(&format!("{flag}=")))
+    };
+    #[cfg(not(feature = "etcd"))]
+    if given("--etcd") || given("--etcd-config") {
+        cluster::unavailable()
+    }
+    #[cfg(not(feature = "postgres"))]
+    if given("--postgres") {
+        database::unavailable()
+    }
+    let _ = given;
 }
 
 fn is_broken_pipe(error: &anyhow::Error) -> bool {
@@ -90,10 +125,11 @@ fn report(error: &anyhow::Error, json: bool) {
     );
     let hint = match error.downcast_ref::<Error>() {
         _ if already_open => Some(
-            "stop the service that has the store open, then run this again \
-             (the tool opens the store itself to replay its log); or let the service serve \
-             its admin socket (Builder::admin_socket: ReadOnly for stats, get and list, \
-             ReadWrite also for expire, resolve and sweep), which this tool then uses",
+            "stop the service that has the store open, then run this again (one process \
+             owns a store file: the tool reads it only when no process has it open); or let \
+             the service serve its admin socket (Builder::admin_socket: ReadOnly for stats, \
+             get, list and export, ReadWrite also for expire, resolve and sweep), which this \
+             tool then uses",
         ),
         Some(Error::LeaseLive { .. }) => {
             Some("add --force to take the key from its holder (its later complete fails)")

@@ -7,7 +7,7 @@ use super::*;
 /// A command whose arguments were checked.
 pub(crate) enum Ready {
     Stats,
-    List(ScanFilter, u64),
+    List(ScanFilter, Option<String>, u64),
     Get(Result<Key>, bool),
     Expire(Result<Key>, bool),
     Resolve(Result<Key>, Resolution, Option<Duration>),
@@ -22,15 +22,16 @@ pub(crate) fn ready(command: Command, flag: &str, elsewhere: &str) -> Result<Rea
             .unwrap_or_else(|message| usage_error(message))
     };
     Ok(match command {
-        Command::Stats { file: Some(_) } | Command::List { file: Some(_), .. } => {
+        Command::Stats { file: Some(_), .. } | Command::List { file: Some(_), .. } => {
             usage_error(format!("with {flag}, give no store file"))
         }
-        Command::Get { key: k, raw } => Ready::Get(key(&k), raw),
-        Command::Expire { key: k, force } => Ready::Expire(key(&k), force),
+        Command::Get { key: k, raw, .. } => Ready::Get(key(&k), raw),
+        Command::Expire { key: k, force, .. } => Ready::Expire(key(&k), force),
         Command::Resolve {
             key: k,
             action,
             retention,
+            ..
         } => {
             let key = key(&k);
             let resolution = match action.complete {
@@ -39,19 +40,24 @@ pub(crate) fn ready(command: Command, flag: &str, elsewhere: &str) -> Result<Rea
             };
             Ready::Resolve(key, resolution, retention)
         }
-        Command::Stats { file: None } => Ready::Stats,
+        Command::Stats { file: None, .. } => Ready::Stats,
         Command::List {
             file: None,
             state,
             older_than,
+            key_prefix,
             limit,
-        } => Ready::List(commands::scan_filter(state, older_than), limit),
+            ..
+        } => Ready::List(commands::scan_filter(state, older_than), key_prefix, limit),
         Command::Sweep { .. }
         | Command::Check { .. }
         | Command::Recover { .. }
-        | Command::Compact { .. } => usage_error(format!(
-            "{flag} works with stats, list, get, expire and resolve; sweep, check, recover and \
-             compact work on a store file ({elsewhere})"
+        | Command::Compact { .. }
+        | Command::Init { .. }
+        | Command::Export { .. }
+        | Command::Import { .. } => usage_error(format!(
+            "{flag} works with stats, list, get, expire and resolve; sweep, check, recover, \
+             compact, init, export and import work on a store file ({elsewhere})"
         )),
     })
 }
@@ -66,7 +72,9 @@ pub(crate) fn execute(
     let mut out = io::stdout().lock();
     match command {
         Ready::Stats => stats(&mut out)?,
-        Ready::List(filter, limit) => list(store, &filter, limit, &mut out, json)?,
+        Ready::List(filter, prefix, limit) => {
+            list(store, &filter, prefix.as_deref(), limit, &mut out, json)?
+        }
         Ready::Get(key, raw) => get(store, &key?, &mut out, json, raw)?,
         Ready::Expire(key, force) => {
             let live = if force {

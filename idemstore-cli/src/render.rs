@@ -47,10 +47,10 @@ pub(crate) fn record_json(
             fields.insert("completed_at".into(), rfc3339(completed_at).into());
             fields.insert("result_len".into(), result.len().into());
             if with_result {
-                match std::str::from_utf8(result) {
-                    Ok(text) => fields.insert("result".into(), text.into()),
-                    Err(_) => fields.insert("result_hex".into(), hex(result).into()),
-                };
+                fields.extend(bytes_json("result", result));
+                if let Some(response) = response_json(result) {
+                    fields.insert("response".into(), response);
+                }
             }
         }
         Status::NeedsReview { note, since } => {
@@ -60,6 +60,61 @@ pub(crate) fn record_json(
         _ => {}
     }
     value
+}
+
+/// Bytes as one JSON field: `name` holding the text when they are UTF-8, else `name_hex`
+/// holding them in hex.
+pub(crate) fn bytes_json(name: &str, bytes: &[u8]) -> serde_json::Map<String, Value> {
+    let mut field = serde_json::Map::new();
+    match std::str::from_utf8(bytes) {
+        Ok(text) => field.insert(name.into(), text.into()),
+        Err(_) => field.insert(format!("{name}_hex"), hex(bytes).into()),
+    };
+    field
+}
+
+/// A stored result read as the HTTP (or gRPC) layer's: a response with its status, headers
+/// and body, or the marker of a response that was sent but not stored. `None` for any other
+/// result.
+pub(crate) enum Response {
+    Stored(StoredResponse),
+    NotStored(u16),
+}
+
+impl Response {
+    pub(crate) fn of(result: &[u8]) -> Option<Response> {
+        match StoredResponse::not_stored_status(result) {
+            Some(status) => Some(Response::NotStored(status)),
+            None => StoredResponse::decode(result).map(Response::Stored),
+        }
+    }
+}
+
+/// The `response` field of `get --json`: `{"status", "headers": [{"name", "value" or
+/// "value_hex"}], "body" or "body_hex"}`, or `{"status", "stored": false}` for a response that
+/// was sent but not stored.
+fn response_json(result: &[u8]) -> Option<Value> {
+    Some(match Response::of(result)? {
+        Response::NotStored(status) => json!({ "status": status, "stored": false }),
+        Response::Stored(response) => {
+            let headers: Vec<Value> = response
+                .headers
+                .iter()
+                .map(|(name, value)| {
+                    let mut header = serde_json::Map::new();
+                    header.insert("name".into(), name.as_str().into());
+                    header.extend(bytes_json("value", value));
+                    Value::Object(header)
+                })
+                .collect();
+            let mut fields = serde_json::Map::new();
+            fields.insert("status".into(), response.status.into());
+            fields.insert("stored".into(), true.into());
+            fields.insert("headers".into(), headers.into());
+            fields.extend(bytes_json("body", &response.body));
+            Value::Object(fields)
+        }
+    })
 }
 
 /// How a record stands in time, for humans: "lease ends in 40s", "stale for 4m12s", ...
@@ -140,14 +195,6 @@ pub(crate) fn bytes(n: u64) -> String {
         unit += 1;
     }
     format!("{value:.1} {}", UNITS[unit])
-}
-
-/// A key part as text: itself when it is UTF-8, else with bytes escaped (`\xff`).
-pub(crate) fn part(bytes: &[u8]) -> String {
-    match std::str::from_utf8(bytes) {
-        Ok(text) => text.to_string(),
-        Err(_) => bytes.escape_ascii().to_string(),
-    }
 }
 
 /// Stored bytes for a one-line preview: text with control characters escaped, cut at `max`
@@ -258,8 +305,6 @@ mod tests {
         assert_eq!(preview(b"201 {\"a\":1}\n", 100), "201 {\"a\":1}\\n");
         assert_eq!(preview("ありがとう".as_bytes(), 3), "ありが…");
         assert_eq!(preview(b"\xff\x00ok", 10), "\\xff\\x00ok");
-        assert_eq!(part("利用者-1".as_bytes()), "利用者-1");
-        assert_eq!(part(b"a\xffb"), "a\\xffb");
         assert_eq!(plural(1, "slice"), "1 slice");
         assert_eq!(plural(0, "slice"), "0 slices");
     }

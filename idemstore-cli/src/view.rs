@@ -1,12 +1,12 @@
-//! What the commands read and change: the store opened by this tool, or the live store of a
-//! running service through its admin socket.
+//! What the commands read and change: the store opened by this tool (read only for `stats`,
+//! `list`, `get` and `check`), or the live store of a running service through its admin socket.
 
 use std::path::Path;
 use std::time::Duration;
 
 use idemstore::{
-    AdminClient, FileInfo, Key, LiveLease, Record, RecordClass, Resolution, ScanFilter,
-    StateCounts, Store,
+    AdminClient, Error, FileInfo, Key, LiveLease, ReadOnlyStore, Record, RecordClass, Resolution,
+    ScanFilter, StateCounts, Store,
 };
 
 type Result<T> = idemstore::Result<T>;
@@ -112,4 +112,48 @@ impl View for AdminClient {
     fn socket(&self) -> Option<&Path> {
         Some(AdminClient::socket(self))
     }
+}
+
+/// A closed store read by this tool without writing: the reading commands only.
+impl View for ReadOnlyStore {
+    fn file_info(&self) -> Result<FileInfo> {
+        ReadOnlyStore::file_info(self)
+    }
+    fn counts(&self) -> Result<StateCounts> {
+        ReadOnlyStore::counts(self)
+    }
+    fn get(&self, key: &Key) -> Result<Option<Record>> {
+        ReadOnlyStore::get(self, key)
+    }
+    fn scan(&self, filter: &ScanFilter, limit: usize) -> Result<Vec<(Key, Record)>> {
+        ReadOnlyStore::scan(self, filter, limit)
+    }
+    fn class_of(&self, record: &Record) -> RecordClass {
+        ReadOnlyStore::class_of(self, record)
+    }
+    fn expire(&self, _key: &Key, _live: LiveLease) -> Result<Option<RecordClass>> {
+        Err(read_only("expire"))
+    }
+    fn resolve(&self, _: &Key, _: Resolution, _: Option<Duration>) -> Result<()> {
+        Err(read_only("resolve"))
+    }
+    fn sweep(&self, _limit: usize) -> Result<usize> {
+        Err(read_only("sweep"))
+    }
+    fn checkpoint(&self) -> Result<()> {
+        Err(read_only("checkpoint"))
+    }
+    fn socket(&self) -> Option<&Path> {
+        None
+    }
+}
+
+/// A write asked of a store opened read only; the commands that write open it writable, so
+/// none gets here.
+fn read_only(what: &'static str) -> Error {
+    idemstore::OpenError::InvalidConfig {
+        setting: what,
+        reason: "the store was opened read only".to_string(),
+    }
+    .into()
 }

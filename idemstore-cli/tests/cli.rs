@@ -83,9 +83,12 @@ impl Fixture {
 /// restart, so the fixture's `live` key stays live (by default a key left pending in a file no
 /// process holds is stale: see [`a_key_left_pending_by_a_gone_process_is_stale`]).
 fn idemstore(args: &[&str]) -> Output {
+    let command = args.iter().find(|arg| !arg.starts_with("--"));
+    let reads_leases =
+        command.is_some_and(|c| ["stats", "list", "get", "expire", "resolve"].contains(c));
     Command::new(env!("CARGO_BIN_EXE_idemstore"))
         .args(args)
-        .arg("--leases-survive-restart")
+        .args(reads_leases.then_some("--leases-survive-restart"))
         .output()
         .expect("run idemstore")
 }
@@ -827,4 +830,444 @@ fn recover_accepts_a_lost_log_only_when_asked() {
         Some(std::fs::metadata(&path).unwrap().len())
     );
     run(&["stats", p], 0);
+}
+
+/// The bytes and modification time of each file in `dir`, by name.
+fn files_of(dir: &Path) -> Vec<(String, Vec<u8>, SystemTime)> {
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|entry| {
+            let path = entry.unwrap().path();
+            let modified = std::fs::metadata(&path).unwrap().modified().unwrap();
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            (name, std::fs::read(&path).unwrap(), modified)
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+/// `stats`, `list`, `get` and `check` on a closed store read it without writing: the store
+/// file and its log keep every byte and their modification times, and no file is added.
+#[test]
+fn reading_commands_never_write_the_store_or_its_log() {
+    let fx = Fixture::new();
+    let p = fx.file();
+    let dir = fx.path.parent().unwrap();
+    let before = files_of(dir);
+    assert_eq!(before.len(), 2, "the store file and its log");
+    let reads: [&[&str]; 8] = [
+        &["stats", p],
+        &["--json", "stats", p],
+        &["list", p],
+        &["list", p, "--state", "stale"],
+        &["list", p, "--state", "expired"],
+        &["get", p, "u1", "charge", "done"],
+        &["--json", "get", p, "u1", "charge", "review"],
+        &["check", p],
+    ];
+    for args in reads {
+        run(args, 0);
+        let after = files_of(dir);
+        for (was, is) in before.iter().zip(&after) {
+            assert!(was.1 == is.1, "`idemstore {args:?}` changed {}", was.0);
+            assert_eq!(was.2, is.2, "`idemstore {args:?}` touched {}", was.0);
+        }
+        assert_eq!(
+            before.len(),
+            after.len(),
+            "`idemstore {args:?}` added a file"
+        );
+    }
+    // What the read-only view shows is what the file holds: the same as a writable open's.
+    let listed = run_json(&["--json", "list", p], 0);
+    assert_eq!(ids(&listed["records"]).len(), 5, "{listed:#}");
+}
+
+/// A store that was not closed cleanly (its process was killed: the file and the log as it
+/// left them) is refused by the reading commands, naming the file and how to recover it; after
+/// `idemstore recover` they read it.
+#[test]
+fn reading_commands_refuse_a_store_that_needs_recovery() {
+    let dir = tempfile::tempdir().unwrap();
+    let (scratch, path) = (dir.path().join("open.idem"), dir.path().join("killed.idem"));
+    let store = Store::builder()
+        .admin_socket(idemstore::AdminSocket::Off)
+        .open(&scratch)
+        .unwrap();
+    let lease = acquire(&store, &key("u", "charge", "a"), fp("b"));
+    store.complete(&lease, b"one".to_vec()).unwrap();
+    std::fs::copy(&scratch, &path).unwrap();
+    std::fs::copy(
+        scratch.with_extension("idem.wal"),
+        path.with_extension("idem.wal"),
+    )
+    .unwrap();
+    drop(store);
+    let p = path.to_str().unwrap();
+    let files = || {
+        (
+            std::fs::read(&path).unwrap(),
+            std::fs::read(path.with_extension("idem.wal")).unwrap(),
+        )
+    };
+    let before = files();
+    for args in [
+        &["stats", p][..],
+        &["list", p],
+        &["get", p, "u", "charge", "a"],
+        &["check", p],
+    ] {
+        let output = idemstore(args);
+        assert_eq!(
+            output.status.code(),
+            Some(1),
+            "{args:?}: {}",
+            stderr(&output)
+        );
+        let message = stderr(&output);
+        assert!(
+            message.contains("was not closed cleanly")
+                && message.contains(p)
+                && message.contains(&format!("idemstore recover {p}")),
+            "{args:?}: {message}"
+        );
+        assert!(files() == before, "{args:?} wrote a file");
+    }
+    // Nor is one imported into.
+    let dump = dir.path().join("empty.jsonl");
+    std::fs::write(&dump, "").unwrap();
+    let output = idemstore(&["import", p, dump.to_str().unwrap()]);
+    assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("was not closed cleanly"),
+        "{}",
+        stderr(&output)
+    );
+    assert!(files() == before, "import wrote a file");
+    run(&["recover", p], 0);
+    let record = run_json(&["--json", "get", p, "u", "charge", "a"], 0);
+    assert_eq!(record["result"], "one");
+}
+
+/// `get` shows a result stored by the HTTP layer as its status, headers and body (in `--json`
+/// too, bytes that are not UTF-8 in hex), the marker of a response sent but not stored as
+/// such, and `--raw` prints the stored bytes exactly.
+#[test]
+fn get_decodes_the_http_layers_stored_responses() {
+    use idemstore::guard::StoredResponse;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("http.idem");
+    let response = StoredResponse {
+        status: 201,
+        headers: vec![
+            ("location".into(), b"/orders/7".to_vec()),
+            ("x-blob".into(), b"\xff\x00".to_vec()),
+        ],
+        body: b"{\"order\":7}".to_vec(),
+    };
+    let stored = response.encode();
+    {
+        let store = Store::builder()
+            .admin_socket(idemstore::AdminSocket::Off)
+            .open(&path)
+            .unwrap();
+        let lease = acquire(&store, &key("u", "POST /orders", "k1"), fp("a"));
+        store.complete(&lease, stored.clone()).unwrap();
+        let lease = acquire(&store, &key("u", "POST /orders", "k2"), fp("b"));
+        // The marker the layer stores for a response it sent but did not keep.
+        store.complete(&lease, b"\x02\xc8\x00".to_vec()).unwrap();
+    }
+    let p = path.to_str().unwrap();
+    let text = run(&["get", p, "u", "POST /orders", "k1"], 0);
+    for shown in [
+        "status 201, 2 headers, a 11-byte body",
+        "location",
+        "/orders/7",
+        "\\xff\\x00",
+        "{\"order\":7}",
+    ] {
+        assert!(text.contains(shown), "{shown:?} missing:\n{text}");
+    }
+    let value = run_json(&["--json", "get", p, "u", "POST /orders", "k1"], 0);
+    let json = &value["response"];
+    assert_eq!(json["status"], 201, "{value:#}");
+    assert_eq!(json["headers"][0]["name"], "location");
+    assert_eq!(json["headers"][0]["value"], "/orders/7");
+    assert_eq!(json["headers"][1]["value_hex"], "ff00");
+    assert_eq!(json["body"], "{\"order\":7}");
+    assert_eq!(
+        value["result_hex"].as_str().map(str::len),
+        Some(2 * stored.len())
+    );
+    let raw = idemstore(&["get", "--raw", p, "u", "POST /orders", "k1"]);
+    assert_eq!(raw.stdout, stored, "--raw prints the stored bytes");
+    let text = run(&["get", p, "u", "POST /orders", "k2"], 0);
+    assert!(text.contains("status 200, sent but not stored"), "{text}");
+    let value = run_json(&["--json", "get", p, "u", "POST /orders", "k2"], 0);
+    assert_eq!(value["response"]["stored"], false, "{value:#}");
+}
+
+/// Keys whose parts hold `/`, `%`, spaces and bytes that are not UTF-8 are printed with those
+/// escaped (%XX), and what is printed (in a table, in JSON, in a message) is accepted back by
+/// every command that takes a key, as three parts or as one SCOPE/OPERATION/ID.
+#[test]
+fn printed_keys_are_accepted_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("keys.idem");
+    let keys = [
+        idemstore::Key::new("tenant/7", "POST /charges", "k 1").unwrap(),
+        idemstore::Key::new("100%", "op", b"\xff\x00id".as_slice()).unwrap(),
+        idemstore::Key::new("利用者", "a%2Fb", "x/y/z").unwrap(),
+    ];
+    {
+        let store = Store::builder()
+            .admin_socket(idemstore::AdminSocket::Off)
+            .open(&path)
+            .unwrap();
+        for (i, key) in keys.iter().enumerate() {
+            let lease = acquire(&store, key, fp(&i.to_string()));
+            store
+                .complete(&lease, format!("result {i}").into_bytes())
+                .unwrap();
+        }
+    }
+    let p = path.to_str().unwrap();
+    let listed = run_json(&["--json", "list", p], 0);
+    let records = listed["records"].as_array().unwrap();
+    assert_eq!(records.len(), keys.len());
+    let table = run(&["list", p], 0);
+    for record in records {
+        let [scope, operation, id] =
+            ["scope", "operation", "id"].map(|f| record[f].as_str().unwrap().to_string());
+        let joined = format!("{scope}/{operation}/{id}");
+        assert!(
+            table.contains(&format!("{scope}  ")) && !scope.contains(['/', ' ']),
+            "{joined} in\n{table}"
+        );
+        let by_parts = run_json(&["--json", "get", p, &scope, &operation, &id], 0);
+        let by_joined = run_json(&["--json", "get", p, &joined], 0);
+        assert_eq!(by_parts["result"], by_joined["result"], "{joined}");
+        assert!(by_parts["result"].as_str().unwrap().starts_with("result "));
+        // A message names the key in the same form.
+        let expired = run(&["expire", p, &joined], 0);
+        assert!(expired.contains(&format!("expired {joined} ")), "{expired}");
+    }
+    assert_eq!(run_json(&["--json", "stats", p], 0)["counts"]["total"], 0);
+    // A `%` that is not an escape, or a key that is not three parts, is a usage error.
+    for (args, says) in [
+        (&["get", p, "100%", "op", "id"][..], "%25"),
+        (&["get", p, "a/b"][..], "SCOPE/OPERATION/ID"),
+        (&["expire", p, "a%zz/b/c"][..], "two hex digits"),
+    ] {
+        let output = idemstore(args);
+        assert_eq!(
+            output.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            stderr(&output)
+        );
+        assert!(
+            stderr(&output).contains(says),
+            "{args:?}: {}",
+            stderr(&output)
+        );
+    }
+}
+
+/// `init` makes an empty store; `export` writes one JSON line per record that has not
+/// expired; `import` into the new store writes them back exactly, so its export is the same
+/// lines; a malformed line is refused by its number before anything is written.
+#[test]
+fn export_then_import_into_a_new_store_gives_the_same_lines() {
+    let fx = Fixture::new();
+    {
+        // A recovery point and a result that is not UTF-8, beside the fixture's states.
+        let store = fx.open();
+        let lease = acquire(&store, &key("u3", "a/b", "p 1"), fp("p"));
+        store.record_step(&lease, 2, b"ext-9\xff").unwrap();
+        let lease = acquire(&store, &key("u3", "bin", "%"), fp("q"));
+        store.complete(&lease, b"\x00\xff".to_vec()).unwrap();
+    }
+    let p = fx.file();
+    let exported = run(&["export", p], 0);
+    let lines: Vec<&str> = exported.lines().collect();
+    assert_eq!(
+        lines.len(),
+        6,
+        "every record but the expired one:\n{exported}"
+    );
+    for line in &lines {
+        let value: Value = serde_json::from_str(line).unwrap();
+        assert!(
+            value["state"].is_string() && value["token"].is_u64(),
+            "{line}"
+        );
+    }
+    let dir = fx.path.parent().unwrap();
+    let copy = dir.join("copy.idem");
+    let c = copy.to_str().unwrap();
+    let dump = dir.join("dump.jsonl");
+    std::fs::write(&dump, &exported).unwrap();
+    run(&["init", c, "--retention", "24h"], 0);
+    // init never overwrites.
+    assert_eq!(idemstore(&["init", c]).status.code(), Some(1));
+    let done = run_json(&["--json", "import", c, dump.to_str().unwrap()], 0);
+    assert_eq!(
+        (done["imported"].as_u64(), done["already_stored"].as_u64()),
+        (Some(6), Some(0))
+    );
+    assert_eq!(run(&["export", c], 0), exported, "the same lines back");
+    // Again: every key is already stored, and kept.
+    let again = run_json(&["--json", "import", c, dump.to_str().unwrap()], 0);
+    assert_eq!(again["already_stored"], 6);
+    // The imported store answers as the original: same class, token and result.
+    let original = run_json(&["--json", "get", p, "u1", "charge", "done"], 0);
+    let imported = run_json(&["--json", "get", c, "u1", "charge", "done"], 0);
+    assert_eq!(original, imported);
+
+    // A malformed line: refused by its number, nothing written.
+    let fresh = dir.join("fresh.idem");
+    let f = fresh.to_str().unwrap();
+    run(&["init", f], 0);
+    let bad_lines = [
+        ("{\"scope\": \"u\"", "not a JSON object"),
+        (
+            &lines[1].replace("\"state\":\"", "\"state\":\"x"),
+            "field `state`",
+        ),
+        (
+            &lines[1].replace("\"token\":", "\"tokn\":"),
+            "field `token`",
+        ),
+        (
+            &lines[1].replace("\"fingerprint\":\"", "\"fingerprint\":\"zz"),
+            "fingerprint",
+        ),
+    ];
+    for (bad, says) in bad_lines {
+        let input = format!("{}\n{bad}\n", lines[0]);
+        std::fs::write(&dump, input).unwrap();
+        let output = idemstore(&["import", f, dump.to_str().unwrap()]);
+        assert_eq!(output.status.code(), Some(1), "{bad}");
+        let message = stderr(&output);
+        assert!(
+            message.contains("line 2") && message.contains(says),
+            "{bad}: {message}"
+        );
+        assert_eq!(run(&["export", f], 0), "", "nothing imported from {bad}");
+    }
+    // Import needs an existing store.
+    let missing = dir.join("missing.idem");
+    let output = idemstore(&["import", missing.to_str().unwrap(), dump.to_str().unwrap()]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        stderr(&output).contains("idemstore init"),
+        "{}",
+        stderr(&output)
+    );
+    assert!(!missing.exists());
+}
+
+/// `list --key-prefix` keeps the keys whose printed form starts with the prefix, before the
+/// limit is applied.
+#[test]
+fn list_by_key_prefix() {
+    let fx = Fixture::new();
+    let p = fx.file();
+    let listed = run_json(&["--json", "list", p, "--key-prefix", "u1/charge/"], 0);
+    let mut found = ids(&listed["records"]);
+    found.sort();
+    assert_eq!(found, ["done", "live", "review", "stale"], "{listed:#}");
+    let listed = run_json(
+        &["--json", "list", p, "--key-prefix", "u1/", "--limit", "1"],
+        0,
+    );
+    assert_eq!(ids(&listed["records"]).len(), 1);
+    assert_eq!(listed["truncated"], true);
+    let listed = run_json(
+        &[
+            "--json",
+            "list",
+            p,
+            "--key-prefix",
+            "u2/",
+            "--state",
+            "expired",
+        ],
+        0,
+    );
+    assert_eq!(ids(&listed["records"]), ["old"]);
+    assert_eq!(
+        run(&["list", p, "--key-prefix", "nobody/"], 0).trim(),
+        "no records"
+    );
+}
+
+/// Each command's help fits the build and itself: `--etcd` and `--postgres` only in builds
+/// with their feature; each argument written the same way (`<FILE>` or `[FILE]`) in the usage
+/// line and the list of arguments; `--leases-survive-restart` only on the commands that tell a
+/// live lease from a stale one; `sweep` speaking of windows; `list --limit 0` refused with
+/// what it would mean.
+#[test]
+fn help_texts_fit_the_build() {
+    let commands = [
+        "stats", "get", "list", "resolve", "expire", "sweep", "check", "recover", "compact",
+        "init", "export", "import",
+    ];
+    let help = |args: &[&str]| run(args, 0);
+    let top = help(&["--help"]);
+    for (flag, built) in [
+        ("--etcd", cfg!(feature = "etcd")),
+        ("--postgres", cfg!(feature = "postgres")),
+    ] {
+        assert_eq!(top.contains(flag), built, "{flag} in --help:\n{top}");
+    }
+    for command in commands {
+        let text = help(&[command, "--help"]);
+        for (flag, built) in [
+            ("--etcd", cfg!(feature = "etcd")),
+            ("--postgres", cfg!(feature = "postgres")),
+        ] {
+            assert_eq!(
+                text.contains(flag),
+                built,
+                "{flag} in {command} --help:\n{text}"
+            );
+        }
+        let usage = text
+            .lines()
+            .find(|line| line.starts_with("Usage:"))
+            .unwrap_or_else(|| panic!("{command}: no usage line"));
+        let arguments = text
+            .split("Arguments:\n")
+            .nth(1)
+            .map(|rest| rest.split("\n\n").next().unwrap_or(""))
+            .unwrap_or("");
+        let names = arguments
+            .lines()
+            .filter_map(|line| line.split_whitespace().next())
+            .filter(|word| word.starts_with(['<', '[']));
+        for name in names {
+            assert!(
+                usage.contains(name),
+                "{command}: {name} is written otherwise in the usage line {usage:?}"
+            );
+        }
+        let leases = ["stats", "get", "list", "resolve", "expire"].contains(&command);
+        assert_eq!(
+            text.contains("--leases-survive-restart"),
+            leases,
+            "{command} --help:\n{text}"
+        );
+    }
+    assert!(help(&["sweep", "--help"]).contains("window"));
+    let fx = Fixture::new();
+    let output = idemstore(&["list", fx.file(), "--limit", "0"]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(
+        stderr(&output).contains("0 would show nothing"),
+        "{}",
+        stderr(&output)
+    );
 }

@@ -185,6 +185,13 @@ fn the_tool_reads_and_expires_in_a_store_a_running_process_holds() {
     let stats = run_json(&["stats", file, "--json"], 0);
     assert_eq!(stats["counts"]["pending"], 1, "{stats}");
     assert_eq!(stats["counts"]["total"], 1, "{stats}");
+    // export reads the live store too: one line, the reservation the holder just made.
+    let (exported, _) = run(&["export", file], 0);
+    let line: Value = serde_json::from_str(exported.trim()).expect("one JSON line");
+    assert_eq!(
+        (line["id"].as_str(), line["state"].as_str()),
+        (Some("b"), Some("pending"))
+    );
 
     holder.quit();
     assert!(

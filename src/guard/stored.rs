@@ -84,6 +84,20 @@ impl StoredResponse {
             body: bytes[body..].to_vec(),
         })
     }
+
+    /// The status of a response that was sent but not stored (streamed, or over
+    /// [`Guard::max_stored_response`](crate::guard::Guard::max_stored_response)): a stored
+    /// result that is such a marker; `None` for anything else, a [`StoredResponse`] included.
+    ///
+    /// ```
+    /// use idemstore::guard::StoredResponse;
+    ///
+    /// assert_eq!(StoredResponse::not_stored_status(b"\x02\xc8\x00"), Some(200));
+    /// assert_eq!(StoredResponse::not_stored_status(b"200 OK"), None);
+    /// ```
+    pub fn not_stored_status(bytes: &[u8]) -> Option<u16> {
+        not_stored_status(bytes)
+    }
 }
 
 /// Reads [`StoredResponse::encode`]'s bytes without copying them: hands each header to

@@ -5,7 +5,7 @@ pub(crate) mod codec;
 
 use std::time::SystemTime;
 
-use crate::clock::from_millis;
+use crate::clock::{from_millis, to_millis};
 use crate::fingerprint::Fingerprint;
 
 /// Time in milliseconds since the Unix epoch; `u64::MAX` means never.
@@ -153,6 +153,57 @@ pub enum Status<'a> {
 }
 
 impl Record {
+    /// A record from its parts, as [`Record`]'s accessors show them: for restoring records
+    /// read from an export ([`import`](crate::import)). `expires_at` is `None` only for a key
+    /// under review (which never expires); times count in whole milliseconds since the Unix
+    /// epoch, as stored (finer parts are dropped).
+    ///
+    /// ```
+    /// use std::time::{Duration, UNIX_EPOCH};
+    /// use idemstore::{Fingerprint, Record, Status};
+    ///
+    /// let at = UNIX_EPOCH + Duration::from_millis(1_800_000_000_000);
+    /// let status = Status::Completed { result: b"201 created", completed_at: at };
+    /// let record = Record::new(Fingerprint::of(b"body"), 7, 1, Some(at + Duration::from_secs(86_400)), status);
+    /// assert_eq!(record.token(), 7);
+    /// assert_eq!(record.status(), status);
+    /// ```
+    pub fn new(
+        fingerprint: Fingerprint,
+        token: u64,
+        attempt: u32,
+        expires_at: Option<SystemTime>,
+        status: Status<'_>,
+    ) -> Record {
+        let state = match status {
+            Status::Pending {
+                lease_until,
+                progress,
+            } => State::Pending {
+                lease_until: to_millis(lease_until),
+                progress: progress.cloned(),
+            },
+            Status::Completed {
+                result,
+                completed_at,
+            } => State::Completed {
+                completed_at: to_millis(completed_at),
+                result: result.to_vec(),
+            },
+            Status::NeedsReview { note, since } => State::NeedsReview {
+                since: to_millis(since),
+                note: note.to_string(),
+            },
+        };
+        Record {
+            fingerprint,
+            token,
+            attempt,
+            expires_at: expires_at.map_or(Millis::MAX, to_millis),
+            state,
+        }
+    }
+
     /// The fingerprint of the request that first reserved the key.
     pub fn fingerprint(&self) -> Fingerprint {
         self.fingerprint

@@ -300,9 +300,9 @@ impl Builder {
 
     /// The most memory the record cache of [`cache_records`](Builder::cache_records) may
     /// take, in bytes: each record counts its key, its result (or recovery point, or review
-    /// note) and about 320 bytes of bookkeeping, and the oldest records are evicted when either
+    /// note) and 320 bytes of bookkeeping, and the oldest records are evicted when either
     /// limit is reached. With small results the record count binds first (65 536 records of
-    /// 64-byte results take about 27 MiB); with large ones this does, so that results up to
+    /// 64-byte results take about 26 MiB); with large ones this does, so that results up to
     /// [`max_result_len`](Builder::max_result_len) cannot make the cache grow without bound.
     /// 0 keeps no record. Default = [`Builder::DEFAULT_CACHE_RECORD_BYTES`] (64 MiB).
     ///
@@ -505,6 +505,21 @@ impl Builder {
     pub fn open(&self, path: impl AsRef<Path>) -> Result<Store, OpenError> {
         self.validate()?;
         Store::open_with(self, path.as_ref())
+    }
+
+    /// Opens the closed store at `path` for reading only, without writing to its files
+    /// ([`ReadOnlyStore`](crate::ReadOnlyStore), which says what it refuses), with this
+    /// builder's [`clock`](Builder::clock) and
+    /// [`leases_survive_restart`](Builder::leases_survive_restart); the other settings are
+    /// for writing and are not used.
+    ///
+    /// # Errors
+    /// As [`ReadOnlyStore::open`](crate::ReadOnlyStore::open).
+    pub fn open_read_only(
+        &self,
+        path: impl AsRef<Path>,
+    ) -> Result<crate::ReadOnlyStore, OpenError> {
+        crate::store::inspect::ReadOnlyStore::open_with(self, path.as_ref())
     }
 
     /// Opens (creating if empty) a store on other storage than files: `db` holds what the store

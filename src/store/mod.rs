@@ -10,10 +10,12 @@
 //! - `many.rs`: the batch forms of complete, release and extend (sync and async);
 //! - `expire.rs`: expire (one, forced, many, async);
 //! - `retain.rs`: completing or resolving with a retention of its own;
+//! - `import.rs`: writing exported records into a closed store;
 
 pub(crate) mod builder;
 mod compact;
 mod expire;
+mod import;
 pub(crate) mod inspect;
 mod lease;
 mod many;
@@ -36,6 +38,7 @@ use crate::state::Stats;
 use crate::tree::tables::DEADLINES;
 
 pub use compact::compact;
+pub use import::{import, Imported};
 pub use open::file::{open_redb, open_redb_read_only};
 
 /// An open idempotency store: one file, owned by one process.
@@ -344,13 +347,7 @@ impl Store {
         doing: &str,
         read: impl FnOnce() -> Result<T, Error>,
     ) -> Result<T, Error> {
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(read)).unwrap_or_else(|_| {
-            Err(StorageError::Corruption {
-                location: format!("store {}", self.path.display()),
-                reason: format!("redb panicked {doing}: a page of the file is damaged"),
-            }
-            .into())
-        })
+        guard_read(&self.path, doing, read)
     }
 
     /// Up to `limit` reservations whose lease ran out without completion, oldest first: work
@@ -389,4 +386,20 @@ impl Store {
             .begin_read()
             .map_err(|e| StorageError::redb("inspecting the store", e).into())
     }
+}
+
+/// Runs `read`, which reads redb pages of the store file at `path`, turning a panic inside
+/// redb into [`StorageError::Corruption`] naming the file ([`Store::guard_read`]).
+pub(crate) fn guard_read<T>(
+    path: &Path,
+    doing: &str,
+    read: impl FnOnce() -> Result<T, Error>,
+) -> Result<T, Error> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(read)).unwrap_or_else(|_| {
+        Err(StorageError::Corruption {
+            location: format!("store {}", path.display()),
+            reason: format!("redb panicked {doing}: a page of the file is damaged"),
+        }
+        .into())
+    })
 }

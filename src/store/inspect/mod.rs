@@ -1,15 +1,17 @@
 //! Read-only inspection for operators and tools: counts by state ([`Store::counts`]), filtered
 //! listings ([`Store::scan`]), file facts ([`Store::file_info`]) and a full consistency check of
 //! records and indexes ([`Store::verify`]). The `idemstore` command-line tool is built on them.
+//! The same calls read a closed store without writing to its files: [`ReadOnlyStore`]
+//! (`read_only.rs`). Both read through a [`Snapshot`]: one read transaction at one time.
 //!
-//! Each call first commits the writer's open transaction (without a sync: the log already
+//! On an open store, each call first commits the writer's open transaction (without a sync: the log already
 //! holds it), so it sees every acknowledged operation, and then reads one redb read
 //! transaction: a consistent snapshot that never blocks writers. `counts`, `verify` and most
 //! `scan`s read every record, so their cost grows with the store; they are meant for tools and
 //! occasional monitoring, not for the request path.
 
 use std::fmt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use redb::ReadableTable;
@@ -21,7 +23,32 @@ use crate::log::wal::log_path;
 use crate::record::{Millis, Record, RecordClass, State, TokenFloor};
 use crate::store::Store;
 use crate::tree::tables::{DEADLINES, LEASE, META, META_NEXT_TOKEN, META_WAL_SEQ};
-use crate::tree::windows::{Probe, Records};
+use crate::tree::windows::{Probe, Records, Windows};
+
+pub use read_only::ReadOnlyStore;
+pub(crate) use read_only::{needs_recovery, open_clean};
+
+/// One read transaction of a store's tables, with its windows and the time and token floor
+/// that classify its records: what every inspection call reads, on an open [`Store`] and on a
+/// [`ReadOnlyStore`] alike.
+pub(crate) struct Snapshot<'w> {
+    txn: redb::ReadTransaction,
+    windows: &'w Windows,
+    now: Millis,
+    floor: TokenFloor,
+}
+
+impl Store {
+    /// A snapshot of this store now, after the writer's open transaction is committed.
+    fn reading(&self) -> Result<Snapshot<'_>, Error> {
+        Ok(Snapshot {
+            txn: self.snapshot()?,
+            windows: self.windows(),
+            now: self.now(),
+            floor: self.token_floor(),
+        })
+    }
+}
 
 /// The time a record's age is measured from, for [`ScanFilter::older_than`].
 fn age_reference(record: &Record, class: RecordClass) -> Millis {
@@ -303,6 +330,7 @@ fn load(records: &Records, key: &[u8]) -> Result<Option<Record>, Error> {
     Ok(value.and_then(|bytes| Record::decode(bytes.value()).ok()))
 }
 
+mod read_only;
 mod scan;
 #[cfg(test)]
 mod tests;

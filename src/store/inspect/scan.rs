@@ -48,28 +48,7 @@ impl Store {
     /// # Errors
     /// Storage errors, and [`StorageError::Poisoned`](crate::StorageError::Poisoned). Damaged records are counted, not errors.
     pub fn counts(&self) -> Result<StateCounts, Error> {
-        self.guard_read("counting records", || self.counts_unguarded())
-    }
-
-    fn counts_unguarded(&self) -> Result<StateCounts, Error> {
-        let txn = self.snapshot()?;
-        let records = Records::open(&txn, self.windows())?;
-        let now = self.now();
-        let floor = self.token_floor();
-        let mut counts = StateCounts::default();
-        for (_, table) in records.tables() {
-            for entry in table.iter().map_err(storage)? {
-                let (key, value) = entry.map_err(storage)?;
-                let (Some(key), Ok(record)) =
-                    (Key::decode(key.value()), Record::decode(value.value()))
-                else {
-                    counts.damaged += 1;
-                    continue;
-                };
-                counts.count(record.class(now, floor), key, record);
-            }
-        }
-        Ok(counts)
+        self.guard_read("counting records", || self.reading()?.counts())
     }
 
     /// Up to `limit` stored records that match `filter`, with their keys.
@@ -107,18 +86,64 @@ impl Store {
     /// # Errors
     /// Storage errors, and [`StorageError::Poisoned`](crate::StorageError::Poisoned).
     pub fn scan(&self, filter: &ScanFilter, limit: usize) -> Result<Vec<(Key, Record)>, Error> {
-        self.guard_read("scanning records", || self.scan_unguarded(filter, limit))
+        self.guard_read("scanning records", || self.reading()?.scan(filter, limit))
     }
 
-    fn scan_unguarded(
+    /// The store's file and log sizes and its log position and next fencing token.
+    ///
+    /// ```
+    /// use idemstore::Store;
+    ///
+    /// # let dir = tempfile::tempdir()?;
+    /// let store = Store::open(dir.path().join("keys.idem"))?;
+    /// let info = store.file_info()?;
+    /// assert!(info.file_bytes > 0);
+    /// assert!(info.log_path.to_string_lossy().ends_with("keys.idem.wal"));
+    /// assert_eq!(info.next_token, 1);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`StorageError::Io`](crate::StorageError::Io) when a file's size cannot be read; storage
+    /// errors; [`StorageError::Poisoned`](crate::StorageError::Poisoned).
+    pub fn file_info(&self) -> Result<FileInfo, Error> {
+        self.guard_read("reading the file's layout", || {
+            let since = self.log_since_checkpoint()?;
+            self.reading()?.file_info(self.path(), since)
+        })
+    }
+}
+
+impl Snapshot<'_> {
+    /// [`Store::counts`] in this snapshot.
+    pub(crate) fn counts(&self) -> Result<StateCounts, Error> {
+        let records = Records::open(&self.txn, self.windows)?;
+        let (now, floor) = (self.now, self.floor);
+        let mut counts = StateCounts::default();
+        for (_, table) in records.tables() {
+            for entry in table.iter().map_err(storage)? {
+                let (key, value) = entry.map_err(storage)?;
+                let (Some(key), Ok(record)) =
+                    (Key::decode(key.value()), Record::decode(value.value()))
+                else {
+                    counts.damaged += 1;
+                    continue;
+                };
+                counts.count(record.class(now, floor), key, record);
+            }
+        }
+        Ok(counts)
+    }
+
+    /// [`Store::scan`] in this snapshot.
+    pub(crate) fn scan(
         &self,
         filter: &ScanFilter,
         limit: usize,
     ) -> Result<Vec<(Key, Record)>, Error> {
-        let txn = self.snapshot()?;
-        let records = Records::open(&txn, self.windows())?;
-        let now = self.now();
-        let floor = self.token_floor();
+        let txn = &self.txn;
+        let records = Records::open(txn, self.windows)?;
+        let (now, floor) = (self.now, self.floor);
         let mut found = Vec::new();
         if limit == 0 {
             return Ok(found);
@@ -160,7 +185,7 @@ impl Store {
             Some(RecordClass::Expired) => {
                 // Window by window, earliest first: every record of a window expires before
                 // any of a later one. A window that starts after `now` holds nothing expired.
-                let windows = self.windows();
+                let windows = self.windows;
                 'windows: for (window, table) in records.tables() {
                     if window.saturating_mul(windows.width()) > now {
                         break;
@@ -194,28 +219,10 @@ impl Store {
         Ok(found)
     }
 
-    /// The store's file and log sizes and its log position and next fencing token.
-    ///
-    /// ```
-    /// use idemstore::Store;
-    ///
-    /// # let dir = tempfile::tempdir()?;
-    /// let store = Store::open(dir.path().join("keys.idem"))?;
-    /// let info = store.file_info()?;
-    /// assert!(info.file_bytes > 0);
-    /// assert!(info.log_path.to_string_lossy().ends_with("keys.idem.wal"));
-    /// assert_eq!(info.next_token, 1);
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    ///
-    /// # Errors
-    /// [`StorageError::Io`](crate::StorageError::Io) when a file's size cannot be read; storage errors; [`StorageError::Poisoned`](crate::StorageError::Poisoned).
-    pub fn file_info(&self) -> Result<FileInfo, Error> {
-        self.guard_read("reading the file's layout", || self.file_info_unguarded())
-    }
-
-    fn file_info_unguarded(&self) -> Result<FileInfo, Error> {
-        let txn = self.snapshot()?;
+    /// [`Store::file_info`] in this snapshot, of the store file at `path` whose log holds
+    /// `since` bytes written after the last checkpoint.
+    pub(crate) fn file_info(&self, path: &Path, since: u64) -> Result<FileInfo, Error> {
+        let txn = &self.txn;
         let meta = txn.open_table(META).map_err(storage)?;
         let read = |name: &str| -> Result<u64, Error> {
             Ok(meta.get(name).map_err(storage)?.map_or(0, |v| v.value()))
@@ -226,18 +233,17 @@ impl Store {
                 .map(|m| m.len())
                 .map_err(|e| StorageError::io(format!("reading the size of {}", path.display()), e))
         };
-        let log_path = log_path(self.path());
-        let since = self.log_since_checkpoint()?;
+        let log_path = log_path(path);
         Ok(FileInfo {
             log_since_checkpoint: since,
             checkpoint_room: crate::state::reopen_room(since),
-            file_bytes: size(self.path())?,
+            file_bytes: size(path)?,
             log_bytes: size(&log_path)?,
-            path: self.path().to_path_buf(),
+            path: path.to_path_buf(),
             log_path,
             wal_seq,
             next_token,
-            token_floor: self.token_floor().0,
+            token_floor: self.floor.0,
         })
     }
 }

@@ -59,15 +59,20 @@ impl Store {
         &self,
         mut progress: impl FnMut(u64, u64),
     ) -> Result<Verification, Error> {
-        self.guard_read("verifying records", || self.verify_unguarded(&mut progress))
+        self.guard_read("verifying records", || {
+            self.reading()?.verify(&mut progress)
+        })
     }
+}
 
-    fn verify_unguarded(
+impl Snapshot<'_> {
+    /// [`Store::verify_with_progress`] in this snapshot.
+    pub(crate) fn verify(
         &self,
         mut progress: &mut dyn FnMut(u64, u64),
     ) -> Result<Verification, Error> {
-        let txn = self.snapshot()?;
-        let records = Records::open(&txn, self.windows())?;
+        let txn = &self.txn;
+        let records = Records::open(txn, self.windows)?;
         let deadlines = txn.open_table(DEADLINES).map_err(storage)?;
         let meta = txn.open_table(META).map_err(storage)?;
         let total = records.len().map_err(storage)? + deadlines.len().map_err(storage)?;
@@ -90,7 +95,7 @@ impl Store {
                 None
             }
         };
-        let windows = self.windows();
+        let windows = self.windows;
         for (window, table) in records.tables() {
             for entry in table.iter().map_err(storage)? {
                 let (key, value) = entry.map_err(storage)?;

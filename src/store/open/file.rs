@@ -466,7 +466,7 @@ pub fn open_redb_read_only(path: impl AsRef<Path>) -> Result<redb::ReadOnlyDatab
 
 /// Refuses a path that is not a page file, without writing to it: with the same
 /// [`OpenError::NotAStore`] as opening a store, for a directory or a file too short.
-fn check_page_file(path: &Path) -> Result<(), OpenError> {
+pub(crate) fn check_page_file(path: &Path) -> Result<(), OpenError> {
     if fs::metadata(path).is_ok_and(|meta| meta.is_dir()) {
         return Err(not_a_store(path, "it is a directory"));
     }

@@ -114,10 +114,23 @@ mod reservations;
 mod state;
 mod store;
 mod tree;
-// The guide's Rust blocks that are not marked `ignore`, compiled by `cargo test`.
+// The guides' Rust blocks, compiled as doctests: by `cargo test`, and with the features they
+// need by `.ci/run`'s `etcd` and `postgres` steps.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct Readme;
+#[cfg(doctest)]
+#[doc = include_str!("../docs/1-getting-started.md")]
+struct GuideStart;
 #[cfg(doctest)]
 #[doc = include_str!("../docs/2-http-grpc-actix.md")]
 struct GuideHttp;
+#[cfg(all(doctest, feature = "postgres"))]
+#[doc = include_str!("../docs/postgres.md")]
+struct GuidePostgres;
+#[cfg(all(doctest, any(feature = "etcd", feature = "postgres")))]
+#[doc = include_str!("../docs/6-more-than-one-machine.md")]
+struct GuideMachines;
 // The internals the crate's own tests and fuzz targets reach (hidden feature, CONTRIBUTING.md).
 #[cfg(feature = "__whitebox")]
 #[doc(hidden)]

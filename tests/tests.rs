@@ -18,6 +18,7 @@ mod concurrency;
 mod crash;
 mod damage;
 mod deadlines;
+mod doc_snippets;
 #[cfg(target_os = "linux")]
 mod enospc;
 mod errors;

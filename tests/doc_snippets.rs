@@ -58,5 +58,8 @@ fn every_uncompiled_guide_snippet_is_an_excerpt_of_an_example() {
             checked += 1;
         }
     }
-    assert!(checked >= 2, "the grpc and actix excerpts of docs/2 were not found");
+    assert!(
+        checked >= 2,
+        "the grpc and actix excerpts of docs/2 were not found"
+    );
 }

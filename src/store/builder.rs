@@ -61,33 +61,6 @@ pub struct Builder {
     pub(crate) manual_background: bool,
 }
 
-/// The defaults and limits of the settings, next to the settings they belong to.
-impl Builder {
-    /// Default for [`Builder::retention`]: 24 hours, as long as Stripe keeps keys.
-    pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
-    /// Default for [`Builder::lease`]: 60 seconds.
-    pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
-    /// Default for [`Builder::max_result_len`]: 1 MiB.
-    pub const DEFAULT_MAX_RESULT_LEN: usize = 1 << 20;
-    /// The largest value [`Builder::max_result_len`] accepts: 256 MiB.
-    pub const MAX_RESULT_LEN_LIMIT: usize = 256 << 20;
-    /// Default for [`Builder::cache_size`]: 64 MiB.
-    pub const DEFAULT_CACHE_SIZE: usize = 64 << 20;
-    /// Default for [`Builder::cache_records`]: 65 536 records.
-    pub const DEFAULT_CACHE_RECORDS: usize = 1 << 16;
-    /// Default for [`Builder::cache_record_bytes`]: 64 MiB.
-    pub const DEFAULT_CACHE_RECORD_BYTES: usize = 64 << 20;
-    /// Default for [`Builder::checkpoint_bytes`]: 32 MiB of log.
-    pub const DEFAULT_CHECKPOINT_BYTES: u64 = 32 << 20;
-    /// Default for [`Builder::checkpoint_interval`]: 30 seconds.
-    pub const DEFAULT_CHECKPOINT_INTERVAL: Duration = Duration::from_secs(30);
-    /// Default for [`Builder::sweep_interval`]: the background sweeper looks for expired records
-    /// every second.
-    pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(1);
-    /// Default for [`Builder::file_mode`]: 0600, read and write for the owning user only.
-    pub const DEFAULT_FILE_MODE: u32 = 0o600;
-}
-
 /// Whether and how a store serves its admin socket; see [`Builder::admin_socket`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -154,6 +127,31 @@ impl fmt::Debug for Builder {
 }
 
 impl Builder {
+    // The defaults and limits of the settings.
+    /// Default for [`Builder::retention`]: 24 hours, as long as Stripe keeps keys.
+    pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
+    /// Default for [`Builder::lease`]: 60 seconds.
+    pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
+    /// Default for [`Builder::max_result_len`]: 1 MiB.
+    pub const DEFAULT_MAX_RESULT_LEN: usize = 1 << 20;
+    /// The largest value [`Builder::max_result_len`] accepts: 256 MiB.
+    pub const MAX_RESULT_LEN_LIMIT: usize = 256 << 20;
+    /// Default for [`Builder::cache_size`]: 64 MiB.
+    pub const DEFAULT_CACHE_SIZE: usize = 64 << 20;
+    /// Default for [`Builder::cache_records`]: 65 536 records.
+    pub const DEFAULT_CACHE_RECORDS: usize = 1 << 16;
+    /// Default for [`Builder::cache_record_bytes`]: 64 MiB.
+    pub const DEFAULT_CACHE_RECORD_BYTES: usize = 64 << 20;
+    /// Default for [`Builder::checkpoint_bytes`]: 32 MiB of log.
+    pub const DEFAULT_CHECKPOINT_BYTES: u64 = 32 << 20;
+    /// Default for [`Builder::checkpoint_interval`]: 30 seconds.
+    pub const DEFAULT_CHECKPOINT_INTERVAL: Duration = Duration::from_secs(30);
+    /// Default for [`Builder::sweep_interval`]: the background sweeper looks for expired records
+    /// every second.
+    pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(1);
+    /// Default for [`Builder::file_mode`]: 0600, read and write for the owning user only.
+    pub const DEFAULT_FILE_MODE: u32 = 0o600;
+
     /// A builder with every default.
     pub fn new() -> Builder {
         Builder::default()
@@ -674,58 +672,4 @@ pub(crate) fn validate_retentions(by_operation: &[(Vec<u8>, Duration)]) -> Resul
         });
     }
     Ok(())
-}
-
-/// What the crate's own tests set beyond the checked ranges (the hidden feature `__whitebox`,
-/// which only the crate's tests and fuzz targets turn on; see CONTRIBUTING.md): small batches,
-/// frames, queues and checkpoints, to reach limits quickly. Not part of the API.
-#[cfg(feature = "__whitebox")]
-#[doc(hidden)]
-impl Builder {
-    /// [`open_with_storage`](Builder::open_with_storage) without checking the settings.
-    pub fn __open_unchecked(
-        &self,
-        db: impl redb::StorageBackend + Clone,
-        log: impl LogFile + 'static,
-    ) -> Result<Store, OpenError> {
-        Store::open_with_storage(self, db, Arc::new(log))
-    }
-
-    /// The most bytes of records one batch takes.
-    pub fn __batch_bytes(&mut self, bytes: usize) -> &mut Self {
-        self.limits.batch_bytes = bytes;
-        self
-    }
-
-    /// The largest log frame's payload.
-    pub fn __frame_bytes(&mut self, bytes: usize) -> &mut Self {
-        self.limits.frame_bytes = bytes;
-        self
-    }
-
-    /// How many async requests may wait in the commit queue.
-    pub fn __queued_async(&mut self, requests: usize) -> &mut Self {
-        self.limits.queued_async = requests;
-        self
-    }
-
-    /// Benchmarks only: [`open`](Builder::open) creates a store whose B-tree file is a plain
-    /// redb file, without the checksummed page layer (`tree/pages.rs`), so the load
-    /// generator measures the layer's cost against the same engine without it. Only a new
-    /// store: opening an existing file this way is refused, and the file made is refused by
-    /// every normal open (it has no page-file header), so it is never taken for a real store.
-    pub fn __without_page_checksums(&mut self) -> &mut Self {
-        self.page_checksums = false;
-        self
-    }
-
-    /// The engine's background work runs only when the test asks for it, one step at a time
-    /// ([`Store::__background`](crate::Store::__background)): no applier thread, no
-    /// applier commit, drain, checkpoint or sweep between batches. So a test decides, from its
-    /// seed, which background step runs between two operations. Every store has the same work
-    /// to do otherwise; only who starts it and when differs.
-    pub fn __manual_background(&mut self) -> &mut Self {
-        self.manual_background = true;
-        self
-    }
 }

@@ -22,6 +22,8 @@ mod many;
 pub(crate) mod open;
 mod reserve;
 mod retain;
+#[cfg(feature = "__whitebox")]
+mod seam;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -103,13 +105,6 @@ impl fmt::Debug for Store {
 }
 
 impl Store {
-    /// The expiry windows the store keeps its records in.
-    pub(crate) fn windows(&self) -> &crate::tree::windows::Windows {
-        &self.engine.windows
-    }
-}
-
-impl Store {
     /// The store's file.
     pub fn path(&self) -> &Path {
         &self.path
@@ -176,95 +171,12 @@ impl Store {
             admin: None,
         }
     }
-}
 
-/// A closure a test arms to run once at the start of the next read, to race a read against
-/// other work ([`Store::__before_next_read`], feature `__whitebox`). Unarmed, a read pays one
-/// relaxed load.
-#[derive(Default)]
-pub(crate) struct ReadHook {
-    armed: std::sync::atomic::AtomicBool,
-    hook: parking_lot::Mutex<Option<Box<dyn FnOnce() + Send>>>,
-}
-
-impl ReadHook {
-    /// Runs the armed closure, if any.
-    pub(crate) fn run(&self) {
-        use std::sync::atomic::Ordering;
-        if self.armed.load(Ordering::Relaxed) && self.armed.swap(false, Ordering::AcqRel) {
-            let hook = self.hook.lock().take();
-            if let Some(hook) = hook {
-                hook();
-            }
-        }
+    /// The expiry windows the store keeps its records in.
+    pub(crate) fn windows(&self) -> &crate::tree::windows::Windows {
+        &self.engine.windows
     }
 
-    #[cfg(feature = "__whitebox")]
-    fn arm(&self, hook: Box<dyn FnOnce() + Send>) {
-        *self.hook.lock() = Some(hook);
-        self.armed.store(true, std::sync::atomic::Ordering::Release);
-    }
-}
-
-/// What the crate's own tests reach inside a store (the hidden feature `__whitebox`, which only
-/// the crate's tests and fuzz targets turn on; see CONTRIBUTING.md). Not part of the API.
-#[cfg(feature = "__whitebox")]
-#[doc(hidden)]
-impl Store {
-    /// Runs `hook` once at the start of the next read, after its caller checked the poison.
-    pub fn __before_next_read(&self, hook: impl FnOnce() + Send + 'static) {
-        self.read_hook.arm(Box::new(hook));
-    }
-
-    /// Runs `hook` once between the next reserve's read and its submission to the writer.
-    pub fn __before_next_submit(&self, hook: impl FnOnce() + Send + 'static) {
-        self.submit_hook.arm(Box::new(hook));
-    }
-
-    /// How many async requests wait in the commit queue.
-    pub fn __queued_async(&self) -> usize {
-        self.committer.queued_async()
-    }
-
-    /// This owner's token floor: pending records below it were acquired by an earlier owner.
-    pub fn __token_floor(&self) -> u64 {
-        self.token_floor().0
-    }
-
-    /// Runs one step of the background work now (see [`Background`](crate::whitebox::Background)),
-    /// in a store opened with [`Builder::__manual_background`](crate::Builder::__manual_background).
-    pub fn __background(&self, step: crate::whitebox::Background) -> Result<(), Error> {
-        self.committer
-            .with_writer_as_is(|writer| writer.run_background(step))
-    }
-
-    /// Forgets every cached record, so the next reads go to redb.
-    pub fn __clear_cache(&self) {
-        self.engine.cache.clear();
-    }
-
-    /// Runs `hook` once on the thread of the next background checkpoint to start, just before
-    /// its durable commit (a test holds the commit there to work while it is in progress). A
-    /// checkpoint already started runs without it.
-    pub fn __before_checkpoint_commit(&self, hook: impl FnOnce() + Send + 'static) {
-        self.__before_checkpoint_commit_if(|_| true, hook);
-    }
-
-    /// [`__before_checkpoint_commit`](Store::__before_checkpoint_commit) for the first
-    /// background checkpoint started from now on of which `which` holds; the ones before it
-    /// run without the hook. So a test holds the checkpoint it means (say, the first to move
-    /// the log's frames back to its first region) whatever number of checkpoints the
-    /// machine's speed let run before it.
-    pub fn __before_checkpoint_commit_if(
-        &self,
-        which: impl Fn(&crate::state::CheckpointStart) -> bool + Send + 'static,
-        hook: impl FnOnce() + Send + 'static,
-    ) {
-        self.engine.checkpoint.arm(Box::new(which), Box::new(hook));
-    }
-}
-
-impl Store {
     /// A redb read transaction on the store's file, to read the caller's own tables (those
     /// written with [`complete_with`](Store::complete_with)) while the store is open. It sees
     /// every durable redb commit; tables named `idemstore.*` belong to the store.
@@ -385,6 +297,34 @@ impl Store {
             .db
             .begin_read()
             .map_err(|e| StorageError::redb("inspecting the store", e).into())
+    }
+}
+
+/// A closure a test arms to run once at the start of the next read, to race a read against
+/// other work ([`Store::__before_next_read`], feature `__whitebox`). Unarmed, a read pays one
+/// relaxed load.
+#[derive(Default)]
+pub(crate) struct ReadHook {
+    armed: std::sync::atomic::AtomicBool,
+    hook: parking_lot::Mutex<Option<Box<dyn FnOnce() + Send>>>,
+}
+
+impl ReadHook {
+    /// Runs the armed closure, if any.
+    pub(crate) fn run(&self) {
+        use std::sync::atomic::Ordering;
+        if self.armed.load(Ordering::Relaxed) && self.armed.swap(false, Ordering::AcqRel) {
+            let hook = self.hook.lock().take();
+            if let Some(hook) = hook {
+                hook();
+            }
+        }
+    }
+
+    #[cfg(feature = "__whitebox")]
+    fn arm(&self, hook: Box<dyn FnOnce() + Send>) {
+        *self.hook.lock() = Some(hook);
+        self.armed.store(true, std::sync::atomic::Ordering::Release);
     }
 }
 

@@ -135,6 +135,23 @@ impl PartialOrd for Key {
 }
 
 impl Key {
+    /// A key part as a printed key shows it: `%`, `/`, whitespace, control characters and
+    /// bytes that are not UTF-8 are written `%XX` (each byte, uppercase hex); every other
+    /// character is itself. So a printed key (`scope/operation/id`, its `Display`) has
+    /// exactly two `/`, no space, and any bytes round-trip.
+    ///
+    /// ```
+    /// use idemstore::Key;
+    ///
+    /// assert_eq!(Key::printed_part(b"a/b c%"), "a%2Fb%20c%25");
+    /// let key = Key::new("u/1", "POST /x", b"\xff")?;
+    /// assert_eq!(key.to_string(), "u%2F1/POST%20%2Fx/%FF");
+    /// # Ok::<(), idemstore::KeyError>(())
+    /// ```
+    pub fn printed_part(bytes: &[u8]) -> String {
+        PrintedPart(bytes).to_string()
+    }
+
     /// Builds a key from its three parts.
     ///
     /// # Errors
@@ -228,16 +245,37 @@ impl fmt::Debug for Key {
 }
 
 /// Shows the key as `scope/operation/id`, with non-UTF-8 bytes escaped.
+/// `scope/operation/id`, each part as [`Key::printed_part`] writes it, so that the three parts
+/// are told apart and any bytes can be read back (the `idemstore` tool accepts this form).
 impl fmt::Display for Key {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, part) in [self.scope(), self.operation(), self.id()]
-            .into_iter()
-            .enumerate()
-        {
-            if i > 0 {
-                f.write_str("/")?;
+        write!(
+            f,
+            "{}/{}/{}",
+            PrintedPart(self.scope()),
+            PrintedPart(self.operation()),
+            PrintedPart(self.id())
+        )
+    }
+}
+
+/// A key part as a key prints it ([`Key::printed_part`]).
+struct PrintedPart<'a>(&'a [u8]);
+
+impl fmt::Display for PrintedPart<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let escape = |f: &mut fmt::Formatter<'_>, bytes: &[u8]| {
+            bytes.iter().try_for_each(|b| write!(f, "%{b:02X}"))
+        };
+        for chunk in self.0.utf8_chunks() {
+            for c in chunk.valid().chars() {
+                if c == '%' || c == '/' || c.is_whitespace() || c.is_control() {
+                    escape(f, c.encode_utf8(&mut [0; 4]).as_bytes())?;
+                } else {
+                    write!(f, "{c}")?;
+                }
             }
-            write!(f, "{}", part.escape_ascii())?;
+            escape(f, chunk.invalid())?;
         }
         Ok(())
     }

@@ -11,35 +11,14 @@
 use anyhow::{bail, Context, Result};
 use idemstore::Key;
 
-/// A key part in the printed form.
+/// A key part in the printed form (the library's, as every message prints keys).
 pub(crate) fn part(bytes: &[u8]) -> String {
-    let mut out = String::with_capacity(bytes.len());
-    let escape = |out: &mut String, bytes: &[u8]| {
-        for b in bytes {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    };
-    for chunk in bytes.utf8_chunks() {
-        for c in chunk.valid().chars() {
-            if c == '%' || c == '/' || c.is_whitespace() || c.is_control() {
-                escape(&mut out, c.encode_utf8(&mut [0; 4]).as_bytes());
-            } else {
-                out.push(c);
-            }
-        }
-        escape(&mut out, chunk.invalid());
-    }
-    out
+    Key::printed_part(bytes)
 }
 
 /// A key in the printed form: `scope/operation/id`, each part as [`part`] writes it.
 pub(crate) fn show(key: &Key) -> String {
-    format!(
-        "{}/{}/{}",
-        part(key.scope()),
-        part(key.operation()),
-        part(key.id())
-    )
+    key.to_string()
 }
 
 /// A part read back from its printed form; `what` names it in the refusal.

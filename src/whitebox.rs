@@ -10,20 +10,32 @@
 
 use std::path::PathBuf;
 
-pub use crate::clock::{from_millis, to_millis};
+pub use crate::clock::{describe_millis, duration_millis, from_millis, to_millis};
 pub use crate::commit::Background;
-pub use crate::log::identity::LOG_HEADER_LEN;
+pub use crate::log::identity::{block as identity_block, parse as parse_identity};
+pub use crate::log::identity::{Identity, LOG_HEADER_LEN};
 pub use crate::log::recovery::{LogPosition, Recovered};
 pub use crate::log::wal::Wal;
 pub use crate::log::wal::{
     decode_payload, encode, header_crc, padded, parse_header, Entry, EntryRecord, Frame, Header,
-    HEADER_LEN,
+    ALIGN, HEADER_LEN,
 };
+pub use crate::record::codec::HEADER_LEN as RECORD_HEADER_LEN;
 pub use crate::record::Millis;
 use crate::record::Record;
 pub use crate::state::reopen_room;
 pub use crate::state::CheckpointStart;
 pub use crate::tree::seam::Tree;
+
+/// A key's stored form: `[len][scope][len][operation][len][id]`.
+pub fn key_encoded(key: &crate::Key) -> Vec<u8> {
+    key.encoded().to_vec()
+}
+
+/// A key from its stored form, or `None` when the bytes are not one.
+pub fn key_decode(bytes: &[u8]) -> Option<crate::Key> {
+    crate::Key::decode(bytes)
+}
 
 /// A record's stored bytes (the record codec, `src/record/codec.rs`).
 pub fn encode_record(record: &Record) -> Vec<u8> {

@@ -12,6 +12,8 @@ mod bad_input;
 mod batches;
 mod checkpoint;
 mod clean_close;
+mod clock;
+mod codec;
 mod compact;
 mod complete_with;
 mod concurrency;
@@ -34,6 +36,7 @@ mod http;
 mod http_kill;
 #[cfg(feature = "http")]
 mod http_knobs;
+mod key;
 mod kill;
 mod linearizable;
 mod log_identity;

@@ -26,6 +26,94 @@ use crate::record::Record;
 pub use crate::state::reopen_room;
 pub use crate::state::CheckpointStart;
 pub use crate::tree::seam::Tree;
+use crate::Key;
+
+/// The admin socket's peer check and its messages (`src/admin/`).
+pub mod admin {
+    pub use crate::admin::peer::admits;
+    pub use crate::admin::protocol::{Answer, Failure, Request, VERSION};
+}
+
+/// The HTTP guard's `Idempotency-Key` parser, its stored response form and problem+json
+/// refusals (feature `http`).
+#[cfg(feature = "http")]
+pub mod guard {
+    pub use crate::guard::key::{sf_string, trim_spaces, unescaped_string};
+    pub use crate::guard::stored::{encode, encoded_len, not_stored, not_stored_status, status};
+    pub use crate::http::problem::problem;
+}
+
+/// The gRPC layer's stored answer form and its reading of one request message (feature
+/// `grpc`).
+#[cfg(feature = "grpc")]
+pub mod grpc {
+    pub use crate::grpc::service::{decode, encode, single_message};
+}
+
+/// What the applier writes for queued batches of changes, each change a key with the expiry
+/// of its record before and after (`None`: absent; the records are not pending): each key
+/// once, in key order, with its last state, unindexed where its first change found it.
+pub fn merged_changes(batches: Vec<Vec<ExpiryChange>>) -> Vec<ChangeOf> {
+    use crate::commit::apply::{merged, DeferredBatch, TreeChange};
+    use crate::tree::tables::IndexEntries;
+    let index = |expires_at| IndexEntries {
+        lease: None,
+        expires_at,
+    };
+    let batches = (1..)
+        .zip(batches)
+        .map(|(seq, changes)| DeferredBatch {
+            changes: changes
+                .into_iter()
+                .map(|(key, old, new)| TreeChange {
+                    key,
+                    old: old.map(index),
+                    new: new.map(|expires_at| {
+                        std::sync::Arc::new(Record {
+                            fingerprint: crate::Fingerprint::of(b"x"),
+                            token: 1,
+                            attempt: 1,
+                            expires_at,
+                            state: crate::record::State::Completed {
+                                completed_at: 0,
+                                result: Vec::new(),
+                            },
+                        })
+                    }),
+                })
+                .collect(),
+            seq,
+            next_token: seq,
+        })
+        .collect();
+    merged(batches)
+        .into_iter()
+        .map(|change| {
+            let entries = |e: IndexEntries| (e.lease, e.expires_at);
+            let new = change.new.map(|record| entries(IndexEntries::of(&record)));
+            (change.key, change.old.map(entries), new)
+        })
+        .collect()
+}
+
+/// A key with the expiry of its record before and after a change (`None`: absent).
+pub type ExpiryChange = (Key, Option<Millis>, Option<Millis>);
+
+/// A key with its index entries before and after a change, each a lease deadline (`None`:
+/// not pending) and an expiry.
+pub type ChangeOf = (
+    Key,
+    Option<(Option<Millis>, Millis)>,
+    Option<(Option<Millis>, Millis)>,
+);
+
+/// The page layer's arithmetic: where a data block sits among the checksum blocks, and the
+/// file's length with and without them (`src/tree/pages.rs`).
+pub mod pages {
+    pub use crate::tree::pages::{
+        data_offset, logical_len, physical_len, BLOCK, GROUP, GROUP_BYTES,
+    };
+}
 
 /// A key's stored form: `[len][scope][len][operation][len][id]`.
 pub fn key_encoded(key: &crate::Key) -> Vec<u8> {

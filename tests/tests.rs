@@ -8,6 +8,7 @@ mod support;
 mod across_time;
 #[cfg(feature = "actix")]
 mod actix;
+mod admin;
 mod bad_input;
 mod batches;
 mod checkpoint;
@@ -31,11 +32,14 @@ mod findings;
 #[cfg(feature = "grpc")]
 mod grpc;
 #[cfg(feature = "http")]
+mod guard;
+#[cfg(feature = "http")]
 mod http;
 #[cfg(feature = "http")]
 mod http_kill;
 #[cfg(feature = "http")]
 mod http_knobs;
+mod inspect;
 mod key;
 mod kill;
 mod linearizable;
@@ -54,4 +58,5 @@ mod private_files;
 mod scenarios;
 mod stale_reads;
 mod stress;
+mod tables;
 mod windows;

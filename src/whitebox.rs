@@ -1,8 +1,11 @@
 //! The internals the crate's own tests (`tests/`) and fuzz targets (`fuzz/`) reach, behind the
-//! hidden feature `__whitebox`: the log's frames and recovery (the `decode` fuzz target and the
-//! torn-tail tests read and write them directly), the clean-close mark, the time conversions
-//! the models use, the directories synced, and the store's tables on a database of their own
-//! ([`Tree`], for writes a cache's stale record could make). The store itself is reached through the public
+//! hidden feature `__whitebox`: the log's frames, identity block and recovery (the `decode`
+//! fuzz target and the torn-tail tests read and write them directly), the record codec and a
+//! key's stored form, the clean-close mark, the time conversions the models use, the
+//! directories synced, the store's tables on a database of their own ([`Tree`], for writes a
+//! cache's stale record could make, and the B-tree writes a put makes), the applier's merge,
+//! the record cache and the epochs' snapshots, and the pure parts of the page layer, the admin
+//! socket and the HTTP and gRPC layers, whose unit tests live in `tests/` too. The store itself is reached through the public
 //! storage seam ([`Builder::open_with_storage`](crate::Builder::open_with_storage)) plus the
 //! `Store::__*` and `Builder::__*` methods. Not part of the API: no stability promise, and a
 //! user never turns the feature on (CONTRIBUTING.md, "The storage seam and the white-box
@@ -113,6 +116,93 @@ pub mod pages {
     pub use crate::tree::pages::{
         data_offset, logical_len, physical_len, BLOCK, GROUP, GROUP_BYTES,
     };
+}
+
+/// The bounded cache of committed records readers check before redb
+/// (`src/state/overlay.rs`).
+pub struct RecordCache(crate::state::overlay::RecordCache);
+
+impl RecordCache {
+    /// A cache of at most `records` records and `bytes` bytes (0 records: none kept).
+    pub fn new(records: usize, bytes: usize) -> RecordCache {
+        RecordCache(crate::state::overlay::RecordCache::new(records, bytes))
+    }
+
+    /// Caches `record` as the state of `key` (`None`: forgets it).
+    pub fn set(&self, key: &Key, record: Option<Record>) {
+        self.0.set(key, record.map(std::sync::Arc::new));
+    }
+
+    /// The cached record of `key`, if any.
+    pub fn get(&self, key: &Key) -> Option<Record> {
+        self.0.get(key)
+    }
+
+    /// The bytes the cache counts itself as holding, over its shards.
+    pub fn bytes(&self) -> usize {
+        self.0.shards.iter().map(|shard| shard.read().bytes).sum()
+    }
+
+    /// The bytes one cached record is counted for.
+    pub fn entry_bytes(key: &Key, record: &Record) -> usize {
+        crate::state::overlay::entry_bytes(key, record)
+    }
+}
+
+/// The writer's epochs over a [`Tree`], and the snapshot of its records an epoch's readers
+/// share (`src/state/overlay.rs`, `Overlay::committed`).
+#[derive(Default)]
+pub struct Epochs {
+    overlay: crate::state::overlay::Overlay,
+    opened: std::cell::Cell<u64>,
+}
+
+/// An epoch's read snapshot of a tree's records.
+pub struct Snapshot(std::sync::Arc<crate::state::overlay::RecordsTable>);
+
+impl Epochs {
+    /// The current epoch's snapshot and the epoch it serves, opened on `tree` when no reader
+    /// of the epoch has opened one yet.
+    pub fn committed(&self, tree: &Tree) -> Result<(u64, Snapshot), crate::Error> {
+        let (epoch, table) = self.overlay.committed(|| {
+            self.opened.set(self.opened.get() + 1);
+            tree.records()
+        })?;
+        Ok((epoch, Snapshot(table)))
+    }
+
+    /// Ends the epoch, as the writer does after a commit.
+    pub fn next_epoch(&self) {
+        self.overlay.next_epoch();
+    }
+
+    /// How many snapshots were opened.
+    pub fn opened(&self) -> u64 {
+        self.opened.get()
+    }
+}
+
+impl Snapshot {
+    /// Whether `self` and `other` are one snapshot, shared.
+    pub fn is(&self, other: &Snapshot) -> bool {
+        std::sync::Arc::ptr_eq(&self.0, &other.0)
+    }
+
+    /// The stored bytes of `key` (encoded) in this snapshot.
+    pub fn stored(&self, key: &[u8]) -> Result<Option<Vec<u8>>, crate::Error> {
+        let ctx = "reading a whitebox snapshot";
+        let found = self.0.get(key).map_err(|e| crate::Error::storage(ctx, e))?;
+        Ok(found.map(|bytes| bytes.value().to_vec()))
+    }
+}
+
+/// Counts `acquired` acquisitions and one batch of `ops` operations on new counters, as the
+/// engine does: what reaches the `metrics` facade on this thread (feature `metrics`).
+#[cfg(feature = "metrics")]
+pub fn count_for_metrics(acquired: u64, ops: u64) {
+    let counters = crate::state::Counters::default();
+    counters.add(crate::state::Counter::Acquired, acquired);
+    counters.batch(ops);
 }
 
 /// A key's stored form: `[len][scope][len][operation][len][id]`.

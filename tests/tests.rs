@@ -11,6 +11,7 @@ mod actix;
 mod admin;
 mod bad_input;
 mod batches;
+mod cache;
 mod checkpoint;
 mod clean_close;
 mod clock;

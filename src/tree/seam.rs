@@ -145,10 +145,18 @@ impl Tree {
     /// Whether a lookup through the windows' filters finds `key`.
     pub fn finds(&self, key: &[u8]) -> Result<bool, Error> {
         let ctx = "reading a whitebox tree";
-        let txn = self.db.begin_read().map_err(|e| Error::storage(ctx, e))?;
-        let records = Records::open(&txn, &self.windows)?;
-        let found = records.get(key).map_err(|e| Error::storage(ctx, e))?;
+        let found = self
+            .records()?
+            .get(key)
+            .map_err(|e| Error::storage(ctx, e))?;
         Ok(found.is_some())
+    }
+
+    /// A read snapshot of the records of every window, as a store's reader opens it.
+    pub(crate) fn records(&self) -> Result<Records, Error> {
+        let ctx = "reading a whitebox tree";
+        let txn = self.db.begin_read().map_err(|e| Error::storage(ctx, e))?;
+        Records::open(&txn, &self.windows)
     }
 
     /// Reads the windows and their saved filters again, as the next open would.

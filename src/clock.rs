@@ -95,12 +95,12 @@ pub fn from_millis(millis: u64) -> SystemTime {
 }
 
 /// A duration in whole milliseconds, saturating at `u64::MAX`.
-pub(crate) fn duration_millis(duration: Duration) -> u64 {
+pub fn duration_millis(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// A time in a problem report, in UTC as RFC 3339 (`2026-11-29T12:00:00.250Z`).
-pub(crate) fn describe_millis(millis: u64) -> String {
+pub fn describe_millis(millis: u64) -> String {
     if millis == u64::MAX {
         return "never".into();
     }
@@ -122,36 +122,4 @@ pub(crate) fn describe_millis(millis: u64) -> String {
         ms / 1_000 % 60,
         ms % 1_000
     )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn manual_clock_moves_only_when_told() {
-        let clock = ManualClock::starting_at(from_millis(1_000));
-        let copy = clock.clone();
-        assert_eq!(to_millis(clock.now()), 1_000);
-        copy.advance(Duration::from_millis(250));
-        assert_eq!(to_millis(clock.now()), 1_250);
-        clock.set(from_millis(10));
-        assert_eq!(to_millis(copy.now()), 10);
-    }
-
-    #[test]
-    fn conversions_saturate() {
-        assert_eq!(to_millis(UNIX_EPOCH - Duration::from_secs(5)), 0);
-        assert_eq!(duration_millis(Duration::MAX), u64::MAX);
-    }
-
-    #[test]
-    fn times_in_reports_are_rfc3339_utc() {
-        assert_eq!(describe_millis(0), "1970-01-01T00:00:00.000Z");
-        assert_eq!(describe_millis(951_782_400_250), "2000-02-29T00:00:00.250Z");
-        assert_eq!(
-            describe_millis(1_795_000_000_000),
-            "2026-11-18T11:06:40.000Z"
-        );
-    }
 }

@@ -501,3 +501,31 @@ fn block_on<F: std::future::Future>(future: F) -> F::Output {
         }
     }
 }
+
+/// The store's counters reach the `metrics` facade (feature `metrics`): acquisitions as a
+/// counter, a batch's operations as a counter.
+#[cfg(feature = "metrics")]
+#[test]
+fn counters_reach_the_metrics_facade() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        idemstore::whitebox::count_for_metrics(3, 5);
+    });
+    let snapshot = snapshotter.snapshot().into_vec();
+    let found = |name: &str| {
+        snapshot
+            .iter()
+            .find(|(key, ..)| key.key().name() == name)
+            .map(|(.., value)| value)
+    };
+    assert_eq!(
+        found("idemstore_acquired_total"),
+        Some(&DebugValue::Counter(3))
+    );
+    assert_eq!(
+        found("idemstore_batched_ops_total"),
+        Some(&DebugValue::Counter(5))
+    );
+}

@@ -929,3 +929,43 @@ async fn a_request_id_from_the_message_is_taken_as_it_is_not_as_a_header() {
         status.message()
     );
 }
+
+/// The stored form of an answer: status, headers, trailers and body come back as they went
+/// in; an answer with a header too long to store whole is not stored.
+#[test]
+fn stored_answers_round_trip_with_their_trailers() {
+    use idemstore::whitebox::grpc::{decode, encode};
+    use tonic::codegen::http::{HeaderMap, HeaderValue, StatusCode};
+    let mut headers = HeaderMap::new();
+    headers.insert("content-type", HeaderValue::from_static("application/grpc"));
+    headers.append("x-a", HeaderValue::from_static("1"));
+    headers.append("x-a", HeaderValue::from_static("2"));
+    let mut trailers = HeaderMap::new();
+    trailers.insert("grpc-status", HeaderValue::from_static("0"));
+    let data = b"\0\0\0\0\x02hi";
+    let bytes = encode(StatusCode::OK, &headers, Some(&trailers), data).expect("fits");
+    let (status, h, t, d) = decode(&bytes).expect("decodes");
+    assert_eq!(
+        (status, &h, t.as_ref(), &d[..]),
+        (StatusCode::OK, &headers, Some(&trailers), &data[..])
+    );
+    // Trailers-only: no marker, no trailers.
+    let bytes = encode(StatusCode::OK, &headers, None, b"").expect("fits");
+    assert_eq!(decode(&bytes).expect("decodes").2, None);
+    // A value too long to store whole: not stored at all.
+    let long = HeaderValue::from_bytes(&vec![b'a'; 70_000]).expect("value");
+    headers.insert("x-long", long);
+    assert!(encode(StatusCode::OK, &headers, None, b"").is_none());
+}
+
+#[test]
+fn one_uncompressed_message_is_read() {
+    use idemstore::whitebox::grpc::single_message;
+    assert_eq!(single_message(b"\0\0\0\0\x02hi"), Ok(&b"hi"[..]));
+    assert!(single_message(b"").unwrap_err().contains("no message"));
+    assert!(single_message(b"\x01\0\0\0\x02hi")
+        .unwrap_err()
+        .contains("compressed"));
+    let two = single_message(b"\0\0\0\0\x02hi\0\0\0\0\0").unwrap_err();
+    assert!(two.contains("one message of 2 bytes; 7 bytes"), "{two}");
+}

@@ -52,6 +52,7 @@ fn a_store_without_page_checksums_is_refused_by_a_normal_open() {
         .expect("create a store without page checksums");
     acquire(&store, &key("s", "op", "k"), fp("body"));
     drop(store);
+    let plain = std::fs::read(&env.path).unwrap();
     match env.builder().open(&env.path) {
         Err(OpenError::NotAStore { path, reason }) => {
             assert_eq!(path, env.path);
@@ -59,6 +60,41 @@ fn a_store_without_page_checksums_is_refused_by_a_normal_open() {
         }
         Err(other) => panic!("expected NotAStore, got {other}"),
         Ok(_) => panic!("a store without page checksums opened as a real store"),
+    }
+    assert_eq!(
+        std::fs::read(&env.path).unwrap(),
+        plain,
+        "the refused file was changed"
+    );
+}
+
+#[test]
+fn page_file_lengths_round_trip() {
+    use idemstore::whitebox::pages::{logical_len, physical_len, BLOCK, GROUP};
+    for len in [
+        0,
+        1,
+        4096,
+        4097,
+        GROUP * BLOCK,
+        GROUP * BLOCK + 5,
+        3 * GROUP * BLOCK + 8192,
+    ] {
+        assert_eq!(logical_len(physical_len(len)), len, "len {len}");
+    }
+}
+
+#[test]
+fn page_blocks_do_not_overlap_sums() {
+    use idemstore::whitebox::pages::{data_offset, BLOCK, GROUP, GROUP_BYTES};
+    for index in [0, 1, GROUP - 1, GROUP, GROUP + 1, 5 * GROUP + 7] {
+        let at = data_offset(index);
+        assert_eq!((at - BLOCK) % GROUP_BYTES % BLOCK, 0);
+        assert_ne!(
+            (at - BLOCK) % GROUP_BYTES,
+            0,
+            "block {index} on a sums block"
+        );
     }
 }
 

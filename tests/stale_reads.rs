@@ -164,3 +164,34 @@ fn a_read_after_a_commit_is_not_served_by_the_snapshot_of_the_epoch_before() {
         other => panic!("a key completed by complete_with then answered {other:?}"),
     }
 }
+
+/// Two readers of one writer epoch share one snapshot (one redb read transaction opened, not
+/// one per reader); once the epoch ends, a reader gets a new snapshot that sees the commit,
+/// while the old one still reads as it did.
+#[test]
+fn readers_of_one_epoch_share_a_snapshot_and_a_new_epoch_gets_a_new_one() {
+    use idemstore::whitebox::{decode_record, Epochs, Tree};
+    let tree = Tree::new(1_000).unwrap();
+    let expiry = |snapshot: &idemstore::whitebox::Snapshot| {
+        let bytes = snapshot.stored(b"k").unwrap().expect("stored");
+        decode_record(&bytes).unwrap().expires_at()
+    };
+    tree.put(b"k", None, 100).unwrap();
+    let epochs = Epochs::default();
+    let (first_epoch, first) = epochs.committed(&tree).unwrap();
+    let (_, again) = epochs.committed(&tree).unwrap();
+    assert!(first.is(&again), "two readers of one epoch did not share");
+    assert_eq!(epochs.opened(), 1);
+    // The writer commits, then ends the epoch.
+    tree.put(b"k", Some(100), 200).unwrap();
+    epochs.next_epoch();
+    let (epoch, second) = epochs.committed(&tree).unwrap();
+    assert!(epoch > first_epoch);
+    assert_eq!(epochs.opened(), 2);
+    assert_eq!(
+        expiry(&second),
+        Some(idemstore::whitebox::from_millis(200)),
+        "a read in a new epoch was served by the snapshot of the epoch before"
+    );
+    assert_eq!(expiry(&first), Some(idemstore::whitebox::from_millis(100)));
+}

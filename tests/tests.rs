@@ -8,10 +8,14 @@ mod support;
 mod across_time;
 #[cfg(feature = "actix")]
 mod actix;
+mod admin;
 mod bad_input;
 mod batches;
+mod cache;
 mod checkpoint;
 mod clean_close;
+mod clock;
+mod codec;
 mod compact;
 mod complete_with;
 mod concurrency;
@@ -31,11 +35,15 @@ mod findings;
 #[cfg(feature = "grpc")]
 mod grpc;
 #[cfg(feature = "http")]
+mod guard;
+#[cfg(feature = "http")]
 mod http;
 #[cfg(feature = "http")]
 mod http_kill;
 #[cfg(feature = "http")]
 mod http_knobs;
+mod inspect;
+mod key;
 mod kill;
 mod linearizable;
 mod log_identity;
@@ -53,4 +61,5 @@ mod private_files;
 mod scenarios;
 mod stale_reads;
 mod stress;
+mod tables;
 mod windows;

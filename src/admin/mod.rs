@@ -49,8 +49,8 @@
 //! [`AdminSocket::Off`] serves nothing.
 
 mod client;
-mod peer;
-mod protocol;
+pub(crate) mod peer;
+pub(crate) mod protocol;
 mod server;
 
 use std::path::{Path, PathBuf};

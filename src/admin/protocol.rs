@@ -27,7 +27,7 @@ use crate::record::RecordClass;
 use crate::store::inspect::{FileInfo, ScanFilter, StateCounts};
 
 /// The protocol version every request starts with.
-pub(crate) const VERSION: u8 = 2;
+pub const VERSION: u8 = 2;
 
 /// The largest message either side accepts: a resolve carries one result (at most
 /// [`Builder::MAX_RESULT_LEN_LIMIT`](crate::Builder::MAX_RESULT_LEN_LIMIT)); a scan answer is bounded by its
@@ -36,21 +36,35 @@ pub(crate) const MAX_MESSAGE: usize = crate::Builder::MAX_RESULT_LEN_LIMIT + (1 
 
 /// What a client asks.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) enum Request {
+pub enum Request {
+    /// [`Store::file_info`](crate::Store::file_info).
     FileInfo,
+    /// [`Store::counts`](crate::Store::counts).
     Counts,
+    /// [`Store::get`](crate::Store::get) of a key.
     Get(Key),
+    /// [`Store::scan`](crate::Store::scan): the filter and the most records to return.
     Scan(ScanFilter, u64),
+    /// [`Store::expire`](crate::Store::expire), or with `force`
+    /// [`Store::expire_forced`](crate::Store::expire_forced).
     Expire {
+        /// The key to expire.
         key: Key,
+        /// Whether a live lease is expired too.
         force: bool,
     },
+    /// [`Store::resolve`](crate::Store::resolve), with a retention of its own when given.
     Resolve {
+        /// The key to resolve.
         key: Key,
+        /// What it becomes.
         resolution: Resolution,
+        /// How long a completed key is kept (`None`: the store's).
         retention: Option<Duration>,
     },
+    /// [`Store::sweep`](crate::Store::sweep) of at most this many keys.
     Sweep(u64),
+    /// [`Store::checkpoint`](crate::Store::checkpoint).
     Checkpoint,
 }
 
@@ -67,7 +81,8 @@ impl Request {
         )
     }
 
-    pub(crate) fn encode(&self) -> Vec<u8> {
+    /// The request's bytes, version first.
+    pub fn encode(&self) -> Vec<u8> {
         let mut out = vec![VERSION];
         match self {
             Request::FileInfo => out.push(1),
@@ -112,7 +127,8 @@ impl Request {
         out
     }
 
-    pub(crate) fn decode(bytes: &[u8]) -> Result<Request, String> {
+    /// A request from its bytes, or why they are not one.
+    pub fn decode(bytes: &[u8]) -> Result<Request, String> {
         let mut r = Reader(bytes);
         let version = r.u8()?;
         if version != VERSION {
@@ -160,10 +176,11 @@ impl Request {
 
 /// The store's error, as the client gets it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Failure {
-    pub(crate) message: String,
+pub struct Failure {
+    /// The error's message, with its causes.
+    pub message: String,
     /// For [`Error::LeaseLive`](crate::Error::LeaseLive): the lease's end, in milliseconds.
-    pub(crate) lease_until: Option<u64>,
+    pub lease_until: Option<u64>,
 }
 
 impl Failure {
@@ -189,19 +206,26 @@ impl Failure {
 
 /// A successful answer.
 #[derive(Debug, Clone, PartialEq)]
-pub(crate) enum Answer {
+pub enum Answer {
+    /// The store file's facts.
     FileInfo(FileInfo),
+    /// The records by class.
     Counts(StateCounts),
+    /// A key's record, if stored.
     Get(Option<Record>),
+    /// The records a scan found.
     Scan(Vec<(Key, Record)>),
+    /// The class of the record expired, if any.
     Expire(Option<RecordClass>),
+    /// A request that returns nothing was carried out.
     Done,
+    /// How many keys a sweep deleted.
     Sweep(u64),
 }
 
 impl Answer {
     /// The encoded response: an answer, or the store's error as text.
-    pub(crate) fn encode(answer: Result<Answer, Failure>) -> Vec<u8> {
+    pub fn encode(answer: Result<Answer, Failure>) -> Vec<u8> {
         let answer = match answer {
             Ok(answer) => answer,
             Err(failure) => {
@@ -264,10 +288,7 @@ impl Answer {
     }
 
     /// Decodes the answer to `request`; the inner `Err` is the store's error message.
-    pub(crate) fn decode(
-        request: &Request,
-        bytes: &[u8],
-    ) -> Result<Result<Answer, Failure>, String> {
+    pub fn decode(request: &Request, bytes: &[u8]) -> Result<Result<Answer, Failure>, String> {
         let mut r = Reader(bytes);
         if r.u8()? != 0 {
             let message = String::from_utf8_lossy(r.bytes()?).into_owned();
@@ -450,109 +471,5 @@ impl<'a> Reader<'a> {
                 self.0.len()
             ))
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::fingerprint::Fingerprint;
-    use crate::record::State;
-
-    fn record() -> Record {
-        Record {
-            fingerprint: Fingerprint::of(b"x"),
-            token: 7,
-            attempt: 2,
-            expires_at: 99,
-            state: State::Completed {
-                completed_at: 9,
-                result: b"ok".to_vec(),
-            },
-        }
-    }
-
-    #[test]
-    fn requests_and_answers_round_trip() {
-        let key = Key::new("s", "op", "id").unwrap();
-        let requests = [
-            Request::FileInfo,
-            Request::Counts,
-            Request::Get(key.clone()),
-            Request::Scan(
-                ScanFilter::of(RecordClass::Stale).older_than(Duration::from_secs(5)),
-                10,
-            ),
-            Request::Expire {
-                key: key.clone(),
-                force: true,
-            },
-            Request::Resolve {
-                key: key.clone(),
-                resolution: Resolution::Complete(b"r".to_vec()),
-                retention: Some(Duration::from_secs(3)),
-            },
-            Request::Sweep(5),
-            Request::Checkpoint,
-        ];
-        for request in requests {
-            assert_eq!(Request::decode(&request.encode()), Ok(request.clone()));
-        }
-        let counts = StateCounts {
-            completed: 3,
-            oldest_pending: Some((key.clone(), record())),
-            ..StateCounts::default()
-        };
-        let cases = [
-            (Request::Counts, Answer::Counts(counts)),
-            (Request::Get(key.clone()), Answer::Get(Some(record()))),
-            (
-                Request::Scan(ScanFilter::any(), 5),
-                Answer::Scan(vec![(key.clone(), record())]),
-            ),
-            (
-                Request::Expire {
-                    key: key.clone(),
-                    force: false,
-                },
-                Answer::Expire(Some(RecordClass::Expired)),
-            ),
-            (Request::Sweep(3), Answer::Sweep(2)),
-        ];
-        for (request, answer) in cases {
-            let bytes = Answer::encode(Ok(answer.clone()));
-            assert_eq!(Answer::decode(&request, &bytes), Ok(Ok(answer)));
-        }
-        let failure = Failure {
-            message: "no".into(),
-            lease_until: Some(5),
-        };
-        let bytes = Answer::encode(Err(failure.clone()));
-        assert_eq!(Answer::decode(&Request::Counts, &bytes), Ok(Err(failure)));
-    }
-
-    #[test]
-    fn hostile_bytes_are_refused_without_panicking() {
-        let request = Request::Scan(ScanFilter::any(), 1).encode();
-        for cut in 0..request.len() {
-            assert!(Request::decode(&request[..cut]).is_err());
-        }
-        let mut longer = request.clone();
-        longer.push(0);
-        assert!(Request::decode(&longer).is_err());
-        assert!(Request::decode(&[VERSION + 1, 1])
-            .unwrap_err()
-            .contains("version"));
-        let answer = Answer::encode(Ok(Answer::Scan(vec![(
-            Key::new("s", "o", "i").unwrap(),
-            record(),
-        )])));
-        for cut in 0..answer.len() {
-            assert!(Answer::decode(&Request::Scan(ScanFilter::any(), 1), &answer[..cut]).is_err());
-        }
-        // A huge count with no records behind it allocates nothing and fails.
-        let mut lying = vec![0];
-        lying.extend_from_slice(&u32::MAX.to_le_bytes());
-        assert!(Answer::decode(&Request::Scan(ScanFilter::any(), 1), &lying).is_err());
     }
 }

@@ -103,17 +103,17 @@ impl Target for Tables<'_> {
 
 /// One change to apply: the key, where its old record was indexed, and the new record
 /// (`None`: a deletion).
-struct TreeChange {
-    key: Key,
-    old: Option<IndexEntries>,
-    new: Held,
+pub(crate) struct TreeChange {
+    pub(crate) key: Key,
+    pub(crate) old: Option<IndexEntries>,
+    pub(crate) new: Held,
 }
 
 /// A logged batch's changes, with the frame that logged them and the token counter after it.
-pub(super) struct DeferredBatch {
-    changes: Vec<TreeChange>,
-    seq: u64,
-    next_token: u64,
+pub(crate) struct DeferredBatch {
+    pub(crate) changes: Vec<TreeChange>,
+    pub(crate) seq: u64,
+    pub(crate) next_token: u64,
 }
 
 impl DeferredBatch {
@@ -191,7 +191,7 @@ impl Target for Deferring<'_> {
 /// key changed several times (a reserve and its completion, say) is written once, with its
 /// last state, where its first change found it indexed. So each key is written at most once
 /// per call, and the B-tree inserts walk the leaves in order.
-fn merged(batches: Vec<DeferredBatch>) -> Vec<TreeChange> {
+pub(crate) fn merged(batches: Vec<DeferredBatch>) -> Vec<TreeChange> {
     let mut changes: Vec<TreeChange> = if batches.len() == 1 {
         batches.into_iter().next().expect("one batch").changes
     } else {
@@ -560,75 +560,5 @@ impl Applier {
         queue.changes = 0;
         self.engine.overlay.clear();
         self.engine.cache.clear();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn key(id: &str) -> Key {
-        Key::new("t", "op", id).unwrap()
-    }
-
-    fn index(at: u64) -> IndexEntries {
-        IndexEntries::expiring_at(at)
-    }
-
-    fn change(id: &str, old: Option<u64>, new: Option<u64>) -> TreeChange {
-        TreeChange {
-            key: key(id),
-            old: old.map(index),
-            new: new.map(|at| {
-                Arc::new(Record {
-                    fingerprint: crate::fingerprint::Fingerprint::of(b"x"),
-                    token: 1,
-                    attempt: 1,
-                    expires_at: at,
-                    state: crate::record::State::Completed {
-                        completed_at: 0,
-                        result: Vec::new(),
-                    },
-                })
-            }),
-        }
-    }
-
-    fn batch(seq: u64, changes: Vec<TreeChange>) -> DeferredBatch {
-        DeferredBatch {
-            changes,
-            seq,
-            next_token: seq,
-        }
-    }
-
-    /// A key changed in several queued batches (a reserve, then its completion, then another
-    /// change) is written once: its last state, unindexed where its first change found it.
-    /// Keys come out in key order, each once.
-    #[test]
-    fn each_key_is_written_once_with_its_last_state_where_it_was_first_indexed() {
-        let merged = merged(vec![
-            batch(
-                1,
-                vec![change("b", None, Some(10)), change("a", Some(5), Some(11))],
-            ),
-            batch(2, vec![change("b", Some(10), Some(20))]),
-            batch(
-                3,
-                vec![change("c", None, Some(30)), change("b", Some(20), None)],
-            ),
-        ]);
-        let got: Vec<(Key, Option<IndexEntries>, Option<IndexEntries>)> = merged
-            .into_iter()
-            .map(|c| (c.key, c.old, c.new.map(|record| IndexEntries::of(&record))))
-            .collect();
-        assert_eq!(
-            got,
-            vec![
-                (key("a"), Some(index(5)), Some(index(11))),
-                (key("b"), None, None),
-                (key("c"), None, Some(index(30))),
-            ]
-        );
     }
 }

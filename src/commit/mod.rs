@@ -30,7 +30,7 @@
 //! Any failure of a write poisons the store: the failing batches are answered with the error
 //! and every later call is refused until the store is reopened.
 
-mod apply;
+pub(crate) mod apply;
 mod background;
 mod checkpoint;
 mod queue;

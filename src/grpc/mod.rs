@@ -92,7 +92,7 @@
 
 mod config;
 mod key;
-mod service;
+pub(crate) mod service;
 mod status;
 
 pub use crate::guard::{IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};

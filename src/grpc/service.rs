@@ -232,7 +232,7 @@ async fn read_request(o: &Options, body: Body) -> Result<Bytes, Refused> {
 
 /// The one message of a unary request's stream: a 5-byte prefix (compressed flag, length,
 /// big-endian) and the message.
-fn single_message(stream: &[u8]) -> Result<&[u8], String> {
+pub fn single_message(stream: &[u8]) -> Result<&[u8], String> {
     let Some((&[compressed, a, b, c, d], message)) = stream.split_first_chunk::<5>() else {
         return Err("the request holds no message, so its request id cannot be read".into());
     };
@@ -255,7 +255,7 @@ fn single_message(stream: &[u8]) -> Result<&[u8], String> {
 /// The answer as stored: the HTTP status, the headers, [`TRAILERS`] and the trailers, and
 /// the data frames as sent. `None` when some header would not be stored whole (over 255
 /// entries, or a value over 64 KiB): such an answer is not stored rather than replayed cut.
-fn encode(
+pub fn encode(
     status: StatusCode,
     headers: &HeaderMap,
     trailers: Option<&HeaderMap>,
@@ -293,7 +293,7 @@ fn replay(bytes: &[u8], source: &KeySource) -> Response<Body> {
 }
 
 /// [`encode`]'s parts in `http` types; `None` when something does not convert.
-fn decode(bytes: &[u8]) -> Option<(StatusCode, HeaderMap, Option<HeaderMap>, Bytes)> {
+pub fn decode(bytes: &[u8]) -> Option<(StatusCode, HeaderMap, Option<HeaderMap>, Bytes)> {
     let stored = StoredResponse::decode(bytes)?;
     let status = StatusCode::from_u16(stored.status).ok()?;
     let mut headers = HeaderMap::new();
@@ -350,45 +350,5 @@ impl http_body::Body for Answer {
 
     fn is_end_stream(&self) -> bool {
         self.data.is_none() && self.trailers.is_none()
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn answers_round_trip_with_their_trailers() {
-        let mut headers = HeaderMap::new();
-        headers.insert("content-type", HeaderValue::from_static("application/grpc"));
-        headers.append("x-a", HeaderValue::from_static("1"));
-        headers.append("x-a", HeaderValue::from_static("2"));
-        let mut trailers = HeaderMap::new();
-        trailers.insert("grpc-status", HeaderValue::from_static("0"));
-        let data = b"\0\0\0\0\x02hi";
-        let bytes = encode(StatusCode::OK, &headers, Some(&trailers), data).expect("fits");
-        let (status, h, t, d) = decode(&bytes).expect("decodes");
-        assert_eq!(
-            (status, &h, t.as_ref(), &d[..]),
-            (StatusCode::OK, &headers, Some(&trailers), &data[..])
-        );
-        // Trailers-only: no marker, no trailers.
-        let bytes = encode(StatusCode::OK, &headers, None, b"").expect("fits");
-        assert_eq!(decode(&bytes).expect("decodes").2, None);
-        // A value too long to store whole: not stored at all.
-        let long = HeaderValue::from_bytes(&vec![b'a'; 70_000]).expect("value");
-        headers.insert("x-long", long);
-        assert!(encode(StatusCode::OK, &headers, None, b"").is_none());
-    }
-
-    #[test]
-    fn one_uncompressed_message_is_read() {
-        assert_eq!(single_message(b"\0\0\0\0\x02hi"), Ok(&b"hi"[..]));
-        assert!(single_message(b"").unwrap_err().contains("no message"));
-        assert!(single_message(b"\x01\0\0\0\x02hi")
-            .unwrap_err()
-            .contains("compressed"));
-        let two = single_message(b"\0\0\0\0\x02hi\0\0\0\0\0").unwrap_err();
-        assert!(two.contains("one message of 2 bytes; 7 bytes"), "{two}");
     }
 }

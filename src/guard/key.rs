@@ -96,7 +96,7 @@ fn sized(id: Vec<u8>) -> Result<Vec<u8>, Refused> {
 
 /// `value` without the spaces before and after it (RFC 8941 discards them; a tab is not a
 /// space there).
-fn trim_spaces(value: &[u8]) -> &[u8] {
+pub fn trim_spaces(value: &[u8]) -> &[u8] {
     let start = value.iter().position(|&b| b != b' ').unwrap_or(value.len());
     let end = value
         .iter()
@@ -109,14 +109,14 @@ fn trim_spaces(value: &[u8]) -> &[u8] {
 /// without the parser: RFC 8941 reads `"` then `unescaped` characters (printable ASCII but `"`
 /// and `\`) then `"` as exactly the characters between the quotes. Anything else (an escape, a
 /// second string, parameters, a list) is `None`, for [`sf_string`].
-fn unescaped_string(value: &[u8]) -> Option<&[u8]> {
+pub fn unescaped_string(value: &[u8]) -> Option<&[u8]> {
     let inner = value.strip_prefix(b"\"")?.strip_suffix(b"\"")?;
     let unescaped = |b: &u8| matches!(b, 0x20..=0x21 | 0x23..=0x5b | 0x5d..=0x7e);
     inner.iter().all(unescaped).then_some(inner)
 }
 
 /// The content of `value`, one sf-string (RFC 8941, section 3.3.3) and nothing else.
-fn sf_string(value: &[u8]) -> Result<Vec<u8>, Refused> {
+pub fn sf_string(value: &[u8]) -> Result<Vec<u8>, Refused> {
     let parse = || sfv::Parser::new(value).with_version(sfv::Version::Rfc8941);
     let error = match parse().parse_item::<sfv::Item>() {
         Ok(item) if !item.params.is_empty() => {
@@ -199,68 +199,4 @@ fn bounded(part: &[u8]) -> Cow<'_, [u8]> {
         out.extend_from_slice(format!("{byte:02x}").as_bytes());
     }
     Cow::Owned(out)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn detail(values: &[&[u8]]) -> String {
-        client_key(values.iter().copied()).unwrap_err().detail
-    }
-
-    #[test]
-    fn keys_are_read_quoted_or_bare_and_refused_with_the_limit() {
-        assert_eq!(client_key([]), Ok(None));
-        assert_eq!(client_key([&b"\"k-1\""[..]]), Ok(Some(b"k-1".to_vec())));
-        assert_eq!(client_key([&b"k-1"[..]]), Ok(Some(b"k-1".to_vec())));
-        assert_eq!(client_key([&b"  k-1 "[..]]), Ok(Some(b"k-1".to_vec())));
-        assert!(detail(&[b"\"\""]).contains("empty"));
-        let error = detail(&[&[b'k'; 256]]);
-        assert!(
-            error.contains("256 bytes") && error.contains("255"),
-            "{error}"
-        );
-        assert!(detail(&[b"a", b"b"]).contains("one"));
-        assert_eq!(trim_spaces(b"   "), b"");
-        assert_eq!(trim_spaces(b" \ta "), b"\ta");
-    }
-
-    #[test]
-    fn the_parser_is_skipped_only_for_what_it_would_read_the_same() {
-        for value in [&b"\"k-1\""[..], b"\"a b,c;d=e\"", b"\"\"", b"\"~!#\""] {
-            let fast = unescaped_string(value).expect("a string without escapes");
-            assert_eq!(Ok(fast.to_vec()), sf_string(value), "{value:?}");
-        }
-        for value in [
-            &b"\"a\\\"b\""[..],
-            b"\"x\", \"y\"",
-            b"\"a\";p=1",
-            b"\"",
-            b"\"tab\there\"",
-            b"\"\xc3\xa9\"",
-            b"k-1",
-        ] {
-            assert_eq!(unescaped_string(value), None, "{value:?}");
-        }
-    }
-
-    #[test]
-    fn long_parts_are_replaced_by_their_digest() {
-        let short = b"POST /orders".to_vec();
-        assert_eq!(bounded(&short), &short[..]);
-        let a = bounded(&[b'a'; 300]);
-        let b = bounded(&[vec![b'a'; 299], vec![b'b']].concat()).into_owned();
-        assert_eq!((a.len(), a[0]), (65, b'#'));
-        assert_ne!(&a[..], &b[..], "distinct long parts stay distinct");
-        assert!(Key::new(&a[..], "op", "id").is_ok());
-    }
-
-    #[test]
-    fn no_scope_is_refused() {
-        let refused = request_key(Some(Vec::new()), b"POST /x", b"k").unwrap_err();
-        assert_eq!(refused.refusal, Refusal::NoScope);
-        assert!(request_key(None, b"POST /x", b"k").is_err());
-        assert!(request_key(Some(b"u".to_vec()), b"POST /x", b"k").is_ok());
-    }
 }

@@ -103,13 +103,13 @@
 
 mod events;
 mod heartbeat;
-mod key;
+pub(crate) mod key;
 mod options;
 mod problem;
 mod refusal;
 mod release;
 mod running;
-mod stored;
+pub(crate) mod stored;
 mod waiting;
 
 use std::fmt;

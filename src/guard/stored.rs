@@ -11,14 +11,14 @@ const FORMAT: u8 = 1;
 const NOT_STORED: u8 = 2;
 
 /// The marker of a response with this status that was sent but not stored.
-pub(crate) fn not_stored(status: u16) -> Vec<u8> {
+pub fn not_stored(status: u16) -> Vec<u8> {
     let mut out = vec![NOT_STORED];
     out.extend_from_slice(&status.to_le_bytes());
     out
 }
 
 /// The status of a [`not_stored`] marker; `None` for anything else.
-pub(crate) fn not_stored_status(bytes: &[u8]) -> Option<u16> {
+pub fn not_stored_status(bytes: &[u8]) -> Option<u16> {
     match bytes {
         [NOT_STORED, low, high] => Some(u16::from_le_bytes([*low, *high])),
         _ => None,
@@ -148,7 +148,7 @@ fn kept<'a>(
 /// The length of [`encode`]'s bytes for these headers and a body of `body_len` bytes, known
 /// before the body is read: what a guard compares with
 /// [`max_stored_response`](crate::guard::Guard::max_stored_response).
-pub(crate) fn encoded_len<'a>(
+pub fn encoded_len<'a>(
     headers: impl IntoIterator<Item = (&'a str, &'a [u8])>,
     body_len: u64,
 ) -> u64 {
@@ -160,7 +160,7 @@ pub(crate) fn encoded_len<'a>(
 
 /// The status of [`encode`]'s bytes, read from their first bytes without decoding the rest;
 /// `None` for anything else (a marker, another adapter's bytes).
-pub(crate) fn status(bytes: &[u8]) -> Option<u16> {
+pub fn status(bytes: &[u8]) -> Option<u16> {
     match bytes {
         [FORMAT, low, high, ..] => {
             Some(u16::from_le_bytes([*low, *high])).filter(|s| (100..=999).contains(s))
@@ -170,7 +170,7 @@ pub(crate) fn status(bytes: &[u8]) -> Option<u16> {
 }
 
 /// [`StoredResponse::encode`] from borrowed parts, so an adapter need not copy the body first.
-pub(crate) fn encode<'a>(
+pub fn encode<'a>(
     status: u16,
     headers: impl IntoIterator<Item = (&'a str, &'a [u8])>,
     body: &[u8],
@@ -190,51 +190,4 @@ pub(crate) fn encode<'a>(
     out[3] = count;
     out.extend_from_slice(body);
     out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn round_trips_and_refuses_garbage() {
-        let headers = [
-            ("location", &b"/orders/7"[..]),
-            ("set-cookie", b"a=1"),
-            ("set-cookie", b"b=2"),
-        ];
-        let body = b"\0body\xff";
-        let bytes = encode(201, headers, body);
-        let stored = StoredResponse::decode(&bytes).expect("decodes");
-        assert_eq!(stored.status, 201);
-        let owned: Vec<(String, Vec<u8>)> = headers
-            .iter()
-            .map(|(n, v)| (n.to_string(), v.to_vec()))
-            .collect();
-        assert_eq!(stored.headers, owned);
-        assert_eq!(&stored.body[..], b"\0body\xff");
-        assert_eq!(stored.encode(), bytes);
-        assert_eq!(encoded_len(headers, body.len() as u64), bytes.len() as u64);
-        assert_eq!(status(&bytes), Some(201));
-        for len in 0..bytes.len() - 6 {
-            // Cut inside the header block: refused, never a partial response.
-            assert!(StoredResponse::decode(&bytes[..len]).is_none(), "{len}");
-        }
-        assert!(
-            StoredResponse::decode(b"\x02\xc9\x00\x00").is_none(),
-            "unknown version"
-        );
-        assert!(
-            StoredResponse::decode(b"\x01\x00\x00\x00").is_none(),
-            "status 0"
-        );
-        let marker = not_stored(200);
-        assert_eq!(not_stored_status(&marker), Some(200));
-        assert!(
-            StoredResponse::decode(&marker).is_none(),
-            "a marker is no response"
-        );
-        assert_eq!(not_stored_status(&bytes), None);
-        assert_eq!(status(&marker), None, "a marker has no stored status");
-    }
 }

@@ -179,7 +179,7 @@
 //! the `metrics` facade; see [the guard's list](crate::guard#metrics).
 
 mod config;
-mod problem;
+pub(crate) mod problem;
 mod service;
 
 pub use config::{

@@ -24,7 +24,7 @@ const MAGIC: [u8; 8] = *b"IDEMLOG\x04";
 
 /// Whose log a log file is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Identity {
+pub enum Identity {
     /// Empty, or zeros where the identity block goes (new or preallocated): the store takes
     /// it. Nothing was ever logged in it, since the block is synced before any frame.
     Fresh,
@@ -53,7 +53,8 @@ pub(crate) fn read(file: &dyn LogFile, store_id: u64) -> std::io::Result<Identit
     Ok(parse(&block, store_id))
 }
 
-fn parse(block: &[u8; LOG_HEADER_LEN as usize], store_id: u64) -> Identity {
+/// Whose log `block` says it is, as seen by the store `store_id`.
+pub fn parse(block: &[u8; LOG_HEADER_LEN as usize], store_id: u64) -> Identity {
     if block.iter().all(|&b| b == 0) {
         return Identity::Fresh;
     }
@@ -68,7 +69,7 @@ fn parse(block: &[u8; LOG_HEADER_LEN as usize], store_id: u64) -> Identity {
 }
 
 /// The identity block of the store `store_id`.
-pub(crate) fn block(store_id: u64) -> [u8; LOG_HEADER_LEN as usize] {
+pub fn block(store_id: u64) -> [u8; LOG_HEADER_LEN as usize] {
     let mut block = [0u8; LOG_HEADER_LEN as usize];
     block[..8].copy_from_slice(&MAGIC);
     block[8..16].copy_from_slice(&store_id.to_le_bytes());
@@ -87,28 +88,4 @@ pub(crate) fn claim(
     file.write_all_at(&block(store_id), 0)
         .and_then(|()| file.sync_data())
         .map_err(|e| StorageError::io(ctx(), e).into())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn identities_are_told_apart() {
-        assert_eq!(parse(&block(7), 7), Identity::Ours);
-        assert_eq!(parse(&block(7), 8), Identity::Other(7));
-        assert_eq!(parse(&[0; 32], 7), Identity::Fresh);
-        let mut damaged = block(7);
-        damaged[9] ^= 1;
-        assert_eq!(parse(&damaged, 7), Identity::Damaged);
-        let mut v3 = block(7);
-        v3[7] = 3;
-        let crc = crc32fast::hash(&v3[..28]);
-        v3[28..].copy_from_slice(&crc.to_le_bytes());
-        assert_eq!(
-            parse(&v3, 7),
-            Identity::Damaged,
-            "a development layout is not read"
-        );
-    }
 }

@@ -14,7 +14,7 @@ const TAG_COMPLETED: u8 = 2;
 const TAG_NEEDS_REVIEW: u8 = 3;
 
 /// Bytes before the payload: version, tag, fingerprint, token, attempt, two times, payload length.
-const HEADER_LEN: usize = 1 + 1 + Fingerprint::LEN + 8 + 4 + 8 + 8 + 4;
+pub const HEADER_LEN: usize = 1 + 1 + Fingerprint::LEN + 8 + 4 + 8 + 8 + 4;
 const CRC_LEN: usize = 4;
 
 impl Record {
@@ -167,98 +167,5 @@ impl Reader<'_> {
     }
     fn u64(&mut self) -> u64 {
         u64::from_le_bytes(self.array())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn samples() -> Vec<Record> {
-        let fingerprint = Fingerprint::of(b"req");
-        vec![
-            Record {
-                fingerprint,
-                token: 1,
-                attempt: 1,
-                expires_at: 99,
-                state: State::Pending {
-                    lease_until: 10,
-                    progress: None,
-                },
-            },
-            Record {
-                fingerprint,
-                token: 2,
-                attempt: 1,
-                expires_at: 99,
-                state: State::Pending {
-                    lease_until: 10,
-                    progress: Some(Progress {
-                        step: 3,
-                        data: b"charge ch_1 created".to_vec(),
-                    }),
-                },
-            },
-            Record {
-                fingerprint,
-                token: u64::MAX,
-                attempt: 7,
-                expires_at: 5_000,
-                state: State::Completed {
-                    completed_at: 20,
-                    result: b"200 OK".to_vec(),
-                },
-            },
-            Record {
-                fingerprint,
-                token: 3,
-                attempt: 2,
-                expires_at: Millis::MAX,
-                state: State::NeedsReview {
-                    since: 30,
-                    note: "gateway timeout, charge unknown".into(),
-                },
-            },
-        ]
-    }
-
-    #[test]
-    fn encode_decode_round_trip() {
-        for record in samples() {
-            assert_eq!(Record::decode(&record.encode()), Ok(record));
-        }
-    }
-
-    #[test]
-    fn every_flipped_bit_is_detected() {
-        for record in samples() {
-            let bytes = record.encode();
-            for bit in 0..bytes.len() * 8 {
-                let mut damaged = bytes.clone();
-                damaged[bit / 8] ^= 1 << (bit % 8);
-                assert!(Record::decode(&damaged).is_err(), "bit {bit} undetected");
-            }
-        }
-    }
-
-    #[test]
-    fn truncated_and_garbage_bytes_are_errors() {
-        let bytes = samples()[2].encode();
-        for len in 0..bytes.len() {
-            assert!(Record::decode(&bytes[..len]).is_err());
-        }
-        assert!(Record::decode(&[0xff; 200]).is_err());
-    }
-
-    #[test]
-    fn wrong_length_field_with_valid_crc_is_an_error() {
-        let mut bytes = samples()[2].encode();
-        bytes.truncate(bytes.len() - CRC_LEN);
-        bytes[HEADER_LEN - 4] = 99; // payload length field
-        let crc = crc32fast::hash(&bytes);
-        bytes.extend_from_slice(&crc.to_le_bytes());
-        let err = Record::decode(&bytes).unwrap_err();
-        assert!(err.contains("payload length"), "{err}");
     }
 }

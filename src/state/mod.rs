@@ -454,35 +454,3 @@ pub struct Stats {
     /// by sweeps).
     pub expired: u64,
 }
-
-#[cfg(all(test, feature = "metrics"))]
-mod metrics_tests {
-    use super::*;
-    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
-
-    #[test]
-    fn counters_reach_the_metrics_facade() {
-        let recorder = DebuggingRecorder::new();
-        let snapshotter = recorder.snapshotter();
-        metrics::with_local_recorder(&recorder, || {
-            let counters = Counters::default();
-            counters.add(Counter::Acquired, 3);
-            counters.batch(5);
-        });
-        let snapshot = snapshotter.snapshot().into_vec();
-        let found = |name: &str| {
-            snapshot
-                .iter()
-                .find(|(key, ..)| key.key().name() == name)
-                .map(|(.., value)| value)
-        };
-        assert_eq!(
-            found("idemstore_acquired_total"),
-            Some(&DebugValue::Counter(3))
-        );
-        assert_eq!(
-            found("idemstore_batched_ops_total"),
-            Some(&DebugValue::Counter(5))
-        );
-    }
-}

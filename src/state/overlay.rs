@@ -239,55 +239,6 @@ impl Overlay {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn readers_of_one_epoch_share_a_snapshot_and_a_new_epoch_gets_a_new_one() {
-        use crate::tree::windows::{table_name, RecordsDef, Windows};
-        use redb::ReadableDatabase;
-        let dir = tempfile::tempdir().unwrap();
-        let db = redb::Database::create(dir.path().join("snapshot.redb")).unwrap();
-        let windows = Windows::new(1000);
-        let write = |value: &[u8]| {
-            windows.filter(0).insert(windows.hash(b"k"));
-            let txn = db.begin_write().unwrap();
-            txn.open_table(RecordsDef::new(&table_name(0)))
-                .unwrap()
-                .insert(&b"k"[..], value)
-                .unwrap();
-            txn.commit().unwrap();
-        };
-        let opened = std::cell::Cell::new(0);
-        let open = || -> Result<RecordsTable, crate::error::StorageError> {
-            opened.set(opened.get() + 1);
-            RecordsTable::open(&db.begin_read().unwrap(), &windows)
-        };
-        let read = |table: &RecordsTable| table.get(&b"k"[..]).unwrap().unwrap().value().to_vec();
-        let overlay = Overlay::default();
-        write(b"1");
-        let (first_epoch, first) = overlay.committed(open).unwrap();
-        let (_, again) = overlay.committed(open).unwrap();
-        assert!(
-            Arc::ptr_eq(&first, &again),
-            "two readers of one epoch did not share"
-        );
-        assert_eq!(opened.get(), 1);
-        // The writer commits, then ends the epoch.
-        write(b"2");
-        overlay.next_epoch();
-        let (epoch, second) = overlay.committed(open).unwrap();
-        assert!(epoch > first_epoch);
-        assert_eq!(
-            read(&second),
-            b"2",
-            "a read in a new epoch was served by the snapshot of the epoch before"
-        );
-        assert_eq!(read(&first), b"1");
-    }
-}
-
 const SHARDS: usize = 16;
 
 /// A key's state as a batch read hands it back: the record (`None`: absent), or why it could
@@ -299,17 +250,17 @@ pub(crate) type ReadState = Result<Option<Record>, Error>;
 pub(crate) type Hasher = FixedState;
 
 #[derive(Debug, Default)]
-struct Shard {
+pub(crate) struct Shard {
     map: HashMap<Key, Arc<Record>, Hasher>,
     order: VecDeque<Key>,
     /// The [`entry_bytes`] of the entries in `map`.
-    bytes: usize,
+    pub(crate) bytes: usize,
 }
 
 /// See the module docs.
 #[derive(Debug)]
 pub(crate) struct RecordCache {
-    shards: Vec<RwLock<Shard>>,
+    pub(crate) shards: Vec<RwLock<Shard>>,
     per_shard: usize,
     bytes_per_shard: usize,
     /// Records expiring before this time were in expiry windows deleted since: none is cached
@@ -325,7 +276,7 @@ const ENTRY_OVERHEAD: usize = 320;
 
 /// The memory a cached record is counted for: [`ENTRY_OVERHEAD`], the key, and the variable
 /// data (a result, a recovery point or a review note).
-fn entry_bytes(key: &Key, record: &Record) -> usize {
+pub(crate) fn entry_bytes(key: &Key, record: &Record) -> usize {
     let data = match &record.state {
         State::Pending { progress, .. } => progress.as_ref().map_or(0, |p| 4 + p.data.len()),
         State::Completed { result, .. } => result.len(),
@@ -484,95 +435,5 @@ impl RecordCache {
             shard.order.clear();
             shard.bytes = 0;
         }
-    }
-}
-
-#[cfg(test)]
-mod cache_tests {
-    use super::*;
-    use crate::fingerprint::Fingerprint;
-    use crate::record::State;
-
-    fn record(token: u64) -> Record {
-        Record {
-            fingerprint: Fingerprint::of(b"x"),
-            token,
-            attempt: 1,
-            expires_at: 10,
-            state: State::Pending {
-                lease_until: 5,
-                progress: None,
-            },
-        }
-    }
-
-    #[test]
-    fn holds_at_most_its_capacity_and_forgets_deletions() {
-        let cache = RecordCache::new(32, usize::MAX);
-        let keys: Vec<Key> = (0..1000)
-            .map(|i| Key::new("s", "op", format!("{i}")).unwrap())
-            .collect();
-        for (i, key) in keys.iter().enumerate() {
-            cache.set(key, Some(Arc::new(record(i as u64))));
-        }
-        let held = keys.iter().filter(|k| cache.get(k).is_some()).count();
-        assert!(held <= 32 && held > 0, "{held}");
-        let last = keys.last().unwrap();
-        assert_eq!(cache.get(last).map(|r| r.token), Some(999));
-        cache.set(last, None);
-        assert_eq!(cache.get(last), None);
-        let disabled = RecordCache::new(0, usize::MAX);
-        disabled.set(last, Some(Arc::new(record(1))));
-        assert_eq!(disabled.get(last), None);
-    }
-
-    fn completed(result_len: usize) -> Record {
-        Record {
-            state: State::Completed {
-                completed_at: 1,
-                result: vec![7; result_len],
-            },
-            ..record(1)
-        }
-    }
-
-    #[test]
-    fn holds_at_most_its_byte_budget_however_large_the_results() {
-        let budget = 256 << 10;
-        let cache = RecordCache::new(10_000, budget);
-        let keys: Vec<Key> = (0..1000)
-            .map(|i| Key::new("s", "op", format!("{i:04}")).unwrap())
-            .collect();
-        for key in &keys {
-            cache.set(key, Some(Arc::new(completed(4096))));
-        }
-        let held: Vec<&Key> = keys.iter().filter(|k| cache.get(k).is_some()).collect();
-        let bytes: usize = held.iter().map(|k| entry_bytes(k, &completed(4096))).sum();
-        assert!(!held.is_empty(), "the newest records stay");
-        assert!(
-            bytes <= budget,
-            "{} records of {bytes} bytes held, over the {budget}-byte budget",
-            held.len()
-        );
-        // Each shard's count follows its replacements and removals too.
-        for key in &held {
-            cache.set(key, Some(Arc::new(completed(4096))));
-        }
-        for key in &held {
-            cache.set(key, None);
-        }
-        for shard in &cache.shards {
-            assert_eq!(shard.read().bytes, 0);
-        }
-        // A record larger than a shard's share is not kept.
-        cache.set(&keys[0], Some(Arc::new(completed(budget))));
-        assert_eq!(cache.get(&keys[0]), None);
-        // Small records: the count limit binds first.
-        let small = RecordCache::new(32, budget);
-        for key in &keys {
-            small.set(key, Some(Arc::new(record(1))));
-        }
-        let held = keys.iter().filter(|k| small.get(k).is_some()).count();
-        assert!(held <= 32 && held > 0, "{held}");
     }
 }

@@ -47,11 +47,11 @@ use parking_lot::Mutex;
 use redb::{BackendError, StorageBackend};
 
 /// Bytes per block.
-pub(crate) const BLOCK: u64 = 4096;
+pub const BLOCK: u64 = 4096;
 /// Data blocks per group (one sums block covers them).
-const GROUP: u64 = BLOCK / 4;
+pub const GROUP: u64 = BLOCK / 4;
 /// Bytes of a group on disk: its sums block and its data blocks.
-const GROUP_BYTES: u64 = (GROUP + 1) * BLOCK;
+pub const GROUP_BYTES: u64 = (GROUP + 1) * BLOCK;
 /// The page file's magic.
 pub(crate) const MAGIC: [u8; 8] = *b"IDEMPAGE";
 /// The layout version this build writes and reads.
@@ -163,7 +163,7 @@ fn sum0(block: &[u8]) -> u32 {
 }
 
 /// The offset on disk of data block `index`.
-fn data_offset(index: u64) -> u64 {
+pub fn data_offset(index: u64) -> u64 {
     BLOCK + (index / GROUP) * GROUP_BYTES + BLOCK + (index % GROUP) * BLOCK
 }
 
@@ -173,7 +173,7 @@ fn sums_offset(group: u64) -> u64 {
 }
 
 /// The length on disk of a page file holding `len` bytes for redb.
-fn physical_len(len: u64) -> u64 {
+pub fn physical_len(len: u64) -> u64 {
     let blocks = len.div_ceil(BLOCK);
     let groups = blocks.div_ceil(GROUP);
     // The last block may be partial: the file ends where redb's last byte does.
@@ -181,7 +181,7 @@ fn physical_len(len: u64) -> u64 {
 }
 
 /// The bytes for redb in a page file of `physical` bytes on disk.
-fn logical_len(physical: u64) -> u64 {
+pub fn logical_len(physical: u64) -> u64 {
     let body = physical.saturating_sub(BLOCK);
     let full = body / GROUP_BYTES;
     let rest = body % GROUP_BYTES;
@@ -511,72 +511,5 @@ impl<B: StorageBackend> StorageBackend for PageFile<B> {
 
     fn query_lock_range(&self, start: Bound<u64>, end: Bound<u64>) -> Result<bool, BackendError> {
         self.inner.query_lock_range(start, end)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A plain redb file (the same redb bytes, without the layer) is refused as one, and the
-    /// file is left as it was.
-    #[test]
-    fn a_plain_redb_file_is_refused_and_left_untouched() {
-        use crate::{Fingerprint, Key, Reservation, Store};
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("s.idem");
-        let key = Key::new("u", "op", "k").unwrap();
-        {
-            let store = Store::builder().preallocate_log(false).open(&path).unwrap();
-            let Reservation::Acquired(lease) = store.reserve(&key, Fingerprint::of(b"r")).unwrap()
-            else {
-                panic!("fresh key");
-            };
-            store.complete(&lease, b"done".to_vec()).unwrap();
-        }
-        // The redb bytes alone: what a store file was before the layer.
-        let file = std::fs::File::open(&path).unwrap();
-        let pages = PageFile::new(redb::backends::FileBackend::new(file).unwrap(), "s").unwrap();
-        let mut plain = vec![0u8; pages.len().unwrap() as usize];
-        pages.read(0, &mut plain).unwrap();
-        drop(pages);
-        assert_eq!(&plain[..4], b"redb");
-        std::fs::write(&path, &plain).unwrap();
-
-        let refused = Store::builder().open(&path).unwrap_err().to_string();
-        assert!(refused.contains("plain redb file"), "{refused}");
-        assert_eq!(
-            std::fs::read(&path).unwrap(),
-            plain,
-            "the refused file was changed"
-        );
-    }
-
-    #[test]
-    fn lengths_round_trip() {
-        for len in [
-            0,
-            1,
-            4096,
-            4097,
-            GROUP * BLOCK,
-            GROUP * BLOCK + 5,
-            3 * GROUP * BLOCK + 8192,
-        ] {
-            assert_eq!(logical_len(physical_len(len)), len, "len {len}");
-        }
-    }
-
-    #[test]
-    fn blocks_do_not_overlap_sums() {
-        for index in [0, 1, GROUP - 1, GROUP, GROUP + 1, 5 * GROUP + 7] {
-            let at = data_offset(index);
-            assert_eq!((at - BLOCK) % GROUP_BYTES % BLOCK, 0);
-            assert_ne!(
-                (at - BLOCK) % GROUP_BYTES,
-                0,
-                "block {index} on a sums block"
-            );
-        }
     }
 }

@@ -7,13 +7,23 @@
 use std::path::Path;
 
 use redb::backends::InMemoryBackend;
-use redb::{Database, ReadableDatabase};
+use redb::{Database, ReadableDatabase, ReadableTable};
 
 use super::tables::{open_windows, IndexEntries, Tables};
 use super::windows::{Records, Windows};
 use crate::error::StorageError;
 use crate::fingerprint::Fingerprint;
 use crate::record::{Millis, Record, State};
+
+thread_local! {
+    /// B-tree writes (inserts and removals) made through [`Tables`] on this thread.
+    static BTREE_WRITES: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Counts one B-tree write made through [`Tables`] on this thread.
+pub(crate) fn count_write() {
+    BTREE_WRITES.with(|n| n.set(n.get() + 1));
+}
 
 /// The name a tree goes by in errors.
 const NAME: &str = "whitebox tree";
@@ -65,6 +75,72 @@ impl Tree {
         self.write(|tables| tables.put(key, old, &record, &record.encode()))
     }
 
+    /// Stores `record` under `key` (encoded) as the applier and log replay do, telling the
+    /// tables the record stored before it was `old`, in one durable commit; returns the
+    /// B-tree writes (inserts and removals) the put made.
+    pub fn put_record(
+        &self,
+        key: &[u8],
+        old: Option<&Record>,
+        record: &Record,
+    ) -> Result<u64, StorageError> {
+        let mut writes = 0;
+        self.write(|tables| {
+            let before = BTREE_WRITES.with(|n| n.get());
+            let old = old.map(IndexEntries::of);
+            tables.put(key, old, record, &record.encode())?;
+            writes = BTREE_WRITES.with(|n| n.get()) - before;
+            Ok(())
+        })?;
+        Ok(writes)
+    }
+
+    /// The record of `key` (encoded) as the tables look it up; a damaged one is an error.
+    pub fn load(&self, key: &[u8]) -> Result<Option<Record>, StorageError> {
+        let mut found = None;
+        self.write(|tables| {
+            found = tables.load(key)??;
+            Ok(())
+        })?;
+        Ok(found)
+    }
+
+    /// Whether the window a record expiring at `expires_at` lives in holds `key` (encoded).
+    pub fn window_holds(&self, expires_at: Millis, key: &[u8]) -> Result<bool, StorageError> {
+        let window = self.windows.of(expires_at);
+        let mut held = false;
+        self.write(|tables| {
+            let ctx = "reading a whitebox tree's window";
+            let table = tables.window(window)?;
+            held = table
+                .get(key)
+                .map_err(|e| StorageError::redb(ctx, e))?
+                .is_some();
+            Ok(())
+        })?;
+        Ok(held)
+    }
+
+    /// The entries of the lease and expiry index.
+    pub fn deadline_entries(&self) -> Result<usize, StorageError> {
+        let mut count = 0;
+        self.write(|tables| {
+            let ctx = "reading a whitebox tree's index";
+            count = tables
+                .deadlines
+                .iter()
+                .map_err(|e| StorageError::redb(ctx, e))?
+                .count();
+            Ok(())
+        })?;
+        Ok(count)
+    }
+
+    /// Whether `expires_at` and `other` fall in different windows.
+    pub fn windows_differ(&self, expires_at: Millis, other: Millis) -> bool {
+        self.windows.of(expires_at) != self.windows.of(other)
+    }
+
     /// Deletes the window a record expiring at `expires_at` lives in, in one durable commit.
     pub fn drop_window_of(&self, expires_at: Millis) -> Result<(), StorageError> {
         let window = self.windows.of(expires_at);
@@ -74,13 +150,21 @@ impl Tree {
     /// Whether a lookup through the windows' filters finds `key`.
     pub fn finds(&self, key: &[u8]) -> Result<bool, StorageError> {
         let ctx = "reading a whitebox tree";
+        let found = self
+            .records()?
+            .get(key)
+            .map_err(|e| StorageError::redb(ctx, e))?;
+        Ok(found.is_some())
+    }
+
+    /// A read snapshot of the records of every window, as a store's reader opens it.
+    pub(crate) fn records(&self) -> Result<Records, StorageError> {
+        let ctx = "reading a whitebox tree";
         let txn = self
             .db
             .begin_read()
             .map_err(|e| StorageError::redb(ctx, e))?;
-        let records = Records::open(&txn, &self.windows)?;
-        let found = records.get(key).map_err(|e| StorageError::redb(ctx, e))?;
-        Ok(found.is_some())
+        Records::open(&txn, &self.windows)
     }
 
     /// Reads the windows and their saved filters again, as the next open would.

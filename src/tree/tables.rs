@@ -576,28 +576,14 @@ impl IndexEntries {
             expires_at: record.expires_at,
         }
     }
-
-    /// The entries of a record that is not pending and expires at `at`.
-    #[cfg(test)]
-    pub(crate) fn expiring_at(at: Millis) -> IndexEntries {
-        IndexEntries {
-            lease: None,
-            expires_at: at,
-        }
-    }
 }
 
-#[cfg(test)]
-thread_local! {
-    /// B-tree writes (inserts and removals) made through [`Tables`] on this thread: what the
-    /// tests below count per new key and per completion.
-    static BTREE_WRITES: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
-}
-
+/// Counts a B-tree write (an insert or a removal) for the tests, which read the count through
+/// the white-box tree ([`seam`](super::seam)); nothing without the hidden feature.
 #[inline]
 fn count_write() {
-    #[cfg(test)]
-    BTREE_WRITES.with(|n| n.set(n.get() + 1));
+    #[cfg(feature = "__whitebox")]
+    super::seam::count_write();
 }
 
 /// A fresh random number: a store's identity, or the salt of the log's frames after a
@@ -611,82 +597,4 @@ pub(crate) fn new_salt() -> u64 {
             .map_or(0, |d| d.as_nanos()),
     );
     hasher.finish()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::fingerprint::Fingerprint;
-    use crate::record::State;
-
-    fn writes() -> u64 {
-        BTREE_WRITES.with(|n| n.get())
-    }
-
-    fn record(state: State, expires_at: Millis) -> Record {
-        Record {
-            fingerprint: Fingerprint::of(b"r"),
-            token: 1,
-            attempt: 1,
-            expires_at,
-            state,
-        }
-    }
-
-    /// B-tree writes per new key and per completion, as the applier and log replay make them:
-    /// a new pending key is its record and its lease entry; a completion rewrites the record
-    /// and drops the entry, and moves the record when its expiry falls in another window
-    /// (one more removal).
-    #[test]
-    fn a_new_key_is_two_btree_writes_and_a_completion_two_or_three() {
-        let db = redb::Builder::new()
-            .create_with_backend(redb::backends::InMemoryBackend::new())
-            .unwrap();
-        let txn = db.begin_write().unwrap();
-        let hour = 3_600_000;
-        let windows = Windows::new(hour);
-        let mut tables = Tables::open(&txn, &windows).unwrap();
-        let pending = record(
-            State::Pending {
-                lease_until: 1_000,
-                progress: None,
-            },
-            1_000 + 24 * hour,
-        );
-        let completed = |at: Millis| {
-            record(
-                State::Completed {
-                    completed_at: at,
-                    result: b"ok".to_vec(),
-                },
-                at + 24 * hour,
-            )
-        };
-        for (key, done_at, moves) in [
-            (&b"\x01u\x02op\x01a"[..], 500, false),
-            (b"\x01u\x02op\x01b", hour, true),
-        ] {
-            let before = writes();
-            tables.put(key, None, &pending, &pending.encode()).unwrap();
-            assert_eq!(writes() - before, 2, "a new key");
-            let done = completed(done_at);
-            let before = writes();
-            let old = Some(IndexEntries::of(&pending));
-            tables.put(key, old, &done, &done.encode()).unwrap();
-            assert_eq!(writes() - before, 2 + u64::from(moves), "a completion");
-            assert_eq!(tables.load(key).unwrap().unwrap(), Some(done.clone()));
-            let window = windows.of(done.expires_at);
-            assert!(tables.window(window).unwrap().get(key).unwrap().is_some());
-            if moves {
-                let first = windows.of(pending.expires_at);
-                assert_ne!(first, window);
-                assert!(
-                    tables.window(first).unwrap().get(key).unwrap().is_none(),
-                    "left behind"
-                );
-            }
-        }
-        // No lease entry is left: the records are not pending.
-        assert_eq!(tables.deadlines.iter().unwrap().count(), 0);
-    }
 }

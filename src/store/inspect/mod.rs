@@ -332,8 +332,6 @@ fn load(records: &Records, key: &[u8]) -> Result<Option<Record>, Error> {
 
 mod read_only;
 mod scan;
-#[cfg(test)]
-mod tests;
 mod verify;
 
 /// A listing of the records that match a filter, for the backends that read every record in

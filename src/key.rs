@@ -89,17 +89,6 @@ pub(crate) fn hash_of(encoded: &[u8]) -> u64 {
     SEEDED.hash_one(encoded)
 }
 
-impl Key {
-    /// Longest scope, operation or id accepted, in bytes.
-    ///
-    /// Each part is stored behind a one-byte length, so 255 is the format's own limit.
-    pub const MAX_PART_LEN: usize = 255;
-
-    /// Longest review note accepted by
-    /// [`Store::mark_needs_review`](crate::Store::mark_needs_review) for a key, in bytes.
-    pub const MAX_NOTE_LEN: usize = 4096;
-}
-
 impl PartialEq for Key {
     fn eq(&self, other: &Key) -> bool {
         self.hash == other.hash && self.encoded == other.encoded
@@ -128,6 +117,15 @@ impl PartialOrd for Key {
 }
 
 impl Key {
+    /// Longest scope, operation or id accepted, in bytes.
+    ///
+    /// Each part is stored behind a one-byte length, so 255 is the format's own limit.
+    pub const MAX_PART_LEN: usize = 255;
+
+    /// Longest review note accepted by
+    /// [`Store::mark_needs_review`](crate::Store::mark_needs_review) for a key, in bytes.
+    pub const MAX_NOTE_LEN: usize = 4096;
+
     /// A key part as a printed key shows it: `%`, `/`, whitespace, control characters and
     /// bytes that are not UTF-8 are written `%XX` (each byte, uppercase hex); every other
     /// character is itself. So a printed key (`scope/operation/id`, its `Display`) has

@@ -1,10 +1,9 @@
 //! Applying logged batches to redb off the batch path.
 //!
 //! The log is what makes a batch durable, so its B-tree writes need not come before the
-//! answer. The writer decides each batch against [`Deferring`]: the changes it has made since
-//! redb last committed them (its `latest` map, each change with the frame that logged it),
-//! then the record cache, then the committed redb state; it appends the frame and queues the
-//! batch's changes here. The applier thread applies them, in order and once their frame is
+//! answer. The writer decides each batch against its own changes since redb last committed
+//! them (`Deferring`, in `writer.rs`), then the engine's newest copy; it appends the frame
+//! and queues the batch's changes here. The applier thread applies them, in order and once their frame is
 //! durable, several batches at a time ([`GATHER`]), to the write transaction it keeps open,
 //! and commits that transaction itself (non-durably) when it is [`TXN_SPAN`] old. The writer
 //! then forgets the changes that commit holds ([`Writer::drain_committed`](super::Writer::drain_committed)), keeping those of
@@ -16,7 +15,6 @@
 //! holds a change that a crash could still take back. The transaction that applies batches
 //! also deletes the expiry windows that have ended (`Tables::drop_ended_windows`).
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
@@ -27,7 +25,6 @@ use redb::WriteTransaction;
 
 use crate::error::{Error, StorageError};
 use crate::key::Key;
-use crate::record::Record;
 use crate::state::overlay::Held;
 use crate::state::Counter;
 use crate::tree::tables::{IndexEntries, Tables};
@@ -53,52 +50,6 @@ pub(crate) struct Written {
     pub(super) record: Held,
     /// Where the record it replaced was indexed (for the applier).
     pub(super) old: Option<IndexEntries>,
-}
-
-/// The writer's changes since redb last committed them: each key's latest state, with the
-/// log frame that logged it.
-pub(super) type Latest = HashMap<Key, (Held, u64)>;
-
-/// Where an operation reads the state it is decided against and writes the new one: a write
-/// transaction's tables directly ([`Tables`]), or the batch path's [`Deferring`].
-pub(crate) trait Target {
-    /// The record stored under `key`, expired or not; `Ok(Err(_))` is a corrupt record.
-    fn load(&mut self, key: &Key) -> Result<Result<Option<Record>, Error>, Error>;
-    /// Whether `key` may have changed since the current epoch began: then a caller's
-    /// decision against what it read in the epoch is decided again. Only a target that knows
-    /// which keys changed within the epoch says no.
-    fn changed(&self, key: &Key) -> bool {
-        let _ = key;
-        true
-    }
-    /// Stores `record` where `old` was indexed.
-    fn put(
-        &mut self,
-        key: &Key,
-        old: Option<IndexEntries>,
-        record: &Arc<Record>,
-    ) -> Result<(), Error>;
-    /// Deletes `key`, indexed at `old`.
-    fn delete(&mut self, key: &Key, old: Option<IndexEntries>) -> Result<(), Error>;
-}
-
-impl Target for Tables<'_> {
-    fn load(&mut self, key: &Key) -> Result<Result<Option<Record>, Error>, Error> {
-        Ok(Tables::load(self, key.encoded())?.map_err(Into::into))
-    }
-
-    fn put(
-        &mut self,
-        key: &Key,
-        old: Option<IndexEntries>,
-        record: &Arc<Record>,
-    ) -> Result<(), Error> {
-        Tables::put(self, key.encoded(), old, record, &record.encode()).map_err(Into::into)
-    }
-
-    fn delete(&mut self, key: &Key, old: Option<IndexEntries>) -> Result<(), Error> {
-        Tables::delete(self, key.encoded(), old).map_err(Into::into)
-    }
 }
 
 /// One change to apply: the key, where its old record was indexed, and the new record
@@ -132,58 +83,6 @@ impl DeferredBatch {
             seq,
             next_token,
         }
-    }
-}
-
-/// The batch path's [`Target`]: reads a key's latest state (the writer's own changes since
-/// the last redb commit, then the engine's one read of the newest copy, `Engine::newest`) and
-/// keeps each change in `latest`; the applier gets the changes from the writer's record of
-/// them ([`DeferredBatch::logged`]).
-pub(super) struct Deferring<'w> {
-    latest: &'w mut Latest,
-    /// The frame that will log the changes made through this target.
-    seq: u64,
-    engine: &'w Engine,
-}
-
-impl<'w> Deferring<'w> {
-    pub(super) fn new(latest: &'w mut Latest, seq: u64, engine: &'w Engine) -> Deferring<'w> {
-        Deferring {
-            latest,
-            seq,
-            engine,
-        }
-    }
-}
-
-impl Target for Deferring<'_> {
-    /// Every change since the epoch began is in `latest`; any other key is as its caller saw
-    /// it. So a new key's caller decision stands without a second B-tree miss.
-    fn changed(&self, key: &Key) -> bool {
-        self.latest.contains_key(key)
-    }
-
-    fn load(&mut self, key: &Key) -> Result<Result<Option<Record>, Error>, Error> {
-        if let Some((state, _)) = self.latest.get(key) {
-            return Ok(Ok(state.as_deref().cloned()));
-        }
-        self.engine.newest(key)
-    }
-
-    fn put(
-        &mut self,
-        key: &Key,
-        _old: Option<IndexEntries>,
-        record: &Arc<Record>,
-    ) -> Result<(), Error> {
-        self.latest
-            .insert(key.clone(), (Some(Arc::clone(record)), self.seq));
-        Ok(())
-    }
-
-    fn delete(&mut self, key: &Key, _old: Option<IndexEntries>) -> Result<(), Error> {
-        self.latest.insert(key.clone(), (None, self.seq));
-        Ok(())
     }
 }
 

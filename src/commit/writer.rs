@@ -11,12 +11,13 @@ use crate::decide::{decide, with_token, Change, Operation};
 use crate::error::{Error, StorageError};
 use crate::key::Key;
 use crate::log::wal::Wal;
-use crate::record::Millis;
+use crate::record::{Millis, Record};
+use crate::state::overlay::Held;
 use crate::state::settings::Durability;
 use crate::state::Counter;
-use crate::tree::tables::IndexEntries;
+use crate::tree::tables::{IndexEntries, Tables};
 
-use super::apply::{Applier, DeferredBatch, Deferring, Latest, Target, Written};
+use super::apply::{Applier, DeferredBatch, Written};
 use super::queue::Request;
 use super::queue::{CallerDecision, Decide, Known, Ops, Outcomes};
 use super::syncer::PendingBatch;
@@ -407,5 +408,103 @@ impl Decide for Deciding<'_, '_> {
             .into_iter()
             .map(|o| o.expect("every index applied"))
             .collect())
+    }
+}
+
+/// The writer's changes since redb last committed them: each key's latest state, with the
+/// log frame that logged it.
+pub(super) type Latest = HashMap<Key, (Held, u64)>;
+
+/// Where an operation reads the state it is decided against and writes the new one: a write
+/// transaction's tables directly ([`Tables`]), or the batch path's [`Deferring`].
+pub(crate) trait Target {
+    /// The record stored under `key`, expired or not; `Ok(Err(_))` is a corrupt record.
+    fn load(&mut self, key: &Key) -> Result<Result<Option<Record>, Error>, Error>;
+    /// Whether `key` may have changed since the current epoch began: then a caller's
+    /// decision against what it read in the epoch is decided again. Only a target that knows
+    /// which keys changed within the epoch says no.
+    fn changed(&self, key: &Key) -> bool {
+        let _ = key;
+        true
+    }
+    /// Stores `record` where `old` was indexed.
+    fn put(
+        &mut self,
+        key: &Key,
+        old: Option<IndexEntries>,
+        record: &Arc<Record>,
+    ) -> Result<(), Error>;
+    /// Deletes `key`, indexed at `old`.
+    fn delete(&mut self, key: &Key, old: Option<IndexEntries>) -> Result<(), Error>;
+}
+
+impl Target for Tables<'_> {
+    fn load(&mut self, key: &Key) -> Result<Result<Option<Record>, Error>, Error> {
+        Ok(Tables::load(self, key.encoded())?.map_err(Into::into))
+    }
+
+    fn put(
+        &mut self,
+        key: &Key,
+        old: Option<IndexEntries>,
+        record: &Arc<Record>,
+    ) -> Result<(), Error> {
+        Tables::put(self, key.encoded(), old, record, &record.encode()).map_err(Into::into)
+    }
+
+    fn delete(&mut self, key: &Key, old: Option<IndexEntries>) -> Result<(), Error> {
+        Tables::delete(self, key.encoded(), old).map_err(Into::into)
+    }
+}
+
+/// The batch path's [`Target`]: reads a key's latest state (the writer's own changes since
+/// the last redb commit, then the engine's one read of the newest copy, `Engine::newest`) and
+/// keeps each change in `latest`; the applier gets the changes from the writer's record of
+/// them ([`DeferredBatch::logged`]).
+pub(super) struct Deferring<'w> {
+    latest: &'w mut Latest,
+    /// The frame that will log the changes made through this target.
+    seq: u64,
+    engine: &'w Engine,
+}
+
+impl<'w> Deferring<'w> {
+    pub(super) fn new(latest: &'w mut Latest, seq: u64, engine: &'w Engine) -> Deferring<'w> {
+        Deferring {
+            latest,
+            seq,
+            engine,
+        }
+    }
+}
+
+impl Target for Deferring<'_> {
+    /// Every change since the epoch began is in `latest`; any other key is as its caller saw
+    /// it. So a new key's caller decision stands without a second B-tree miss.
+    fn changed(&self, key: &Key) -> bool {
+        self.latest.contains_key(key)
+    }
+
+    fn load(&mut self, key: &Key) -> Result<Result<Option<Record>, Error>, Error> {
+        if let Some((state, _)) = self.latest.get(key) {
+            return Ok(Ok(state.as_deref().cloned()));
+        }
+        self.engine.newest(key)
+    }
+
+    fn put(
+        &mut self,
+        key: &Key,
+        _old: Option<IndexEntries>,
+        record: &Arc<Record>,
+    ) -> Result<(), Error> {
+        self.latest
+            .insert(key.clone(), (Some(Arc::clone(record)), self.seq));
+        Ok(())
+    }
+
+    fn delete(&mut self, key: &Key, _old: Option<IndexEntries>) -> Result<(), Error> {
+        self.latest.insert(key.clone(), (None, self.seq));
+        Ok(())
     }
 }

@@ -3,6 +3,8 @@
 use std::time::Duration;
 
 use super::*;
+use crate::fingerprint::Fingerprint;
+use crate::record::{Progress, RecordClass, State};
 
 const POLICY: Policy = Policy {
     lease: 1_000,

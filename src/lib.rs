@@ -145,7 +145,7 @@ pub use error::{Error, OpenError, Result, StorageError};
 pub use etcd::{EtcdBuilder, EtcdSnapshot, EtcdStore, EtcdSweeper};
 pub use fingerprint::Fingerprint;
 pub use key::{Key, KeyError, KeyPart};
-pub use log::wal::LogFile;
+pub use log::LogFile;
 #[cfg(feature = "postgres")]
 pub use postgres::{PgBuilder, PgSnapshot, PgStore, PgWork};
 pub use record::{Progress, Record, RecordClass, Status};

@@ -15,14 +15,14 @@ use std::path::PathBuf;
 
 pub use crate::clock::{describe_millis, duration_millis, from_millis, to_millis};
 pub use crate::commit::Background;
-pub use crate::log::identity::{block as identity_block, parse as parse_identity};
-pub use crate::log::identity::{Identity, LOG_HEADER_LEN};
-pub use crate::log::recovery::{LogPosition, Recovered};
-pub use crate::log::wal::Wal;
-pub use crate::log::wal::{
+pub use crate::log::Wal;
+pub use crate::log::{block as identity_block, parse as parse_identity};
+pub use crate::log::{
     decode_payload, encode, header_crc, padded, parse_header, Entry, EntryRecord, Frame, Header,
     ALIGN, HEADER_LEN,
 };
+pub use crate::log::{Identity, LOG_HEADER_LEN};
+pub use crate::log::{LogPosition, Recovered};
 pub use crate::record::codec::HEADER_LEN as RECORD_HEADER_LEN;
 pub use crate::record::Millis;
 use crate::record::Record;
@@ -57,7 +57,7 @@ pub mod grpc {
 /// of its record before and after (`None`: absent; the records are not pending): each key
 /// once, in key order, with its last state, unindexed where its first change found it.
 pub fn merged_changes(batches: Vec<Vec<ExpiryChange>>) -> Vec<ChangeOf> {
-    use crate::commit::apply::{merged, DeferredBatch, TreeChange};
+    use crate::commit::{merged, DeferredBatch, TreeChange};
     use crate::tree::tables::IndexEntries;
     let index = |expires_at| IndexEntries {
         lease: None,
@@ -120,12 +120,12 @@ pub mod pages {
 
 /// The bounded cache of committed records readers check before redb
 /// (`src/state/overlay.rs`).
-pub struct RecordCache(crate::state::overlay::RecordCache);
+pub struct RecordCache(crate::state::RecordCache);
 
 impl RecordCache {
     /// A cache of at most `records` records and `bytes` bytes (0 records: none kept).
     pub fn new(records: usize, bytes: usize) -> RecordCache {
-        RecordCache(crate::state::overlay::RecordCache::new(records, bytes))
+        RecordCache(crate::state::RecordCache::new(records, bytes))
     }
 
     /// Caches `record` as the state of `key` (`None`: forgets it).
@@ -145,7 +145,7 @@ impl RecordCache {
 
     /// The bytes one cached record is counted for.
     pub fn entry_bytes(key: &Key, record: &Record) -> usize {
-        crate::state::overlay::entry_bytes(key, record)
+        crate::state::entry_bytes(key, record)
     }
 }
 
@@ -153,12 +153,12 @@ impl RecordCache {
 /// share (`src/state/overlay.rs`, `Overlay::committed`).
 #[derive(Default)]
 pub struct Epochs {
-    overlay: crate::state::overlay::Overlay,
+    overlay: crate::state::Overlay,
     opened: std::cell::Cell<u64>,
 }
 
 /// An epoch's read snapshot of a tree's records.
-pub struct Snapshot(std::sync::Arc<crate::state::overlay::RecordsTable>);
+pub struct Snapshot(std::sync::Arc<crate::state::RecordsTable>);
 
 impl Epochs {
     /// The current epoch's snapshot and the epoch it serves, opened on `tree` when no reader
@@ -236,7 +236,7 @@ pub fn closed_clean(db: impl redb::StorageBackend) -> Result<bool, crate::Error>
     let db = redb::Builder::new()
         .create_with_backend(pages)
         .map_err(|e| crate::StorageError::redb("opening a page file", e))?;
-    crate::log::clean_close::recorded(&db).map_err(crate::Error::from)
+    crate::log::recorded(&db).map_err(crate::Error::from)
 }
 
 /// Every directory the store synced since the process started.

@@ -25,8 +25,8 @@ use redb::WriteTransaction;
 
 use crate::error::{Error, StorageError};
 use crate::key::Key;
-use crate::state::overlay::Held;
 use crate::state::Counter;
+use crate::state::Held;
 use crate::tree::tables::{IndexEntries, Tables};
 
 use super::Syncer;

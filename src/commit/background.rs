@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::state::settings::Durability;
+use crate::state::Durability;
 
 use super::apply::TXN_SPAN;
 use super::{CommitKind, Writer};
@@ -200,9 +200,7 @@ impl Writer {
             // The last checkpoint: a durable commit that holds every frame and carries the
             // clean-close mark.
             let _ = self.transact(CommitKind::Durable, |_, txn, _, _| {
-                crate::log::clean_close::mark(txn)
-                    .map(Ok)
-                    .map_err(Into::into)
+                crate::log::mark(txn).map(Ok).map_err(Into::into)
             });
         }
     }

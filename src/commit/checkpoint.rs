@@ -7,7 +7,7 @@
 //! un-checkpointed frame is older than
 //! [`Builder::checkpoint_interval`](crate::Builder::checkpoint_interval), in the background
 //! ([`Writer::start_checkpoint`]): the writer syncs the log, moves new frames to its other
-//! region ([`Wal::switch`](crate::log::wal::Wal::switch)), and hands the rest to a
+//! region ([`Wal::switch`](crate::log::Wal::switch)), and hands the rest to a
 //! checkpoint thread, which applies the region left to the applier's transaction and commits
 //! it durably; the writer goes on deciding and logging batches meanwhile. The region left is
 //! written again only once the commit is durable ([`Writer::finish_checkpoint`]).
@@ -22,7 +22,7 @@ use redb::WriteTransaction;
 use super::apply::{Applier, OpenTxn};
 use super::{Writer, Written};
 use crate::error::{Error, StorageError};
-use crate::log::identity::LOG_HEADER_LEN;
+use crate::log::LOG_HEADER_LEN;
 use crate::record::Millis;
 use crate::state::Counter;
 use crate::state::{CheckpointStart, Engine};

@@ -11,7 +11,7 @@
 //! changes are appended to the log as one frame. The changes are queued for the applier thread (`apply.rs`), which
 //! writes them into a redb write transaction kept open across batches, off the batch path.
 //! The batch is then handed to the [`Syncer`]: one fdatasync makes every frame written so far
-//! durable, after which the batch's changes are published to the [`Overlay`](crate::state::overlay::Overlay) (what readers see before redb commits) and its
+//! durable, after which the batch's changes are published to the [`Overlay`](crate::state::Overlay) (what readers see before redb commits) and its
 //! callers are answered. Nobody hears an answer before its batch is durable.
 //!
 //! A lone caller (the committer idle, nothing else queued, no sync running) runs its batch and
@@ -30,20 +30,21 @@
 //! Any failure of a write poisons the store: the failing batches are answered with the error
 //! and every later call is refused until the store is reopened.
 
-pub(crate) mod apply;
+mod apply;
 mod background;
 mod checkpoint;
 mod queue;
-pub(crate) mod sweep;
+mod sweep;
 mod syncer;
 mod writer;
 
-pub(crate) use apply::Written;
+pub(crate) use apply::{merged, DeferredBatch, TreeChange, Written};
 #[cfg(feature = "__whitebox")]
 pub use background::Background;
 pub(crate) use background::Schedule;
 pub(crate) use checkpoint::CommitKind;
 pub(crate) use queue::{first, Committer};
 pub(crate) use queue::{CallerDecision, Kind, Known};
+pub(crate) use sweep::stale;
 pub(crate) use syncer::Syncer;
 pub(crate) use writer::Writer;

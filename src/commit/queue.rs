@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use parking_lot::{Condvar, Mutex};
 
-use crate::decide::expire::Expire;
+use crate::decide::Expire;
 use crate::decide::{
     Complete, Extend, MarkNeedsReview, Observe, RecordStep, Release, Reserve, Resolve,
     WithRetention,
@@ -26,7 +26,7 @@ use crate::decide::{Decision, Operation};
 use crate::error::{Error, StorageError};
 use crate::key::Key;
 use crate::state::error_copy;
-use crate::state::settings::{Durability, Limits};
+use crate::state::{Durability, Limits};
 use crate::tree::tables::IndexEntries;
 
 use super::{Syncer, Writer};
@@ -594,7 +594,7 @@ pub(crate) type Outcomes<T> = Vec<Result<T, Error>>;
 pub(crate) type RequestResult<T> = Result<Outcomes<T>, Error>;
 
 /// What a caller decided for its operations (one per operation, in order) against the states
-/// it read at the start of a writer epoch ([`Overlay::epoch`](crate::state::overlay::Overlay::epoch)).
+/// it read at the start of a writer epoch ([`Overlay::epoch`](crate::state::Overlay::epoch)).
 /// The writer takes these decisions, giving each the token it hands out, instead of reading
 /// the keys and deciding again, unless the epoch has ended since or the key changed in it.
 pub(crate) struct Known<O: Operation> {

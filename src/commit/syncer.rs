@@ -9,7 +9,7 @@ use std::time::Duration;
 use parking_lot::{Condvar, Mutex};
 
 use crate::error::{Error, StorageError};
-use crate::log::wal::{LogFile, Wal};
+use crate::log::{LogFile, Wal};
 use crate::state::Counter;
 
 use super::queue::Request;

@@ -10,11 +10,11 @@ use redb::WriteTransaction;
 use crate::decide::{decide, with_token, Change, Operation};
 use crate::error::{Error, StorageError};
 use crate::key::Key;
-use crate::log::wal::Wal;
+use crate::log::Wal;
 use crate::record::{Millis, Record};
-use crate::state::overlay::Held;
-use crate::state::settings::Durability;
 use crate::state::Counter;
+use crate::state::Durability;
+use crate::state::Held;
 use crate::tree::tables::{IndexEntries, Tables};
 
 use super::apply::{Applier, DeferredBatch, Written};

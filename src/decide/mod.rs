@@ -13,9 +13,9 @@
 //! have files of their own.
 
 pub(crate) mod answer;
-pub(crate) mod expire;
+mod expire;
 mod operations;
-pub(crate) mod policy;
+mod policy;
 
 pub use operations::Resolution;
 pub(crate) use operations::{
@@ -158,3 +158,6 @@ pub(crate) type LeaseOutcome<T> = Result<T, LeaseLostReason>;
 
 #[cfg(test)]
 mod tests;
+
+pub(crate) use expire::{Expire, Expired};
+pub(crate) use policy::Policies;

@@ -10,7 +10,7 @@ use super::hints::Hints;
 use super::layout::{Layout, MAX_SLOTS};
 use super::store::{EtcdStore, Inner};
 use crate::clock::{Clock, SystemClock};
-use crate::decide::policy::Policies;
+use crate::decide::Policies;
 use crate::error::Error;
 use crate::record::TokenFloor;
 use crate::store::builder::Builder;

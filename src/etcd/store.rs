@@ -12,7 +12,7 @@ use super::layout::Layout;
 use crate::answers::Lease;
 use crate::clock::{to_millis, Clock};
 use crate::decide::answer;
-use crate::decide::policy::Policies;
+use crate::decide::Policies;
 use crate::decide::{Completion, Extend, Operation, Reserve, Reserved};
 use crate::error::{Error, LeaseLostReason};
 use crate::fingerprint::Fingerprint;

@@ -5,8 +5,20 @@
 //! that lost its log ([`lost_log`]) and the clean-close marker ([`clean_close`]).
 //! Region switching at a checkpoint is the checkpoint's (`commit/checkpoint.rs`).
 
-pub(crate) mod clean_close;
-pub(crate) mod identity;
-pub(crate) mod lost_log;
-pub(crate) mod recovery;
-pub(crate) mod wal;
+mod clean_close;
+mod identity;
+mod lost_log;
+mod recovery;
+mod wal;
+
+pub(crate) use clean_close::{mark, recorded, shrink_log};
+pub use identity::{block, parse, Identity, LOG_HEADER_LEN};
+pub(crate) use identity::{claim as claim_identity, read as read_identity};
+pub(crate) use lost_log::{recorded_len, refuse, truncated};
+pub(crate) use recovery::recover;
+pub use recovery::{LogPosition, Recovered};
+pub use wal::{
+    decode_payload, encode, header_crc, padded, parse_header, Entry, EntryRecord, Frame, Header,
+    LogFile, Wal, ALIGN, HEADER_LEN,
+};
+pub(crate) use wal::{log_path, zero_fill, OsFile, PREALLOC_FIRST};

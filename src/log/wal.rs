@@ -96,7 +96,7 @@ pub struct Wal {
     /// The bytes of the region left at the last switch, still to replay after a crash until
     /// the checkpoint covering them is durable ([`release`](Wal::release)).
     pub(super) left: u64,
-    /// The largest frame payload (see [`Limits`](crate::state::settings::Limits)).
+    /// The largest frame payload (see [`Limits`](crate::state::Limits)).
     pub(super) max_payload: usize,
     pub(super) buf: Vec<u8>,
     /// Where the frame in `buf` goes.

@@ -12,7 +12,7 @@ use super::schema::{self, Sql};
 use super::store::Inner;
 use super::store::PgStore;
 use crate::clock::{Clock, SystemClock};
-use crate::decide::policy::Policies;
+use crate::decide::Policies;
 use crate::error::Error;
 use crate::record::TokenFloor;
 use crate::store::builder::Builder;

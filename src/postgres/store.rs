@@ -18,7 +18,7 @@ use super::statement::{sql_millis, Row};
 use crate::answers::{Lease, Reservation};
 use crate::clock::Clock;
 use crate::decide::answer;
-use crate::decide::policy::Policies;
+use crate::decide::Policies;
 use crate::decide::{decide, Change, Completion};
 use crate::error::{Error, LeaseLostReason};
 use crate::fingerprint::Fingerprint;

@@ -19,7 +19,7 @@ pub(crate) use methods::store_operations;
 use crate::answers::{Lease, LiveLease, Reservation, Seen};
 use crate::clock::{duration_millis, from_millis};
 use crate::decide::answer;
-use crate::decide::expire::Expire;
+use crate::decide::Expire;
 use crate::decide::{
     Complete, Extend, LeaseOutcome, MarkNeedsReview, Observe, Operation, RecordStep, Release,
     Reserve, Reserved, Resolution, Resolve, WithRetention,

@@ -6,10 +6,15 @@
 //! waiters for a key ([`wait`]) and the settings the engine runs under ([`settings`]).
 
 mod counters;
-pub(crate) mod overlay;
+mod overlay;
 mod poison;
-pub(crate) mod settings;
-pub(crate) mod wait;
+mod settings;
+mod wait;
+
+pub(crate) use overlay::{entry_bytes, Held, RecordsTable};
+pub use settings::Durability;
+pub(crate) use settings::Limits;
+pub(crate) use wait::{wake_at, Signal};
 
 pub use counters::Stats;
 pub(crate) use counters::{Counter, Counters};
@@ -23,13 +28,13 @@ use parking_lot::Mutex;
 use redb::{Database, ReadableDatabase};
 
 use crate::clock::{to_millis, Clock};
-use crate::decide::policy::Policies;
+use crate::decide::Policies;
 use crate::error::{Error, StorageError};
 use crate::key::Key;
 use crate::record::{Millis, Record};
 use crate::tree::tables::decode_record;
 use crate::tree::windows::{Records, Windows};
-use overlay::{Overlay, RecordCache};
+pub(crate) use overlay::{Overlay, RecordCache};
 
 /// See the module docs. Assembled once, when the store opens (`Store::from_parts`).
 pub(crate) struct Engine {

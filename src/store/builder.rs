@@ -8,9 +8,9 @@ use std::time::Duration;
 use crate::clock::{duration_millis, Clock, SystemClock};
 use crate::error::OpenError;
 use crate::key::Key;
-use crate::log::wal::LogFile;
-pub use crate::state::settings::Durability;
-use crate::state::settings::Limits;
+use crate::log::LogFile;
+pub use crate::state::Durability;
+use crate::state::Limits;
 use crate::store::Store;
 
 /// Configures and opens a [`Store`].

@@ -58,7 +58,7 @@ pub fn compact(path: impl AsRef<Path>) -> Result<(u64, u64), OpenError> {
         .map_err(|e| StorageError::redb("compacting the store file", e))?
     {}
     let store_id = crate::store::open::store_id(&db)?;
-    crate::log::clean_close::shrink_log(&db, store_id, &crate::log::wal::log_path(path))?;
+    crate::log::shrink_log(&db, store_id, &crate::log::log_path(path))?;
     drop(db);
     Ok((before, size()?))
 }

@@ -4,7 +4,7 @@
 use crate::answers::LiveLease;
 use crate::commit::first;
 use crate::decide::answer;
-use crate::decide::expire::{Expire, Expired};
+use crate::decide::{Expire, Expired};
 use crate::error::Error;
 use crate::key::Key;
 use crate::record::RecordClass;

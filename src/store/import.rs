@@ -66,7 +66,7 @@ pub fn import(
     drop(open_clean(path, "import")?);
     let db = open_redb(path)?;
     check_format(&db, path)?;
-    if !crate::log::clean_close::recorded(&db)? {
+    if !crate::log::recorded(&db)? {
         return Err(needs_recovery(path, "import"));
     }
     let windows = open_windows(&db, path)?;

@@ -31,7 +31,7 @@ use std::sync::Arc;
 
 use redb::ReadableDatabase;
 
-use crate::commit::{sweep, Committer, Writer};
+use crate::commit::{stale, Committer, Writer};
 use crate::error::{Error, StorageError};
 use crate::key::Key;
 use crate::record::{Millis, Record, TokenFloor};
@@ -284,7 +284,7 @@ impl Store {
             let deadlines = txn
                 .open_table(DEADLINES)
                 .map_err(|e| StorageError::redb(ctx, e))?;
-            sweep::stale(&records, &deadlines, self.now(), self.token_floor(), limit)
+            stale(&records, &deadlines, self.now(), self.token_floor(), limit)
         })
     }
 

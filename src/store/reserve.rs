@@ -14,8 +14,8 @@ use crate::error::Error;
 use crate::fingerprint::Fingerprint;
 use crate::key::Key;
 use crate::record::{Millis, Record};
-use crate::state::wait::{wake_at, Signal};
 use crate::state::Counter;
+use crate::state::{wake_at, Signal};
 use crate::tree::tables::IndexEntries;
 
 use super::Store;

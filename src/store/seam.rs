@@ -5,7 +5,7 @@
 
 use super::*;
 use crate::error::OpenError;
-use crate::log::wal::LogFile;
+use crate::log::LogFile;
 use crate::store::builder::Builder;
 
 #[doc(hidden)]

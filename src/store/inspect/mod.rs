@@ -19,7 +19,7 @@ use redb::ReadableTable;
 use crate::clock::{describe_millis, duration_millis};
 use crate::error::{Error, StorageError};
 use crate::key::Key;
-use crate::log::wal::log_path;
+use crate::log::log_path;
 use crate::record::{Millis, Record, RecordClass, State, TokenFloor};
 use crate::store::Store;
 use crate::tree::tables::{DEADLINES, LEASE, META, META_NEXT_TOKEN, META_WAL_SEQ};

@@ -233,7 +233,7 @@ pub(crate) fn open_clean(
         Err(e) => return Err(open_error(path, "opening", e)),
     };
     check_format(&db, path)?;
-    if !crate::log::clean_close::recorded(&db)? {
+    if !crate::log::recorded(&db)? {
         return Err(needs_recovery(path, setting));
     }
     Ok(db)

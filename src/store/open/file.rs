@@ -22,7 +22,7 @@ use redb::backends::FileBackend;
 use redb::{Database, DatabaseError, ReadableDatabase, TableError};
 
 use crate::error::{OpenError, StorageError};
-use crate::log::wal::{LogFile, OsFile};
+use crate::log::{LogFile, OsFile};
 use crate::tree::pages::PageFile;
 use crate::tree::tables::{Tables, FORMAT_VERSION, META, META_FORMAT};
 use crate::tree::windows::Windows;
@@ -148,7 +148,7 @@ fn open_existing(
     let (checked, closed_clean) = match read_only {
         Ok(read_only) => {
             check_format(&read_only, path)?;
-            let closed_clean = crate::log::clean_close::recorded(&read_only)?;
+            let closed_clean = crate::log::recorded(&read_only)?;
             (true, closed_clean)
         }
         Err(
@@ -288,7 +288,7 @@ fn initialize(db: &Database, width: u64) -> Result<(), OpenError> {
     Tables::open(&txn, &Windows::new(1))
         .and_then(|mut tables| tables.initialize(width))
         // Nothing was logged yet: a new store is closed cleanly (`log/lost_log.rs`).
-        .and_then(|()| crate::log::clean_close::mark(&txn))?;
+        .and_then(|()| crate::log::mark(&txn))?;
     txn.commit().map_err(|e| StorageError::redb(ctx, e).into())
 }
 
@@ -391,7 +391,7 @@ fn zero_fill_to(file: &OsFile, size: u64) -> io::Result<()> {
     if len >= size {
         return Ok(());
     }
-    crate::log::wal::zero_fill(file, len, size)?;
+    crate::log::zero_fill(file, len, size)?;
     file.0.sync_all()
 }
 

@@ -1,5 +1,5 @@
 //! Opening a store, all in one place: the file checks and crash-safe creation (`file.rs`),
-//! recovery ([`crate::log::recovery`]), and assembling the commit path. Every open goes through
+//! recovery ([`crate::log::recover`]), and assembling the commit path. Every open goes through
 //! [`Store::from_parts`].
 
 use std::path::{Path, PathBuf};
@@ -8,17 +8,16 @@ use std::sync::Arc;
 use redb::Database;
 
 use crate::commit::{Committer, Schedule, Writer};
-use crate::decide::policy::Policies;
+use crate::decide::Policies;
 use crate::error::{OpenError, StorageError};
-use crate::log::identity::{self, Identity};
-use crate::log::recovery;
-use crate::log::wal::{log_path, LogFile, PREALLOC_FIRST};
+use crate::log::{claim_identity, read_identity, recover, Identity};
+use crate::log::{log_path, LogFile, PREALLOC_FIRST};
 use crate::record::TokenFloor;
-use crate::state::overlay::Overlay;
-use crate::state::overlay::RecordCache;
-use crate::state::settings::Durability;
 use crate::state::Counters;
+use crate::state::Durability;
 use crate::state::Engine;
+use crate::state::Overlay;
+use crate::state::RecordCache;
 use crate::state::{full_disk_at_open, replay_bound, Poison};
 use crate::store::builder::Builder;
 use crate::tree::tables::{open_windows, store_id as stored_id};
@@ -92,7 +91,7 @@ fn log_identity(
     store: &Path,
     log_path: &Path,
 ) -> Result<Identity, OpenError> {
-    let identity = identity::read(log, store_id).map_err(|e| {
+    let identity = read_identity(log, store_id).map_err(|e| {
         StorageError::io(
             format!("reading the identity of log {}", log_path.display()),
             e,
@@ -144,21 +143,16 @@ impl Store {
             )?
         };
         let store_id = store_id(&db)?;
-        let closed_clean = crate::log::clean_close::recorded(&db)?;
+        let closed_clean = crate::log::recorded(&db)?;
         let refuse = !closed_clean && !builder.accept_log_loss;
         if refuse && !log_path.exists() {
-            return Err(crate::log::lost_log::refuse(path, &log_path, "is missing"));
+            return Err(crate::log::refuse(path, &log_path, "is missing"));
         }
         // Checked before the log is preallocated, which would grow a truncated log back.
-        let recorded = crate::log::lost_log::recorded_len(&db)?;
+        let recorded = crate::log::recorded_len(&db)?;
         match std::fs::metadata(&log_path) {
             Ok(meta) if refuse && meta.len() < recorded => {
-                return Err(crate::log::lost_log::truncated(
-                    path,
-                    &log_path,
-                    meta.len(),
-                    recorded,
-                ))
+                return Err(crate::log::truncated(path, &log_path, meta.len(), recorded))
             }
             _ => {}
         }
@@ -166,7 +160,7 @@ impl Store {
         let mut log = file::open_log(&log_path, builder.file_mode, preallocate)?;
         if let Identity::Other(other) = log_identity(&log, store_id, path, &log_path)? {
             if !closed_clean && !builder.accept_log_loss {
-                return Err(crate::log::lost_log::refuse(
+                return Err(crate::log::refuse(
                     path,
                     &log_path,
                     format!("is another store's log (store {other:#018x}; this store is {store_id:#018x})"),
@@ -215,7 +209,7 @@ impl Store {
                 };
                 let closed_clean =
                     match redb_builder(builder, false).open_read_only_with_backend(pages(&db)?) {
-                        Ok(read_only) => crate::log::clean_close::recorded(&read_only)?,
+                        Ok(read_only) => crate::log::recorded(&read_only)?,
                         Err(_) => false,
                     };
                 let db = redb_builder(builder, !closed_clean)
@@ -236,18 +230,18 @@ impl Store {
         path: PathBuf,
     ) -> Result<Store, OpenError> {
         let store_id = store_id(&db)?;
-        let closed_clean = crate::log::clean_close::recorded(&db)?;
+        let closed_clean = crate::log::recorded(&db)?;
         let refuse = !closed_clean && !builder.accept_log_loss;
         match log_identity(&*log, store_id, &path, &log_path)? {
             Identity::Ours => {}
             Identity::Fresh if refuse => {
-                return Err(crate::log::lost_log::refuse(
+                return Err(crate::log::refuse(
                     &path,
                     &log_path,
                     "is empty (a new log in place of the store's own)",
                 ))
             }
-            Identity::Fresh => identity::claim(&*log, store_id, &log_path)?,
+            Identity::Fresh => claim_identity(&*log, store_id, &log_path)?,
             // Set aside by the caller when it can rename files; refused otherwise.
             Identity::Other(_) | Identity::Damaged => {
                 return Err(OpenError::ForeignLog {
@@ -265,15 +259,13 @@ impl Store {
                 e,
             )
         })?;
-        let recorded = crate::log::lost_log::recorded_len(&db)?;
+        let recorded = crate::log::recorded_len(&db)?;
         if refuse && log_len < recorded {
-            return Err(crate::log::lost_log::truncated(
-                &path, &log_path, log_len, recorded,
-            ));
+            return Err(crate::log::truncated(&path, &log_path, log_len, recorded));
         }
         let strict = builder.durability == Durability::Immediate;
         let windows = open_windows(&db, &path)?;
-        let (mut wal, next_token) = recovery::recover(&db, &windows, log, log_path, strict)?;
+        let (mut wal, next_token) = recover(&db, &windows, log, log_path, strict)?;
         wal.set_max_payload(builder.limits.frame_bytes);
         if let Some(cap) = log_preallocation(builder) {
             wal.preallocate(cap)?;

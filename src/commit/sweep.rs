@@ -15,7 +15,7 @@ use crate::key::Key;
 use crate::record::{Millis, Record, RecordClass, TokenFloor};
 use crate::state::{Counter, Engine};
 use crate::tree::tables::{decode_record, IndexEntries, Tables, LEASE};
-use crate::tree::windows::Records;
+use crate::tree::windows::{span, Records, Windows};
 
 impl Writer {
     /// Deletes up to `limit` expired records in one unlogged transaction, earliest expiry
@@ -56,18 +56,19 @@ impl Writer {
 /// (The overlay's entries and the writer's own move to the cache after the commit, which
 /// refuses them from now on.)
 pub(crate) fn forget_ended_windows(engine: &Engine, now: Millis) {
-    let width = engine.windows.width();
-    engine.cache.forget_expiring_before(now / width * width);
+    // Every record of an ended window expired before `now`, and so does every record the cache
+    // drops with them: an expired record reads as absent, cached or not.
+    engine.cache.forget_expiring_before(now);
 }
 
 /// Deletes up to `limit` records that expired at or before `now`, earliest expiry first;
 /// returns their keys.
 ///
-/// Windows are read earliest first: every record of a window expires before every record of
-/// a later one. A window that has ended and holds no more records than are still to delete
-/// goes whole (one table deletion); in any other window the expired records are found by
-/// reading the window's table, and deleted in (expiry, key) order. A window that starts after
-/// `now` holds nothing expired, nor does any later one. A corrupt record in a window that has
+/// Windows are read the earliest to end first. A window that has ended and holds no more
+/// records than are still to delete goes whole (one table deletion); in any other window the
+/// expired records are found by reading the window's table, and deleted in (expiry, key)
+/// order. A window that starts after `now` holds nothing expired (a later one may: windows of
+/// different widths nest). A corrupt record in a window that has
 /// not ended is left in place; reading its key reports the corruption.
 pub(crate) fn sweep_expired(
     tables: &mut Tables<'_>,
@@ -78,13 +79,16 @@ pub(crate) fn sweep_expired(
     let windows = tables.windows();
     let mut deleted = Vec::new();
     for (window, _) in windows.list() {
-        if deleted.len() >= limit || window.saturating_mul(windows.width()) > now {
+        if deleted.len() >= limit {
             break;
+        }
+        if span(window).is_none_or(|(start, _)| start > now) {
+            continue;
         }
         let left = limit - deleted.len();
         let table = tables.window(window)?;
         let held = table.len().map_err(|e| Error::storage(ctx, e))?;
-        if windows.end(window) <= now && held <= left as u64 {
+        if Windows::end(window) <= now && held <= left as u64 {
             for entry in table.iter().map_err(|e| Error::storage(ctx, e))? {
                 let (key, _) = entry.map_err(|e| Error::storage(ctx, e))?;
                 deleted.extend(Key::decode(key.value()));

@@ -249,11 +249,12 @@ mod tests {
         use redb::ReadableDatabase;
         let dir = tempfile::tempdir().unwrap();
         let db = redb::Database::create(dir.path().join("snapshot.redb")).unwrap();
-        let windows = Windows::new(1000);
+        let windows = Windows::new();
         let write = |value: &[u8]| {
-            windows.filter(0).insert(windows.hash(b"k"));
+            let (window, filter) = windows.place(0, 0);
+            filter.insert(windows.hash(b"k"));
             let txn = db.begin_write().unwrap();
-            txn.open_table(RecordsDef::new(&table_name(0)))
+            txn.open_table(RecordsDef::new(&table_name(window)))
                 .unwrap()
                 .insert(&b"k"[..], value)
                 .unwrap();

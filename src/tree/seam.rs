@@ -4,38 +4,39 @@
 //! may never hand the tables (hidden feature `__whitebox`, re-exported by
 //! `idemstore::whitebox`).
 
-use std::path::Path;
+use std::sync::Arc;
 
 use redb::backends::InMemoryBackend;
 use redb::{Database, ReadableDatabase};
 
 use super::tables::{open_windows, IndexEntries, Tables};
 use super::windows::{Records, Windows};
+use crate::clock::{to_millis, Clock, ManualClock};
 use crate::error::Error;
 use crate::fingerprint::Fingerprint;
 use crate::record::{Millis, Record, State};
-
-/// The name a tree goes by in errors.
-const NAME: &str = "whitebox tree";
 
 /// A new store's tables in memory, with its windows as a store keeps them.
 pub struct Tree {
     db: Database,
     windows: Windows,
+    clock: Arc<dyn Clock>,
 }
 
 impl Tree {
-    /// An empty store's tables, its windows `width` ms wide, opened as a store opens them.
-    pub fn new(width: u64) -> Result<Tree, Error> {
+    /// An empty store's tables, opened as a store opens them, its records completed at the
+    /// time of `clock`.
+    pub fn new(clock: &ManualClock) -> Result<Tree, Error> {
         let ctx = "making a whitebox tree";
         let db = redb::Builder::new()
             .create_with_backend(InMemoryBackend::new())
             .map_err(|e| Error::storage(ctx, e))?;
         let txn = db.begin_write().map_err(|e| Error::storage(ctx, e))?;
-        Tables::open(&txn, &Windows::new(1))?.initialize(width)?;
+        Tables::open(&txn, &Windows::new())?.initialize()?;
         txn.commit().map_err(|e| Error::storage(ctx, e))?;
-        let windows = open_windows(&db, Path::new(NAME))?;
-        Ok(Tree { db, windows })
+        let clock: Arc<dyn Clock> = Arc::new(clock.clone());
+        let windows = open_windows(&db)?;
+        Ok(Tree { db, windows, clock })
     }
 
     /// Stores a completed record of `key` (encoded) expiring at `expires_at`, in one durable
@@ -49,7 +50,7 @@ impl Tree {
             attempt: 1,
             expires_at,
             state: State::Completed {
-                completed_at: 0,
+                completed_at: to_millis(self.clock.now()),
                 result: Vec::new(),
             },
         };
@@ -60,10 +61,34 @@ impl Tree {
         self.write(|tables| tables.put(key, old, &record, &record.encode()))
     }
 
-    /// Deletes the window a record expiring at `expires_at` lives in, in one durable commit.
+    /// Deletes the windows a record expiring at `expires_at` may live in, in one durable commit.
     pub fn drop_window_of(&self, expires_at: Millis) -> Result<(), Error> {
-        let window = self.windows.of(expires_at);
-        self.write(|tables| tables.drop_window(window).map(drop))
+        let windows = self.windows.holding(expires_at);
+        self.write(|tables| {
+            for (window, _) in windows {
+                tables.drop_window(window)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Deletes every window that has ended at `now`, in one durable commit, as the store's
+    /// sweeper does.
+    pub fn drop_ended_windows(&self, now: Millis) -> Result<(), Error> {
+        self.write(|tables| tables.drop_ended_windows(now).map(drop))
+    }
+
+    /// The windows that may have a table (one per window the tree's records made and that was
+    /// not deleted), as a store counts them.
+    pub fn windows(&self) -> usize {
+        self.windows.count()
+    }
+
+    /// The records tables in the tree's file.
+    pub fn tables(&self) -> Result<usize, Error> {
+        let ctx = "reading a whitebox tree";
+        let txn = self.db.begin_read().map_err(|e| Error::storage(ctx, e))?;
+        Ok(Records::open(&txn, &self.windows)?.tables().count())
     }
 
     /// Whether a lookup through the windows' filters finds `key`.
@@ -77,7 +102,7 @@ impl Tree {
 
     /// Reads the windows and their saved filters again, as the next open would.
     pub fn reopen(&mut self) -> Result<(), Error> {
-        self.windows = open_windows(&self.db, Path::new(NAME))?;
+        self.windows = open_windows(&self.db)?;
         Ok(())
     }
 

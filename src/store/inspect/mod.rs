@@ -21,7 +21,7 @@ use crate::log::wal::log_path;
 use crate::record::{Millis, Record, RecordClass, State, TokenFloor};
 use crate::store::Store;
 use crate::tree::tables::{DEADLINES, LEASE, META, META_NEXT_TOKEN, META_WAL_SEQ};
-use crate::tree::windows::{Probe, Records};
+use crate::tree::windows::{span, Probe, Records, Windows};
 
 /// The time a record's age is measured from, for [`ScanFilter::older_than`].
 fn age_reference(record: &Record, class: RecordClass) -> Millis {

@@ -90,7 +90,15 @@ fn verify_reports_damage_and_index_mismatches_by_key() {
                 // a: flip a byte of the stored record.
                 let window = |tables: &mut Tables<'_>, id: &str| -> Result<u64, Error> {
                     let record = tables.load(key(id).encoded())?.unwrap().unwrap();
-                    Ok(windows.of(record.expires_at))
+                    let holding = windows.holding(record.expires_at);
+                    Ok(holding
+                        .iter()
+                        .map(|(w, _)| *w)
+                        .find(|w| {
+                            let table = tables.window(*w);
+                            table.is_ok_and(|t| t.get(key(id).encoded()).is_ok_and(|v| v.is_some()))
+                        })
+                        .expect("a window holds the record"))
                 };
                 let wa = window(&mut tables, "a")?;
                 let mut bytes = tables
@@ -114,11 +122,10 @@ fn verify_reports_damage_and_index_mismatches_by_key() {
                     .unwrap()
                     .value()
                     .to_vec();
-                windows
-                    .filter(wc + 1)
-                    .insert(windows.hash(key("c").encoded()));
+                let (next, filter) = windows.place(Windows::end(wc), Windows::end(wc));
+                filter.insert(windows.hash(key("c").encoded()));
                 tables
-                    .window(wc + 1)?
+                    .window(next)?
                     .insert(key("c").encoded(), bytes.as_slice())
                     .map_err(|e| Error::storage(ctx, e))?;
                 // b: drop its lease index entry and add a stray one.

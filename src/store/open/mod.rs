@@ -22,7 +22,6 @@ use crate::state::Engine;
 use crate::state::{full_disk_at_open, replay_bound, Poison};
 use crate::store::builder::Builder;
 use crate::tree::tables::{open_windows, store_id as stored_id};
-use crate::tree::windows::width_for;
 
 use super::Store;
 
@@ -31,12 +30,6 @@ pub(crate) mod file;
 /// The name a store opened on other storage goes by in messages and [`Store::path`]: it has no
 /// file of its own (its log is named after it, `storage.idem.wal`).
 pub(crate) const STORAGE_NAME: &str = "storage.idem";
-
-/// The width of a new store's expiry windows, from the builder's retention (written into the
-/// store when it is created, and never changed).
-fn new_width(builder: &Builder) -> u64 {
-    width_for(u64::try_from(builder.retention.as_millis()).unwrap_or(u64::MAX))
-}
 
 /// redb's settings for a store; `verify` asks for redb's integrity check on open (with
 /// [`Builder::verify_on_open`], and only when the store was not closed cleanly).
@@ -134,16 +127,11 @@ impl Store {
     pub(super) fn open_unguarded(builder: &Builder, path: &Path) -> Result<Store, OpenError> {
         let log_path = log_path(path);
         let db = if builder.page_checksums {
-            file::open_or_create(path, builder.file_mode, new_width(builder), |verify| {
+            file::open_or_create(path, builder.file_mode, |verify| {
                 redb_builder(builder, verify)
             })?
         } else {
-            file::create_without_pages(
-                path,
-                builder.file_mode,
-                new_width(builder),
-                &redb_builder(builder, false),
-            )?
+            file::create_without_pages(path, builder.file_mode, &redb_builder(builder, false))?
         };
         let store_id = store_id(&db)?;
         let closed_clean = crate::log::clean_close::recorded(&db)?;
@@ -223,7 +211,7 @@ impl Store {
                 let db = redb_builder(builder, !closed_clean)
                     .create_with_backend(pages(&db)?)
                     .map_err(|e| file::open_error(&path, "opening", e))?;
-                file::initialize_if_new(&db, new_width(builder))?;
+                file::initialize_if_new(&db)?;
                 file::check_format(&db, &path)?;
                 Store::from_parts(db, log, log_path(&path), builder, path)
             },
@@ -276,7 +264,7 @@ impl Store {
             ));
         }
         let strict = builder.durability == Durability::Immediate;
-        let windows = open_windows(&db, &path).map_err(OpenError::from_shared)?;
+        let windows = open_windows(&db).map_err(OpenError::from_shared)?;
         let (mut wal, next_token) = recovery::recover(&db, &windows, log, log_path, strict)
             .map_err(OpenError::from_shared)?;
         wal.set_max_payload(builder.limits.frame_bytes);

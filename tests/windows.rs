@@ -353,8 +353,24 @@ fn a_window_every_record_left_is_deleted() {
     let clock = clock();
     let store = open_mixed(&path, &clock, Duration::from_secs(8));
     for batch in 0..20 {
-        let ids: Vec<String> = (0..10).map(|i| format!("{batch}-{i}")).collect();
-        complete_ids(&store, "op", &ids);
+        let items: Vec<_> = (0..10)
+            .map(|i| (key("t", "op", &format!("{batch}-{i}")), fp("r")))
+            .collect();
+        let leases: Vec<_> = store
+            .reserve_many(&items)
+            .unwrap()
+            .into_iter()
+            .map(|answer| match answer.unwrap() {
+                Reservation::Acquired(lease) => (lease, b"done".to_vec()),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        // The pending records reach the file (not merged with their completions).
+        store.checkpoint().unwrap();
+        let completions = leases.iter().map(|(lease, result)| (lease, result.clone()));
+        for answer in store.complete_many(completions.collect()).unwrap() {
+            answer.unwrap();
+        }
         clock.advance(Duration::from_millis(100));
     }
     let windows = windows_now(&store, "completed");
@@ -367,4 +383,44 @@ fn a_window_every_record_left_is_deleted() {
     assert_eq!(windows_now(&store, "held"), windows + 1);
     drop(store);
     assert_eq!(tables(&path).len(), windows + 1, "{:?}", tables(&path));
+}
+
+/// `sweep(limit)` deletes the earliest expiries exactly, also where a narrow window nests in a
+/// wide one and ends first while holding a later expiry: a 64 s key in a 2,048 ms window, then
+/// a 1 s key expiring 100 ms after it, in a 32 ms window inside that span. `sweep(1)` deletes
+/// the 64 s key (it expired first), not the 1 s one (whose window ended first).
+#[test]
+fn a_sweep_deletes_the_earliest_expiries_across_nested_windows() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("w.idem");
+    let clock = clock();
+    let open = |clock: &ManualClock| {
+        Store::builder()
+            .clock(clock.clone())
+            .retention(Duration::from_secs(1))
+            .retention_for("long", Duration::from_secs(64))
+            .preallocate_log(false)
+            .sweep_interval(None)
+            .open(&path)
+            .unwrap()
+    };
+    let store = open(&clock);
+    complete_ids(&store, "long", &["L".to_string()]);
+    clock.advance(Duration::from_millis(63_100));
+    complete_ids(&store, "short", &["S".to_string()]);
+    clock.advance(Duration::from_millis(1_100));
+    assert_eq!(store.sweep(1).unwrap(), 1);
+    drop(store);
+    let db = idemstore::open_redb(&path).unwrap();
+    let txn = db.begin_read().unwrap();
+    let long = crate::common::encoded(&key("t", "long", "L"));
+    let short = crate::common::encoded(&key("t", "short", "S"));
+    assert!(
+        !crate::common::stored(&txn, &long),
+        "the earliest expiry stayed"
+    );
+    assert!(
+        crate::common::stored(&txn, &short),
+        "a later expiry went first"
+    );
 }

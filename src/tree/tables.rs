@@ -575,10 +575,8 @@ impl<'txn> Tables<'txn> {
         key: &[u8],
         keep: Option<u64>,
     ) -> Result<(), Error> {
-        for (window, filter) in self.windows.holding(t) {
-            if Some(window) != keep && filter.may_hold(probe) {
-                self.remove_from(window, key)?;
-            }
+        for window in self.windows.holding_key(t, probe, keep) {
+            self.remove_from(window, key)?;
         }
         Ok(())
     }

@@ -354,6 +354,18 @@ impl Windows {
         found
     }
 
+    /// The windows but `except` that may hold the key of `probe` with a record expiring at `t`:
+    /// whose span holds `t` and whose filter may hold the key. (No allocation when there is
+    /// none, as for most moves: a record rewritten in its own window.)
+    pub(crate) fn holding_key(&self, t: Millis, probe: &Probe, except: Option<u64>) -> Vec<u64> {
+        self.map
+            .read()
+            .iter()
+            .filter(|(w, f)| Some(**w) != except && Windows::holds(**w, t) && f.may_hold(probe))
+            .map(|(w, _)| *w)
+            .collect()
+    }
+
     /// The filter of `window` if it has one (its table may exist).
     pub(crate) fn existing(&self, window: u64) -> Option<Arc<Filter>> {
         self.map.read().get(&window).cloned()

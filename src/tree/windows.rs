@@ -55,8 +55,8 @@ use crate::record::Millis;
 /// The prefix of every window's records table; the window's id follows as 16 hex digits.
 pub(crate) const RECORDS_PREFIX: &str = "idemstore.records.";
 
-/// A window is at most this share of the horizon of the record that makes it (and more than
-/// half of it): records of one horizon share 16 to 32 windows, and an expired record stays
+/// A window is at most this fraction of the horizon of the record that makes it (and more than
+/// half that): records of one horizon share 16 to 33 windows, and an expired record stays
 /// stored at most a 16th of its horizon (the figures behind the choice: BENCHMARKS.md,
 /// "Windows of expiry time").
 pub(crate) const PER_HORIZON: u64 = 16;

@@ -132,7 +132,7 @@ fn completed_keys(store: &Store, prefix: &str, n: usize) -> Vec<(Key, Fingerprin
 }
 
 /// The background sweeper deletes an expiry window only once it has ended. Two groups of
-/// keys, 4 s apart (a window is a 32nd of the 60 s retention, 1.875 s): once the clock is at
+/// keys, 4 s apart (a window is at most a 16th of the 60 s retention: 2,048 ms): once the clock is at
 /// the later group's expiry, the earlier group's window has ended and the later group's has
 /// not. Waiting until the sweeper has deleted the earlier group (a condition, not a time)
 /// means one of its passes looked at every window after the clock moved (a pass deletes every
@@ -209,7 +209,7 @@ fn a_background_sweep_with_nothing_expired_commits_nothing() {
         after.commits, before.commits,
         "background sweeps with nothing expired committed"
     );
-    // Expired, with their windows ended (a window is a 32nd of the retention): the completed
+    // Expired, with their windows ended (a window is at most a 16th of the retention): the completed
     // keys now, the pending ones 30 s later.
     clock.advance(Duration::from_secs(32));
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -245,9 +245,9 @@ fn a_default_store_sweeps_by_itself_and_preallocates_its_log() {
     assert_eq!(log_len, 256 << 10, "the new log's preallocated length");
     let n = 250;
     completed_keys(&store, "d", n);
-    // Past the records' expiry and the end of their window (a 32nd of the retention).
+    // Past the records' expiry and the end of their window (at most a 16th of the retention).
     clock
-        .advance(Duration::from_secs(60) + Duration::from_secs(60) / 32 + Duration::from_millis(1));
+        .advance(Duration::from_secs(60) + Duration::from_secs(60) / 16 + Duration::from_millis(1));
     let deadline = Instant::now() + idemstore::Builder::DEFAULT_SWEEP_INTERVAL * 10;
     while store.stats().swept < n as u64 && Instant::now() < deadline {
         thread::sleep(Duration::from_millis(20));

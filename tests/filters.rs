@@ -2,12 +2,12 @@
 //! "Meta keys"): rows are read only under the hash and seed the store records, a row that is
 //! damaged, hostile or of another hash is rebuilt from its window's keys, a store of the
 //! format as first released (foldhash rows, no hash identity) opens with every key, and a
-//! store without the width of its windows is refused rather than given a new one.
+//! store of the format whose windows were all one width is converted when opened.
 
 use std::time::{Duration, UNIX_EPOCH};
 
 use idemstore::redb::{ReadableDatabase, ReadableTable, TableDefinition};
-use idemstore::{Key, ManualClock, OpenError, Reservation, Store};
+use idemstore::{Key, ManualClock, Reservation, Store};
 
 use crate::common::{fp, key, Env};
 
@@ -16,8 +16,8 @@ const FILTERS: TableDefinition<u64, &[u8]> = TableDefinition::new("idemstore.fil
 /// The meta keys of the filters' hash and seed, absent from a store of the first format.
 const HASH_META: [&str; 3] = ["filter_hash", "filter_seed_0", "filter_seed_1"];
 
-/// Keys completed over 3 s of the environment's clock (5 s retention: windows of 156 ms), so
-/// they fill about twenty windows.
+/// Keys completed over 3 s of the environment's clock (5 s retention: windows of 256 ms, the
+/// largest power of two at most a 16th of it), so they fill about a dozen windows.
 const KEYS: usize = 60;
 
 fn nth(i: usize) -> Key {
@@ -317,67 +317,56 @@ fn a_filters_table_that_cannot_be_read_is_replaced() {
     assert!(store.get(&k).unwrap().is_some());
 }
 
-/// The width of the windows (`window_ms`) is written when a store is created; a store without
-/// it is refused, naming the meta key and the file, rather than given the width of this open's
-/// retention, which would place its records in other windows than its tables and could end
-/// live windows early.
+/// A new store keeps no width of its windows (`window_ms`, of the format before): its windows'
+/// widths come from each record's horizon. A store of that format (format 4, its records in
+/// tables of one width) is converted when opened: every key is found in a window holding its
+/// expiry, `verify` finds nothing wrong, and the file is of the current format, without
+/// `window_ms`.
 #[test]
-fn a_store_without_its_window_width_is_refused_by_name() {
+fn a_store_of_the_format_with_one_window_width_is_converted_when_opened() {
     let env = filled();
-    let width = meta(&env, "window_ms");
-    assert_eq!(
-        width,
-        Some(5_000 / 32),
-        "written when the store was created"
-    );
-    rewrite(
-        &env,
-        |_| {},
-        |meta| {
-            meta.remove("window_ms").unwrap();
-        },
-    );
-    let err = env
-        .builder()
-        .retention(Duration::from_secs(3_600))
-        .open(&env.path)
-        .unwrap_err();
-    assert!(
-        matches!(
-            err,
-            OpenError::Storage(idemstore::StorageError::Corruption { .. })
-        ),
-        "{err:?}"
-    );
-    let message = err.to_string();
-    assert!(message.contains("window_ms"), "{message}");
-    assert!(
-        message.contains(&env.path.display().to_string()),
-        "{message}"
-    );
-    assert_eq!(meta(&env, "window_ms"), None, "nothing was written");
-}
-
-/// A new store records the width of its windows at creation, before its first open ends.
-#[test]
-fn a_new_store_records_its_window_width_when_created() {
-    let env = Env::new();
-    drop(
-        env.builder()
-            .retention(Duration::from_secs(64))
-            .open(&env.path)
-            .unwrap(),
-    );
-    assert_eq!(meta(&env, "window_ms"), Some(2_000));
+    assert_eq!(meta(&env, "window_ms"), None, "no width");
+    assert_eq!(meta(&env, "format"), Some(5));
     assert_eq!(meta(&env, "filter_hash"), Some(1));
-    // Reopened with another retention, the store keeps its width.
-    drop(
-        env.builder()
-            .retention(Duration::from_secs(8))
-            .open(&env.path)
-            .unwrap(),
-    );
-    assert_eq!(meta(&env, "window_ms"), Some(2_000));
+    // Made a format-4 store: every record moved to the table of its window of 156 ms.
+    let width = 5_000 / 32;
+    {
+        let db = idemstore::open_redb(&env.path).unwrap();
+        let txn = db.begin_write().unwrap();
+        let names = crate::common::records_tables(txn.list_tables().unwrap());
+        let mut records = Vec::new();
+        for name in &names {
+            let table = txn.open_table(crate::common::records_table(name)).unwrap();
+            for entry in table.iter().unwrap() {
+                let (k, v) = entry.unwrap();
+                records.push((k.value().to_vec(), v.value().to_vec()));
+            }
+        }
+        for name in &names {
+            txn.delete_table(crate::common::records_table(name))
+                .unwrap();
+        }
+        for (k, v) in &records {
+            let record = idemstore::whitebox::decode_record(v).unwrap();
+            let expires_at = idemstore::whitebox::to_millis(record.expires_at().unwrap());
+            let name = format!("idemstore.records.{:016x}", expires_at / width);
+            txn.open_table(crate::common::records_table(&name))
+                .unwrap()
+                .insert(k.as_slice(), v.as_slice())
+                .unwrap();
+        }
+        txn.delete_table(FILTERS).unwrap();
+        let mut meta = txn.open_table(META).unwrap();
+        meta.insert("format", 4).unwrap();
+        meta.insert("window_ms", width).unwrap();
+        drop(meta);
+        txn.commit().unwrap();
+    }
+    drop(finds_every_key(&env));
+    assert_eq!(meta(&env, "format"), Some(5), "converted");
+    assert_eq!(meta(&env, "window_ms"), None);
+    rows_are_current(&env);
+    drop(finds_every_key(&env));
 }
 
 /// A record written with a stale idea of where the key was stored (its old record in a window
@@ -387,9 +376,8 @@ fn a_new_store_records_its_window_width_when_created() {
 #[test]
 fn a_record_put_over_a_stale_old_record_is_found() {
     use idemstore::whitebox::Tree;
-    let width = 1_000;
-    let at = 10 * width + 500;
-    let mut tree = Tree::new(width).unwrap();
+    let at = 10_500;
+    let mut tree = Tree::new(&ManualClock::starting_at(UNIX_EPOCH)).unwrap();
     tree.put(b"\x01t\x02op\x01k", None, at).unwrap();
     tree.drop_window_of(at).unwrap();
     assert!(!tree.finds(b"\x01t\x02op\x01k").unwrap());

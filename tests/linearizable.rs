@@ -61,9 +61,6 @@ use crate::support::sim::{Rng, SimDisk};
 
 const LEASE_MS: Millis = 1_000;
 const RETENTION_MS: Millis = 5_000;
-/// The width of the store's expiry windows: a 32nd of the retention it was created with
-/// (docs/format.md, "Windows").
-const WINDOW_MS: Millis = RETENTION_MS / 32;
 const START_MS: Millis = 1_700_000_000_000;
 /// Keys 0 and 2 differ only in their scope.
 const KEYS: usize = 3;
@@ -262,7 +259,7 @@ impl Spec {
             }
             Call::Expire { key, force } => Ret::Expired(m.expire(key, force)),
             Call::Background(Background::DropEndedWindows) => {
-                m.drop_ended_windows(WINDOW_MS);
+                m.drop_ended_windows();
                 Ret::Stepped
             }
             Call::Background(_) => Ret::Stepped,

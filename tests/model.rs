@@ -52,9 +52,6 @@ pub(crate) const START_MS: u64 = 1_700_000_000_000;
 pub(crate) const KEYS: usize = 4;
 pub(crate) const BODIES: usize = 2;
 const DEFAULT_CASES: u32 = 256;
-/// The width of the store's expiry windows: a 32nd of the retention it was created with
-/// (docs/format.md, "Windows").
-const WINDOW_MS: u64 = RETENTION_MS / 32;
 
 pub(crate) fn key_of(index: usize) -> Key {
     // Keys 0 and 3 differ only in their scope.
@@ -676,7 +673,7 @@ fn run(ops: &[Op]) {
                 store.__background(*step).expect(&context);
                 match step {
                     Background::DropEndedWindows => {
-                        for (key, gone) in model.drop_ended_windows(WINDOW_MS) {
+                        for (key, gone) in model.drop_ended_windows() {
                             ghosts.insert(key, (gone, false));
                         }
                     }

@@ -171,7 +171,10 @@ fn a_read_after_a_commit_is_not_served_by_the_snapshot_of_the_epoch_before() {
 #[test]
 fn readers_of_one_epoch_share_a_snapshot_and_a_new_epoch_gets_a_new_one() {
     use idemstore::whitebox::{decode_record, Epochs, Tree};
-    let tree = Tree::new(1_000).unwrap();
+    let tree = Tree::new(&idemstore::ManualClock::starting_at(
+        idemstore::whitebox::from_millis(0),
+    ))
+    .unwrap();
     let expiry = |snapshot: &idemstore::whitebox::Snapshot| {
         let bytes = snapshot.stored(b"k").unwrap().expect("stored");
         decode_record(&bytes).unwrap().expires_at()

@@ -38,7 +38,7 @@ fn a_new_key_is_two_btree_writes_and_a_completion_two_or_three() {
         let done = store.get(&key).unwrap().unwrap();
         (key_encoded(&key), pending, done)
     };
-    let tree = Tree::new(HOUR).unwrap();
+    let tree = Tree::new(&clock).unwrap();
     for (id, done_at, moves) in [("a", 500, false), ("b", HOUR, true)] {
         let (key, pending, done) = records(id, done_at);
         let expiry = |record: &Record| {

@@ -17,8 +17,8 @@
 //! - at steady state: duplicates of random live keys on one thread, then 32 threads reserving
 //!   single new keys (the clock still moving one step per [`BATCH`] reserves); the same two
 //!   on a second, empty store with the same settings for the ratio;
-//! - writes stop, the clock moves a 32nd of the retention on (the width of the store's expiry
-//!   windows, so that every expired key's window has ended), and the time the background
+//! - writes stop, the clock moves a 16th of the retention on (the most the store's expiry
+//!   windows are wide for it, so that every expired key's window has ended), and the time the background
 //!   sweeper takes to delete what expired is measured; [`Store::counts`] (one scan) checks the expired count computed from the
 //!   counters.
 
@@ -545,12 +545,12 @@ pub fn run_store(
     run.reserve32_steady = reserve32(&store, &clock, 1 << 41, step)?;
 
     // Writes stop: how long the sweeper takes to delete every expired batch key. The store
-    // deletes a window of expiry time (a 32nd of the retention) once it has ended: the clock
-    // moves one window on, so that the window holding the last expired keys has ended too.
+    // deletes a window of expiry time (at most a 16th of the retention) once it has ended: the
+    // clock moves one window on, so that the window holding the last expired keys has ended.
     let written_steps = b + (THREADS as u64 * PER_THREAD) / BATCH;
     let expired_batches = written_steps.saturating_sub(per_window).min(b);
     let target = expired_batches * BATCH;
-    clock.advance(idemstore::Builder::DEFAULT_RETENTION / 32);
+    clock.advance(idemstore::Builder::DEFAULT_RETENTION / 16);
     let started = Instant::now();
     while store.stats().swept < target && started.elapsed() < DRAIN_LIMIT {
         thread::sleep(Duration::from_millis(20));

@@ -15,7 +15,7 @@ use crate::key::Key;
 use crate::record::{Millis, Record, RecordClass, TokenFloor};
 use crate::state::{Counter, Engine};
 use crate::tree::tables::{decode_record, IndexEntries, Tables, LEASE};
-use crate::tree::windows::Records;
+use crate::tree::windows::{span, Records, Windows};
 
 impl Writer {
     /// Deletes up to `limit` expired records in one unlogged transaction, earliest expiry
@@ -56,19 +56,22 @@ impl Writer {
 /// (The overlay's entries and the writer's own move to the cache after the commit, which
 /// refuses them from now on.)
 pub(crate) fn forget_ended_windows(engine: &Engine, now: Millis) {
-    let width = engine.windows.width();
-    engine.cache.forget_expiring_before(now / width * width);
+    // Every record of an ended window expired before `now`, and so does every record the cache
+    // drops with them: an expired record reads as absent, cached or not.
+    engine.cache.forget_expiring_before(now);
 }
 
 /// Deletes up to `limit` records that expired at or before `now`, earliest expiry first;
 /// returns their keys.
 ///
-/// Windows are read earliest first: every record of a window expires before every record of
-/// a later one. A window that has ended and holds no more records than are still to delete
-/// goes whole (one table deletion); in any other window the expired records are found by
-/// reading the window's table, and deleted in (expiry, key) order. A window that starts after
-/// `now` holds nothing expired, nor does any later one. A corrupt record in a window that has
-/// not ended is left in place; reading its key reports the corruption.
+/// The windows that start at or before `now` are read the earliest to end first: a window that
+/// has ended holds only expired records, any other its expired records are found by reading its
+/// table. When all of them fit in `limit`, every ended window goes whole (one table deletion
+/// each) and the other expired records one by one; otherwise the ended windows' records are
+/// read too, and the `limit` earliest of all, by (expiry, key), are deleted one by one (windows
+/// of different widths nest, so one window's records are not all earlier than the next
+/// one's). A window that starts after `now` holds nothing expired. A corrupt record in a window
+/// that has not ended is left in place; reading its key reports the corruption.
 pub(crate) fn sweep_expired(
     tables: &mut Tables<'_>,
     now: Millis,
@@ -76,39 +79,62 @@ pub(crate) fn sweep_expired(
 ) -> Result<Vec<Key>, Error> {
     let ctx = "sweeping expired records";
     let windows = tables.windows();
-    let mut deleted = Vec::new();
+    let mut ended: Vec<(u64, u64)> = Vec::new();
+    let mut due: Vec<(Millis, Vec<u8>, Record)> = Vec::new();
     for (window, _) in windows.list() {
-        if deleted.len() >= limit || window.saturating_mul(windows.width()) > now {
-            break;
+        if span(window).is_none_or(|(start, _)| start > now) {
+            continue;
         }
-        let left = limit - deleted.len();
         let table = tables.window(window)?;
-        let held = table.len().map_err(|e| StorageError::redb(ctx, e))?;
-        if windows.end(window) <= now && held <= left as u64 {
+        if Windows::end(window) <= now {
+            ended.push((window, table.len().map_err(|e| StorageError::redb(ctx, e))?));
+            continue;
+        }
+        due.extend(expired_in(table, now)?);
+    }
+    let in_ended: u64 = ended.iter().map(|(_, held)| held).sum();
+    let mut deleted = Vec::new();
+    if in_ended.saturating_add(due.len() as u64) <= limit as u64 {
+        for (window, _) in ended {
+            let table = tables.window(window)?;
             for entry in table.iter().map_err(|e| StorageError::redb(ctx, e))? {
                 let (key, _) = entry.map_err(|e| StorageError::redb(ctx, e))?;
                 deleted.extend(Key::decode(key.value()));
             }
             tables.drop_window(window)?;
-            continue;
         }
-        let mut due: Vec<(Millis, Vec<u8>, Record)> = Vec::new();
-        for entry in table.iter().map_err(|e| StorageError::redb(ctx, e))? {
-            let (key, value) = entry.map_err(|e| StorageError::redb(ctx, e))?;
-            let Ok(record) = decode_record(key.value(), value.value()) else {
-                continue;
-            };
-            if record.expires_at <= now {
-                due.push((record.expires_at, key.value().to_vec(), record));
-            }
+    } else {
+        for (window, _) in ended {
+            due.extend(expired_in(tables.window(window)?, now)?);
         }
         due.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
-        for (_, key, record) in due.into_iter().take(left) {
-            tables.delete(&key, Some(IndexEntries::of(&record)))?;
-            deleted.extend(Key::decode(&key));
-        }
+        due.truncate(limit);
+    }
+    for (_, key, record) in due {
+        tables.delete(&key, Some(IndexEntries::of(&record)))?;
+        deleted.extend(Key::decode(&key));
     }
     Ok(deleted)
+}
+
+/// The records of `table` that expired at or before `now`: (expiry, key, record). Records that
+/// do not decode are left out.
+fn expired_in(
+    table: &redb::Table<'_, &'static [u8], &'static [u8]>,
+    now: Millis,
+) -> Result<Vec<(Millis, Vec<u8>, Record)>, Error> {
+    let ctx = "sweeping expired records";
+    let mut due = Vec::new();
+    for entry in table.iter().map_err(|e| StorageError::redb(ctx, e))? {
+        let (key, value) = entry.map_err(|e| StorageError::redb(ctx, e))?;
+        let Ok(record) = decode_record(key.value(), value.value()) else {
+            continue;
+        };
+        if record.expires_at <= now {
+            due.push((record.expires_at, key.value().to_vec(), record));
+        }
+    }
+    Ok(due)
 }
 
 /// Up to `limit` pending reservations that are stale at `now` under `floor` (their lease ran

@@ -333,7 +333,8 @@ impl Builder {
     ///
     /// Expired records already read as absent, so sweeping only reclaims disk space; without
     /// it a store keeps every key it ever saw. A store keeps its records in one table per
-    /// window of expiry time (a 32nd of the retention the store was created with) and deletes
+    /// window of expiry time (at most a 16th of each record's retention, docs/format.md,
+    /// "Expiry windows") and deletes
     /// a window's table whole once the window has ended, without reading its records: in the
     /// transaction that applies logged batches to the file while the store is written, and on
     /// the committer thread at the next interval when the applier holds none. So an expired record stays stored,

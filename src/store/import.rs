@@ -69,7 +69,7 @@ pub fn import(
     if !crate::log::recorded(&db)? {
         return Err(needs_recovery(path, "import"));
     }
-    let windows = open_windows(&db, path)?;
+    let windows = open_windows(&db)?;
     let ctx = "importing records";
     let mut txn = db.begin_write().map_err(|e| StorageError::redb(ctx, e))?;
     txn.set_durability(redb::Durability::Immediate)

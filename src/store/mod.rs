@@ -130,11 +130,11 @@ impl Store {
     /// by itself; call it when the sweeper is off, with a bound that keeps each call short,
     /// since it holds the writer while it runs.
     ///
-    /// Earliest expiry first, exactly: the `limit` records that expired first are deleted.
-    /// A call visits the expiry windows earliest first (docs/format.md, "Sweeping"): an ended
-    /// window that fits in what is left of `limit` goes whole, without reading its records;
-    /// in any other window the expired records are found by reading its table, so a call on a
-    /// window that has not ended costs a read of that window.
+    /// Earliest expiry first, exactly: the `limit` records that expired first are deleted
+    /// (docs/format.md, "Sweeping"). When every expired record fits in `limit`, each ended
+    /// expiry window goes whole; the expired records of a window that has not ended are found
+    /// by reading its table, so a call costs a read of the windows that have started and not
+    /// ended (and of the ended ones too when `limit` is smaller than what expired).
     ///
     /// # Errors
     /// Storage errors; a failed sweep poisons the store like any failed write.

@@ -37,6 +37,11 @@ impl Store {
             .with_writer_as_is(|writer| writer.run_background(step))
     }
 
+    /// The expiry windows that may have a records table (docs/format.md, "Windows").
+    pub fn __windows(&self) -> usize {
+        self.engine.windows.count()
+    }
+
     /// Forgets every cached record, so the next reads go to redb.
     pub fn __clear_cache(&self) {
         self.engine.cache.clear();

@@ -4,13 +4,14 @@
 //! may never hand the tables (hidden feature `__whitebox`, re-exported by
 //! `idemstore::whitebox`).
 
-use std::path::Path;
+use std::sync::Arc;
 
 use redb::backends::InMemoryBackend;
 use redb::{Database, ReadableDatabase, ReadableTable};
 
 use super::tables::{open_windows, IndexEntries, Tables};
 use super::windows::{Records, Windows};
+use crate::clock::{to_millis, Clock, ManualClock};
 use crate::error::StorageError;
 use crate::fingerprint::Fingerprint;
 use crate::record::{Millis, Record, State};
@@ -25,27 +26,27 @@ pub(crate) fn count_write() {
     BTREE_WRITES.with(|n| n.set(n.get() + 1));
 }
 
-/// The name a tree goes by in errors.
-const NAME: &str = "whitebox tree";
-
 /// A new store's tables in memory, with its windows as a store keeps them.
 pub struct Tree {
     db: Database,
     windows: Windows,
+    clock: Arc<dyn Clock>,
 }
 
 impl Tree {
-    /// An empty store's tables, its windows `width` ms wide, opened as a store opens them.
-    pub fn new(width: u64) -> Result<Tree, StorageError> {
+    /// An empty store's tables, opened as a store opens them, its records completed at the
+    /// time of `clock`.
+    pub fn new(clock: &ManualClock) -> Result<Tree, StorageError> {
         let ctx = "making a whitebox tree";
         let db = redb::Builder::new()
             .create_with_backend(InMemoryBackend::new())
             .map_err(|e| StorageError::redb(ctx, e))?;
         let txn = db.begin_write().map_err(|e| StorageError::redb(ctx, e))?;
-        Tables::open(&txn, &Windows::new(1))?.initialize(width)?;
+        Tables::open(&txn, &Windows::new())?.initialize()?;
         txn.commit().map_err(|e| StorageError::redb(ctx, e))?;
-        let windows = open_windows(&db, Path::new(NAME))?;
-        Ok(Tree { db, windows })
+        let clock: Arc<dyn Clock> = Arc::new(clock.clone());
+        let windows = open_windows(&db)?;
+        Ok(Tree { db, windows, clock })
     }
 
     /// Stores a completed record of `key` (encoded) expiring at `expires_at`, in one durable
@@ -64,7 +65,7 @@ impl Tree {
             attempt: 1,
             expires_at,
             state: State::Completed {
-                completed_at: 0,
+                completed_at: to_millis(self.clock.now()),
                 result: Vec::new(),
             },
         };
@@ -105,17 +106,19 @@ impl Tree {
         Ok(found)
     }
 
-    /// Whether the window a record expiring at `expires_at` lives in holds `key` (encoded).
+    /// Whether a window that may hold records expiring at `expires_at` holds `key` (encoded).
     pub fn window_holds(&self, expires_at: Millis, key: &[u8]) -> Result<bool, StorageError> {
-        let window = self.windows.of(expires_at);
+        let windows = self.windows.holding(expires_at);
         let mut held = false;
         self.write(|tables| {
             let ctx = "reading a whitebox tree's window";
-            let table = tables.window(window)?;
-            held = table
-                .get(key)
-                .map_err(|e| StorageError::redb(ctx, e))?
-                .is_some();
+            for (window, _) in windows {
+                let table = tables.window(window)?;
+                held |= table
+                    .get(key)
+                    .map_err(|e| StorageError::redb(ctx, e))?
+                    .is_some();
+            }
             Ok(())
         })?;
         Ok(held)
@@ -136,15 +139,43 @@ impl Tree {
         Ok(count)
     }
 
-    /// Whether `expires_at` and `other` fall in different windows.
+    /// Whether the first existing windows holding `expires_at` and `other` differ.
     pub fn windows_differ(&self, expires_at: Millis, other: Millis) -> bool {
-        self.windows.of(expires_at) != self.windows.of(other)
+        let first = |at: Millis| self.windows.holding(at).first().map(|(window, _)| *window);
+        first(expires_at) != first(other)
     }
 
-    /// Deletes the window a record expiring at `expires_at` lives in, in one durable commit.
+    /// Deletes the windows a record expiring at `expires_at` may live in, in one durable commit.
     pub fn drop_window_of(&self, expires_at: Millis) -> Result<(), StorageError> {
-        let window = self.windows.of(expires_at);
-        self.write(|tables| tables.drop_window(window).map(drop))
+        let windows = self.windows.holding(expires_at);
+        self.write(|tables| {
+            for (window, _) in windows {
+                tables.drop_window(window)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Deletes every window that has ended at `now`, in one durable commit, as the store's
+    /// sweeper does.
+    pub fn drop_ended_windows(&self, now: Millis) -> Result<(), StorageError> {
+        self.write(|tables| tables.drop_ended_windows(now).map(drop))
+    }
+
+    /// The windows that may have a table (one per window the tree's records made and that was
+    /// not deleted), as a store counts them.
+    pub fn windows(&self) -> usize {
+        self.windows.count()
+    }
+
+    /// The records tables in the tree's file.
+    pub fn tables(&self) -> Result<usize, StorageError> {
+        let ctx = "reading a whitebox tree";
+        let txn = self
+            .db
+            .begin_read()
+            .map_err(|e| StorageError::redb(ctx, e))?;
+        Ok(Records::open(&txn, &self.windows)?.tables().count())
     }
 
     /// Whether a lookup through the windows' filters finds `key`.
@@ -169,7 +200,7 @@ impl Tree {
 
     /// Reads the windows and their saved filters again, as the next open would.
     pub fn reopen(&mut self) -> Result<(), StorageError> {
-        self.windows = open_windows(&self.db, Path::new(NAME))?;
+        self.windows = open_windows(&self.db)?;
         Ok(())
     }
 

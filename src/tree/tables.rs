@@ -6,8 +6,7 @@
 //! - `idemstore.deadlines`: (kind, time, key) → (), the lease index: one entry per pending
 //!   record, at (`LEASE`, lease_until). Stale reservations are found without a scan. Records
 //!   that are not pending have no entry: their expiry is their window's.
-//! - `idemstore.meta`: "format" → format version, "window_ms" → the width of the store's
-//!   windows, "next_token" → the next fencing token, "wal_seq" → the last log frame whose
+//! - `idemstore.meta`: "format" → format version, "next_token" → the next fencing token, "wal_seq" → the last log frame whose
 //!   changes this file holds, "log_salt" → the salt of the log frames written since the last
 //!   checkpoint, "log_start" → the offset of the log region those frames start at (absent: the
 //!   first frame's place), "next_log_salt" → the salt the next region's frames will carry
@@ -19,7 +18,6 @@
 //! [`Store::complete_with`](crate::Store::complete_with)) must use other names.
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::sync::atomic::Ordering;
 
 use redb::{
@@ -27,9 +25,11 @@ use redb::{
     TableError, WriteTransaction,
 };
 
-use super::windows::{table_name, FilterSeed, Probe, RecordsDef, Windows, FILTERS, FILTER_HASH};
+use super::windows::{
+    table_name, FilterSeed, Probe, RecordsDef, Windows, FILTERS, FILTER_HASH, RECORDS_PREFIX,
+};
 use crate::error::StorageError;
-use crate::record::{Millis, Record};
+use crate::record::{Millis, Record, State};
 
 /// The lease index: (kind, time, encoded key) → (); see the module's documentation.
 pub(crate) const DEADLINES: TableDefinition<(u8, u64, &[u8]), ()> =
@@ -43,8 +43,8 @@ pub(crate) const META_NEXT_TOKEN: &str = "next_token";
 pub(crate) const META_WAL_SEQ: &str = "wal_seq";
 pub(crate) const META_LOG_SALT: &str = "log_salt";
 pub(crate) const META_STORE_ID: &str = "store_id";
-/// The width of the store's expiry windows, in milliseconds (written when the store is
-/// created).
+/// The width of the expiry windows of a store of format [`CONVERTED_FORMAT`], in milliseconds;
+/// removed when it is converted.
 pub(crate) const META_WINDOW_MS: &str = "window_ms";
 /// The hash the windows' saved filters were written with ([`FILTER_HASH`]); absent in a store
 /// of the format as first released (foldhash), whose saved filters are not read.
@@ -61,29 +61,29 @@ pub(crate) const META_CLOSED_CLEAN: &str = "closed_clean";
 
 /// The store format version written and read by this build: the first format of a release
 /// (docs/format.md). Earlier numbers were development formats that no release wrote; a file
-/// of one is refused at open.
-pub(crate) const FORMAT_VERSION: u64 = 4;
+/// of [`CONVERTED_FORMAT`] is converted at open, one of an earlier one refused.
+pub(crate) const FORMAT_VERSION: u64 = 5;
 
-/// The windows of the store in `db` (the file `store`, named in errors), as its meta table
-/// describes them, with every window's filter ([`Windows::load`]).
+/// The format before windows were sized by their records' horizons (all one width, the meta
+/// key `window_ms`): converted when opened ([`open_windows`]).
+pub(crate) const CONVERTED_FORMAT: u64 = 4;
+
+/// The windows of the store in `db`, as its tables hold them, with every window's filter
+/// ([`Windows::load`]).
 ///
-/// The width (`window_ms`) is written when a store is created and never changes: a store
-/// without it is refused, as deriving it again from the retention of this open could end live
-/// windows early. The saved filters are read only when the meta table names the hash this build
-/// writes them with ([`FILTER_HASH`]) and its seed. Otherwise (a store of the format as first
-/// released, whose rows came from foldhash, or one written with another hash), and when the
-/// filters table cannot be opened (of another type), the store gets a new random seed and the
-/// identity, and its saved filters are deleted, in one durable commit before anything is read:
-/// every window's filter is then built from its keys, and saved by the next durable commit.
-pub(crate) fn open_windows(db: &Database, store: &Path) -> Result<Windows, StorageError> {
+/// A store of format [`CONVERTED_FORMAT`] (windows of one width, the meta key `window_ms`) is
+/// converted first, in one durable commit before anything is read ([`convert_windows`]). The saved filters are read only when the meta table
+/// names the hash this build writes them with ([`FILTER_HASH`]) and its seed. Otherwise (a
+/// store of the format as first released, whose rows came from foldhash, or one written with
+/// another hash), and when the filters table cannot be opened (of another type), the store gets
+/// a new random seed and the identity, and its saved filters are deleted, in one durable commit
+/// before anything is read: every window's filter is then built from its keys, and saved by the
+/// next durable commit.
+pub(crate) fn open_windows(db: &Database) -> Result<Windows, StorageError> {
     let ctx = "reading the store's windows";
     let mut txn = db.begin_write().map_err(|e| StorageError::redb(ctx, e))?;
     txn.set_quick_repair(true);
-    let meta_error = |reason: String| StorageError::Corruption {
-        location: format!("table idemstore.meta of store {}", store.display()),
-        reason,
-    };
-    let (width, known, mut changed) = {
+    let (convert, known, mut changed) = {
         let mut meta = txn
             .open_table(META)
             .map_err(|e| StorageError::redb(ctx, e))?;
@@ -91,21 +91,8 @@ pub(crate) fn open_windows(db: &Database, store: &Path) -> Result<Windows, Stora
             let value = meta.get(name).map_err(|e| StorageError::redb(ctx, e))?;
             Ok(value.map(|v| v.value()))
         };
-        let width = match read(META_WINDOW_MS)? {
-            Some(0) => {
-                return Err(meta_error(format!(
-                    "meta key {META_WINDOW_MS} (the width of the store's windows) is 0"
-                )))
-            }
-            Some(width) => width,
-            None => {
-                return Err(meta_error(format!(
-                    "meta key {META_WINDOW_MS} (the width of the store's windows, written when \
-                     the store was created) is missing; it is not derived again from the \
-                     retention, which could delete windows before their keys expired"
-                )))
-            }
-        };
+        // A store of the earlier format: its records are moved to this format's windows.
+        let convert = read(META_FORMAT)? == Some(CONVERTED_FORMAT);
         let seed = match (
             read(META_FILTER_HASH)?,
             read(META_FILTER_SEED[0])?,
@@ -115,13 +102,17 @@ pub(crate) fn open_windows(db: &Database, store: &Path) -> Result<Windows, Stora
             _ => None,
         };
         match seed {
-            Some(seed) => (width, seed, false),
+            Some(seed) => (convert, seed, false),
             None => {
                 let seed = write_filter_hash(&mut meta, ctx)?;
-                (width, seed, true)
+                (convert, seed, true)
             }
         }
     };
+    if convert {
+        convert_windows(&txn)?;
+        changed = true;
+    }
     // The saved filters are a cache of the windows' keys: a table of rows this build cannot
     // trust, or cannot open (of another type), goes, and every window's filter is built. A
     // page that fails its checksum is the file's damage, reported as such.
@@ -142,7 +133,84 @@ pub(crate) fn open_windows(db: &Database, store: &Path) -> Result<Windows, Stora
     } else {
         txn.abort().map_err(|e| StorageError::redb(ctx, e))?;
     }
-    Windows::load(db, width, known)
+    Windows::load(db, known, true)
+}
+
+/// The windows of the closed store in `db` for reading only, writing nothing: with the saved
+/// filters when the meta table names this build's hash ([`FILTER_HASH`]) and its seed, else
+/// with every window's filter built from its keys in memory. `None` for a store of format
+/// [`CONVERTED_FORMAT`], whose windows only a writable open converts.
+pub(crate) fn read_windows(db: &impl ReadableDatabase) -> Result<Option<Windows>, StorageError> {
+    let ctx = "reading the store's windows";
+    let txn = db.begin_read().map_err(|e| StorageError::redb(ctx, e))?;
+    let meta = txn
+        .open_table(META)
+        .map_err(|e| StorageError::redb(ctx, e))?;
+    let read = |name: &str| -> Result<Option<u64>, StorageError> {
+        let value = meta.get(name).map_err(|e| StorageError::redb(ctx, e))?;
+        Ok(value.map(|v| v.value()))
+    };
+    if read(META_FORMAT)? == Some(CONVERTED_FORMAT) {
+        return Ok(None);
+    }
+    let seed = match (
+        read(META_FILTER_HASH)?,
+        read(META_FILTER_SEED[0])?,
+        read(META_FILTER_SEED[1])?,
+    ) {
+        (Some(FILTER_HASH), Some(k0), Some(k1)) => Some(FilterSeed(k0, k1)),
+        _ => None,
+    };
+    drop(meta);
+    drop(txn);
+    let trusted = seed.is_some();
+    Windows::load(db, seed.unwrap_or(FilterSeed(0, 0)), trusted).map(Some)
+}
+
+/// Converts a store of format [`CONVERTED_FORMAT`], whose windows were all one width (table
+/// `idemstore.records.<n>` holding expiries `n * window_ms` to `(n + 1) * window_ms - 1`), to
+/// this format in `txn`: every record (read into memory: stores of that format were
+/// development stores) moves to the window [`Windows::place`] gives it, each old table is deleted, `window_ms` is removed and the format set to
+/// [`FORMAT_VERSION`]. A record that does not decode is refused by name: its window is unknown.
+fn convert_windows(txn: &WriteTransaction) -> Result<(), StorageError> {
+    let ctx = "converting the store's windows";
+    let names: Vec<String> = txn
+        .list_tables()
+        .map_err(|e| StorageError::redb(ctx, e))?
+        .map(|handle| redb::TableHandle::name(&handle).to_string())
+        .filter(|name| name.starts_with(RECORDS_PREFIX))
+        .collect();
+    let placing = Windows::new();
+    let mut moved: Vec<(u64, Vec<u8>, Vec<u8>)> = Vec::new();
+    for name in &names {
+        let table = txn
+            .open_table(RecordsDef::new(name))
+            .map_err(|e| StorageError::redb(ctx, e))?;
+        for entry in table.iter().map_err(|e| StorageError::redb(ctx, e))? {
+            let (key, value) = entry.map_err(|e| StorageError::redb(ctx, e))?;
+            let record = decode_record(key.value(), value.value())?;
+            let (window, _) = placing.place(record.expires_at, written_at(&record));
+            moved.push((window, key.value().to_vec(), value.value().to_vec()));
+        }
+    }
+    for name in &names {
+        txn.delete_table(RecordsDef::new(name))
+            .map_err(|e| StorageError::redb(ctx, e))?;
+    }
+    for (window, key, value) in moved {
+        txn.open_table(RecordsDef::new(&table_name(window)))
+            .map_err(|e| StorageError::redb(ctx, e))?
+            .insert(key.as_slice(), value.as_slice())
+            .map_err(|e| StorageError::redb(ctx, e))?;
+    }
+    let mut meta = txn
+        .open_table(META)
+        .map_err(|e| StorageError::redb(ctx, e))?;
+    meta.remove(META_WINDOW_MS)
+        .map_err(|e| StorageError::redb(ctx, e))?;
+    meta.insert(META_FORMAT, FORMAT_VERSION)
+        .map_err(|e| StorageError::redb(ctx, e))?;
+    Ok(())
 }
 
 /// The random identity of the store in `db`, made at creation; the log carries it. Read from
@@ -257,13 +325,30 @@ impl<'txn> Tables<'txn> {
     }
 
     /// Deletes every window that has ended at `now` (a table deletion each: the records are
-    /// not read, and a cache may keep them, as they read as absent); returns how many windows
-    /// and how many records they held.
+    /// not read, and a cache may keep them, as they read as absent), and every window that a
+    /// record left since the last look and that holds none now (a pending record's window that
+    /// its completion moved it out of, say: it would otherwise stay, empty, until it ends);
+    /// returns how many windows and how many records they held.
+    ///
+    /// Only transactions that never roll back call it (the applier's and the sweeper's): a
+    /// window deleted here is forgotten at once.
     pub(crate) fn drop_ended_windows(&mut self, now: Millis) -> Result<(u64, u64), StorageError> {
         let (mut windows, mut held) = (0, 0);
         for window in self.windows.due(now) {
             held += self.drop_window(window)?;
             windows += 1;
+        }
+        for (window, filter) in self.windows.list() {
+            if filter.shrunk.swap(false, Ordering::AcqRel) {
+                let table = self.window(window)?;
+                let empty = table
+                    .is_empty()
+                    .map_err(|e| StorageError::redb("deleting an empty window", e))?;
+                if empty {
+                    self.forget_window(window, "deleting an empty window")?;
+                    windows += 1;
+                }
+            }
         }
         Ok((windows, held))
     }
@@ -272,7 +357,7 @@ impl<'txn> Tables<'txn> {
     /// and the lease entries of its pending records; returns how many records it held.
     pub(crate) fn drop_window(&mut self, window: u64) -> Result<u64, StorageError> {
         let ctx = "deleting an expired window";
-        let end = self.windows.end(window);
+        let end = Windows::end(window);
         let candidates: Vec<(Millis, Vec<u8>)> = self
             .deadlines
             .range::<(u8, u64, &[u8])>((LEASE, 0, &[][..])..(LEASE, end, &[][..]))
@@ -295,6 +380,12 @@ impl<'txn> Tables<'txn> {
         for (at, key) in spent {
             self.drop_deadline_entry(LEASE, at, &key)?;
         }
+        self.forget_window(window, ctx)?;
+        Ok(held)
+    }
+
+    /// Deletes window `window`'s table and saved filter, and forgets it.
+    fn forget_window(&mut self, window: u64, ctx: &'static str) -> Result<(), StorageError> {
         self.records.remove(&window);
         self.txn
             .delete_table(RecordsDef::new(&table_name(window)))
@@ -303,19 +394,16 @@ impl<'txn> Tables<'txn> {
             .remove(window)
             .map_err(|e| StorageError::redb(ctx, e))?;
         self.windows.forget(window);
-        Ok(held)
+        Ok(())
     }
 
-    /// Writes the format marker, the width of the windows (`width`), the first token, the
-    /// store's random identity, its first log salt and the filters' hash with its random seed
-    /// into a new store: all durable before any frame is written.
-    pub(crate) fn initialize(&mut self, width: u64) -> Result<(), StorageError> {
+    /// Writes the format marker, the first token, the store's random identity, its first log
+    /// salt and the filters' hash with its random seed into a new store: all durable before any
+    /// frame is written.
+    pub(crate) fn initialize(&mut self) -> Result<(), StorageError> {
         let ctx = "initializing a new store";
         self.meta
             .insert(META_FORMAT, FORMAT_VERSION)
-            .map_err(|e| StorageError::redb(ctx, e))?;
-        self.meta
-            .insert(META_WINDOW_MS, width.max(1))
             .map_err(|e| StorageError::redb(ctx, e))?;
         write_filter_hash(&mut self.meta, ctx)?;
         self.meta
@@ -444,33 +532,37 @@ impl<'txn> Tables<'txn> {
         record: &Record,
         encoded: &[u8],
     ) -> Result<(), StorageError> {
-        self.put_indexed(key, old, IndexEntries::of(record), encoded)
+        self.put_indexed(
+            key,
+            old,
+            IndexEntries::of(record),
+            written_at(record),
+            encoded,
+        )
     }
 
-    /// [`put`](Tables::put) of a record whose index entries are `index`.
-    pub(crate) fn put_indexed(
+    /// [`put`](Tables::put) of a record whose index entries are `index`, written at `written`
+    /// ([`written_at`]).
+    fn put_indexed(
         &mut self,
         key: &[u8],
         old: Option<IndexEntries>,
         index: IndexEntries,
+        written: Millis,
         encoded: &[u8],
     ) -> Result<(), StorageError> {
         let ctx = "writing a record";
-        let target = self.windows.of(index.expires_at);
+        let (target, filter) = self.windows.place(index.expires_at, written);
+        let probe = Probe::of(self.windows.hash(key));
         if let Some(old) = old {
             self.unindex(key, old)?;
-            let from = self.windows.of(old.expires_at);
-            if from != target {
-                self.remove_from(from, key)?;
-            }
+            self.remove_from_holding(old.expires_at, &probe, key, Some(target))?;
         }
         // The key goes into the window's filter unless the filter already answers "may hold"
         // for it (a rewrite in place): not on the word of `old`, whose window may have been
         // deleted and made again since (a stale cached record, a clock stepped back), its
         // filter a new one without the key. A filter never unlearns a key, so what it answers
         // now it answers for as long as the window lives, and from its saved row.
-        let filter = self.windows.filter(target);
-        let probe = Probe::of(self.windows.hash(key));
         if !filter.may_hold(&probe) {
             if filter.saved.swap(false, Ordering::AcqRel) {
                 // The saved filter no longer holds every key: a durable commit without it
@@ -504,7 +596,8 @@ impl<'txn> Tables<'txn> {
         match old {
             Some(old) => {
                 self.unindex(key, old)?;
-                self.remove_from(self.windows.of(old.expires_at), key)
+                let probe = Probe::of(self.windows.hash(key));
+                self.remove_from_holding(old.expires_at, &probe, key, None)
             }
             None => self.remove_everywhere(key),
         }
@@ -522,15 +615,36 @@ impl<'txn> Tables<'txn> {
         Ok(())
     }
 
+    /// Removes `key` (of `probe`) from every window but `keep` that may hold it with a record
+    /// expiring at `t`: the windows whose span holds `t` and whose filter may hold the key (a
+    /// record written at another time, or on a stale word of where it was, may be in any of
+    /// them).
+    fn remove_from_holding(
+        &mut self,
+        t: Millis,
+        probe: &Probe,
+        key: &[u8],
+        keep: Option<u64>,
+    ) -> Result<(), StorageError> {
+        for window in self.windows.holding_key(t, probe, keep) {
+            self.remove_from(window, key)?;
+        }
+        Ok(())
+    }
+
     /// Removes `key` from `window`'s table, if the window has one.
     fn remove_from(&mut self, window: u64, key: &[u8]) -> Result<(), StorageError> {
-        if self.windows.existing(window).is_none() {
+        let Some(filter) = self.windows.existing(window) else {
             return Ok(());
-        }
+        };
         count_write();
-        self.window(window)?
+        let removed = self
+            .window(window)?
             .remove(key)
             .map_err(|e| StorageError::redb("deleting a record", e))?;
+        if removed.is_some() {
+            filter.shrunk.store(true, Ordering::Release);
+        }
         Ok(())
     }
 
@@ -557,6 +671,19 @@ impl<'txn> Tables<'txn> {
                 .map_err(|e| StorageError::redb("updating the lease index", e))?;
         }
         Ok(())
+    }
+}
+
+/// When `record` was written, as far as its window is concerned: its horizon is its expiry
+/// minus this (`Windows::place`). The time its state began: a pending record's lease end (its
+/// expiry is that plus the retention), a completed record's completion, a parked record's
+/// parking. Taken from the record, not from a clock, so a record goes to the same window
+/// whether the applier writes it at once, later, or log replay writes it after a crash.
+pub(crate) fn written_at(record: &Record) -> Millis {
+    match &record.state {
+        State::Pending { lease_until, .. } => *lease_until,
+        State::Completed { completed_at, .. } => *completed_at,
+        State::NeedsReview { since, .. } => *since,
     }
 }
 

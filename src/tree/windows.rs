@@ -1,14 +1,30 @@
 //! Expiry windows: a store keeps its records in one redb table per window of expiry time, so
 //! the keys of a window leave together.
 //!
-//! A record whose `expires_at` is `t` lives in the table of window `t / width`
-//! (`idemstore.records.<window as 16 hex digits>`), where `width` is fixed when the store is
-//! created (the meta key `window_ms`: a 32nd of the retention the store was created with, at
-//! least 1 ms). Every record of a window has expired once the window has ended, so expiry
-//! deletes the window's table at once ([`Windows::due`]) instead of one key at a time: the cost
-//! of expiring a key is a share of one table deletion, and the space returns to the file's
-//! free pages for the next windows. A key is stored in at most one window: a write that moves
-//! a record to another window deletes it from the old one.
+//! A window is an aligned span of expiry times: `2^level` milliseconds starting at a multiple
+//! of `2^level` (its table: `idemstore.records.<id as 16 hex digits>`, the id holding the level
+//! and the span's index, [`window_id`]). A record whose `expires_at` is `t` lives in a window
+//! whose span holds `t`, chosen when it is written ([`Windows::place`]) from its horizon `h`
+//! (`t` minus the time its state began: its completion, say; `tables::written_at`): the span holding `t` whose width is the largest power of two at most
+//! `h / 16` (at least 1 ms). So a window is narrow for a record that expires soon and wide for
+//! one that expires far out, whatever the mix of retentions (per store, per operation, per
+//! call, or changed between opens): records of one horizon share [`PER_HORIZON`] to twice as
+//! many windows, and each kind of horizon in use adds its own. Spans of different widths may
+//! nest (a wide window far out holds the short-lived keys written later within it only once
+//! the store is crowded, below).
+//!
+//! Every record of a window has expired once its span has ended, so expiry deletes the
+//! window's table at once ([`Windows::due`]) instead of one key at a time: the cost of expiring
+//! a key is a share of one table deletion, and the space returns to the file's free pages for
+//! the next windows. A key is stored in at most one window: a write that moves a record to
+//! another window deletes it from the windows that hold its old expiry and may hold the key.
+//!
+//! The count of windows is bounded for any mix: once a store has [`CROWDED`] windows, a record
+//! whose own window does not exist joins the narrowest window that holds its expiry, and where
+//! none does, the new window is 16 times wider (as wide as the record's horizon). An expired
+//! record stays stored until its window ends: at most a 16th of its horizon when it was written
+//! while the store is not crowded, and at most one window (of the horizon of the record that
+//! made it, or 16 times that) when crowded (docs/format.md, "Windows").
 //!
 //! Lookups do not read every window's table. Each window has a [`Filter`] in memory (a blocked
 //! Bloom filter, about 10 bits per key, built from the table's keys when the store opens and
@@ -28,7 +44,7 @@ use std::sync::{Arc, OnceLock};
 
 use parking_lot::RwLock;
 use redb::{
-    AccessGuard, Database, ReadOnlyTable, ReadTransaction, ReadableDatabase, ReadableTable,
+    AccessGuard, ReadOnlyTable, ReadTransaction, ReadableDatabase, ReadableTable,
     ReadableTableMetadata, TableDefinition, TableError, TableHandle,
 };
 use siphasher::sip::SipHasher13;
@@ -36,15 +52,31 @@ use siphasher::sip::SipHasher13;
 use crate::error::StorageError;
 use crate::record::Millis;
 
-/// The prefix of every window's records table; the window follows as 16 hex digits.
+/// The prefix of every window's records table; the window's id follows as 16 hex digits.
 pub(crate) const RECORDS_PREFIX: &str = "idemstore.records.";
 
-/// Windows per retention when a store is created: the share of a window's keys that may stay
-/// stored after they expired (until the window ends) is about one 32nd of the live keys at
-/// steady state (the figures behind the choice: BENCHMARKS.md, "Windows of expiry time").
-pub(crate) const WINDOWS_PER_RETENTION: u64 = 32;
+/// A window is at most this fraction of the horizon of the record that makes it (and more than
+/// half that): records of one horizon share 16 to 33 windows, and an expired record stays
+/// stored at most a 16th of its horizon (the figures behind the choice: BENCHMARKS.md,
+/// "Windows of expiry time").
+pub(crate) const PER_HORIZON: u64 = 16;
 
-/// The windows' filters as the last durable commit saved them: window → encoded [`Filter`].
+/// Windows from which a store is crowded: a record whose own window does not exist joins the
+/// narrowest window that holds its expiry instead of making one, and a window made where none
+/// does is [`CROWDED_WIDER`] times wider. What keeps a store at most about 64 windows for any
+/// mix of retentions (tests/windows.rs).
+pub(crate) const CROWDED: usize = 48;
+
+/// Levels a window made while the store is crowded is above its record's own: 16 times wider,
+/// as wide as the record's horizon.
+const CROWDED_WIDER: u32 = 4;
+
+/// The widest window's level: spans of `2^62` ms.
+const MAX_LEVEL: u32 = 62;
+/// Where a window's level sits in its id: the top 6 bits; the span's index below them.
+const LEVEL_SHIFT: u32 = 58;
+
+/// The windows' filters as the last durable commit saved them: window id → encoded [`Filter`].
 /// A window without a row (or with a row that does not read as one) has its filter built from
 /// its table's keys at open.
 pub(crate) const FILTERS: TableDefinition<u64, &[u8]> = TableDefinition::new("idemstore.filters");
@@ -84,73 +116,107 @@ pub(crate) fn table_name(window: u64) -> String {
     format!("{RECORDS_PREFIX}{window:016x}")
 }
 
-/// The window a table named `name` holds, if it is a records table.
+/// The window a table named `name` holds, if it is a records table of a valid span.
 pub(crate) fn parse_table_name(name: &str) -> Option<u64> {
     let hex = name.strip_prefix(RECORDS_PREFIX)?;
     if hex.len() != 16 {
         return None;
     }
-    u64::from_str_radix(hex, 16).ok()
+    let window = u64::from_str_radix(hex, 16).ok()?;
+    span(window).map(|_| window)
 }
 
-/// The width of a new store's windows for `retention_ms`.
-pub(crate) fn width_for(retention_ms: u64) -> u64 {
-    (retention_ms / WINDOWS_PER_RETENTION).max(1)
+/// The id of the window of level `level` (`2^level` ms wide) whose span holds `t`: the level in
+/// the top 6 bits, the span's index (`t >> level`) below. `None` when the index does not fit
+/// (a `t` past 2^58 ms at that level: the caller takes a wider level).
+pub(crate) fn window_id(level: u32, t: Millis) -> Option<u64> {
+    let index = t >> level;
+    (level <= MAX_LEVEL && index < 1 << LEVEL_SHIFT)
+        .then(|| u64::from(level) << LEVEL_SHIFT | index)
 }
 
-/// The windows of one store: their width, and the filter of every window that may have a
-/// table (a superset: a window whose table a rolled-back transaction created has a filter
-/// and no table).
+/// The first and last expiry times window `window` holds; `None` for an id that is no span
+/// (a table name not written by a store).
+pub(crate) fn span(window: u64) -> Option<(Millis, Millis)> {
+    let level = u32::try_from(window >> LEVEL_SHIFT).ok()?;
+    if level > MAX_LEVEL {
+        return None;
+    }
+    let index = window & ((1 << LEVEL_SHIFT) - 1);
+    let start = index.checked_mul(1 << level)?;
+    let last = start.checked_add((1 << level) - 1)?;
+    Some((start, last))
+}
+
+/// The level of a window for a record `horizon` ms from expiring: the largest power of two at
+/// most a [`PER_HORIZON`]th of it (level 0 below 32 ms).
+pub(crate) fn level_for(horizon: Millis) -> u32 {
+    (horizon / PER_HORIZON).max(1).ilog2().min(MAX_LEVEL)
+}
+
+/// The window of level `level` or wider whose span holds `t` (wider only for a `t` past
+/// 2^58 ms).
+fn fitting(level: u32, t: Millis) -> u64 {
+    (level.min(MAX_LEVEL)..=MAX_LEVEL)
+        .find_map(|level| window_id(level, t))
+        .expect("level 62 holds every u64 time")
+}
+
+/// The level of window `window`.
+fn level_of(window: u64) -> u64 {
+    window >> LEVEL_SHIFT
+}
+
+/// The windows of one store and the filter of every window that may have a table (a
+/// superset: a window whose table a rolled-back transaction created has a filter and no
+/// table).
 pub(crate) struct Windows {
-    width: u64,
     /// The filters' hash, keyed by the store's seed.
     hasher: SipHasher13,
     map: RwLock<BTreeMap<u64, Arc<Filter>>>,
-    /// The most keys one window's filter has taken: the size of a new window's filter.
+    /// The most keys one window's filter has taken: the most a new window's filter is sized for.
     largest: AtomicUsize,
 }
 
 impl std::fmt::Debug for Windows {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Windows")
-            .field("width", &self.width)
             .field("windows", &self.map.read().len())
             .finish()
     }
 }
 
 impl Windows {
-    /// Windows of `width` milliseconds, none yet, hashing keys with the all-zero seed: for a
-    /// transaction on the meta table alone, and for tests. A store's own are [`load`]ed.
+    /// Windows, none yet, hashing keys with the all-zero seed: for a transaction on the meta
+    /// table alone, and for tests. A store's own are [`load`]ed.
     ///
     /// [`load`]: Windows::load
-    pub(crate) fn new(width: u64) -> Windows {
-        Windows::seeded(width, FilterSeed(0, 0))
+    pub(crate) fn new() -> Windows {
+        Windows::seeded(FilterSeed(0, 0))
     }
 
-    /// Windows of `width` milliseconds whose filters hash keys under `seed`, none yet.
-    pub(crate) fn seeded(width: u64, seed: FilterSeed) -> Windows {
+    /// Windows whose filters hash keys under `seed`, none yet.
+    pub(crate) fn seeded(seed: FilterSeed) -> Windows {
         Windows {
-            width: width.max(1),
             hasher: seed.hasher(),
             map: RwLock::new(BTreeMap::new()),
             largest: AtomicUsize::new(0),
         }
     }
 
-    /// The windows of the store in `db` (of `width`, hashing under `seed`), with their filters:
-    /// each as saved in `idemstore.filters` by the last durable commit, or, for a window whose
-    /// saved filter is missing (a window written since, before a crash) or does not read as one
-    /// (damaged, or hostile), built from its table's keys. The caller has checked that the rows
-    /// were written under `seed`, and replaced a filters table that could not be opened
+    /// The windows of the store in `db` (hashing under `seed`), with their filters: each as saved in `idemstore.filters` by the last durable commit, or, for a
+    /// window whose saved filter is missing (a window written since, before a crash) or does
+    /// not read as one (damaged, or hostile), built from its table's keys. The caller has
+    /// checked that the rows were written under `seed` (else `trust_saved` is false and every
+    /// filter is built), and replaced a filters table that could not be opened
     /// (`tables::open_windows`); a page that fails its checksum is an error, as everywhere.
     pub(crate) fn load(
-        db: &Database,
-        width: u64,
+        db: &impl ReadableDatabase,
         seed: FilterSeed,
+        trust_saved: bool,
     ) -> Result<Windows, StorageError> {
         let ctx = "reading the store's windows";
-        let windows = Windows::seeded(width, seed);
+        let windows = Windows::seeded(seed);
         let txn = db.begin_read().map_err(|e| StorageError::redb(ctx, e))?;
         let names: Vec<String> = txn
             .list_tables()
@@ -158,14 +224,22 @@ impl Windows {
             .map(|handle| handle.name().to_string())
             .collect();
         let saved = match txn.open_table(FILTERS) {
-            Ok(table) => Some(table),
-            Err(TableError::TableDoesNotExist(_)) => None,
+            Ok(table) if trust_saved => Some(table),
+            Ok(_) | Err(TableError::TableDoesNotExist(_)) => None,
+            Err(TableError::Storage(e)) => return Err(StorageError::redb(ctx, e)),
+            Err(_) if !trust_saved => None,
             Err(e) => return Err(StorageError::redb(ctx, e)),
         };
         let mut map = windows.map.write();
         for name in names {
-            let Some(window) = parse_table_name(&name) else {
+            if !name.starts_with(RECORDS_PREFIX) {
                 continue;
+            }
+            let Some(window) = parse_table_name(&name) else {
+                return Err(StorageError::Corruption {
+                    location: format!("table {name}"),
+                    reason: "a records table whose name is no window's".into(),
+                });
             };
             let row = match &saved {
                 Some(table) => table.get(window).map_err(|e| StorageError::redb(ctx, e))?,
@@ -198,19 +272,14 @@ impl Windows {
         Ok(filter)
     }
 
-    /// The width of a window, in milliseconds.
-    pub(crate) fn width(&self) -> u64 {
-        self.width
-    }
-
-    /// The window of a record that expires at `expires_at`.
-    pub(crate) fn of(&self, expires_at: Millis) -> u64 {
-        expires_at / self.width
-    }
-
     /// When window `window` ends: every record in it has expired from then on.
-    pub(crate) fn end(&self, window: u64) -> Millis {
-        window.saturating_add(1).saturating_mul(self.width)
+    pub(crate) fn end(window: u64) -> Millis {
+        span(window).map_or(Millis::MAX, |(_, last)| last.saturating_add(1))
+    }
+
+    /// Whether window `window`'s span holds the expiry time `t`.
+    pub(crate) fn holds(window: u64, t: Millis) -> bool {
+        span(window).is_some_and(|(start, last)| (start..=last).contains(&t))
     }
 
     /// The filters' hash of an encoded key: SipHash-1-3 of exactly its bytes, keyed by the
@@ -221,25 +290,86 @@ impl Windows {
         self.hasher.hash(key)
     }
 
-    /// The filter of `window`, made (empty) if it has none: call it before inserting into
-    /// the window's table.
-    pub(crate) fn filter(&self, window: u64) -> Arc<Filter> {
-        if let Some(filter) = self.map.read().get(&window) {
-            return Arc::clone(filter);
+    /// The window a record expiring at `t`, written at `written`, goes to, with its filter (made, empty, if the
+    /// window is new): call it before inserting into the window's table. Its own window (the
+    /// span of its horizon's level holding `t`, see the module's documentation) if that exists
+    /// or the store is not crowded; otherwise the narrowest window holding `t`, or, where none
+    /// does, a new one [`CROWDED_WIDER`] levels wider.
+    pub(crate) fn place(&self, t: Millis, written: Millis) -> (u64, Arc<Filter>) {
+        let own = fitting(level_for(t.saturating_sub(written)), t);
+        let chosen = |map: &BTreeMap<u64, Arc<Filter>>| -> Option<u64> {
+            if map.contains_key(&own) {
+                return Some(own);
+            }
+            if map.len() < CROWDED {
+                return None;
+            }
+            map.keys()
+                .copied()
+                .filter(|w| Windows::holds(*w, t))
+                .min_by_key(|w| level_of(*w))
+        };
+        {
+            let map = self.map.read();
+            if let Some(window) = chosen(&map) {
+                return (window, Arc::clone(&map[&window]));
+            }
         }
         let mut map = self.map.write();
-        // Sized for the most keys a window has taken so far: at steady state windows are
-        // alike, so a new one's filter is one part.
-        let capacity = map
+        let window = match chosen(&map) {
+            Some(window) => return (window, Arc::clone(&map[&window])),
+            None if map.len() < CROWDED => own,
+            None => fitting(level_of(own) as u32 + CROWDED_WIDER, t),
+        };
+        let capacity = self.capacity_for(&map, window);
+        let filter = map
+            .entry(window)
+            .or_insert_with(|| Arc::new(Filter::with_capacity(capacity + capacity / 4)));
+        (window, Arc::clone(filter))
+    }
+
+    /// Keys a new `window`'s filter is made for: the windows' densest (keys per ms) times its
+    /// width, and no more than the most keys one window has taken (at steady state windows of
+    /// one horizon are alike, so a new one's filter is one part).
+    fn capacity_for(&self, map: &BTreeMap<u64, Arc<Filter>>, window: u64) -> usize {
+        let width = |w: u64| 1u128 << level_of(w);
+        let most = map
             .values()
             .map(|f| f.len())
             .max()
             .unwrap_or(0)
             .max(self.largest.load(Ordering::Relaxed));
-        Arc::clone(
-            map.entry(window)
-                .or_insert_with(|| Arc::new(Filter::with_capacity(capacity + capacity / 4))),
-        )
+        let scaled = map
+            .iter()
+            .map(|(w, f)| f.len() as u128 * width(window) / width(*w))
+            .max()
+            .unwrap_or(most as u128);
+        usize::try_from(scaled).unwrap_or(usize::MAX).min(most)
+    }
+
+    /// The windows that may hold a record expiring at `t` (whose span holds it), narrowest first.
+    pub(crate) fn holding(&self, t: Millis) -> Vec<(u64, Arc<Filter>)> {
+        let mut found: Vec<(u64, Arc<Filter>)> = self
+            .map
+            .read()
+            .iter()
+            .filter(|(w, _)| Windows::holds(**w, t))
+            .map(|(w, f)| (*w, Arc::clone(f)))
+            .collect();
+        found.sort_by_key(|(w, _)| level_of(*w));
+        found
+    }
+
+    /// The windows but `except` that may hold the key of `probe` with a record expiring at `t`:
+    /// whose span holds `t` and whose filter may hold the key. (No allocation when there is
+    /// none, as for most moves: a record rewritten in its own window.)
+    pub(crate) fn holding_key(&self, t: Millis, probe: &Probe, except: Option<u64>) -> Vec<u64> {
+        self.map
+            .read()
+            .iter()
+            .filter(|(w, f)| Some(**w) != except && Windows::holds(**w, t) && f.may_hold(probe))
+            .map(|(w, _)| *w)
+            .collect()
     }
 
     /// The filter of `window` if it has one (its table may exist).
@@ -247,23 +377,35 @@ impl Windows {
         self.map.read().get(&window).cloned()
     }
 
-    /// Every window that may have a table, earliest first, with its filter.
+    /// How many windows may have a table.
+    pub(crate) fn count(&self) -> usize {
+        self.map.read().len()
+    }
+
+    /// Every window that may have a table, the earliest to end first, with its filter.
     pub(crate) fn list(&self) -> Vec<(u64, Arc<Filter>)> {
-        self.map
+        let mut all: Vec<(u64, Arc<Filter>)> = self
+            .map
             .read()
             .iter()
             .map(|(w, f)| (*w, Arc::clone(f)))
-            .collect()
+            .collect();
+        all.sort_by_key(|(w, _)| Windows::end(*w));
+        all
     }
 
-    /// The windows that have ended at `now`, earliest first: every record in them expired.
+    /// The windows that have ended at `now`, the earliest to end first: every record in them
+    /// expired.
     pub(crate) fn due(&self, now: Millis) -> Vec<u64> {
-        self.map
+        let mut due: Vec<u64> = self
+            .map
             .read()
             .keys()
             .copied()
-            .take_while(|w| self.end(*w) <= now)
-            .collect()
+            .filter(|w| Windows::end(*w) <= now)
+            .collect();
+        due.sort_by_key(|w| Windows::end(*w));
+        due
     }
 
     /// Forgets `window` (its table was deleted).
@@ -329,6 +471,9 @@ pub(crate) struct Filter {
     /// Whether `idemstore.filters` holds this filter as it is (in the state committed last,
     /// durable or not): cleared, and the row deleted, by the first insert after it was saved.
     pub(crate) saved: AtomicBool,
+    /// Whether a record left the window since the last look at whether it is empty
+    /// (`Tables::drop_ended_windows`, which deletes an empty window's table).
+    pub(crate) shrunk: AtomicBool,
 }
 
 impl Filter {
@@ -339,6 +484,7 @@ impl Filter {
             everything: false,
             first_capacity: keys.max(MIN_CAPACITY),
             saved: AtomicBool::new(false),
+            shrunk: AtomicBool::new(false),
         };
         let _ = filter.parts[0].set(Bloom::new(filter.first_capacity));
         filter.used.store(1, Ordering::Release);
@@ -352,6 +498,7 @@ impl Filter {
             everything: true,
             first_capacity: MIN_CAPACITY,
             saved: AtomicBool::new(false),
+            shrunk: AtomicBool::new(false),
         }
     }
 
@@ -408,6 +555,7 @@ impl Filter {
             everything: false,
             first_capacity: MIN_CAPACITY,
             saved: AtomicBool::new(true),
+            shrunk: AtomicBool::new(false),
         };
         let mut previous: Option<usize> = None;
         for i in 0..count {
@@ -589,6 +737,7 @@ impl Records {
                 Err(e) => return Err(StorageError::redb(ctx, e)),
             }
         }
+        tables.sort_by_key(|(window, _, _)| Windows::end(*window));
         Ok(Records {
             tables,
             hasher: windows.hasher,
@@ -612,7 +761,7 @@ impl Records {
         Ok(None)
     }
 
-    /// Every window's table, earliest window first.
+    /// Every window's table, the earliest to end first.
     pub(crate) fn tables(&self) -> impl Iterator<Item = (u64, &RecordsTable)> {
         self.tables.iter().map(|(w, _, t)| (*w, t))
     }
@@ -807,18 +956,18 @@ mod tests {
     #[test]
     fn the_filter_hash_is_siphash_1_3_of_the_bytes_under_the_seed() {
         let seed = FilterSeed(0x0706_0504_0302_0100, 0x0f0e_0d0c_0b0a_0908);
-        let windows = Windows::seeded(1, seed);
+        let windows = Windows::seeded(seed);
         let key = b"\x06tenant\x06charge\x074f0c-a1";
         assert_eq!(windows.hash(b""), 0xabac_0158_050f_c4dc);
         let message: Vec<u8> = (0..15).collect();
         assert_eq!(windows.hash(&message), 0xd320_d86d_2a51_9956);
         assert_eq!(windows.hash(key), 0x76f2_e262_19a0_c28d);
         assert_eq!(
-            Windows::new(1).hash(key),
+            Windows::new().hash(key),
             0xef38_fade_2e2a_d016,
             "the all-zero seed"
         );
-        let other = Windows::seeded(1, FilterSeed(seed.0 ^ 1, seed.1));
+        let other = Windows::seeded(FilterSeed(seed.0 ^ 1, seed.1));
         assert_ne!(other.hash(key), windows.hash(key), "the seed keys the hash");
     }
 }

@@ -400,17 +400,22 @@ impl Keys {
         Ok(Some(class))
     }
 
-    /// What deleting the ended expiry windows (`window` ms wide) removes: every stored record
-    /// whose window (its expiry over `window`) ended at the store's time, expired with it.
-    pub(crate) fn drop_ended_windows(&mut self, window: Millis) -> Vec<(usize, Model)> {
+    /// What deleting the ended expiry windows removes: every stored record whose window
+    /// ([`window_end`]) ended at the store's time, expired with it.
+    pub(crate) fn drop_ended_windows(&mut self) -> Vec<(usize, Model)> {
         let now = self.now;
         let ended: Vec<usize> = self
             .records
             .keys()
             .copied()
             .filter(|&k| {
+                let written = match &self.records[&k] {
+                    Model::Pending { lease_until, .. } => *lease_until,
+                    Model::Completed { completed_at, .. } => *completed_at,
+                    Model::Absent | Model::Review { .. } => return false,
+                };
                 self.expires_at(k)
-                    .is_some_and(|t| (t / window + 1) * window <= now)
+                    .is_some_and(|t| window_end(t, written) <= now)
             })
             .collect();
         ended
@@ -429,4 +434,13 @@ impl Keys {
             _ => None,
         }
     }
+}
+
+/// When the expiry window of a record that expires at `t` and was written at `written` ends
+/// (docs/format.md, "Windows"): its window is the span of the largest power of two
+/// milliseconds at most a 16th of its horizon (`t - written`, at least 1 ms) that holds `t`,
+/// as long as the store keeps fewer than 48 windows (this model's stores keep far fewer).
+pub(crate) fn window_end(t: Millis, written: Millis) -> Millis {
+    let level = (t.saturating_sub(written) / 16).max(1).ilog2();
+    ((t >> level) + 1) << level
 }

@@ -9,7 +9,7 @@ use crate::clock::{to_millis, Clock};
 use crate::error::{OpenError, StorageError};
 use crate::store::builder::Builder;
 use crate::store::open::file::{check_format, check_page_file, open_error, page_file};
-use crate::tree::tables::{decode_record, META_WINDOW_MS};
+use crate::tree::tables::{decode_record, read_windows};
 
 /// A closed store opened for reading only: [`get`](ReadOnlyStore::get),
 /// [`counts`](ReadOnlyStore::counts), [`scan`](ReadOnlyStore::scan),
@@ -87,32 +87,28 @@ impl ReadOnlyStore {
     pub(crate) fn open_with(builder: &Builder, path: &Path) -> Result<ReadOnlyStore, OpenError> {
         let db = open_clean(path, "open_read_only")?;
         let storage = |e: redb::Error| StorageError::redb("inspecting the store", e);
-        let meta_read = || -> Result<(u64, u64), StorageError> {
+        let next_token = || -> Result<u64, StorageError> {
             let txn = db.begin_read().map_err(|e| storage(e.into()))?;
             let meta = txn.open_table(META).map_err(|e| storage(e.into()))?;
-            let read = |name: &str| -> Result<Option<u64>, StorageError> {
-                Ok(meta
-                    .get(name)
-                    .map_err(|e| storage(e.into()))?
-                    .map(|v| v.value()))
-            };
-            let width = read(META_WINDOW_MS)?.filter(|w| *w > 0).ok_or_else(|| {
-                StorageError::Corruption {
-                    location: format!("table idemstore.meta of store {}", path.display()),
-                    reason: format!(
-                        "meta key {META_WINDOW_MS} (the width of the store's windows) is \
-                         missing or 0"
-                    ),
-                }
-            })?;
-            Ok((width, read(META_NEXT_TOKEN)?.unwrap_or(0)))
+            let value = meta.get(META_NEXT_TOKEN).map_err(|e| storage(e.into()))?;
+            Ok(value.map_or(0, |v| v.value()))
         };
-        let (width, next_token) = meta_read()?;
+        let next_token = next_token()?;
+        let Some(windows) = read_windows(&db)? else {
+            return Err(OpenError::InvalidConfig {
+                setting: "open_read_only",
+                reason: format!(
+                    "the store {} is of the earlier format (one window width), which only a \
+                     writable open converts (`idemstore compact FILE`, or any open by the \
+                     service); nothing was written",
+                    path.display()
+                ),
+            });
+        };
         Ok(ReadOnlyStore {
             db,
             path: path.to_path_buf(),
-            // No filters: every window's table is read for a key.
-            windows: Windows::new(width),
+            windows,
             floor: if builder.leases_survive_restart {
                 TokenFloor::NONE
             } else {

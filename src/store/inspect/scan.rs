@@ -183,12 +183,11 @@ impl Snapshot<'_> {
                 }
             }
             Some(RecordClass::Expired) => {
-                // Window by window, earliest first: every record of a window expires before
-                // any of a later one. A window that starts after `now` holds nothing expired.
-                let windows = self.windows;
+                // Window by window, the earliest to end first. A window that starts after `now`
+                // holds nothing expired (a later one may: windows of different widths nest).
                 'windows: for (window, table) in records.tables() {
-                    if window.saturating_mul(windows.width()) > now {
-                        break;
+                    if span(window).is_none_or(|(start, _)| start > now) {
+                        continue;
                     }
                     let mut due: Vec<(Millis, Vec<u8>, Record)> = Vec::new();
                     for entry in table.iter().map_err(storage)? {

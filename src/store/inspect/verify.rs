@@ -120,13 +120,13 @@ impl Snapshot<'_> {
                         continue;
                     }
                 };
-                if windows.of(record.expires_at) != window {
+                if !Windows::holds(window, record.expires_at) {
                     report.problems.push(Problem::new(
                         ProblemKind::MisplacedRecord,
                         key,
                         format!(
                             "kept in the window ending {} but expires {}",
-                            describe_millis(windows.end(window)),
+                            describe_millis(Windows::end(window)),
                             describe_millis(record.expires_at)
                         ),
                     ));

@@ -24,28 +24,26 @@ use redb::{Database, DatabaseError, ReadableDatabase, TableError};
 use crate::error::{OpenError, StorageError};
 use crate::log::{LogFile, OsFile};
 use crate::tree::pages::PageFile;
-use crate::tree::tables::{Tables, FORMAT_VERSION, META, META_FORMAT};
+use crate::tree::tables::{Tables, CONVERTED_FORMAT, FORMAT_VERSION, META, META_FORMAT};
 use crate::tree::windows::Windows;
 
 /// The first bytes of every plain redb file (a store before page checksums).
 const REDB_SIGNATURE: [u8; 9] = [b'r', b'e', b'd', b'b', 0x1A, 0x0A, 0xA9, 0x0D, 0x0A];
 
-/// Opens the store at `path`, creating it (with permission bits `mode` and windows of `width`
-/// ms) if it does not exist.
+/// Opens the store at `path`, creating it (with permission bits `mode`) if it does not exist.
 /// `builder(verify)` gives redb's settings, asking for redb's integrity check on open when
 /// `verify` is set; the check is asked for unless the file carries the clean-close mark
 /// (`clean_close.rs`).
 pub(crate) fn open_or_create(
     path: &Path,
     mode: u32,
-    width: u64,
     builder: impl Fn(bool) -> redb::Builder,
 ) -> Result<Database, OpenError> {
     match fs::metadata(path) {
         Ok(meta) if meta.is_dir() => Err(not_a_store(path, "it is a directory")),
         Ok(_) => open_existing(path, builder),
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            create(path, mode, width, &builder(false))?;
+            create(path, mode, &builder(false))?;
             open_existing(path, builder)
         }
         Err(e) => {
@@ -62,7 +60,6 @@ pub(crate) fn open_or_create(
 pub(crate) fn create_without_pages(
     path: &Path,
     mode: u32,
-    width: u64,
     builder: &redb::Builder,
 ) -> Result<Database, OpenError> {
     let file = fs::OpenOptions::new()
@@ -84,7 +81,7 @@ pub(crate) fn create_without_pages(
     let db = builder
         .create_with_backend(backend)
         .map_err(|e| open_error(path, "creating", e))?;
-    initialize(&db, width)?;
+    initialize(&db)?;
     Ok(db)
 }
 
@@ -206,11 +203,13 @@ pub(crate) fn check_format(db: &impl ReadableDatabase, path: &Path) -> Result<()
         .get(META_FORMAT)
         .map_err(|e| StorageError::redb(ctx, e))?
     {
-        Some(v) if v.value() == FORMAT_VERSION => Ok(()),
+        // The earlier format is converted by `tables::open_windows`.
+        Some(v) if v.value() == FORMAT_VERSION || v.value() == CONVERTED_FORMAT => Ok(()),
         Some(v) => Err(not_a_store(
             path,
             format!(
-                "store format version {} (this build reads version {FORMAT_VERSION}; earlier \
+                "store format version {} (this build reads versions {CONVERTED_FORMAT} and \
+                 {FORMAT_VERSION}; earlier \
                  versions were development formats that no release wrote: export the keys \
                  with the build that wrote the file, or start a new store)",
                 v.value()
@@ -220,10 +219,10 @@ pub(crate) fn check_format(db: &impl ReadableDatabase, path: &Path) -> Result<()
     }
 }
 
-/// Creates an empty store at `path` (windows of `width` ms) through a temporary file of
+/// Creates an empty store at `path` through a temporary file of
 /// permission bits `mode`, so that a crash never leaves a half-made file under the real name.
 /// Losing a creation race to another process is fine.
-fn create(path: &Path, mode: u32, width: u64, builder: &redb::Builder) -> Result<(), OpenError> {
+fn create(path: &Path, mode: u32, builder: &redb::Builder) -> Result<(), OpenError> {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let name = path
         .file_name()
@@ -249,18 +248,13 @@ fn create(path: &Path, mode: u32, width: u64, builder: &redb::Builder) -> Result
         COUNTER.fetch_add(1, Ordering::Relaxed)
     ));
     let result =
-        build_empty_store(&temp, mode, width, builder).and_then(|()| link_into_place(&temp, path));
+        build_empty_store(&temp, mode, builder).and_then(|()| link_into_place(&temp, path));
     let _ = fs::remove_file(&temp);
     result?;
     sync_dir(&dir)
 }
 
-fn build_empty_store(
-    temp: &Path,
-    mode: u32,
-    width: u64,
-    builder: &redb::Builder,
-) -> Result<(), OpenError> {
+fn build_empty_store(temp: &Path, mode: u32, builder: &redb::Builder) -> Result<(), OpenError> {
     let file = fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -271,7 +265,7 @@ fn build_empty_store(
     let db = builder
         .create_with_backend(page_file(file, temp)?)
         .map_err(|e| open_error(temp, "creating", e))?;
-    initialize(&db, width)?;
+    initialize(&db)?;
     drop(db);
     File::open(temp)
         .and_then(|file| file.sync_all())
@@ -280,26 +274,24 @@ fn build_empty_store(
         })
 }
 
-/// Writes the store's tables and format marker into an empty database (its windows `width` ms
-/// wide), durably.
-fn initialize(db: &Database, width: u64) -> Result<(), OpenError> {
+/// Writes the store's tables and format marker into an empty database, durably.
+fn initialize(db: &Database) -> Result<(), OpenError> {
     let ctx = "initializing a new store";
     let txn = db.begin_write().map_err(|e| StorageError::redb(ctx, e))?;
-    Tables::open(&txn, &Windows::new(1))
-        .and_then(|mut tables| tables.initialize(width))
+    Tables::open(&txn, &Windows::new())
+        .and_then(|mut tables| tables.initialize())
         // Nothing was logged yet: a new store is closed cleanly (`log/lost_log.rs`).
         .and_then(|()| crate::log::mark(&txn))?;
     txn.commit().map_err(|e| StorageError::redb(ctx, e).into())
 }
 
 /// Initializes a database that has no tables yet (one just created on a storage backend by
-/// [`Builder::open_with_storage`](crate::Builder::open_with_storage)), with windows of `width`
-/// ms.
-pub(crate) fn initialize_if_new(db: &Database, width: u64) -> Result<(), OpenError> {
+/// [`Builder::open_with_storage`](crate::Builder::open_with_storage)).
+pub(crate) fn initialize_if_new(db: &Database) -> Result<(), OpenError> {
     let ctx = "checking for a new store";
     let txn = db.begin_read().map_err(|e| StorageError::redb(ctx, e))?;
     match txn.open_table(META) {
-        Err(TableError::TableDoesNotExist(_)) => initialize(db, width),
+        Err(TableError::TableDoesNotExist(_)) => initialize(db),
         Err(e) => Err(StorageError::redb(ctx, e).into()),
         Ok(_) => Ok(()),
     }

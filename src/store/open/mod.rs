@@ -21,7 +21,6 @@ use crate::state::RecordCache;
 use crate::state::{full_disk_at_open, replay_bound, Poison};
 use crate::store::builder::Builder;
 use crate::tree::tables::{open_windows, store_id as stored_id};
-use crate::tree::windows::width_for;
 
 use super::Store;
 
@@ -30,12 +29,6 @@ pub(crate) mod file;
 /// The name a store opened on other storage goes by in messages and [`Store::path`]: it has no
 /// file of its own (its log is named after it, `storage.idem.wal`).
 pub(crate) const STORAGE_NAME: &str = "storage.idem";
-
-/// The width of a new store's expiry windows, from the builder's retention (written into the
-/// store when it is created, and never changed).
-fn new_width(builder: &Builder) -> u64 {
-    width_for(u64::try_from(builder.retention.as_millis()).unwrap_or(u64::MAX))
-}
 
 /// redb's settings for a store; `verify` asks for redb's integrity check on open (with
 /// [`Builder::verify_on_open`], and only when the store was not closed cleanly).
@@ -131,16 +124,11 @@ impl Store {
     pub(super) fn open_unguarded(builder: &Builder, path: &Path) -> Result<Store, OpenError> {
         let log_path = log_path(path);
         let db = if builder.page_checksums {
-            file::open_or_create(path, builder.file_mode, new_width(builder), |verify| {
+            file::open_or_create(path, builder.file_mode, |verify| {
                 redb_builder(builder, verify)
             })?
         } else {
-            file::create_without_pages(
-                path,
-                builder.file_mode,
-                new_width(builder),
-                &redb_builder(builder, false),
-            )?
+            file::create_without_pages(path, builder.file_mode, &redb_builder(builder, false))?
         };
         let store_id = store_id(&db)?;
         let closed_clean = crate::log::recorded(&db)?;
@@ -215,7 +203,7 @@ impl Store {
                 let db = redb_builder(builder, !closed_clean)
                     .create_with_backend(pages(&db)?)
                     .map_err(|e| file::open_error(&path, "opening", e))?;
-                file::initialize_if_new(&db, new_width(builder))?;
+                file::initialize_if_new(&db)?;
                 file::check_format(&db, &path)?;
                 Store::from_parts(db, log, log_path(&path), builder, path)
             },
@@ -264,7 +252,7 @@ impl Store {
             return Err(crate::log::truncated(&path, &log_path, log_len, recorded));
         }
         let strict = builder.durability == Durability::Immediate;
-        let windows = open_windows(&db, &path)?;
+        let windows = open_windows(&db)?;
         let (mut wal, next_token) = recover(&db, &windows, log, log_path, strict)?;
         wal.set_max_payload(builder.limits.frame_bytes);
         if let Some(cap) = log_preallocation(builder) {

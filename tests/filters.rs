@@ -7,7 +7,7 @@
 use std::time::{Duration, UNIX_EPOCH};
 
 use idemstore::redb::{ReadableDatabase, ReadableTable, TableDefinition};
-use idemstore::{Key, ManualClock, Reservation, Store};
+use idemstore::{Key, ManualClock, OpenError, Reservation, Store};
 
 use crate::common::{fp, key, Env};
 
@@ -362,6 +362,29 @@ fn a_store_of_the_format_with_one_window_width_is_converted_when_opened() {
         drop(meta);
         txn.commit().unwrap();
     }
+    // A read-only inspection cannot convert it: refused by name, the file untouched.
+    let bytes = std::fs::read(&env.path).unwrap();
+    let refused = idemstore::ReadOnlyStore::open(&env.path).unwrap_err();
+    assert!(
+        matches!(
+            refused,
+            OpenError::InvalidConfig {
+                setting: "open_read_only",
+                ..
+            }
+        ),
+        "{refused:?}"
+    );
+    let message = refused.to_string();
+    assert!(message.contains("earlier format"), "{message}");
+    assert!(
+        message.contains(&env.path.display().to_string()),
+        "{message}"
+    );
+    assert!(
+        std::fs::read(&env.path).unwrap() == bytes,
+        "a read-only open wrote"
+    );
     drop(finds_every_key(&env));
     assert_eq!(meta(&env, "format"), Some(5), "converted");
     assert_eq!(meta(&env, "window_ms"), None);

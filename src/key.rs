@@ -78,7 +78,7 @@ pub struct Key {
 /// process (from the operating system's randomness, through std's `RandomState`), so a client
 /// cannot pick keys that collide in them; equal keys hash equally within one process. It is
 /// never persisted: the windows' saved filters hash keys with the store's own hash
-/// ([`Windows::hash`](crate::tree::windows::Windows::hash)).
+/// ([`Windows::hash`](crate::tree::Windows::hash)).
 pub(crate) fn hash_of(encoded: &[u8]) -> u64 {
     use foldhash::{fast::SeedableRandomState, SharedSeed};
     use std::hash::BuildHasher;

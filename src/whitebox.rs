@@ -28,7 +28,7 @@ pub use crate::record::Millis;
 use crate::record::Record;
 pub use crate::state::reopen_room;
 pub use crate::state::CheckpointStart;
-pub use crate::tree::seam::Tree;
+pub use crate::tree::Tree;
 use crate::Key;
 
 /// The admin socket's peer check and its messages (`src/admin/`).
@@ -58,7 +58,7 @@ pub mod grpc {
 /// once, in key order, with its last state, unindexed where its first change found it.
 pub fn merged_changes(batches: Vec<Vec<ExpiryChange>>) -> Vec<ChangeOf> {
     use crate::commit::{merged, DeferredBatch, TreeChange};
-    use crate::tree::tables::IndexEntries;
+    use crate::tree::IndexEntries;
     let index = |expires_at| IndexEntries {
         lease: None,
         expires_at,
@@ -113,9 +113,7 @@ pub type ChangeOf = (
 /// The page layer's arithmetic: where a data block sits among the checksum blocks, and the
 /// file's length with and without them (`src/tree/pages.rs`).
 pub mod pages {
-    pub use crate::tree::pages::{
-        data_offset, logical_len, physical_len, BLOCK, GROUP, GROUP_BYTES,
-    };
+    pub use crate::tree::{data_offset, logical_len, physical_len, BLOCK, GROUP, GROUP_BYTES};
 }
 
 /// The bounded cache of committed records readers check before redb
@@ -231,7 +229,7 @@ pub fn decode_record(bytes: &[u8]) -> Result<Record, String> {
 /// Whether the store file on `db` (as a store writes it, checksummed pages and all) carries the
 /// clean-close mark.
 pub fn closed_clean(db: impl redb::StorageBackend) -> Result<bool, crate::Error> {
-    let pages = crate::tree::pages::PageFile::new(db, crate::store::open::STORAGE_NAME)
+    let pages = crate::tree::PageFile::new(db, crate::store::open::STORAGE_NAME)
         .map_err(|e| crate::StorageError::io("reading a page file's header", e))?;
     let db = redb::Builder::new()
         .create_with_backend(pages)
@@ -255,7 +253,7 @@ pub fn forget_synced(dir: &std::path::Path) {
 /// (opening converts a format-2 store).
 pub fn format_version(db: impl redb::StorageBackend) -> Result<Option<u64>, crate::Error> {
     use redb::ReadableDatabase;
-    let pages = crate::tree::pages::PageFile::new(db, crate::store::open::STORAGE_NAME)
+    let pages = crate::tree::PageFile::new(db, crate::store::open::STORAGE_NAME)
         .map_err(|e| crate::StorageError::io("reading a page file's header", e))?;
     let db = redb::Builder::new()
         .create_with_backend(pages)
@@ -264,10 +262,10 @@ pub fn format_version(db: impl redb::StorageBackend) -> Result<Option<u64>, crat
         .begin_read()
         .map_err(|e| crate::StorageError::redb("reading the format", e))?;
     let meta = txn
-        .open_table(crate::tree::tables::META)
+        .open_table(crate::tree::META)
         .map_err(|e| crate::StorageError::redb("reading the format", e))?;
     let version = meta
-        .get(crate::tree::tables::META_FORMAT)
+        .get(crate::tree::META_FORMAT)
         .map_err(|e| crate::StorageError::redb("reading the format", e))?;
     Ok(version.map(|v| v.value()))
 }
@@ -275,7 +273,7 @@ pub fn format_version(db: impl redb::StorageBackend) -> Result<Option<u64>, crat
 /// The page layer's work since the process started (the load generator divides it by the
 /// operations of a run): 4 KiB blocks checksummed, read or written, and sums blocks written.
 pub fn page_work() -> (u64, u64) {
-    use crate::tree::pages::work;
+    use crate::tree::work;
     use std::sync::atomic::Ordering::Relaxed;
     (work::SUMMED.load(Relaxed), work::SUMS_WRITTEN.load(Relaxed))
 }
@@ -283,7 +281,7 @@ pub fn page_work() -> (u64, u64) {
 /// The CRC-32 the page layer keeps for a data block: the block number, then its 4 KiB (the
 /// load generator times it).
 pub fn page_sum(index: u64, data: &[u8]) -> u32 {
-    crate::tree::pages::sum(index, data)
+    crate::tree::sum(index, data)
 }
 
 /// What every caller of a batch that failed with `error` gets: the store poisoned, with

@@ -27,7 +27,7 @@ use crate::error::{Error, StorageError};
 use crate::key::Key;
 use crate::state::Counter;
 use crate::state::Held;
-use crate::tree::tables::{IndexEntries, Tables};
+use crate::tree::{IndexEntries, Tables};
 
 use super::Syncer;
 use crate::state::Engine;

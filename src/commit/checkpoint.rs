@@ -26,7 +26,7 @@ use crate::log::LOG_HEADER_LEN;
 use crate::record::Millis;
 use crate::state::Counter;
 use crate::state::{CheckpointStart, Engine};
-use crate::tree::tables::{new_salt, Tables};
+use crate::tree::{new_salt, Tables};
 
 /// A background checkpoint: its thread, which returns the commit's outcome.
 pub(crate) type Running = JoinHandle<Result<(), Error>>;

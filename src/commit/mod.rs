@@ -38,7 +38,9 @@ mod sweep;
 mod syncer;
 mod writer;
 
-pub(crate) use apply::{merged, DeferredBatch, TreeChange, Written};
+pub(crate) use apply::Written;
+#[cfg(feature = "__whitebox")]
+pub(crate) use apply::{merged, DeferredBatch, TreeChange};
 #[cfg(feature = "__whitebox")]
 pub use background::Background;
 pub(crate) use background::Schedule;

@@ -27,7 +27,7 @@ use crate::error::{Error, StorageError};
 use crate::key::Key;
 use crate::state::error_copy;
 use crate::state::{Durability, Limits};
-use crate::tree::tables::IndexEntries;
+use crate::tree::IndexEntries;
 
 use super::{Syncer, Writer};
 

@@ -14,8 +14,8 @@ use crate::error::{Error, StorageError};
 use crate::key::Key;
 use crate::record::{Millis, Record, RecordClass, TokenFloor};
 use crate::state::{Counter, Engine};
-use crate::tree::tables::{decode_record, IndexEntries, Tables, LEASE};
-use crate::tree::windows::{span, Records, Windows};
+use crate::tree::{decode_record, IndexEntries, Tables, LEASE};
+use crate::tree::{span, Records, Windows};
 
 impl Writer {
     /// Deletes up to `limit` expired records in one unlogged transaction, earliest expiry

@@ -15,7 +15,7 @@ use crate::record::{Millis, Record};
 use crate::state::Counter;
 use crate::state::Durability;
 use crate::state::Held;
-use crate::tree::tables::{IndexEntries, Tables};
+use crate::tree::{IndexEntries, Tables};
 
 use super::apply::{Applier, DeferredBatch, Written};
 use super::queue::Request;

@@ -29,7 +29,7 @@ use crate::error::{OpenError, StorageError};
 use crate::log::identity::{self, Identity, LOG_HEADER_LEN};
 use crate::log::lost_log::META_LOG_LEN;
 use crate::log::wal::OsFile;
-use crate::tree::tables::{META, META_CLOSED_CLEAN, META_LOG_START};
+use crate::tree::{META, META_CLOSED_CLEAN, META_LOG_START};
 
 /// Whether the file carries the clean-close mark (read without writing). Read by opens only.
 pub(crate) fn recorded(db: &impl ReadableDatabase) -> Result<bool, OpenError> {

@@ -19,7 +19,7 @@ use std::path::Path;
 use redb::{ReadableDatabase, TableError, WriteTransaction};
 
 use crate::error::{OpenError, StorageError};
-use crate::tree::tables::META;
+use crate::tree::META;
 
 /// The meta key of the log's length when the store last opened.
 pub(crate) const META_LOG_LEN: &str = "log_len";

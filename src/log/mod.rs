@@ -12,13 +12,18 @@ mod recovery;
 mod wal;
 
 pub(crate) use clean_close::{mark, recorded, shrink_log};
-pub use identity::{block, parse, Identity, LOG_HEADER_LEN};
+#[cfg(feature = "__whitebox")]
+pub use identity::{block, parse};
 pub(crate) use identity::{claim as claim_identity, read as read_identity};
+pub use identity::{Identity, LOG_HEADER_LEN};
 pub(crate) use lost_log::{recorded_len, refuse, truncated};
 pub(crate) use recovery::recover;
+#[cfg(feature = "__whitebox")]
 pub use recovery::{LogPosition, Recovered};
+#[cfg(feature = "__whitebox")]
 pub use wal::{
     decode_payload, encode, header_crc, padded, parse_header, Entry, EntryRecord, Frame, Header,
-    LogFile, Wal, ALIGN, HEADER_LEN,
+    ALIGN, HEADER_LEN,
 };
 pub(crate) use wal::{log_path, zero_fill, OsFile, PREALLOC_FIRST};
+pub use wal::{LogFile, Wal};

@@ -17,8 +17,8 @@ use crate::error::StorageError;
 use crate::log::identity::LOG_HEADER_LEN;
 use crate::log::wal::{self, parse_header, Frame, LogFile, Wal, HEADER_LEN};
 use crate::record::Record;
-use crate::tree::tables::{new_salt, IndexEntries, Tables};
-use crate::tree::windows::Windows;
+use crate::tree::Windows;
+use crate::tree::{new_salt, IndexEntries, Tables};
 
 /// Brings `db` up to date with the log and returns the log, rewound and ready for appends,
 /// and the next fencing token.

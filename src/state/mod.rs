@@ -11,7 +11,9 @@ mod poison;
 mod settings;
 mod wait;
 
-pub(crate) use overlay::{entry_bytes, Held, RecordsTable};
+pub(crate) use overlay::Held;
+#[cfg(feature = "__whitebox")]
+pub(crate) use overlay::{entry_bytes, RecordsTable};
 pub use settings::Durability;
 pub(crate) use settings::Limits;
 pub(crate) use wait::{wake_at, Signal};
@@ -32,8 +34,8 @@ use crate::decide::Policies;
 use crate::error::{Error, StorageError};
 use crate::key::Key;
 use crate::record::{Millis, Record};
-use crate::tree::tables::decode_record;
-use crate::tree::windows::{Records, Windows};
+use crate::tree::decode_record;
+use crate::tree::{Records, Windows};
 pub(crate) use overlay::{Overlay, RecordCache};
 
 /// See the module docs. Assembled once, when the store opens (`Store::from_parts`).

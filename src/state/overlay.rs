@@ -60,7 +60,7 @@ pub(crate) struct Overlay {
 }
 
 /// The records of one redb read transaction (every window's table).
-pub(crate) type RecordsTable = crate::tree::windows::Records;
+pub(crate) type RecordsTable = crate::tree::Records;
 
 /// One read snapshot of the records table and the epoch it was opened in (see
 /// [`Overlay::committed`]).

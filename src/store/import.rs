@@ -7,7 +7,7 @@ use crate::key::Key;
 use crate::record::Record;
 use crate::store::inspect::{needs_recovery, open_clean};
 use crate::store::open::file::{check_format, open_redb};
-use crate::tree::tables::{open_windows, Tables};
+use crate::tree::{open_windows, Tables};
 
 /// What [`import`] did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

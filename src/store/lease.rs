@@ -13,7 +13,7 @@ use crate::decide::{Complete, Completion, Extend, MarkNeedsReview, RecordStep, R
 use crate::error::{Error, LeaseLostReason};
 use crate::key::Key;
 use crate::record::Progress;
-use crate::tree::tables::Tables;
+use crate::tree::Tables;
 
 use super::many::extended;
 use super::Store;

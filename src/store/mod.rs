@@ -37,7 +37,7 @@ use crate::key::Key;
 use crate::record::{Millis, Record, TokenFloor};
 use crate::state::Engine;
 use crate::state::Stats;
-use crate::tree::tables::DEADLINES;
+use crate::tree::DEADLINES;
 
 pub use compact::compact;
 pub use import::{import, Imported};
@@ -173,7 +173,7 @@ impl Store {
     }
 
     /// The expiry windows the store keeps its records in.
-    pub(crate) fn windows(&self) -> &crate::tree::windows::Windows {
+    pub(crate) fn windows(&self) -> &crate::tree::Windows {
         &self.engine.windows
     }
 
@@ -280,7 +280,7 @@ impl Store {
                 .db
                 .begin_read()
                 .map_err(|e| StorageError::redb(ctx, e))?;
-            let records = crate::tree::windows::Records::open(&txn, &self.engine.windows)?;
+            let records = crate::tree::Records::open(&txn, &self.engine.windows)?;
             let deadlines = txn
                 .open_table(DEADLINES)
                 .map_err(|e| StorageError::redb(ctx, e))?;

@@ -16,7 +16,7 @@ use crate::key::Key;
 use crate::record::{Millis, Record};
 use crate::state::Counter;
 use crate::state::{wake_at, Signal};
-use crate::tree::tables::IndexEntries;
+use crate::tree::IndexEntries;
 
 use super::Store;
 

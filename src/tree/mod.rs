@@ -2,8 +2,22 @@
 //! their meta keys ([`tables`]), the expiry windows records live in and their filters
 //! ([`windows`]), and the checksummed pages of the store file under redb ([`pages`]).
 
-pub(crate) mod pages;
+mod pages;
 #[cfg(feature = "__whitebox")]
-pub(crate) mod seam;
-pub(crate) mod tables;
-pub(crate) mod windows;
+mod seam;
+mod tables;
+mod windows;
+
+pub(crate) use pages::{check_header, PageFile};
+#[cfg(feature = "__whitebox")]
+pub use pages::{data_offset, logical_len, physical_len, BLOCK, GROUP, GROUP_BYTES};
+#[cfg(feature = "__whitebox")]
+pub(crate) use pages::{sum, work};
+#[cfg(feature = "__whitebox")]
+pub use seam::Tree;
+pub(crate) use tables::{
+    decode_record, new_salt, open_windows, read_windows, store_id, IndexEntries, Tables,
+    CONVERTED_FORMAT, DEADLINES, FORMAT_VERSION, LEASE, META, META_CLOSED_CLEAN, META_FORMAT,
+    META_LOG_START, META_NEXT_TOKEN, META_WAL_SEQ,
+};
+pub(crate) use windows::{span, Probe, Records, Windows};

@@ -348,6 +348,7 @@ impl Windows {
     }
 
     /// The windows that may hold a record expiring at `t` (whose span holds it), narrowest first.
+    #[cfg(feature = "__whitebox")]
     pub(crate) fn holding(&self, t: Millis) -> Vec<(u64, Arc<Filter>)> {
         let mut found: Vec<(u64, Arc<Filter>)> = self
             .map
@@ -378,6 +379,7 @@ impl Windows {
     }
 
     /// How many windows may have a table.
+    #[cfg(feature = "__whitebox")]
     pub(crate) fn count(&self) -> usize {
         self.map.read().len()
     }

@@ -22,8 +22,8 @@ use crate::key::Key;
 use crate::log::log_path;
 use crate::record::{Millis, Record, RecordClass, State, TokenFloor};
 use crate::store::Store;
-use crate::tree::tables::{DEADLINES, LEASE, META, META_NEXT_TOKEN, META_WAL_SEQ};
-use crate::tree::windows::{span, Probe, Records, Windows};
+use crate::tree::{span, Probe, Records, Windows};
+use crate::tree::{DEADLINES, LEASE, META, META_NEXT_TOKEN, META_WAL_SEQ};
 
 pub use read_only::ReadOnlyStore;
 pub(crate) use read_only::{needs_recovery, open_clean};

@@ -9,7 +9,7 @@ use crate::clock::{to_millis, Clock};
 use crate::error::{OpenError, StorageError};
 use crate::store::builder::Builder;
 use crate::store::open::file::{check_format, check_page_file, open_error, page_file};
-use crate::tree::tables::{decode_record, read_windows};
+use crate::tree::{decode_record, read_windows};
 
 /// A closed store opened for reading only: [`get`](ReadOnlyStore::get),
 /// [`counts`](ReadOnlyStore::counts), [`scan`](ReadOnlyStore::scan),

@@ -23,9 +23,9 @@ use redb::{Database, DatabaseError, ReadableDatabase, TableError};
 
 use crate::error::{OpenError, StorageError};
 use crate::log::{LogFile, OsFile};
-use crate::tree::pages::PageFile;
-use crate::tree::tables::{Tables, CONVERTED_FORMAT, FORMAT_VERSION, META, META_FORMAT};
-use crate::tree::windows::Windows;
+use crate::tree::PageFile;
+use crate::tree::Windows;
+use crate::tree::{Tables, CONVERTED_FORMAT, FORMAT_VERSION, META, META_FORMAT};
 
 /// The first bytes of every plain redb file (a store before page checksums).
 const REDB_SIGNATURE: [u8; 9] = [b'r', b'e', b'd', b'b', 0x1A, 0x0A, 0xA9, 0x0D, 0x0A];
@@ -127,7 +127,7 @@ fn open_existing(
             "it is a plain redb file (another program's database, or a development format of idemstore from before page checksums, which this build does not read)",
         ));
     }
-    if let Err(reason) = crate::tree::pages::check_header(&start) {
+    if let Err(reason) = crate::tree::check_header(&start) {
         return Err(not_a_store(path, reason));
     }
     // Check the format through a read-only handle first, so a foreign database is refused
@@ -469,5 +469,5 @@ pub(crate) fn check_page_file(path: &Path) -> Result<(), OpenError> {
         }
         read => read.map_err(|e| StorageError::io(format!("reading {}", path.display()), e))?,
     }
-    crate::tree::pages::check_header(&start).map_err(|reason| not_a_store(path, reason))
+    crate::tree::check_header(&start).map_err(|reason| not_a_store(path, reason))
 }

@@ -20,7 +20,7 @@ use crate::state::Overlay;
 use crate::state::RecordCache;
 use crate::state::{full_disk_at_open, replay_bound, Poison};
 use crate::store::builder::Builder;
-use crate::tree::tables::{open_windows, store_id as stored_id};
+use crate::tree::{open_windows, store_id as stored_id};
 
 use super::Store;
 
@@ -192,7 +192,7 @@ impl Store {
                 // The clean-close mark, read as `file::open_or_create` reads it.
                 // Every page checksummed, as on a file (`tree/pages.rs`).
                 let pages = |disk: &B| {
-                    crate::tree::pages::PageFile::new(disk.clone(), STORAGE_NAME)
+                    crate::tree::PageFile::new(disk.clone(), STORAGE_NAME)
                         .map_err(|e| file::open_error(&path, "opening", e.into()))
                 };
                 let closed_clean =

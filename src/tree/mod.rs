@@ -2,12 +2,14 @@
 //! their meta keys ([`tables`]), the expiry windows records live in and their filters
 //! ([`windows`]), and the checksummed pages of the store file under redb ([`pages`]).
 
+mod filter;
 mod pages;
 #[cfg(feature = "__whitebox")]
 mod seam;
 mod tables;
 mod windows;
 
+pub(crate) use filter::Probe;
 pub(crate) use pages::{check_header, PageFile};
 #[cfg(feature = "__whitebox")]
 pub use pages::{data_offset, logical_len, physical_len, BLOCK, GROUP, GROUP_BYTES};
@@ -20,4 +22,4 @@ pub(crate) use tables::{
     CONVERTED_FORMAT, DEADLINES, FORMAT_VERSION, LEASE, META, META_CLOSED_CLEAN, META_FORMAT,
     META_LOG_START, META_NEXT_TOKEN, META_WAL_SEQ,
 };
-pub(crate) use windows::{span, Probe, Records, Windows};
+pub(crate) use windows::{span, Records, Windows};

@@ -25,8 +25,9 @@ use redb::{
     TableError, WriteTransaction,
 };
 
+use super::filter::Probe;
 use super::windows::{
-    table_name, FilterSeed, Probe, RecordsDef, Windows, FILTERS, FILTER_HASH, RECORDS_PREFIX,
+    table_name, FilterSeed, RecordsDef, Windows, FILTERS, FILTER_HASH, RECORDS_PREFIX,
 };
 use crate::error::StorageError;
 use crate::record::{Millis, Record, State};

@@ -94,15 +94,7 @@ pub(crate) fn open_windows(db: &Database) -> Result<Windows, StorageError> {
         };
         // A store of the earlier format: its records are moved to this format's windows.
         let convert = read(META_FORMAT)? == Some(CONVERTED_FORMAT);
-        let seed = match (
-            read(META_FILTER_HASH)?,
-            read(META_FILTER_SEED[0])?,
-            read(META_FILTER_SEED[1])?,
-        ) {
-            (Some(FILTER_HASH), Some(k0), Some(k1)) => Some(FilterSeed(k0, k1)),
-            _ => None,
-        };
-        match seed {
+        match saved_seed(read)? {
             Some(seed) => (convert, seed, false),
             None => {
                 let seed = write_filter_hash(&mut meta, ctx)?;
@@ -137,6 +129,23 @@ pub(crate) fn open_windows(db: &Database) -> Result<Windows, StorageError> {
     Windows::load(db, known, true)
 }
 
+/// The filters' seed the meta table names (through `read`, a meta key's value), when it also
+/// names the hash this build writes them with ([`FILTER_HASH`]).
+fn saved_seed(
+    read: impl Fn(&str) -> Result<Option<u64>, StorageError>,
+) -> Result<Option<FilterSeed>, StorageError> {
+    Ok(
+        match (
+            read(META_FILTER_HASH)?,
+            read(META_FILTER_SEED[0])?,
+            read(META_FILTER_SEED[1])?,
+        ) {
+            (Some(FILTER_HASH), Some(k0), Some(k1)) => Some(FilterSeed(k0, k1)),
+            _ => None,
+        },
+    )
+}
+
 /// The windows of the closed store in `db` for reading only, writing nothing: with the saved
 /// filters when the meta table names this build's hash ([`FILTER_HASH`]) and its seed, else
 /// with every window's filter built from its keys in memory. `None` for a store of format
@@ -154,14 +163,7 @@ pub(crate) fn read_windows(db: &impl ReadableDatabase) -> Result<Option<Windows>
     if read(META_FORMAT)? == Some(CONVERTED_FORMAT) {
         return Ok(None);
     }
-    let seed = match (
-        read(META_FILTER_HASH)?,
-        read(META_FILTER_SEED[0])?,
-        read(META_FILTER_SEED[1])?,
-    ) {
-        (Some(FILTER_HASH), Some(k0), Some(k1)) => Some(FilterSeed(k0, k1)),
-        _ => None,
-    };
+    let seed = saved_seed(read)?;
     drop(meta);
     drop(txn);
     let trusted = seed.is_some();

@@ -12,7 +12,7 @@ use crate::error::{Error, StorageError};
 use crate::log::{LogFile, Wal};
 use crate::state::Counter;
 
-use super::queue::Request;
+use super::request::Request;
 use super::Written;
 use crate::state::error_copy;
 use crate::state::Engine;

@@ -18,8 +18,8 @@ use crate::state::Held;
 use crate::tree::{IndexEntries, Tables};
 
 use super::apply::{Applier, DeferredBatch, Written};
-use super::queue::Request;
-use super::queue::{CallerDecision, Decide, Known, Ops, Outcomes};
+use super::request::Request;
+use super::request::{CallerDecision, Decide, Known, Ops, Outcomes};
 use super::syncer::PendingBatch;
 use super::{Schedule, Syncer};
 use crate::state::error_copy;

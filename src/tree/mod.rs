@@ -3,6 +3,7 @@
 //! ([`windows`]), and the checksummed pages of the store file under redb ([`pages`]).
 
 mod filter;
+mod opening;
 mod pages;
 #[cfg(feature = "__whitebox")]
 mod seam;
@@ -10,6 +11,7 @@ mod tables;
 mod windows;
 
 pub(crate) use filter::Probe;
+pub(crate) use opening::{open_windows, read_windows, store_id};
 pub(crate) use pages::{check_header, PageFile};
 #[cfg(feature = "__whitebox")]
 pub use pages::{data_offset, logical_len, physical_len, BLOCK, GROUP, GROUP_BYTES};
@@ -18,8 +20,7 @@ pub(crate) use pages::{sum, work};
 #[cfg(feature = "__whitebox")]
 pub use seam::Tree;
 pub(crate) use tables::{
-    decode_record, new_salt, open_windows, read_windows, store_id, IndexEntries, Tables,
-    CONVERTED_FORMAT, DEADLINES, FORMAT_VERSION, LEASE, META, META_CLOSED_CLEAN, META_FORMAT,
-    META_LOG_START, META_NEXT_TOKEN, META_WAL_SEQ,
+    decode_record, new_salt, IndexEntries, Tables, CONVERTED_FORMAT, DEADLINES, FORMAT_VERSION,
+    LEASE, META, META_CLOSED_CLEAN, META_FORMAT, META_LOG_START, META_NEXT_TOKEN, META_WAL_SEQ,
 };
 pub(crate) use windows::{span, Records, Windows};

@@ -9,7 +9,8 @@ use std::sync::Arc;
 use redb::backends::InMemoryBackend;
 use redb::{Database, ReadableDatabase, ReadableTable};
 
-use super::tables::{open_windows, IndexEntries, Tables};
+use super::opening::open_windows;
+use super::tables::{IndexEntries, Tables};
 use super::windows::{Records, Windows};
 use crate::clock::{to_millis, Clock, ManualClock};
 use crate::error::StorageError;

@@ -1,6 +1,8 @@
-//! The B-tree: what the store keeps in redb, described in `docs/format.md`. The tables and
-//! their meta keys ([`tables`]), the expiry windows records live in and their filters
-//! ([`windows`]), and the checksummed pages of the store file under redb ([`pages`]).
+//! The B-tree: what the store keeps in redb, described in `docs/format.md`. The door names
+//! what the rest of the crate uses; its rooms: the tables and their meta keys (`tables.rs`),
+//! what an open reads of them first (`opening.rs`), the expiry windows records live in
+//! (`windows.rs`) and their filters (`filter.rs`), the checksummed pages of the store file
+//! under redb (`pages.rs`), and the white-box `Tree` the tests drive (`seam.rs`).
 
 mod filter;
 mod opening;

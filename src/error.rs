@@ -1,32 +1,25 @@
-//! Error types. Outcomes such as "in progress" or "mismatch" are not errors: they are
-//! [`Reservation`](crate::Reservation) values. Errors are bad input, lost ownership, I/O,
-//! corruption and a poisoned store.
+//! Error types. Outcomes such as "in progress" or "mismatch" are not errors but
+//! [`Reservation`](crate::Reservation) values. As in redb, one core, [`StorageError`], is
+//! wrapped by each narrower type ([`OpenError`] for opening, [`KeyError`] for a key), and
+//! [`Error`] is the umbrella every operation returns; conversions only go up (`?`).
 //!
-//! Each message says what failed and names the file, key or limit; the error that caused it
-//! (an operating-system error, redb's, a cluster client's) is not repeated in the message but
-//! returned by [`source()`](std::error::Error::source), so a reporter that walks the chain
-//! (anyhow's `{:#}`, eyre, `idemstore` on the command line) prints each cause once.
-//!
-//! As in redb, one core, [`StorageError`] (I/O naming the file, redb's own error, corruption
-//! naming where, a poisoned store), is wrapped once by each narrower type: [`OpenError`], the
-//! only ways opening a local store can fail, and [`KeyError`], a key's validation. [`Error`]
-//! is the umbrella every operation returns. Conversions only go up (`?` turns each into
-//! [`Error`]), and a wrapped error prints as itself: its message and its causes, once.
+//! A message names the file, key or limit; its cause (an operating-system error, redb's, a
+//! client's) is not repeated in it but returned by [`source()`](std::error::Error::source), and
+//! a wrapped error prints as itself, so a reporter that walks the chain prints each cause once.
 
-use std::fmt;
 use std::path::PathBuf;
 
 pub(crate) use crate::answers::LeaseLostReason;
 use crate::key::{Key, KeyError};
 
 /// The core every other error type wraps: the storage under a store failed, or holds bytes
-/// that are not what the store writes. redb's `StorageError` plays the same part.
-#[derive(Debug)]
+/// that are not what the store writes.
+#[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum StorageError {
-    /// An operating-system I/O error, with what was being done. On a full disk
-    /// ([`io_kind`](StorageError::io_kind) is [`std::io::ErrorKind::StorageFull`]) an open
-    /// says how much room it needs.
+    /// An operating-system I/O error, with what was being done; on a full disk an open says
+    /// how much room it needs.
+    #[error("{context}")]
     Io {
         /// What failed, naming the file.
         context: String,
@@ -34,15 +27,16 @@ pub enum StorageError {
         source: std::io::Error,
     },
     /// An error from the redb storage layer.
+    #[error("storage error while {context}")]
     Redb {
         /// What was being done.
         context: &'static str,
         /// The underlying error.
         source: Box<redb::Error>,
     },
-    /// Stored bytes failed their checksum or do not decode: a block of the store file (naming
-    /// the file and the offset), a frame of the log, or a record. They are never returned as
-    /// data.
+    /// Stored bytes failed their checksum or do not decode (a block of the store file, a frame
+    /// of the log, a record); they are never returned as data.
+    #[error("corruption detected in {location}: {reason}")]
     Corruption {
         /// Where: a file offset, a log frame or the key of a record.
         location: String,
@@ -53,19 +47,18 @@ pub enum StorageError {
     /// refuses all further work: reopen it to recover to the last durable state. On a full
     /// disk ([`io_kind`](StorageError::io_kind) is [`std::io::ErrorKind::StorageFull`]) the
     /// cause names the store file and the free space reopening needs (an upper estimate).
+    #[error("store is poisoned after an earlier failed write ({cause}); reopen it to recover")]
     Poisoned {
         /// The first failure.
         cause: String,
-        /// The kind of the operating-system error behind it, when there was one: for example
-        /// [`std::io::ErrorKind::StorageFull`] for a full disk (free space, then reopen).
+        /// The kind of the operating-system error behind it, when there was one.
         io_kind: Option<std::io::ErrorKind>,
     },
 }
 
 impl StorageError {
-    /// The kind of the operating-system I/O error behind this error, if there is one; for a
-    /// poisoned store, that of the failure that poisoned it. A full disk is
-    /// [`std::io::ErrorKind::StorageFull`].
+    /// The kind of the operating-system I/O error behind this error (for a poisoned store, of
+    /// the failure that poisoned it): a full disk is [`std::io::ErrorKind::StorageFull`].
     pub fn io_kind(&self) -> Option<std::io::ErrorKind> {
         match self {
             StorageError::Io { source, .. } => Some(source.kind()),
@@ -124,37 +117,9 @@ impl StorageError {
     }
 }
 
-impl fmt::Display for StorageError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            StorageError::Io { context, .. } => f.write_str(context),
-            StorageError::Redb { context, .. } => write!(f, "storage error while {context}"),
-            StorageError::Corruption { location, reason } => {
-                write!(f, "corruption detected in {location}: {reason}")
-            }
-            StorageError::Poisoned { cause, .. } => write!(
-                f,
-                "store is poisoned after an earlier failed write ({cause}); reopen it to recover"
-            ),
-        }
-    }
-}
-
-impl std::error::Error for StorageError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            StorageError::Io { source, .. } => Some(source),
-            StorageError::Redb { source, .. } => Some(source.as_ref()),
-            _ => None,
-        }
-    }
-}
-
-/// Why a local store could not be opened: what [`Store::open`](crate::Store::open), the
-/// [`Builder`](crate::Builder)'s opens, [`open_redb`](crate::open_redb),
-/// [`open_redb_read_only`](crate::open_redb_read_only) and [`compact`](crate::compact)
-/// return, and the settings a remote store refuses when it is built. It converts into
-/// [`Error::Open`], so a function returning [`Result`] opens with `?`:
+/// Why a local store could not be opened (by [`Store::open`](crate::Store::open), a
+/// [`Builder`](crate::Builder), [`compact`](crate::compact), ...), or a setting a remote
+/// store's builder refused. It converts into [`Error::Open`], so `?` opens in a [`Result`]:
 ///
 /// ```
 /// use idemstore::{OpenError, Store};
@@ -171,10 +136,11 @@ impl std::error::Error for StorageError {
 /// open_twice(&dir.path().join("keys.idem"))?;
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum OpenError {
     /// A builder setting is out of range.
+    #[error("invalid setting {setting}: {reason}")]
     InvalidConfig {
         /// The setting's name.
         setting: &'static str,
@@ -182,13 +148,17 @@ pub enum OpenError {
         reason: String,
     },
     /// Another process (or another `Store` in this one) has the file open.
+    #[error(
+        "store {path} is already open in another process or Store handle; one process owns \
+         a store file"
+    )]
     AlreadyOpen {
         /// The store file.
         path: PathBuf,
     },
-    /// The file exists but is not an idemstore store (a directory, another program's file,
-    /// a store written by an unknown format version, or one whose redb structure is damaged).
-    /// The file was not modified.
+    /// The file exists but is not an idemstore store (a directory, another program's file, an
+    /// unknown format version, a damaged redb structure); the file was not modified.
+    #[error("{path} is not an idemstore store ({reason}); the file was left untouched")]
     NotAStore {
         /// The file.
         path: PathBuf,
@@ -199,6 +169,12 @@ pub enum OpenError {
     /// block is damaged, or it is not an idemstore log). Nothing was replayed and both files
     /// were left untouched. (A log that carries another store's identity is not an error: it
     /// is set aside under a new name and never replayed; see `docs/format.md`.)
+    #[error(
+        "log {log} cannot be shown to belong to store {store} ({reason}); nothing was \
+         replayed and both files were left untouched: if the log is not needed, move it away \
+         and open again; if the store was restored from a backup, put back the log that was \
+         saved with it"
+    )]
     ForeignLog {
         /// The store file.
         store: PathBuf,
@@ -208,10 +184,15 @@ pub enum OpenError {
         reason: String,
     },
     /// The store was not closed cleanly and its log is missing, empty, truncated or another
-    /// store's: what the log held since the last checkpoint (acknowledged operations) would be
-    /// lost, so the store refuses to open. Put the store's own log back; or, accepting the
-    /// loss, open with [`Builder::accept_log_loss`](crate::Builder::accept_log_loss) or run
-    /// `idemstore recover --accept-loss PATH`.
+    /// store's: the operations acknowledged since the last checkpoint would be lost. Put the
+    /// log back, or accept the loss: [`Builder::accept_log_loss`](crate::Builder::accept_log_loss)
+    /// or `idemstore recover --accept-loss PATH`.
+    #[error(
+        "store {store} was not closed cleanly and its log {log} {reason}: the operations \
+         acknowledged since its last checkpoint are only in its own log, so it refuses to open. \
+         Put the store's own log back at {log}; or, to accept losing them, open with \
+         Builder::accept_log_loss(true) or run `idemstore recover --accept-loss {store}`"
+    )]
     LostLog {
         /// The store file.
         store: PathBuf,
@@ -221,7 +202,8 @@ pub enum OpenError {
         reason: String,
     },
     /// Reading, creating, replaying into or compacting the files failed.
-    Storage(StorageError),
+    #[error(transparent)]
+    Storage(#[from] StorageError),
 }
 
 impl OpenError {
@@ -234,70 +216,18 @@ impl OpenError {
     }
 }
 
-impl fmt::Display for OpenError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            OpenError::InvalidConfig { setting, reason } => {
-                write!(f, "invalid setting {setting}: {reason}")
-            }
-            OpenError::AlreadyOpen { path } => write!(
-                f,
-                "store {} is already open in another process or Store handle; one process owns a store file",
-                path.display()
-            ),
-            OpenError::NotAStore { path, reason } => write!(
-                f,
-                "{} is not an idemstore store ({reason}); the file was left untouched",
-                path.display()
-            ),
-            OpenError::ForeignLog { store, log, reason } => write!(
-                f,
-                "log {} cannot be shown to belong to store {} ({reason}); nothing was replayed and \
-                 both files were left untouched: if the log is not needed, move it away and open \
-                 again; if the store was restored from a backup, put back the log that was saved \
-                 with it",
-                log.display(),
-                store.display()
-            ),
-            OpenError::LostLog { store, log, reason } => write!(
-                f,
-                "store {} was not closed cleanly and its log {} {reason}: the operations \
-                 acknowledged since its last checkpoint are only in its own log, so it refuses to \
-                 open. Put the store's own log back at {}; or, to accept losing them, open with \
-                 Builder::accept_log_loss(true) or run `idemstore recover --accept-loss {}`",
-                store.display(),
-                log.display(),
-                log.display(),
-                store.display()
-            ),
-            OpenError::Storage(e) => e.fmt(f),
-        }
-    }
-}
-
-impl std::error::Error for OpenError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            OpenError::Storage(e) => e.source(),
-            _ => None,
-        }
-    }
-}
-
-impl From<StorageError> for OpenError {
-    fn from(error: StorageError) -> OpenError {
-        OpenError::Storage(error)
-    }
-}
-
 /// Everything that can go wrong in idemstore: the umbrella for callers who want one type.
 /// Each narrower type converts into it with `?` and prints the same through it.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// A key part is empty or longer than [`Key::MAX_PART_LEN`].
-    InvalidKey(KeyError),
+    #[error(transparent)]
+    InvalidKey(#[from] KeyError),
     /// A result is larger than the store's limit ([`Builder::max_result_len`](crate::Builder::max_result_len)).
+    #[error(
+        "result for key {key} is {len} bytes; the store's limit (max_result_len) is {limit} bytes"
+    )]
     ResultTooLarge {
         /// The key being completed.
         key: Key,
@@ -307,6 +237,10 @@ pub enum Error {
         limit: usize,
     },
     /// A review note is longer than [`Key::MAX_NOTE_LEN`](crate::Key::MAX_NOTE_LEN).
+    #[error(
+        "review note for key {key} is {len} bytes; the limit is {} bytes",
+        Key::MAX_NOTE_LEN
+    )]
     NoteTooLarge {
         /// The key being marked.
         key: Key,
@@ -314,6 +248,7 @@ pub enum Error {
         len: usize,
     },
     /// The caller's lease no longer owns the key; nothing was changed.
+    #[error("lease on key {key} with token {token} is lost: {reason}; nothing was changed")]
     LeaseLost {
         /// The key.
         key: Key,
@@ -324,6 +259,10 @@ pub enum Error {
     },
     /// [`Store::resolve`](crate::Store::resolve) was called on a key that is neither marked
     /// for review nor stale.
+    #[error(
+        "key {key} cannot be resolved: {reason}; only a key marked for review or a stale \
+         reservation can; nothing was changed"
+    )]
     NotResolvable {
         /// The key.
         key: Key,
@@ -333,6 +272,12 @@ pub enum Error {
     /// [`Store::expire`](crate::Store::expire) found the key held by a live lease: a worker
     /// is doing the work now. Nothing was changed; force it with
     /// [`Store::expire_forced`](crate::Store::expire_forced) to take the key from the holder.
+    #[error(
+        "key {key} is held by a live lease until {}; nothing was changed; force the expiry to \
+         take the key from its holder (its later complete and extend then fail with \"lease \
+         lost\")",
+        crate::clock::describe_millis(crate::clock::to_millis(*lease_until))
+    )]
     LeaseLive {
         /// The key.
         key: Key,
@@ -342,6 +287,7 @@ pub enum Error {
     /// A store's admin socket refused a request of an
     /// [`AdminClient`](crate::admin::AdminClient); nothing was changed unless the message
     /// says otherwise.
+    #[error("{message} (answered by the store's admin socket {})", socket.display())]
     Admin {
         /// The socket.
         socket: PathBuf,
@@ -350,13 +296,14 @@ pub enum Error {
     },
     /// The closure passed to [`Store::complete_with`](crate::Store::complete_with) returned an
     /// error; its transaction was rolled back and the key is still pending.
+    #[error("complete_with callback failed, transaction rolled back")]
     Callback {
         /// The closure's error.
         source: Box<dyn std::error::Error + Send + Sync>,
     },
-    /// A cluster-backed store (feature `etcd`) got no definite answer from the cluster: it
-    /// was unreachable, had no leader, or refused the request, for longer than the store's
-    /// operation deadline. For a write the error says whether it may have been applied.
+    /// A cluster-backed store (feature `etcd`) got no definite answer (unreachable, no
+    /// leader, refused) within its operation deadline.
+    #[error("cluster error while {context}")]
     Cluster {
         /// What was being done, naming the key when there is one, and whether a write may
         /// have landed.
@@ -364,32 +311,34 @@ pub enum Error {
         /// The client's last error.
         source: Box<dyn std::error::Error + Send + Sync>,
     },
-    /// A database-backed store (feature `postgres`) got no definite answer from PostgreSQL:
-    /// it was unreachable or restarting for longer than the store's operation deadline, or it
-    /// refused a statement. The context says what was being done, naming the key when there
-    /// is one, and what is known about the write: that nothing was applied, or that a write
-    /// whose answer was lost may or may not have been applied.
+    /// A database-backed store (feature `postgres`) got no definite answer (unreachable,
+    /// restarting, a refused statement) within its operation deadline.
+    #[error("PostgreSQL error while {context}")]
     Database {
         /// What was being done, naming the key when there is one, and whether a write may
         /// have landed.
         context: String,
-        /// The client's (or the pool's) last error.
+        /// The client's last error.
         source: Box<dyn std::error::Error + Send + Sync>,
     },
-    /// A store operation that needs the writer (any write, `checkpoint`, `sweep`, `stale`,
-    /// inspection) was called from inside a [`Store::complete_with`](crate::Store::complete_with)
-    /// closure, which runs while the store's writer is held. Reads work there; do the rest
-    /// after `complete_with` returns.
+    /// A write, `checkpoint`, `sweep`, `stale` or an inspection was called inside a
+    /// [`Store::complete_with`](crate::Store::complete_with) closure, which holds the writer.
+    #[error(
+        "a store operation that needs the writer was called from inside a complete_with \
+         closure, which runs while the writer is held; reads work there, do the rest after \
+         complete_with returns"
+    )]
     Reentrant,
     /// A store could not be opened, or a remote store's builder refused a setting.
-    Open(OpenError),
+    #[error(transparent)]
+    Open(#[from] OpenError),
     /// The storage failed, holds damaged bytes, or the store is poisoned.
-    Storage(StorageError),
+    #[error(transparent)]
+    Storage(#[from] StorageError),
 }
 
 impl Error {
-    /// The kind of the operating-system I/O error behind this error, if there is one
-    /// ([`StorageError::io_kind`]). A full disk is [`std::io::ErrorKind::StorageFull`].
+    /// As [`StorageError::io_kind`]: a full disk is [`std::io::ErrorKind::StorageFull`].
     ///
     /// ```
     /// use idemstore::{Error, StorageError};
@@ -409,89 +358,11 @@ impl Error {
     }
 }
 
-impl fmt::Display for Error {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Error::InvalidKey(e) => e.fmt(f),
-            Error::ResultTooLarge { key, len, limit } => write!(
-                f,
-                "result for key {key} is {len} bytes; the store's limit (max_result_len) is {limit} bytes"
-            ),
-            Error::NoteTooLarge { key, len } => write!(
-                f,
-                "review note for key {key} is {len} bytes; the limit is {} bytes",
-                Key::MAX_NOTE_LEN
-            ),
-            Error::LeaseLost { key, token, reason } => write!(
-                f,
-                "lease on key {key} with token {token} is lost: {reason}; nothing was changed"
-            ),
-            Error::NotResolvable { key, reason } => write!(
-                f,
-                "key {key} cannot be resolved: {reason}; only a key marked for review or a stale reservation can; nothing was changed"
-            ),
-            Error::LeaseLive { key, lease_until } => write!(
-                f,
-                "key {key} is held by a live lease until {}; nothing was changed; force the expiry to take the key from its holder (its later complete and extend then fail with \"lease lost\")",
-                crate::clock::describe_millis(crate::clock::to_millis(*lease_until))
-            ),
-            Error::Admin { socket, message } => {
-                write!(f, "{message} (answered by the store's admin socket {})", socket.display())
-            }
-            Error::Callback { .. } => {
-                f.write_str("complete_with callback failed, transaction rolled back")
-            }
-            Error::Cluster { context, .. } => write!(f, "cluster error while {context}"),
-            Error::Database { context, .. } => write!(f, "PostgreSQL error while {context}"),
-            Error::Reentrant => f.write_str(
-                "a store operation that needs the writer was called from inside a complete_with \
-                 closure, which runs while the writer is held; reads work there, do the rest \
-                 after complete_with returns",
-            ),
-            Error::Open(e) => e.fmt(f),
-            Error::Storage(e) => e.fmt(f),
-        }
-    }
-}
-
-impl std::error::Error for Error {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            // A wrapped error is printed as itself, so its causes are its own.
-            Error::Open(e) => e.source(),
-            Error::Storage(e) => e.source(),
-            Error::Callback { source } => Some(source.as_ref()),
-            Error::Cluster { source, .. } => Some(source.as_ref()),
-            Error::Database { source, .. } => Some(source.as_ref()),
-            _ => None,
-        }
-    }
-}
-
-impl From<KeyError> for Error {
-    fn from(error: KeyError) -> Error {
-        Error::InvalidKey(error)
-    }
-}
-
-impl From<OpenError> for Error {
-    fn from(error: OpenError) -> Error {
-        Error::Open(error)
-    }
-}
-
-impl From<StorageError> for Error {
-    fn from(error: StorageError) -> Error {
-        Error::Storage(error)
-    }
-}
-
 /// A `Result` with idemstore's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// `error`'s message followed by each of its causes ([`source()`](std::error::Error::source)),
-/// `": "` between them: the whole story in one line, where it is kept as text (the latched
-/// cause of a poisoned store, an admin socket's answer).
+/// `error`'s message and each of its causes, `": "` between them, where it is kept as text (a
+/// poisoned store's latched cause, an admin socket's answer).
 pub(crate) fn with_causes(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut cause = error.source();

@@ -1,7 +1,6 @@
 //! [`EtcdBuilder`]: the settings of an [`EtcdStore`], checked when it connects.
 
 use std::sync::atomic::AtomicU64;
-use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{Client, ConnectOptions};
@@ -9,10 +8,8 @@ use etcd_client::{Client, ConnectOptions};
 use super::hints::Hints;
 use super::layout::{Layout, MAX_SLOTS};
 use super::store::{EtcdStore, Inner};
-use crate::clock::{Clock, SystemClock};
-use crate::decide::Policies;
 use crate::error::Error;
-use crate::record::TokenFloor;
+use crate::remote::settings::{shared_setters, Settings};
 use crate::store::builder::Builder;
 
 /// Largest value this store writes to etcd, under etcd's default `--max-request-bytes`
@@ -23,28 +20,22 @@ const MAX_ETCD_RESULT_LEN: usize = 1_400 * 1024;
 #[derive(Clone)]
 pub struct EtcdBuilder {
     prefix: Vec<u8>,
-    lease: Duration,
-    retention: Duration,
-    retention_by_operation: Vec<(Vec<u8>, Duration)>,
+    shared: Settings,
     max_result_len: usize,
     max_txn_ops: usize,
     op_deadline: Duration,
     request_timeout: Duration,
-    clock: Arc<dyn Clock>,
 }
 
 impl Default for EtcdBuilder {
     fn default() -> Self {
         EtcdBuilder {
             prefix: Self::DEFAULT_PREFIX.as_bytes().to_vec(),
-            lease: Builder::DEFAULT_LEASE,
-            retention: Builder::DEFAULT_RETENTION,
-            retention_by_operation: Vec::new(),
+            shared: Settings::default(),
             max_result_len: Builder::DEFAULT_MAX_RESULT_LEN,
             max_txn_ops: Self::DEFAULT_MAX_TXN_OPS,
             op_deadline: Self::DEFAULT_OP_DEADLINE,
             request_timeout: Self::DEFAULT_REQUEST_TIMEOUT,
-            clock: Arc::new(SystemClock),
         }
     }
 }
@@ -70,47 +61,7 @@ impl EtcdBuilder {
         self
     }
 
-    /// How long a completed key is kept, as [`Builder::retention`](crate::Builder::retention).
-    /// Every instance sharing a prefix should use the same. Default = 24 h.
-    pub fn retention(&mut self, retention: Duration) -> &mut Self {
-        self.retention = retention;
-        self
-    }
-
-    /// How long completed keys of `operation` (the middle part of a [`Key`](crate::Key)) are
-    /// kept instead of [`retention`](EtcdBuilder::retention), as
-    /// [`Builder::retention_for`](crate::Builder::retention_for): each record carries its own
-    /// deadline, written when it is completed, so instances with different settings never
-    /// move the deadline of a key another completed. Setting an operation again replaces its
-    /// retention. At least 1 ms. Default = none.
-    ///
-    /// ```no_run
-    /// use std::time::Duration;
-    /// use idemstore::EtcdStore;
-    ///
-    /// # async fn run() -> Result<(), idemstore::Error> {
-    /// let store = EtcdStore::builder()
-    ///     .retention(Duration::from_secs(24 * 3600))
-    ///     .retention_for("POST /charges", Duration::from_secs(7 * 24 * 3600))
-    ///     .retention_for("consume", Duration::from_secs(5 * 60))
-    ///     .connect(&["127.0.0.1:2379"])
-    ///     .await?;
-    /// # Ok(()) }
-    /// ```
-    pub fn retention_for(&mut self, operation: impl AsRef<[u8]>, retention: Duration) -> &mut Self {
-        let operation = operation.as_ref().to_vec();
-        self.retention_by_operation
-            .retain(|(name, _)| *name != operation);
-        self.retention_by_operation.push((operation, retention));
-        self
-    }
-
-    /// How long an acquisition owns a key, as [`Builder::lease`](crate::Builder::lease).
-    /// Default = 60 s.
-    pub fn lease(&mut self, lease: Duration) -> &mut Self {
-        self.lease = lease;
-        self
-    }
+    shared_setters!("prefix");
 
     /// The largest result accepted, in bytes, at most 1,400 KiB (etcd refuses requests over
     /// its `--max-request-bytes`, 1.5 MiB by default). Default = 1 MiB.
@@ -142,12 +93,6 @@ impl EtcdBuilder {
         self
     }
 
-    /// Where leases and retention deadlines get the time. Default = the system clock.
-    pub fn clock(&mut self, clock: impl Clock) -> &mut Self {
-        self.clock = Arc::new(clock);
-        self
-    }
-
     fn check(&self) -> Result<(), Error> {
         let invalid = |setting, reason: &str| {
             Err(crate::OpenError::InvalidConfig {
@@ -159,13 +104,7 @@ impl EtcdBuilder {
         if self.prefix.is_empty() {
             return invalid("prefix", "it must not be empty");
         }
-        if self.lease < Duration::from_millis(1) {
-            return invalid("lease", "it must be at least 1 ms");
-        }
-        if self.retention < Duration::from_millis(1) {
-            return invalid("retention", "it must be at least 1 ms");
-        }
-        crate::store::builder::validate_retentions(&self.retention_by_operation)?;
+        self.shared.check()?;
         if self.max_result_len > MAX_ETCD_RESULT_LEN {
             return invalid(
                 "max_result_len",
@@ -208,15 +147,8 @@ impl EtcdBuilder {
         let store = EtcdStore::from_inner(Inner {
             client,
             layout: Layout::new(&self.prefix),
-            // Several processes share one cluster: a lease outlives a process that stopped,
-            // since another may still hold keys, so leases keep their times.
-            policies: Policies::new(
-                self.lease,
-                self.retention,
-                &self.retention_by_operation,
-                TokenFloor::NONE,
-            ),
-            clock: self.clock.clone(),
+            policies: self.shared.policies(),
+            clock: self.shared.clock.clone(),
             max_result_len: self.max_result_len,
             max_txn_ops: self.max_txn_ops,
             op_deadline: self.op_deadline,

@@ -70,7 +70,7 @@ mod tests {
                 expires_at: 10,
                 state,
             },
-            nonce: Nonce::ZERO,
+            nonce: Nonce { store: 0, write: 0 },
             mod_revision: 3,
             create_revision: 3,
         }

@@ -62,12 +62,6 @@ pub(crate) struct Nonce {
     pub(crate) write: u64,
 }
 
-impl Nonce {
-    /// A nonce for tests.
-    #[cfg(test)]
-    pub(crate) const ZERO: Nonce = Nonce { store: 0, write: 0 };
-}
-
 /// The etcd keys of one store (one prefix).
 #[derive(Debug, Clone)]
 pub(crate) struct Layout {

@@ -11,10 +11,8 @@ use tokio_postgres::NoTls;
 use super::schema::{self, Sql};
 use super::store::Inner;
 use super::store::PgStore;
-use crate::clock::{Clock, SystemClock};
-use crate::decide::Policies;
 use crate::error::Error;
-use crate::record::TokenFloor;
+use crate::remote::settings::{shared_setters, Settings};
 use crate::store::builder::Builder;
 
 /// Largest result this store accepts: a `bytea` can hold 1 GB, but a result is sent in every
@@ -25,30 +23,24 @@ const MAX_PG_RESULT_LEN: usize = Builder::MAX_RESULT_LEN_LIMIT;
 #[derive(Clone)]
 pub struct PgBuilder {
     table: String,
-    lease: Duration,
-    retention: Duration,
-    retention_by_operation: Vec<(Vec<u8>, Duration)>,
+    shared: Settings,
     max_result_len: usize,
     pool_size: usize,
     op_deadline: Duration,
     statement_timeout: Duration,
     wait_poll: Duration,
-    clock: Arc<dyn Clock>,
 }
 
 impl Default for PgBuilder {
     fn default() -> Self {
         PgBuilder {
             table: Self::DEFAULT_TABLE.to_string(),
-            lease: Builder::DEFAULT_LEASE,
-            retention: Builder::DEFAULT_RETENTION,
-            retention_by_operation: Vec::new(),
+            shared: Settings::default(),
             max_result_len: Builder::DEFAULT_MAX_RESULT_LEN,
             pool_size: Self::DEFAULT_POOL_SIZE,
             op_deadline: Self::DEFAULT_OP_DEADLINE,
             statement_timeout: Self::DEFAULT_STATEMENT_TIMEOUT,
             wait_poll: Self::DEFAULT_WAIT_POLL,
-            clock: Arc::new(SystemClock),
         }
     }
 }
@@ -81,31 +73,7 @@ impl PgBuilder {
         self
     }
 
-    /// How long a completed key is kept, as [`Builder::retention`](crate::Builder::retention).
-    /// Every instance sharing a table should use the same. Default = 24 h.
-    pub fn retention(&mut self, retention: Duration) -> &mut Self {
-        self.retention = retention;
-        self
-    }
-
-    /// How long completed keys of `operation` are kept instead of
-    /// [`retention`](PgBuilder::retention), as
-    /// [`Builder::retention_for`](crate::Builder::retention_for): each row carries its own
-    /// deadline. Setting an operation again replaces its retention. At least 1 ms.
-    pub fn retention_for(&mut self, operation: impl AsRef<[u8]>, retention: Duration) -> &mut Self {
-        let operation = operation.as_ref().to_vec();
-        self.retention_by_operation
-            .retain(|(name, _)| *name != operation);
-        self.retention_by_operation.push((operation, retention));
-        self
-    }
-
-    /// How long an acquisition owns a key, as [`Builder::lease`](crate::Builder::lease).
-    /// Default = 60 s.
-    pub fn lease(&mut self, lease: Duration) -> &mut Self {
-        self.lease = lease;
-        self
-    }
+    shared_setters!("table");
 
     /// The largest result accepted, in bytes, at most the local store's limit. Default =
     /// 1 MiB.
@@ -146,25 +114,12 @@ impl PgBuilder {
         self
     }
 
-    /// Where leases and retention deadlines get the time. Default = the system clock. Every
-    /// instance's clock should agree within a small part of the lease (NTP).
-    pub fn clock(&mut self, clock: impl Clock) -> &mut Self {
-        self.clock = Arc::new(clock);
-        self
-    }
-
     fn check(&self) -> Result<(), Error> {
         let invalid = |setting, reason: String| {
             Err(crate::OpenError::InvalidConfig { setting, reason }.into())
         };
         schema::check_table(&self.table)?;
-        if self.lease < Duration::from_millis(1) {
-            return invalid("lease", "it must be at least 1 ms".into());
-        }
-        if self.retention < Duration::from_millis(1) {
-            return invalid("retention", "it must be at least 1 ms".into());
-        }
-        crate::store::builder::validate_retentions(&self.retention_by_operation)?;
+        self.shared.check()?;
         if self.max_result_len > MAX_PG_RESULT_LEN {
             return invalid(
                 "max_result_len",
@@ -229,7 +184,7 @@ impl PgBuilder {
         if config.get_application_name().is_none() {
             config.application_name("idemstore");
         }
-        let lease = super::statement::sql_millis(crate::clock::duration_millis(self.lease));
+        let lease = super::statement::sql_millis(crate::clock::duration_millis(self.shared.lease));
         let sql = Sql::new(&self.table, lease);
         // One connection of its own for the schema, so that a wrong address or a refused
         // version fails here rather than at the first reserve.
@@ -264,14 +219,8 @@ impl PgBuilder {
         Ok(PgStore::from_inner(Inner {
             pool,
             sql,
-            // Several processes share one database: a lease outlives a process that stopped.
-            policies: Policies::new(
-                self.lease,
-                self.retention,
-                &self.retention_by_operation,
-                TokenFloor::NONE,
-            ),
-            clock: self.clock.clone(),
+            policies: self.shared.policies(),
+            clock: self.shared.clock.clone(),
             max_result_len: self.max_result_len,
             op_deadline: self.op_deadline,
             statement_timeout: self.statement_timeout,

@@ -9,6 +9,7 @@
 //! store these functions as its own documented methods.
 
 mod methods;
+pub(crate) mod settings;
 pub(crate) mod snapshot;
 
 use std::future::Future;

@@ -30,7 +30,8 @@
 //! ```text
 //! cargo run --release --example scale -- steady            # 1M keys, 2 turnovers: ~5 minutes
 //! cargo run --release --example scale -- steady 100000     # quick: ~20 s
-//! cargo run --release --example scale -- steady 10000000 2 # long mode: 10M live keys, hours
+//! cargo run --release --example scale -- steady 10000000 1 # long mode: 10M live keys, ~5 min
+//! cargo run --release --example scale -- steady 100000000 0.2 /data/steady  # 100M, kept
 //! ```
 //!
 //! Arguments: the key count, then each store's `Builder::cache_size` in MiB (default 64),
@@ -133,23 +134,27 @@ fn reserve_rate(store: &Arc<Store>, tag: &str) -> f64 {
     (THREADS * PER_THREAD) as f64 / started.elapsed().as_secs_f64()
 }
 
-/// `steady [KEYS] [TURNOVERS]`: the steady-state scenario.
+/// `steady [KEYS] [TURNOVERS] [DIR]`: the steady-state scenario (TURNOVERS in tenths; a store
+/// made in DIR is kept there, to time its reopening with `open_time`).
 fn steady_main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let arg = |i: usize, default: u64| -> Result<u64, Box<dyn std::error::Error + Send + Sync>> {
-        Ok(match std::env::args().nth(i) {
-            Some(arg) => arg.parse()?,
-            None => default,
-        })
-    };
-    let (window, turnovers) = (arg(2, 1_000_000)?, arg(3, 2)?);
+    let args: Vec<String> = std::env::args().collect();
+    let window = args.get(2).map_or(Ok(1_000_000), |a| a.parse::<u64>())?;
+    let turnovers = args.get(3).map_or(Ok(2.0), |a| a.parse::<f64>())?;
     println!(
         "steady state: a window of {window} keys, {turnovers} turnovers, batches of {}; load \
          average {:.1}",
         steady::BATCH,
         steady::load_average()
     );
-    let dir = tempfile::tempdir()?;
-    let run = steady::run_store(dir.path(), window, turnovers, &mut |segment| {
+    let temp = tempfile::tempdir()?;
+    let dir = match args.get(4) {
+        Some(kept) => {
+            std::fs::create_dir_all(kept)?;
+            std::path::PathBuf::from(kept)
+        }
+        None => temp.path().to_path_buf(),
+    };
+    let run = steady::run_store(&dir, window, turnovers, &mut |segment| {
         println!("{}", segment.line());
     })?;
     for line in steady::summary(&run) {

@@ -401,11 +401,11 @@ fn empty_baseline(dir: &Path, run: &mut StoreRun) -> Result<(), BoxError> {
 }
 
 /// Runs the scenario on a store in `dir`: a window of `window` keys, `turnovers` windows at
-/// steady state; `report` sees each segment as it ends.
+/// steady state (in tenths: 0.2 is two segments); `report` sees each segment as it ends.
 pub fn run_store(
     dir: &Path,
     window: u64,
-    turnovers: u64,
+    turnovers: f64,
     report: &mut dyn FnMut(&Segment),
 ) -> Result<StoreRun, BoxError> {
     if !window.is_multiple_of(BATCH) || window < 10 * BATCH {
@@ -436,7 +436,11 @@ pub fn run_store(
         let (store, watch) = (Arc::clone(&store), Arc::clone(&watch));
         thread::spawn(move || watch.run(&store))
     };
-    let total = per_window * (1 + turnovers);
+    let steady_batches = (turnovers * 10.0).round() as u64 * per_segment;
+    if steady_batches == 0 {
+        return Err(format!("{turnovers} turnovers: at least 0.1 are needed").into());
+    }
+    let total = per_window + steady_batches;
     let mut latency = Vec::with_capacity(total as usize);
     let mut steady_cpu = Duration::ZERO;
     let mut steady_seconds = 0.0;
@@ -516,7 +520,7 @@ pub fn run_store(
     let last = run.segments.last().cloned().unwrap_or_default();
     run.steady = Segment {
         phase: "steady",
-        windows: turnovers as f64,
+        windows: turnovers,
         ..last
     };
     fill_segment(

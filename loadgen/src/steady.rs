@@ -589,7 +589,12 @@ pub fn run(
             .map_err(|e| format!("creating a directory under {}: {e}", dir.display()))?;
         match engine {
             SteadyEngine::Idemstore => {
-                let run = core::run_store(tmp.path(), window, turnovers, &mut print("idemstore"))?;
+                let run = core::run_store(
+                    tmp.path(),
+                    window,
+                    turnovers as f64,
+                    &mut print("idemstore"),
+                )?;
                 lines.extend(
                     core::summary(&run)
                         .into_iter()

@@ -54,6 +54,10 @@ struct Args {
     /// moves, alternating short cells gives both sides of a ratio the same conditions.
     #[arg(long, default_value_t = 1)]
     rounds: usize,
+    /// Build the stores with `PgBuilder::index_stale(true)` (an index of the pending rows,
+    /// which completions then update: they are no longer HOT updates).
+    #[arg(long)]
+    index_stale: bool,
 }
 
 /// CPU time of the server's processes (user + system), seconds; 0 without `--server-pid`.
@@ -373,6 +377,7 @@ async fn steady_cells(args: &Args, admin: &tokio_postgres::Client, result: &[u8]
                 .pool_size(args.conns + 1)
                 .lease(Duration::from_secs(5))
                 .retention(Duration::from_secs(args.retention))
+                .index_stale(args.index_stale)
                 .connect(&config)
                 .await
                 .expect("connect the steady store")
@@ -484,6 +489,7 @@ async fn main() {
     let store = PgStore::builder()
         .table("bench_store")
         .pool_size(args.conns)
+        .index_stale(args.index_stale)
         .connect(&args.config)
         .await
         .expect("connect the store");

@@ -29,6 +29,7 @@ pub struct PgBuilder {
     op_deadline: Duration,
     statement_timeout: Duration,
     wait_poll: Duration,
+    index_stale: bool,
 }
 
 impl Default for PgBuilder {
@@ -41,6 +42,7 @@ impl Default for PgBuilder {
             op_deadline: Self::DEFAULT_OP_DEADLINE,
             statement_timeout: Self::DEFAULT_STATEMENT_TIMEOUT,
             wait_poll: Self::DEFAULT_WAIT_POLL,
+            index_stale: false,
         }
     }
 }
@@ -111,6 +113,32 @@ impl PgBuilder {
     /// [`PgBuilder::DEFAULT_WAIT_POLL`].
     pub fn wait_poll(&mut self, interval: Duration) -> &mut Self {
         self.wait_poll = interval;
+        self
+    }
+
+    /// Keeps an index of the pending rows (`T_stale`, on `lease_until`), so that
+    /// [`PgStore::stale`] reads the reservations whose lease ended rather than the whole
+    /// table. Off by default: the index makes every completion write index entries instead of
+    /// a heap-only (HOT) update on the row's page, which costs the hot path
+    /// (`docs/postgres.md`, "Listing stale reservations", has the measured cost). Turned on
+    /// for a table that exists, the next connect builds the index, blocking writes while it
+    /// does; build it first with `CREATE INDEX CONCURRENTLY T_stale ON T (lease_until) WHERE
+    /// lease_until IS NOT NULL` to avoid that. Turning it off again leaves the index: drop it
+    /// with `DROP INDEX T_stale`.
+    ///
+    /// ```no_run
+    /// use idemstore::PgStore;
+    ///
+    /// # async fn run() -> Result<(), idemstore::Error> {
+    /// let store = PgStore::builder()
+    ///     .index_stale(true)
+    ///     .connect("host=127.0.0.1 user=app dbname=app")
+    ///     .await?;
+    /// let stale = store.stale(100).await?; // an index scan, however big the table
+    /// # Ok(()) }
+    /// ```
+    pub fn index_stale(&mut self, index: bool) -> &mut Self {
+        self.index_stale = index;
         self
     }
 
@@ -197,7 +225,7 @@ impl PgBuilder {
                     source: Box::new(source),
                 })?;
         let driver = tokio::spawn(connection);
-        let checked = schema::connect_schema(&mut client, &sql).await;
+        let checked = schema::connect_schema(&mut client, &sql, self.index_stale).await;
         drop(client);
         let _ = driver.await;
         checked?;

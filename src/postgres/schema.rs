@@ -21,8 +21,10 @@
 //!   record's expiry, its lease end plus the retention, is never earlier than the completed
 //!   record's), so a completion changes no indexed column: PostgreSQL writes it as a
 //!   heap-only (HOT) update on the same page, with no new index entries and no dead ones. The
-//!   table's `fillfactor` leaves each page room for that. `stale` reads the table itself: no
-//!   index on `lease_until`, which a completion changes.
+//!   table's `fillfactor` leaves each page room for that. `stale` reads the table itself,
+//!   unless the store was built with [`index_stale`](super::PgBuilder::index_stale):
+//! - `T_stale` (only then): the pending rows by `lease_until`. A completion clears
+//!   `lease_until`, so with it no completion is a HOT update.
 //! - `T_tokens`: the sequence tokens come from, stepping by [`TOKEN_BLOCK`]: each value is a
 //!   block of tokens for the rows of one statement (no cache: a later acquisition always gets
 //!   a higher token, whichever connection asks).
@@ -95,6 +97,8 @@ pub(crate) struct Sql {
     /// `sweep_at` is at most this much after its expiry.
     pub(crate) sweep_ahead: i64,
     pub(crate) stale: String,
+    /// The optional index `stale` reads ([`PgBuilder::index_stale`](super::PgBuilder::index_stale)).
+    pub(crate) stale_index: String,
     pub(crate) mark: String,
     pub(crate) notify: String,
 }
@@ -195,6 +199,12 @@ impl Sql {
                 "SELECT key, token, nonce, body FROM {t} WHERE lease_until <= $1 \
                  AND expires_at > $1 ORDER BY lease_until, key LIMIT $2"
             ),
+            // Only the pending rows: what `stale` reads, ordered as it reads them. A
+            // completion clears `lease_until`, so with this index it is no HOT update.
+            stale_index: format!(
+                "CREATE INDEX IF NOT EXISTS {t}_stale ON {t} (lease_until) \
+                 WHERE lease_until IS NOT NULL"
+            ),
             // A waiter marks a pending row (`wait.rs`); no row: the key changed, ask again.
             mark: format!(
                 "UPDATE {t} SET watched = true WHERE key = $1 AND lease_until IS NOT NULL \
@@ -281,6 +291,7 @@ pub(crate) fn lock_key(table: &str) -> i64 {
 pub(crate) async fn connect_schema(
     client: &mut tokio_postgres::Client,
     sql: &Sql,
+    index_stale: bool,
 ) -> Result<(), Error> {
     let t = &sql.table;
     let failed = |what: &str, source: tokio_postgres::Error| Error::Database {
@@ -324,18 +335,31 @@ pub(crate) async fn connect_schema(
                 .await
                 .map_err(|e| failed("creating the schema", e))?;
         }
-        return tx
-            .commit()
-            .await
-            .map_err(|e| failed("creating the schema", e));
+    } else {
+        check_version(&tx, t).await?;
     }
+    if index_stale {
+        tx.batch_execute(&sql.stale_index)
+            .await
+            .map_err(|e| failed("creating the index of pending rows", e))?;
+    }
+    tx.commit()
+        .await
+        .map_err(|e| failed("checking the schema", e))
+}
+
+/// Refuses a table of another schema version, naming both.
+async fn check_version(tx: &tokio_postgres::Transaction<'_>, t: &str) -> Result<(), Error> {
     let found: Option<String> = tx
         .query_opt(
             &format!("SELECT value FROM {t}_meta WHERE name = 'schema_version'"),
             &[],
         )
         .await
-        .map_err(|e| failed("reading the schema version", e))?
+        .map_err(|source| Error::Database {
+            context: format!("reading the schema version of table `{t}`"),
+            source: Box::new(source),
+        })?
         .map(|row| row.get(0));
     match found {
         Some(version) if version == SCHEMA_VERSION.to_string() => Ok(()),

@@ -306,9 +306,11 @@ impl PgStore {
     }
 
     /// Reservations whose lease ran out and that have not expired, oldest lease first, up to
-    /// `limit`; see [`Store::stale`](crate::Store::stale). Reads the table (no index on
-    /// `lease_until`: a completion changes it, and would then not be a HOT update), so call it
-    /// at intervals of a lease or more on a large table.
+    /// `limit`; see [`Store::stale`](crate::Store::stale). By default it reads the table (an
+    /// index on `lease_until`, which a completion changes, would make completions cost more),
+    /// so call it at intervals of a lease or more on a large table; a store built with
+    /// [`PgBuilder::index_stale`](crate::PgBuilder::index_stale) reads an index of the pending
+    /// rows instead.
     ///
     /// # Errors
     /// [`StorageError::Corruption`](crate::StorageError::Corruption) for a damaged row; [`Error::Database`].

@@ -385,6 +385,88 @@ fn completions_are_hot_updates() {
     });
 }
 
+/// With `index_stale`, `stale` reads the index of pending rows rather than the table: of
+/// 20,000 completed rows and 3 reservations whose lease ended, the three come back, found
+/// through the index (`pg_stat_user_indexes.idx_scan`). A store built without it has no such
+/// index, and its completions stay HOT updates (`completions_are_hot_updates`).
+#[test]
+fn stale_reads_the_index_of_pending_rows_when_asked() {
+    let server = Server::start();
+    runtime().block_on(async {
+        let clock = idemstore::ManualClock::new();
+        let store = PgStore::builder()
+            .table("staled")
+            .index_stale(true)
+            .lease(Duration::from_secs(1))
+            .clock(clock.clone())
+            .connect(&server.config())
+            .await
+            .unwrap();
+        for batch in 0..20 {
+            let items: Vec<_> = (0..1000)
+                .map(|i| (key(&format!("done-{batch}-{i}")), Fingerprint::of(b"cart")))
+                .collect();
+            let leases: Vec<_> = store
+                .reserve_many(&items)
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|answer| match answer.unwrap() {
+                    Reservation::Acquired(lease) => lease,
+                    other => panic!("a new key: {other:?}"),
+                })
+                .collect();
+            let completions = leases.iter().map(|lease| (lease, b"ok".to_vec())).collect();
+            for done in store.complete_many(completions).await.unwrap() {
+                done.unwrap();
+            }
+        }
+        for i in 0..3 {
+            acquire(&store, &key(&format!("stuck-{i}"))).await;
+        }
+        clock.advance(Duration::from_secs(5));
+        let client = raw(&server).await;
+        client.batch_execute("ANALYZE staled").await.unwrap();
+        let stale = store.stale(10).await.unwrap();
+        let mut names: Vec<String> = stale.iter().map(|(key, _)| key.to_string()).collect();
+        names.sort();
+        assert_eq!(
+            names,
+            ["stuck-0", "stuck-1", "stuck-2"].map(|id| key(id).to_string())
+        );
+        // Statistics reach the view when the backend reports them (at most a second later).
+        let mut scans = 0;
+        for _ in 0..100 {
+            let row = client
+                .query_opt(
+                    "SELECT idx_scan FROM pg_stat_user_indexes WHERE indexrelname = 'staled_stale'",
+                    &[],
+                )
+                .await
+                .unwrap()
+                .expect("index_stale(true) made the index staled_stale");
+            scans = row.get::<_, i64>(0);
+            if scans > 0 {
+                break;
+            }
+            client.batch_execute("SELECT pg_stat_clear_snapshot()").await.unwrap();
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(scans > 0, "stale read the table, not the index of pending rows");
+
+        PgStore::builder()
+            .table("plain")
+            .connect(&server.config())
+            .await
+            .unwrap();
+        let row = client
+            .query_one("SELECT to_regclass('plain_stale') IS NULL", &[])
+            .await
+            .unwrap();
+        assert!(row.get::<_, bool>(0), "a default store has no index of pending rows");
+    });
+}
+
 /// The listening connection dropped (its backend terminated) while a caller waits, and the
 /// completion's notification went nowhere: the wait still ends with the completion's answer,
 /// woken when the listener reconnects (it then wakes every waiter) or by the poll.

@@ -449,10 +449,16 @@ fn stale_reads_the_index_of_pending_rows_when_asked() {
             if scans > 0 {
                 break;
             }
-            client.batch_execute("SELECT pg_stat_clear_snapshot()").await.unwrap();
+            client
+                .batch_execute("SELECT pg_stat_clear_snapshot()")
+                .await
+                .unwrap();
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        assert!(scans > 0, "stale read the table, not the index of pending rows");
+        assert!(
+            scans > 0,
+            "stale read the table, not the index of pending rows"
+        );
 
         PgStore::builder()
             .table("plain")
@@ -463,7 +469,10 @@ fn stale_reads_the_index_of_pending_rows_when_asked() {
             .query_one("SELECT to_regclass('plain_stale') IS NULL", &[])
             .await
             .unwrap();
-        assert!(row.get::<_, bool>(0), "a default store has no index of pending rows");
+        assert!(
+            row.get::<_, bool>(0),
+            "a default store has no index of pending rows"
+        );
     });
 }
 

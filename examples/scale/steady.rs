@@ -250,6 +250,9 @@ pub struct StoreRun {
     pub duplicates_empty: Rate,
     /// See [`StoreRun::duplicates_empty`].
     pub duplicates_steady: Rate,
+    /// Duplicates of random keys written in the last minute (of the store's clock) at steady
+    /// state, on one thread.
+    pub duplicates_recent: Rate,
     /// The expired records [`Store::counts`] found after the last segment, against the
     /// count computed from the counters at that moment (they should agree within what the
     /// sweeper deleted in between).
@@ -546,6 +549,9 @@ pub fn run_store(
     // (numbers past every batch's).
     // Duplicates first: the reserves move the clock, and the oldest live batches expire.
     run.duplicates_steady = duplicates(&store, b - per_window + 1..b)?;
+    // The batches of the last minute: a batch is written every `step` of the clock.
+    let minute = (Duration::from_secs(60).as_nanos() / step.as_nanos().max(1)).max(1) as u64;
+    run.duplicates_recent = duplicates(&store, b - minute.min(per_window - 1)..b)?;
     run.reserve32_steady = reserve32(&store, &clock, 1 << 41, step)?;
 
     // Writes stop: how long the sweeper takes to delete every expired batch key. The store
@@ -605,11 +611,14 @@ pub fn summary(run: &StoreRun) -> Vec<String> {
         ),
         format!(
             "duplicates on one thread: 10,000-key store {:.0}/s ({:.2} µs CPU), random live keys \
-             at steady state {:.0}/s ({:.2} µs CPU)",
+             at steady state {:.0}/s ({:.2} µs CPU), keys of the last minute {:.0}/s ({:.2} µs \
+             CPU)",
             run.duplicates_empty.per_sec,
             run.duplicates_empty.cpu_us,
             run.duplicates_steady.per_sec,
-            run.duplicates_steady.cpu_us
+            run.duplicates_steady.cpu_us,
+            run.duplicates_recent.per_sec,
+            run.duplicates_recent.cpu_us
         ),
         format!(
             "sweeper at steady state: {} deleted in {} slices ({:.0} per slice) while {} keys \

@@ -609,6 +609,7 @@ pub fn run(
                     "reserve32_steady": rate_json(&run.reserve32_steady),
                     "duplicates_empty": rate_json(&run.duplicates_empty),
                     "duplicates_steady": rate_json(&run.duplicates_steady),
+                    "duplicates_recent": rate_json(&run.duplicates_recent),
                     "counted_expired": run.counted_expired,
                     "computed_expired": run.computed_expired,
                     "drain_seconds": run.drain_seconds,

@@ -4,8 +4,9 @@
 //! key's stored form, the clean-close mark, the time conversions the models use, the
 //! directories synced, the store's tables on a database of their own ([`Tree`], for writes a
 //! cache's stale record could make, and the B-tree writes a put makes), the applier's merge,
-//! the record cache and the epochs' snapshots, and the pure parts of the page layer, the admin
-//! socket and the HTTP and gRPC layers, whose unit tests live in `tests/` too. The store itself is reached through the public
+//! the record cache and the epochs' snapshots, and the pure parts of the state machine, the
+//! windows' filters, the page layer, the admin socket and the HTTP and gRPC layers, whose unit
+//! tests live in `tests/` too. The store itself is reached through the public
 //! storage seam ([`Builder::open_with_storage`](crate::Builder::open_with_storage)) plus the
 //! `Store::__*` and `Builder::__*` methods. Not part of the API: no stability promise, and a
 //! user never turns the feature on (CONTRIBUTING.md, "The storage seam and the white-box
@@ -30,6 +31,87 @@ pub use crate::state::reopen_room;
 pub use crate::state::CheckpointStart;
 pub use crate::tree::Tree;
 use crate::Key;
+
+/// The state machine (`src/decide/`): each operation, decided against a stored record, and the
+/// class of a record at a moment, which the transitions go by.
+pub mod decide {
+    pub use crate::decide::{
+        decide, with_token, Change, Complete, Completion, Decision, Expire, Extend,
+        MarkNeedsReview, Observe, Operation, Policy, RecordStep, Release, Reserve, Reserved,
+        Resolve, WithRetention,
+    };
+    pub use crate::record::TokenFloor;
+    use crate::record::{Millis, Record, RecordClass};
+
+    /// The class of `record` at `now` under the owner's `floor`.
+    pub fn class(record: &Record, now: Millis, floor: TokenFloor) -> RecordClass {
+        record.class(now, floor)
+    }
+}
+
+/// A window's filter, its saved form and the filters' hash (`src/tree/filter.rs`,
+/// `src/tree/windows.rs`).
+pub mod filter {
+    use crate::tree::{FilterSeed, Probe, Windows};
+
+    /// The fewest keys a filter's first part is sized for.
+    pub const MIN_CAPACITY: usize = crate::tree::MIN_CAPACITY;
+
+    /// A window's filter of the keys it holds.
+    pub struct Filter(crate::tree::Filter);
+
+    impl Filter {
+        /// An empty filter, its first part sized for `keys` keys (at least [`MIN_CAPACITY`]).
+        pub fn with_capacity(keys: usize) -> Filter {
+            Filter(crate::tree::Filter::with_capacity(keys))
+        }
+
+        /// Adds the key whose hash is `hash`.
+        pub fn insert(&self, hash: u64) {
+            self.0.insert(hash);
+        }
+
+        /// Whether the key whose hash is `hash` may have been inserted, tested with its probe.
+        pub fn may_hold(&self, hash: u64) -> bool {
+            self.0.may_hold(&Probe::of(hash))
+        }
+
+        /// The filter's row in `idemstore.filters`.
+        pub fn encode(&self) -> Vec<u8> {
+            self.0.encode()
+        }
+
+        /// The filter a row holds, or `None` for bytes that are not one as the store writes it.
+        pub fn decode(bytes: &[u8]) -> Option<Filter> {
+            crate::tree::Filter::decode(bytes).map(Filter)
+        }
+
+        /// Keys inserted.
+        pub fn inserted(&self) -> usize {
+            self.0.len()
+        }
+
+        /// Whether the filter counts as saved (a filter read from its row does).
+        pub fn saved(&self) -> bool {
+            self.0.saved.load(std::sync::atomic::Ordering::Acquire)
+        }
+
+        /// Parts in use.
+        pub fn parts(&self) -> usize {
+            self.0.parts_used()
+        }
+    }
+
+    /// The filters' hash of `bytes` under the seed of key words `seed`.
+    pub fn hash(seed: (u64, u64), bytes: &[u8]) -> u64 {
+        Windows::seeded(FilterSeed(seed.0, seed.1)).hash(bytes)
+    }
+
+    /// The filters' hash of `bytes` in windows made without a store's seed.
+    pub fn unseeded_hash(bytes: &[u8]) -> u64 {
+        Windows::new().hash(bytes)
+    }
+}
 
 /// The admin socket's peer check and its messages (`src/admin/`).
 pub mod admin {

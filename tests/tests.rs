@@ -22,6 +22,7 @@ mod concurrency;
 mod crash;
 mod damage;
 mod deadlines;
+mod decide;
 mod doc_snippets;
 #[cfg(target_os = "linux")]
 mod enospc;

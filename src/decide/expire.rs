@@ -8,10 +8,10 @@ use super::{Change, Decision, Operation, Policy};
 
 /// `expire(key)`, refusing a live lease unless `force` is set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Expire {
+pub struct Expire {
     /// Take the key from a holder whose lease is still live. The holder's later complete,
     /// release and extend then answer "lease lost", and its token is never handed out again.
-    pub(crate) force: bool,
+    pub force: bool,
 }
 
 /// What an expire answers: the phase the removed record was in (`None` when nothing was

@@ -18,7 +18,7 @@ mod operations;
 mod policy;
 
 pub use operations::Resolution;
-pub(crate) use operations::{
+pub use operations::{
     Complete, Completion, Extend, MarkNeedsReview, Observe, RecordStep, Release, Reserve, Reserved,
     Resolve, WithRetention,
 };
@@ -28,36 +28,41 @@ use crate::record::{Millis, Record, TokenFloor};
 
 /// Times that shape every decision, fixed when the store is opened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Policy {
+pub struct Policy {
     /// How long an acquisition owns a key before it goes stale.
-    pub(crate) lease: Millis,
+    pub lease: Millis,
     /// How long a completed key (or an abandoned reservation past its lease) is kept.
-    pub(crate) retention: Millis,
+    pub retention: Millis,
     /// Pending records under a lower token belong to an earlier owner of the file and are
     /// stale whatever their lease time says.
-    pub(crate) floor: TokenFloor,
+    pub floor: TokenFloor,
 }
 
 /// What to do to the stored record.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Change {
+pub enum Change {
+    /// Leave it as it is.
     Keep,
+    /// Store this record in its place.
     Put(Record),
+    /// Delete it.
     Delete,
 }
 
 /// The result of deciding one operation: the change to store and the outcome to answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Decision<O> {
-    pub(crate) change: Change,
-    pub(crate) outcome: O,
+pub struct Decision<O> {
+    /// What to do to the stored record.
+    pub change: Change,
+    /// What the operation answers.
+    pub outcome: O,
     /// Whether `next_token` was used; the caller must then never hand it out again.
-    pub(crate) used_token: bool,
+    pub used_token: bool,
 }
 
 impl<O> Decision<O> {
     /// An answer that changes nothing.
-    pub(crate) fn answer(outcome: O) -> Decision<O> {
+    pub fn answer(outcome: O) -> Decision<O> {
         Decision {
             change: Change::Keep,
             outcome,
@@ -66,7 +71,7 @@ impl<O> Decision<O> {
     }
 
     /// A change that does not use a new token.
-    pub(crate) fn change(change: Change, outcome: O) -> Decision<O> {
+    pub fn change(change: Change, outcome: O) -> Decision<O> {
         Decision {
             change,
             outcome,
@@ -76,7 +81,7 @@ impl<O> Decision<O> {
 }
 
 /// One kind of operation a caller can ask for, and what it answers.
-pub(crate) trait Operation: Send + 'static {
+pub trait Operation: Send + 'static {
     /// What deciding this operation answers.
     type Outcome: Send + 'static;
 
@@ -111,7 +116,7 @@ pub(crate) trait Operation: Send + 'static {
 ///
 /// A record past its `expires_at` reads as absent, so sweeping is invisible to callers: it only
 /// reclaims space. `next_token` is the fencing token to give a new acquisition.
-pub(crate) fn decide<O: Operation>(
+pub fn decide<O: Operation>(
     current: Option<Record>,
     op: O,
     now: Millis,
@@ -130,7 +135,7 @@ pub(crate) fn decide<O: Operation>(
 /// the state it read, with any token), handing out `token` instead. Deciding with `token`
 /// gives the same decision: the token an operation is given appears only in the record it
 /// stores and in the outcome, never in the choice between outcomes.
-pub(crate) fn with_token<O: Operation>(
+pub fn with_token<O: Operation>(
     decision: Decision<O::Outcome>,
     token: u64,
 ) -> Decision<O::Outcome> {
@@ -156,8 +161,6 @@ pub(crate) fn with_token<O: Operation>(
 /// What an operation that names a lease answers when the lease no longer owns the key.
 pub(crate) type LeaseOutcome<T> = Result<T, LeaseLostReason>;
 
-#[cfg(test)]
-mod tests;
-
-pub(crate) use expire::{Expire, Expired};
+pub use expire::Expire;
+pub(crate) use expire::Expired;
 pub(crate) use policy::Policies;

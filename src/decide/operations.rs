@@ -11,8 +11,9 @@ use super::{Change, Decision, LeaseOutcome, Operation, Policy};
 
 /// `reserve(key, fingerprint)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Reserve {
-    pub(crate) fingerprint: Fingerprint,
+pub struct Reserve {
+    /// The fingerprint of the request.
+    pub fingerprint: Fingerprint,
 }
 
 /// What a reserve answers, before the store adds the key to it.
@@ -22,25 +23,41 @@ pub(crate) struct Reserve {
 /// counts time in [`Millis`] (the answers carry `SystemTime`). The store's mapping between
 /// the two copies fields and converts times, nothing else.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Reserved {
+pub enum Reserved {
+    /// The caller owns the key now.
     Acquired {
+        /// The fencing token handed out.
         token: u64,
+        /// How many times the key has been acquired, this time included.
         attempt: u32,
+        /// When the lease runs out.
         lease_until: Millis,
+        /// The last recovery point of an earlier owner, inherited by a takeover.
         progress: Option<Progress>,
     },
+    /// The key is completed: its result, to replay.
     Completed {
+        /// The stored result.
         result: Vec<u8>,
+        /// When it was completed.
         completed_at: Millis,
+        /// When the record expires.
         expires_at: Millis,
+        /// The attempt that completed it.
         attempt: u32,
     },
+    /// Another caller's lease is live.
     InProgress {
+        /// The time left on that lease.
         retry_after: Duration,
+        /// That lease's attempt.
         attempt: u32,
     },
+    /// The key is stored for another request (another fingerprint).
     Mismatch,
+    /// The key is parked for a person.
     NeedsReview {
+        /// The note left with it.
         note: String,
     },
 }
@@ -125,14 +142,16 @@ impl Operation for Reserve {
 
 /// `complete(lease, result)`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Complete {
-    pub(crate) token: u64,
-    pub(crate) result: Vec<u8>,
+pub struct Complete {
+    /// The lease's fencing token.
+    pub token: u64,
+    /// The result to store.
+    pub result: Vec<u8>,
 }
 
 /// A completion that took effect.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Completion {
+pub enum Completion {
     /// The result is stored.
     Stored,
     /// The same lease had already completed the key: the first result stays.
@@ -169,8 +188,9 @@ impl Operation for Complete {
 
 /// `release_if_pending(lease)`; answers whether a pending reservation was deleted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Release {
-    pub(crate) token: u64,
+pub struct Release {
+    /// The lease's fencing token.
+    pub token: u64,
 }
 
 impl Operation for Release {
@@ -198,8 +218,9 @@ impl Operation for Release {
 
 /// `extend(lease)`; answers the new lease deadline.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Extend {
-    pub(crate) token: u64,
+pub struct Extend {
+    /// The lease's fencing token.
+    pub token: u64,
 }
 
 impl Operation for Extend {
@@ -235,9 +256,11 @@ impl Operation for Extend {
 
 /// `mark_needs_review(lease, note)`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct MarkNeedsReview {
-    pub(crate) token: u64,
-    pub(crate) note: String,
+pub struct MarkNeedsReview {
+    /// The lease's fencing token.
+    pub token: u64,
+    /// The note for the person who resolves it.
+    pub note: String,
 }
 
 impl Operation for MarkNeedsReview {
@@ -272,9 +295,11 @@ impl Operation for MarkNeedsReview {
 
 /// `record_step(lease, step, data)`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct RecordStep {
-    pub(crate) token: u64,
-    pub(crate) progress: Progress,
+pub struct RecordStep {
+    /// The lease's fencing token.
+    pub token: u64,
+    /// The recovery point to record.
+    pub progress: Progress,
 }
 
 impl Operation for RecordStep {
@@ -320,7 +345,7 @@ pub enum Resolution {
 /// resolved. A completion takes a new token, so the holder whose stale reservation was
 /// resolved gets "lease lost" if it tries to complete later.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Resolve(pub(crate) Resolution);
+pub struct Resolve(pub Resolution);
 
 impl Operation for Resolve {
     type Outcome = Result<(), &'static str>;
@@ -366,8 +391,9 @@ impl Operation for Resolve {
 /// `observe(key, window)`, the dedup window: records the key as seen for `window` if it is
 /// not stored. Answers whether the key was new.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Observe {
-    pub(crate) window: Millis,
+pub struct Observe {
+    /// How long a new key is kept.
+    pub window: Millis,
 }
 
 impl Operation for Observe {
@@ -446,9 +472,11 @@ fn with_own_lease<T>(
 /// [`Store::complete_with_retention`](crate::Store::complete_with_retention), an operator's
 /// resolve with a retention).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct WithRetention<O> {
-    pub(crate) op: O,
-    pub(crate) retention: Millis,
+pub struct WithRetention<O> {
+    /// The operation.
+    pub op: O,
+    /// The retention it is decided with.
+    pub retention: Millis,
 }
 
 impl<O: Operation> Operation for WithRetention<O> {

@@ -62,11 +62,11 @@ pub(crate) enum State {
 /// its time runs out (the store setting `leases_survive_restart`, and backends shared by
 /// several processes).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct TokenFloor(pub(crate) u64);
+pub struct TokenFloor(pub u64);
 
 impl TokenFloor {
     /// No floor: a lease lasts its time, whoever acquired it.
-    pub(crate) const NONE: TokenFloor = TokenFloor(0);
+    pub const NONE: TokenFloor = TokenFloor(0);
 
     /// Whether a pending record under `token` was acquired by an earlier owner.
     pub(crate) fn orphans(self, token: u64) -> bool {

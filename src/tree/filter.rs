@@ -18,7 +18,7 @@ const BITS_PER_KEY: usize = 16;
 /// Bits set per key, all in one 512-bit block (one cache line).
 const PROBES: u64 = 11;
 /// The smallest filter part, in keys.
-const MIN_CAPACITY: usize = 1024;
+pub(crate) const MIN_CAPACITY: usize = 1024;
 /// Parts a filter grows to: each twice the last; a window that outgrows them all reads as
 /// "may hold" for every key (correct, only slower).
 const PARTS: usize = 12;
@@ -195,6 +195,12 @@ impl Filter {
         Some(filter)
     }
 
+    /// Parts in use: one, and one more each time the last filled up.
+    #[cfg(feature = "__whitebox")]
+    pub(crate) fn parts_used(&self) -> usize {
+        self.used.load(Ordering::Acquire)
+    }
+
     /// Keys inserted (each insert counts, so a key inserted twice counts twice).
     pub(crate) fn len(&self) -> usize {
         self.parts
@@ -294,158 +300,5 @@ impl Bloom {
             .iter()
             .zip(words)
             .all(|(bits, word)| word.load(Ordering::Relaxed) & bits == *bits)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::tree::windows::{FilterSeed, Windows};
-
-    /// A saved filter reads back holding every key it held, across parts; bytes that are not
-    /// a saved filter (cut short, or with anything changed in the header) are refused rather
-    /// than read, so the window's filter is built from its keys instead.
-    #[test]
-    fn a_saved_filter_reads_back_and_damaged_bytes_are_refused() {
-        let filter = Filter::with_capacity(100);
-        let hashes: Vec<u64> = (0..5_000u64)
-            .map(|i| crate::key::hash_of(format!("key-{i}").as_bytes()))
-            .collect();
-        for &hash in &hashes {
-            filter.insert(hash);
-        }
-        assert!(
-            filter.used.load(Ordering::Acquire) > 1,
-            "the filter grew parts"
-        );
-        let bytes = filter.encode();
-        let back = Filter::decode(&bytes).expect("saved bytes read back");
-        assert!(back.saved.load(Ordering::Acquire));
-        assert_eq!(back.len(), filter.len());
-        for &hash in &hashes {
-            assert!(back.may_hold(&Probe::of(hash)), "a key was lost");
-        }
-        for len in [0, 1, 2, 10, 25, bytes.len() - 1] {
-            assert!(Filter::decode(&bytes[..len]).is_none(), "cut at {len}");
-        }
-        let mut longer = bytes.clone();
-        longer.push(0);
-        assert!(Filter::decode(&longer).is_none(), "a byte too many");
-        assert!(Filter::decode(&seal(&longer)).is_none(), "a word cut short");
-        for at in [0, 1, 2, 40, bytes.len() / 2, bytes.len() - 1] {
-            let mut changed = bytes.clone();
-            changed[at] ^= 0x10;
-            assert!(Filter::decode(&changed).is_none(), "byte {at} changed");
-        }
-        for (at, value) in [(0, 1), (0, 3), (1, 0), (1, 13)] {
-            let mut changed = unsealed(&bytes);
-            changed[at] = value;
-            let changed = seal(&changed);
-            assert!(Filter::decode(&changed).is_none(), "byte {at} = {value}");
-        }
-    }
-
-    /// A row's bytes before its CRC.
-    fn unsealed(row: &[u8]) -> Vec<u8> {
-        row[..row.len() - 4].to_vec()
-    }
-
-    /// `bytes` with their CRC-32 after them, as [`Filter::encode`] ends a row.
-    fn seal(bytes: &[u8]) -> Vec<u8> {
-        let mut row = bytes.to_vec();
-        row.extend_from_slice(&crc32fast::hash(bytes).to_le_bytes());
-        row
-    }
-
-    /// The header of part `part` of a row's bytes: (offset of its capacity, blocks).
-    fn part_at(bytes: &[u8], part: usize) -> (usize, u64) {
-        let mut at = 2;
-        for _ in 0..part {
-            let blocks = u64::from_le_bytes(bytes[at + 16..at + 24].try_into().unwrap());
-            at += 24 + blocks as usize * 64;
-        }
-        let blocks = u64::from_le_bytes(bytes[at + 16..at + 24].try_into().unwrap());
-        (at, blocks)
-    }
-
-    /// A saved row that is not what `insert` makes, though its CRC matches (written so on
-    /// purpose, or by a bug), is refused before anything is allocated for it, without an
-    /// overflow or a panic: the window's filter is then built from its keys. Its keys-inserted
-    /// count is bounded, since a new window's filter is sized from the largest count.
-    #[test]
-    fn hostile_saved_filters_are_refused_before_anything_is_allocated() {
-        let filter = Filter::with_capacity(MIN_CAPACITY);
-        for i in 0..3_500u64 {
-            filter.insert(i.wrapping_mul(0x9E37_79B9_7F4A_7C15));
-        }
-        assert_eq!(filter.used.load(Ordering::Acquire), 3, "three parts");
-        let bytes = unsealed(&filter.encode());
-        assert!(Filter::decode(&seal(&bytes)).is_some(), "the row as saved");
-        let put = |bytes: &mut Vec<u8>, at: usize, value: u64| {
-            bytes[at..at + 8].copy_from_slice(&value.to_le_bytes());
-        };
-        let (first, _) = part_at(&bytes, 0);
-        let (second, _) = part_at(&bytes, 1);
-        let (last, _) = part_at(&bytes, 2);
-        let cases: Vec<(&str, usize, u64)> = vec![
-            (
-                "the last part's count past its capacity",
-                last + 8,
-                4 * 1024 + 1,
-            ),
-            ("the last part's count at u64::MAX", last + 8, u64::MAX),
-            ("a huge count (2^40)", last + 8, 1 << 40),
-            ("a part before the last not full", second + 8, 2 * 1024 - 1),
-            ("a part before the last over full", first + 8, 1024 + 1),
-            (
-                "the first part under the smallest",
-                first,
-                MIN_CAPACITY as u64 / 2,
-            ),
-            ("a part not twice the last", second, 3 * 1024),
-            ("a capacity at u64::MAX", last, u64::MAX),
-            ("blocks not the capacity's", first + 16, 33),
-            ("blocks of 2^40, past the row", first + 16, 1 << 40),
-            ("blocks at u64::MAX", first + 16, u64::MAX),
-        ];
-        for (what, at, value) in cases {
-            let mut changed = bytes.clone();
-            put(&mut changed, at, value);
-            assert!(Filter::decode(&seal(&changed)).is_none(), "{what}");
-        }
-        // The same with the row's other fields made to agree (the claimed blocks of a huge
-        // capacity): the words must be in the row, so nothing is allocated for them.
-        let mut huge = bytes[..2].to_vec();
-        huge[1] = 1;
-        for value in [1u64 << 40, 0, (1u64 << 40) * 16 / 512] {
-            huge.extend_from_slice(&value.to_le_bytes());
-        }
-        assert!(
-            Filter::decode(&seal(&huge)).is_none(),
-            "a part past the row"
-        );
-    }
-
-    /// The filters' hash is SipHash-1-3 of the key's bytes under the store's seed, pinned to
-    /// known answers: the first two from siphasher's own vectors of the published algorithm
-    /// (key 00..0f; the empty message and 00..0e), all three checked against a separate
-    /// implementation of the reference code. A build whose hash gave other answers would read
-    /// saved filters as missing their keys.
-    #[test]
-    fn the_filter_hash_is_siphash_1_3_of_the_bytes_under_the_seed() {
-        let seed = FilterSeed(0x0706_0504_0302_0100, 0x0f0e_0d0c_0b0a_0908);
-        let windows = Windows::seeded(seed);
-        let key = b"\x06tenant\x06charge\x074f0c-a1";
-        assert_eq!(windows.hash(b""), 0xabac_0158_050f_c4dc);
-        let message: Vec<u8> = (0..15).collect();
-        assert_eq!(windows.hash(&message), 0xd320_d86d_2a51_9956);
-        assert_eq!(windows.hash(key), 0x76f2_e262_19a0_c28d);
-        assert_eq!(
-            Windows::new().hash(key),
-            0xef38_fade_2e2a_d016,
-            "the all-zero seed"
-        );
-        let other = Windows::seeded(FilterSeed(seed.0 ^ 1, seed.1));
-        assert_ne!(other.hash(key), windows.hash(key), "the seed keys the hash");
     }
 }

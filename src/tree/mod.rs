@@ -13,6 +13,8 @@ mod tables;
 mod windows;
 
 pub(crate) use filter::Probe;
+#[cfg(feature = "__whitebox")]
+pub(crate) use filter::{Filter, MIN_CAPACITY};
 pub(crate) use opening::{open_windows, read_windows, store_id};
 pub(crate) use pages::{check_header, PageFile};
 #[cfg(feature = "__whitebox")]
@@ -25,4 +27,6 @@ pub(crate) use tables::{
     decode_record, new_salt, IndexEntries, Tables, CONVERTED_FORMAT, DEADLINES, FORMAT_VERSION,
     LEASE, META, META_CLOSED_CLEAN, META_FORMAT, META_LOG_START, META_NEXT_TOKEN, META_WAL_SEQ,
 };
+#[cfg(feature = "__whitebox")]
+pub(crate) use windows::FilterSeed;
 pub(crate) use windows::{span, Records, Windows};

@@ -1,10 +1,15 @@
-//! Unit tests of the transitions.
+//! The state machine's transitions (`src/decide/`), decided on records made through the
+//! public `Record::new`.
 
 use std::time::Duration;
 
-use super::*;
-use crate::fingerprint::Fingerprint;
-use crate::record::{Progress, RecordClass, State};
+use idemstore::whitebox::decide::{
+    class, decide, with_token, Change, Complete, Completion, Decision, Expire, Extend,
+    MarkNeedsReview, Observe, Policy, RecordStep, Release, Reserve, Reserved, Resolve, TokenFloor,
+    WithRetention,
+};
+use idemstore::whitebox::{from_millis, Millis};
+use idemstore::{Fingerprint, LeaseLostReason, Progress, Record, RecordClass, Resolution, Status};
 
 const POLICY: Policy = Policy {
     lease: 1_000,
@@ -17,43 +22,39 @@ fn fp() -> Fingerprint {
     Fingerprint::of(b"request")
 }
 
+/// A record of [`fp`] under `token`, expiring at `expires_at` (`None`: never).
+fn record(token: u64, attempt: u32, expires_at: Option<Millis>, status: Status<'_>) -> Record {
+    Record::new(fp(), token, attempt, expires_at.map(from_millis), status)
+}
+
+/// A pending record whose lease runs until `lease_until`, expiring a retention after it.
 fn pending(token: u64, attempt: u32, lease_until: Millis) -> Record {
-    Record {
-        fingerprint: fp(),
-        token,
-        attempt,
-        expires_at: lease_until + POLICY.retention,
-        state: State::Pending {
-            lease_until,
-            progress: None,
-        },
-    }
+    pending_until(token, attempt, lease_until, lease_until + POLICY.retention)
+}
+
+/// A pending record whose lease runs until `lease_until`, expiring at `expires_at`.
+fn pending_until(token: u64, attempt: u32, lease_until: Millis, expires_at: Millis) -> Record {
+    let status = Status::Pending {
+        lease_until: from_millis(lease_until),
+        progress: None,
+    };
+    record(token, attempt, Some(expires_at), status)
 }
 
 fn completed(token: u64, expires_at: Millis) -> Record {
-    Record {
-        fingerprint: fp(),
-        token,
-        attempt: 1,
-        expires_at,
-        state: State::Completed {
-            completed_at: expires_at - POLICY.retention,
-            result: b"ok".to_vec(),
-        },
-    }
+    let status = Status::Completed {
+        result: b"ok",
+        completed_at: from_millis(expires_at - POLICY.retention),
+    };
+    record(token, 1, Some(expires_at), status)
 }
 
 fn review(token: u64) -> Record {
-    Record {
-        fingerprint: fp(),
-        token,
-        attempt: 1,
-        expires_at: Millis::MAX,
-        state: State::NeedsReview {
-            since: NOW - 1,
-            note: "charge unknown".into(),
-        },
-    }
+    let status = Status::NeedsReview {
+        note: "charge unknown",
+        since: from_millis(NOW - 1),
+    };
+    record(token, 1, None, status)
 }
 
 fn reserve(current: Option<Record>) -> Decision<Reserved> {
@@ -179,13 +180,16 @@ fn complete_by_owner_stores_result_for_retention() {
     let Change::Put(record) = d.change else {
         panic!("expected a put")
     };
-    assert_eq!(record.expires_at, NOW + POLICY.retention);
-    assert_eq!(record.attempt, 2);
     assert_eq!(
-        record.state,
-        State::Completed {
-            completed_at: NOW,
-            result: b"done".to_vec()
+        record.expires_at(),
+        Some(from_millis(NOW + POLICY.retention))
+    );
+    assert_eq!(record.attempt(), 2);
+    assert_eq!(
+        record.status(),
+        Status::Completed {
+            result: b"done",
+            completed_at: from_millis(NOW),
         }
     );
 }
@@ -319,8 +323,11 @@ fn mark_needs_review_parks_the_key_forever() {
     let Change::Put(record) = d.change else {
         panic!("expected a put")
     };
-    assert_eq!(record.expires_at, Millis::MAX);
-    assert!(!record.is_expired(Millis::MAX - 1));
+    assert_eq!(record.expires_at(), None, "never");
+    assert_eq!(
+        class(&record, Millis::MAX - 1, POLICY.floor),
+        RecordClass::NeedsReview
+    );
 }
 
 #[test]
@@ -386,7 +393,7 @@ fn observe_records_new_keys_for_the_window_only() {
     let Change::Put(record) = first.change else {
         panic!("expected a put")
     };
-    assert_eq!(record.expires_at, NOW + 300);
+    assert_eq!(record.expires_at(), Some(from_millis(NOW + 300)));
     let again = decide(
         Some(record.clone()),
         Observe { window: 300 },
@@ -416,16 +423,12 @@ fn resolve_applies_only_to_review_or_stale() {
     );
     assert!(matches!(
         d.change,
-        Change::Put(Record {
-            state: State::Completed { .. },
-            ..
-        })
+        Change::Put(ref record) if matches!(record.status(), Status::Completed { .. })
     ));
 }
 
 #[test]
 fn expire_deletes_every_settled_state_and_refuses_a_live_lease() {
-    use super::expire::Expire;
     let plain = Expire { force: false };
     let cases = [
         (completed(7, NOW + 5), RecordClass::Completed),
@@ -484,7 +487,7 @@ fn a_retention_override_sets_the_completed_deadline() {
     let Change::Put(record) = d.change else {
         panic!("a completion is stored, got {:?}", d.change)
     };
-    assert_eq!(record.expires_at, NOW + 123);
+    assert_eq!(record.expires_at(), Some(from_millis(NOW + 123)));
 }
 
 /// A store reopened after token 41 was handed out: tokens below 42 belong to a dead owner.
@@ -513,7 +516,7 @@ fn a_lease_of_an_earlier_owner_is_stale_whatever_its_time() {
             progress: None,
         }
     );
-    assert_eq!(earlier.class(NOW, REOPENED.floor), RecordClass::Stale);
+    assert_eq!(class(&earlier, NOW, REOPENED.floor), RecordClass::Stale);
     let released = decide(
         Some(earlier.clone()),
         Resolve(Resolution::Release),
@@ -522,20 +525,14 @@ fn a_lease_of_an_earlier_owner_is_stale_whatever_its_time() {
         43,
     );
     assert_eq!(released.change, Change::Delete);
-    let expired = decide(
-        Some(earlier),
-        expire::Expire { force: false },
-        NOW,
-        REOPENED,
-        43,
-    );
+    let expired = decide(Some(earlier), Expire { force: false }, NOW, REOPENED, 43);
     assert_eq!(expired.outcome, Ok(Some(RecordClass::Stale)));
 }
 
 #[test]
 fn a_lease_of_the_current_owner_stays_live_above_the_floor() {
     let own = pending(42, 1, NOW + 300);
-    assert_eq!(own.class(NOW, REOPENED.floor), RecordClass::Pending);
+    assert_eq!(class(&own, NOW, REOPENED.floor), RecordClass::Pending);
     let d = decide(Some(own), Reserve { fingerprint: fp() }, NOW, REOPENED, 43);
     assert_eq!(
         d,
@@ -592,9 +589,7 @@ fn a_decision_given_its_token_later_is_the_decision_made_with_it() {
     for at in [NOW - 2_000, NOW - 1, NOW, NOW + 1, NOW + 2_000] {
         records.push(Some(pending(7, 1, at)));
         records.push(Some(completed(7, at)));
-        let mut abandoned = pending(7, 2, at - POLICY.retention);
-        abandoned.expires_at = at;
-        records.push(Some(abandoned));
+        records.push(Some(pending_until(7, 2, at - POLICY.retention, at)));
     }
     records.push(Some(review(7)));
     // Token 7 is below the floor of a store reopened since (REOPENED): its lease is stale.

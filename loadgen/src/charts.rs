@@ -8,12 +8,16 @@
 //! # the steady-state run over time (docs/charts/steady.svg):
 //! cargo run --release -p idemstore-loadgen -- --scenario steady --save steady.json
 //! cargo run --release -p idemstore-loadgen --bin charts -- steady.json
+//! # the example's steady runs at several sizes, as printed (docs/charts/scale.svg):
+//! cargo run --release --example scale -- steady 10000000 1 > 10m.txt
+//! cargo run --release -p idemstore-loadgen --bin charts -- 1m.txt 10m.txt 100m.txt
 //! ```
 //!
 //! Writes `docs/charts/throughput.svg` (operations per second of every engine, one panel per
 //! scenario) and `docs/charts/latency.svg` (p50 and p99 of every engine in the scenarios where
 //! one operation waits for its own durability), and from a steady run `docs/charts/steady.svg`
-//! (rate, batch p99 and expired records still stored over the run), under the workspace root
+//! (rate, batch p99 and expired records still stored over the run), and from the example's
+//! printed runs `docs/charts/scale.svg` (the same, a line per size), under the workspace root
 //! or the directory given with `--root`.
 
 use std::error::Error;
@@ -62,8 +66,9 @@ const LATENCY: [&str; 3] = ["reserve-1", "reserve-32", "cycle-32"];
 const IDEMSTORE: RGBColor = RGBColor(0xd9, 0x48, 0x1c);
 const PEER: RGBColor = RGBColor(0x5b, 0x7f, 0xa6);
 
-const USAGE: &str = "usage: charts [--root WORKSPACE_ROOT] REPORT.json... (reports from the \
-    load generator's --save or --json: the scenarios' run, and the steady scenario's)";
+const USAGE: &str = "usage: charts [--root WORKSPACE_ROOT] REPORT.json... RUN.txt... (reports \
+    from the load generator's --save or --json: the scenarios' run, and the steady scenario's; \
+    runs of `scale -- steady` as printed, drawn together in docs/charts/scale.svg)";
 
 fn main() -> Result<()> {
     let workspace = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
@@ -82,6 +87,19 @@ fn main() -> Result<()> {
     }
     let charts = root.join("docs/charts");
     std::fs::create_dir_all(&charts).map_err(|e| format!("creating {}: {e}", charts.display()))?;
+    // Runs of the example (`scale -- steady`) as printed: one line each, on one chart.
+    let (printed, reports): (Vec<PathBuf>, Vec<PathBuf>) = reports
+        .into_iter()
+        .partition(|path| path.extension().is_some_and(|e| e == "txt"));
+    if !printed.is_empty() {
+        let engines = printed
+            .iter()
+            .map(|path| printed_run(path))
+            .collect::<Result<Vec<_>>>()?;
+        let path = charts.join("scale.svg");
+        steady_chart(&path, &SteadyReport { engines })?;
+        println!("wrote {}", path.display());
+    }
     for json in reports {
         let text = std::fs::read_to_string(&json)
             .map_err(|e| format!("reading {}: {e}", json.display()))?;
@@ -113,6 +131,50 @@ fn main() -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// A run of `cargo run --release --example scale -- steady KEYS ...` as it printed: its
+/// segment lines (`fill` or `steady`, windows, live keys, expired-stored, keys/s, CPU per key,
+/// `p50/p99/max`), named after its window's live keys.
+fn printed_run(path: &Path) -> Result<SteadyEngine> {
+    let text =
+        std::fs::read_to_string(path).map_err(|e| format!("reading {}: {e}", path.display()))?;
+    let bad = |line: &str| format!("{}: not a segment line: {line}", path.display());
+    let mut window = None;
+    let mut segments = Vec::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("steady state: a window of ") {
+            window = rest
+                .split_whitespace()
+                .next()
+                .and_then(|n| n.parse::<f64>().ok());
+            continue;
+        }
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if !matches!(fields.first(), Some(&"fill") | Some(&"steady")) || fields.len() < 12 {
+            continue;
+        }
+        let number = |i: usize| fields[i].parse::<f64>().map_err(|_| bad(line));
+        let latency = line
+            .split("p50/p99/max")
+            .nth(1)
+            .and_then(|rest| rest.split(" ms").next())
+            .ok_or_else(|| bad(line))?
+            .replace(' ', "");
+        let p99 = latency.split('/').nth(1).ok_or_else(|| bad(line))?;
+        segments.push(Segment {
+            windows: number(1)?,
+            live: number(2)?,
+            expired_present: number(4)?,
+            keys_per_sec: number(6)?,
+            p99_ms: p99.parse().map_err(|_| bad(line))?,
+        });
+    }
+    let keys = window.ok_or_else(|| format!("{}: no `steady state:` line", path.display()))?;
+    Ok(SteadyEngine {
+        engine: format!("{}M live keys", keys / 1e6),
+        segments,
+    })
 }
 
 /// The steady scenario's report (`--scenario steady`): per engine, one segment per tenth of a

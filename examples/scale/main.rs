@@ -16,7 +16,7 @@
 //! cargo run --release --example scale -- 1000000 16 8192  # caches of 16 MiB and 8,192 records
 //! cargo run --release --example scale -- 50000 64 65536 8192  # 8 KiB results
 //! cargo run --release --example scale -- 10000000  # long mode: about 17 minutes, 4.2 GB
-//! cargo run --release --example scale -- 100000000 # 100M: hours, ~45 GB (not run, BENCHMARKS.md)
+//! cargo run --release --example scale -- 100000000 # 100M: hours, ~45 GB (steady mode below instead)
 //! ```
 //!
 //! Steady state (`steady.rs`, shared with the load generator's `steady` scenario): a store with
@@ -31,7 +31,7 @@
 //! cargo run --release --example scale -- steady            # 1M keys, 2 turnovers: ~5 minutes
 //! cargo run --release --example scale -- steady 100000     # quick: ~20 s
 //! cargo run --release --example scale -- steady 10000000 1 # long mode: 10M live keys, ~5 min
-//! cargo run --release --example scale -- steady 100000000 0.2 /data/steady  # 100M, kept
+//! cargo run --release --example scale -- steady 100000000 0.2 DIR  # 100M, kept in DIR: ~1.5 h, 20 GB
 //! ```
 //!
 //! Arguments: the key count, then each store's `Builder::cache_size` in MiB (default 64),

@@ -294,10 +294,7 @@ pub(crate) async fn connect_schema(
     index_stale: bool,
 ) -> Result<(), Error> {
     let t = &sql.table;
-    let failed = |what: &str, source: tokio_postgres::Error| Error::Database {
-        context: format!("{what} of table `{t}`"),
-        source: Box::new(source),
-    };
+    let failed = |what: &str, source| failed(what, t, source);
     let tx = client
         .transaction()
         .await
@@ -348,6 +345,14 @@ pub(crate) async fn connect_schema(
         .map_err(|e| failed("checking the schema", e))
 }
 
+/// PostgreSQL's failure while doing `what` to table `t`'s schema.
+fn failed(what: &str, t: &str, source: tokio_postgres::Error) -> Error {
+    Error::Database {
+        context: format!("{what} of table `{t}`"),
+        source: Box::new(source),
+    }
+}
+
 /// Refuses a table of another schema version, naming both.
 async fn check_version(tx: &tokio_postgres::Transaction<'_>, t: &str) -> Result<(), Error> {
     let found: Option<String> = tx
@@ -356,10 +361,7 @@ async fn check_version(tx: &tokio_postgres::Transaction<'_>, t: &str) -> Result<
             &[],
         )
         .await
-        .map_err(|source| Error::Database {
-            context: format!("reading the schema version of table `{t}`"),
-            source: Box::new(source),
-        })?
+        .map_err(|e| failed("reading the schema version", t, e))?
         .map(|row| row.get(0));
     match found {
         Some(version) if version == SCHEMA_VERSION.to_string() => Ok(()),

@@ -5,6 +5,7 @@
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use idemstore::redb::{ReadableDatabase, ReadableTableMetadata};
+use idemstore::whitebox::Background;
 use idemstore::{Durability, ManualClock, Reservation, Store};
 
 use crate::common::{fp, key, records_table, records_tables};
@@ -423,4 +424,91 @@ fn a_sweep_deletes_the_earliest_expiries_across_nested_windows() {
         crate::common::stored(&txn, &short),
         "a later expiry went first"
     );
+}
+
+/// The level of the window a records table named `name` holds (its id's top 6 bits).
+fn level(name: &str) -> u64 {
+    let hex = name.rsplit('.').next().unwrap();
+    u64::from_str_radix(hex, 16).unwrap() >> 58
+}
+
+/// A day's retention, whose own windows are 2^22 ms (70 min) wide: each record is first written
+/// to a window 8 times narrower (2^19 ms, 8.7 min), so the window taking new keys stays small
+/// however large the store. Once no record of that horizon can be written to a narrow
+/// window's enclosing window any more, the sweeper's step moves its records there and deletes
+/// it: every key is found all along, after a crash (the log replayed into narrow windows) and
+/// after a clean close, where the file holds them in windows of their own horizon.
+#[test]
+fn records_written_narrow_move_into_their_horizons_window_once_it_is_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("n.idem");
+    let clock = clock();
+    let open = |path: &std::path::Path| {
+        Store::builder()
+            .clock(clock.clone())
+            .retention(Duration::from_secs(86_400))
+            .preallocate_log(false)
+            .__manual_background()
+            .open(path)
+            .unwrap()
+    };
+    let store = open(&path);
+    // 40 minutes of keys, 50 every 4 minutes: about 5 narrow windows.
+    let mut ids = Vec::new();
+    for batch in 0..10 {
+        let batch_ids: Vec<String> = (0..50).map(|i| format!("{batch}-{i}")).collect();
+        complete_ids(&store, "op", &batch_ids);
+        ids.extend(batch_ids);
+        clock.advance(Duration::from_secs(240));
+    }
+    store.__background(Background::Flush).unwrap();
+    store.__background(Background::DropEndedWindows).unwrap();
+    assert_eq!(store.stats().windows_merged, 0, "no window is closed yet");
+    let before = store.__windows();
+    assert!(before >= 4, "40 minutes in windows of 8.7: {before}");
+    // Past the end of the last enclosing window that holds them, and a narrow window more: a
+    // key written now expires after it.
+    clock.advance(Duration::from_secs(80 * 60));
+    complete_ids(&store, "op", &["late".to_string()]);
+    store.__background(Background::Flush).unwrap();
+    store.__background(Background::DropEndedWindows).unwrap();
+    let merged = store.stats().windows_merged;
+    assert!(merged >= 4, "{merged} windows merged of {before}");
+    assert!(
+        store.__windows() <= 3,
+        "{} windows after the merge",
+        store.__windows()
+    );
+    ids.push("late".to_string());
+    for id in &ids {
+        let k = key("t", "op", id);
+        assert!(store.get(&k).unwrap().is_some(), "{k} lost in the merge");
+    }
+    let report = store.verify().unwrap();
+    assert!(report.is_ok(), "{:?}", report.problems);
+    // The process dies: the copy has the log, whose frames replay into narrow windows.
+    let copy = dir.path().join("crashed.idem");
+    std::fs::copy(&path, &copy).unwrap();
+    std::fs::copy(
+        dir.path().join("n.idem.wal"),
+        dir.path().join("crashed.idem.wal"),
+    )
+    .unwrap();
+    drop(store);
+    let crashed = open(&copy);
+    for id in &ids {
+        let k = key("t", "op", id);
+        assert!(crashed.get(&k).unwrap().is_some(), "{k} lost after a crash");
+    }
+    let report = crashed.verify().unwrap();
+    assert!(report.is_ok(), "{:?}", report.problems);
+    drop(crashed);
+    // Closed cleanly: the 500 keys are in windows of their horizon, the late one narrow.
+    let found = tables(&path);
+    let total: u64 = found.iter().map(|(_, n)| n).sum();
+    assert_eq!(total, 501, "{found:?}");
+    for (name, n) in &found {
+        let expected = if *n == 1 { 19 } else { 22 };
+        assert_eq!(level(name), expected, "{name} holds {n}: {found:?}");
+    }
 }

@@ -444,6 +444,8 @@ impl Applier {
             if windows > 0 {
                 super::sweep::forget_ended_windows(&self.engine, now);
             }
+            let merged = tables.merge_closed_windows(now)?;
+            self.engine.counters.add(Counter::WindowsMerged, merged);
         }
         Ok(())
     }

@@ -50,7 +50,8 @@ pub enum Background {
     CheckpointStart,
     /// The writer waits for the running background checkpoint, if any, to end.
     CheckpointFinish,
-    /// The windows that have ended are deleted (the sweeper's work).
+    /// The windows that have ended are deleted and the closed narrow windows merged (the
+    /// sweeper's work).
     DropEndedWindows,
     /// The writer commits everything to redb itself (what it does before a sweep, a
     /// `complete_with` or a checkpoint).
@@ -111,9 +112,12 @@ impl Writer {
         if let Some(interval) = self.schedule.sweep_interval {
             if self.last_sweep.elapsed() >= interval {
                 self.last_sweep = Instant::now();
-                // Ended windows are known without a transaction. While the applier holds one,
-                // it deletes them itself when it commits; otherwise they go here.
-                let ended = !self.engine.windows.due(self.engine.now()).is_empty();
+                // Ended windows, and closed narrow ones, are known without a transaction.
+                // While the applier holds one, it deletes and merges them itself when it
+                // applies batches; otherwise that is done here.
+                let now = self.engine.now();
+                let windows = &self.engine.windows;
+                let ended = !windows.due(now).is_empty() || !windows.closed_narrow(now).is_empty();
                 if ended && self.applier.is_idle() {
                     let _ = self.drop_ended_windows();
                 }

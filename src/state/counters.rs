@@ -16,6 +16,7 @@ pub(crate) enum Counter {
     NeedsReview,
     Swept,
     WindowsDeleted,
+    WindowsMerged,
     Batches,
     BatchedOps,
     Syncs,
@@ -24,7 +25,7 @@ pub(crate) enum Counter {
     Expired,
 }
 
-const COUNTERS: usize = 14;
+const COUNTERS: usize = 15;
 
 impl Counter {
     /// The metric name reported to the `metrics` facade.
@@ -39,6 +40,7 @@ impl Counter {
             Counter::NeedsReview => "idemstore_needs_review_total",
             Counter::Swept => "idemstore_swept_total",
             Counter::WindowsDeleted => "idemstore_windows_deleted_total",
+            Counter::WindowsMerged => "idemstore_windows_merged_total",
             Counter::Batches => "idemstore_batches_total",
             Counter::BatchedOps => "idemstore_batched_ops_total",
             Counter::Syncs => "idemstore_log_syncs_total",
@@ -84,6 +86,7 @@ impl Counters {
             needs_review: get(Counter::NeedsReview),
             swept: get(Counter::Swept),
             windows_deleted: get(Counter::WindowsDeleted),
+            windows_merged: get(Counter::WindowsMerged),
             batches: get(Counter::Batches),
             batched_ops: get(Counter::BatchedOps),
             max_batch: self.max_batch.load(Ordering::Relaxed),
@@ -129,6 +132,10 @@ pub struct Stats {
     /// Expiry windows whose table was deleted whole once they ended (see
     /// [`Builder::sweep_interval`](crate::Builder::sweep_interval)).
     pub windows_deleted: u64,
+    /// Narrow expiry windows whose records moved into their horizon's window (each record is
+    /// first written to a window 8 times narrower, whose B-tree stays small; see
+    /// docs/format.md, "Windows").
+    pub windows_merged: u64,
     /// Batches run through the commit path.
     pub batches: u64,
     /// Operations in those batches (`batched_ops / batches` is the mean batch size).

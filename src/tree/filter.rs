@@ -68,6 +68,10 @@ pub(crate) struct Filter {
     /// Whether a record left the window since the last look at whether it is empty
     /// (`Tables::drop_ended_windows`, which deletes an empty window's table).
     pub(crate) shrunk: AtomicBool,
+    /// Whether a record was written to the window narrower than its horizon's since the last
+    /// merge looked at it (`Tables::merge_closed_windows`, which moves such records into their
+    /// horizon's window).
+    pub(crate) unmerged: AtomicBool,
 }
 
 impl Filter {
@@ -79,6 +83,7 @@ impl Filter {
             first_capacity: keys.max(MIN_CAPACITY),
             saved: AtomicBool::new(false),
             shrunk: AtomicBool::new(false),
+            unmerged: AtomicBool::new(false),
         };
         let _ = filter.parts[0].set(Bloom::new(filter.first_capacity));
         filter.used.store(1, Ordering::Release);
@@ -93,6 +98,7 @@ impl Filter {
             first_capacity: MIN_CAPACITY,
             saved: AtomicBool::new(false),
             shrunk: AtomicBool::new(false),
+            unmerged: AtomicBool::new(false),
         }
     }
 
@@ -150,6 +156,7 @@ impl Filter {
             first_capacity: MIN_CAPACITY,
             saved: AtomicBool::new(true),
             shrunk: AtomicBool::new(false),
+            unmerged: AtomicBool::new(false),
         };
         let mut previous: Option<usize> = None;
         for i in 0..count {

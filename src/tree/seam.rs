@@ -157,10 +157,13 @@ impl Tree {
         })
     }
 
-    /// Deletes every window that has ended at `now`, in one durable commit, as the store's
-    /// sweeper does.
+    /// Deletes every window that has ended at `now` and merges the closed narrow windows, in
+    /// one durable commit, as the store's sweeper does.
     pub fn drop_ended_windows(&self, now: Millis) -> Result<(), StorageError> {
-        self.write(|tables| tables.drop_ended_windows(now).map(drop))
+        self.write(|tables| {
+            tables.drop_ended_windows(now)?;
+            tables.merge_closed_windows(now).map(drop)
+        })
     }
 
     /// The windows that may have a table (one per window the tree's records made and that was

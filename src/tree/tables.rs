@@ -22,9 +22,10 @@ use std::sync::atomic::Ordering;
 
 use redb::{ReadableTable, ReadableTableMetadata, Table, TableDefinition, WriteTransaction};
 
+use super::filter::Filter;
 use super::filter::Probe;
 use super::opening::write_filter_hash;
-use super::windows::{table_name, RecordsDef, Windows, FILTERS};
+use super::windows::{level_for, level_of, table_name, RecordsDef, Windows, FILTERS, NARROW};
 use crate::error::StorageError;
 use crate::record::{Millis, Record, State};
 
@@ -374,20 +375,11 @@ impl<'txn> Tables<'txn> {
             self.unindex(key, old)?;
             self.remove_from_holding(old.expires_at, &probe, key, Some(target))?;
         }
-        // The key goes into the window's filter unless the filter already answers "may hold"
-        // for it (a rewrite in place): not on the word of `old`, whose window may have been
-        // deleted and made again since (a stale cached record, a clock stepped back), its
-        // filter a new one without the key. A filter never unlearns a key, so what it answers
-        // now it answers for as long as the window lives, and from its saved row.
-        if !filter.may_hold(&probe) {
-            if filter.saved.swap(false, Ordering::AcqRel) {
-                // The saved filter no longer holds every key: a durable commit without it
-                // makes the next open build the window's filter from its keys.
-                self.filters
-                    .remove(target)
-                    .map_err(|e| StorageError::redb(ctx, e))?;
-            }
-            filter.insert_probe(&probe);
+        self.learn(target, &filter, &probe)?;
+        let own = level_for(index.expires_at.saturating_sub(written));
+        if level_of(target) + u64::from(NARROW) == u64::from(own) {
+            // Written narrow: a merge moves it into its horizon's window later.
+            filter.unmerged.store(true, Ordering::Release);
         }
         count_write();
         self.window(target)?
@@ -398,6 +390,135 @@ impl<'txn> Tables<'txn> {
             self.deadlines
                 .insert((LEASE, at, key), ())
                 .map_err(|e| StorageError::redb(ctx, e))?;
+        }
+        Ok(())
+    }
+
+    /// Adds the key of `probe` to `window`'s filter, unless the filter already answers "may
+    /// hold" for it (a rewrite in place): not on the word of where the record was, whose
+    /// window may have been deleted and made again since (a stale cached record, a clock
+    /// stepped back), its filter a new one without the key. A filter never unlearns a key, so
+    /// what it answers now it answers for as long as the window lives, and from its saved row.
+    fn learn(&mut self, window: u64, filter: &Filter, probe: &Probe) -> Result<(), StorageError> {
+        if !filter.may_hold(probe) {
+            if filter.saved.swap(false, Ordering::AcqRel) {
+                // The saved filter no longer holds every key: a durable commit without it
+                // makes the next open build the window's filter from its keys.
+                self.filters
+                    .remove(window)
+                    .map_err(|e| StorageError::redb("updating a window's filter", e))?;
+            }
+            filter.insert_probe(probe);
+        }
+        Ok(())
+    }
+
+    /// Moves the records written to narrow windows into their horizon's window once no record
+    /// of that horizon can be written to those windows any more ([`Windows::closed_narrow`]):
+    /// the children of one enclosing window read together in key order, so that window is
+    /// written once, by appends when it is new (its leaves then full). A record stays where it
+    /// is if its horizon's window is not the enclosing one (a record placed where a crowded
+    /// store put it, or one that is in its own window already) or if it does not decode; a
+    /// narrow window that keeps none is deleted. Returns how many narrow windows were merged.
+    ///
+    /// Only transactions that never roll back call it, as for
+    /// [`drop_ended_windows`](Tables::drop_ended_windows): the windows' filters change at once.
+    pub(crate) fn merge_closed_windows(&mut self, now: Millis) -> Result<u64, StorageError> {
+        let mut merged = 0;
+        for (parent, children) in self.windows.closed_narrow(now) {
+            self.merge_into(parent, &children)?;
+            merged += children.len() as u64;
+        }
+        Ok(merged)
+    }
+
+    /// Moves the records of `children` whose horizon's window is `parent` into it, in key order.
+    fn merge_into(&mut self, parent: u64, children: &[u64]) -> Result<(), StorageError> {
+        let ctx = "moving records into their horizon's window";
+        let level = level_of(parent);
+        let moves = |value: &[u8]| {
+            Record::decode(value).is_ok_and(|record| {
+                let horizon = record.expires_at.saturating_sub(written_at(&record));
+                u64::from(level_for(horizon)) == level
+            })
+        };
+        // A table is open once per transaction: these are opened here, not through `window`.
+        self.records.remove(&parent);
+        for child in children {
+            self.records.remove(child);
+        }
+        let mut sources = Vec::with_capacity(children.len());
+        let mut total = 0u64;
+        for child in children {
+            let table = self
+                .txn
+                .open_table(RecordsDef::new(&table_name(*child)))
+                .map_err(|e| StorageError::redb(ctx, e))?;
+            total += table.len().map_err(|e| StorageError::redb(ctx, e))?;
+            sources.push(table);
+        }
+        let filter = self
+            .windows
+            .make(parent, usize::try_from(total).unwrap_or(usize::MAX));
+        let mut target = self
+            .txn
+            .open_table(RecordsDef::new(&table_name(parent)))
+            .map_err(|e| StorageError::redb(ctx, e))?;
+        let mut kept = vec![0u64; children.len()];
+        {
+            type Item<'t> = (
+                redb::AccessGuard<'t, &'static [u8]>,
+                redb::AccessGuard<'t, &'static [u8]>,
+            );
+            let mut iters = Vec::with_capacity(sources.len());
+            let mut heads: Vec<Option<Item<'_>>> = Vec::with_capacity(sources.len());
+            for table in &sources {
+                let mut iter = table.iter().map_err(|e| StorageError::redb(ctx, e))?;
+                heads.push(
+                    iter.next()
+                        .transpose()
+                        .map_err(|e| StorageError::redb(ctx, e))?,
+                );
+                iters.push(iter);
+            }
+            loop {
+                let smallest = heads
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, head)| head.as_ref().map(|(k, _)| (k.value(), i)))
+                    .min()
+                    .map(|(_, i)| i);
+                let Some(i) = smallest else { break };
+                let (key, value) = heads[i].take().expect("a head was found");
+                heads[i] = iters[i]
+                    .next()
+                    .transpose()
+                    .map_err(|e| StorageError::redb(ctx, e))?;
+                if !moves(value.value()) {
+                    kept[i] += 1;
+                    continue;
+                }
+                let probe = Probe::of(self.windows.hash(key.value()));
+                self.learn(parent, &filter, &probe)?;
+                count_write();
+                target
+                    .insert(key.value(), value.value())
+                    .map_err(|e| StorageError::redb(ctx, e))?;
+            }
+        }
+        drop(target);
+        for ((child, mut table), kept) in children.iter().zip(sources).zip(kept) {
+            if kept == 0 {
+                drop(table);
+                self.forget_window(*child, ctx)?;
+                continue;
+            }
+            table
+                .retain(|_, value| !moves(value))
+                .map_err(|e| StorageError::redb(ctx, e))?;
+            if let Some(filter) = self.windows.existing(*child) {
+                filter.unmerged.store(false, Ordering::Release);
+            }
         }
         Ok(())
     }

@@ -13,6 +13,12 @@
 //! nest (a wide window far out holds the short-lived keys written later within it only once
 //! the store is crowded, below).
 //!
+//! A record of a horizon of about 17 minutes or more is first written to a window [`NARROW`]
+//! levels narrower than its own, so the window taking a horizon's new keys stays small enough
+//! for its B-tree to stay in the page cache; once its enclosing window of its own level can no
+//! longer receive records of that horizon ([`Windows::closed_narrow`]), the records move there,
+//! the children of one enclosing window read together in key order (`Tables::merge_closed_windows`).
+//!
 //! Every record of a window has expired once its span has ended, so expiry deletes the
 //! window's table at once ([`Windows::due`]) instead of one key at a time: the cost of expiring
 //! a key is a share of one table deletion, and the space returns to the file's free pages for
@@ -39,7 +45,7 @@
 //! own keys cannot aim them at one block of a filter.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use parking_lot::RwLock;
@@ -71,6 +77,20 @@ pub(crate) const CROWDED: usize = 48;
 /// Levels a window made while the store is crowded is above its record's own: 16 times wider,
 /// as wide as the record's horizon.
 const CROWDED_WIDER: u32 = 4;
+
+/// Levels a record's first window is below its horizon's ([`level_for`]): a record is written
+/// to a window `2^NARROW` times narrower than its own, so that the window taking a horizon's new
+/// records stays small enough for its B-tree to stay in the page cache whatever the store's
+/// size; once no record of that horizon can be written to the narrow windows its own spans any
+/// more, they are merged into it in key order ([`Windows::closed_narrow`]).
+pub(crate) const NARROW: u32 = 3;
+
+/// The narrowest level a record is written narrow at: windows of `2^13` ms (about 8 s), several
+/// of the sweeper's intervals, so narrow windows are merged about as soon as they close even
+/// when no batch is applied. A record whose horizon's level is below `NARROW_FLOOR + NARROW`
+/// (a horizon under about 17 minutes) is written to its own window at once: such a window's
+/// B-tree holds at most 17 minutes of keys.
+const NARROW_FLOOR: u32 = 13;
 
 /// The widest window's level: spans of `2^62` ms.
 const MAX_LEVEL: u32 = 62;
@@ -159,7 +179,7 @@ fn fitting(level: u32, t: Millis) -> u64 {
 }
 
 /// The level of window `window`.
-fn level_of(window: u64) -> u64 {
+pub(crate) fn level_of(window: u64) -> u64 {
     window >> LEVEL_SHIFT
 }
 
@@ -172,6 +192,11 @@ pub(crate) struct Windows {
     map: RwLock<BTreeMap<u64, Arc<Filter>>>,
     /// The most keys one window's filter has taken: the most a new window's filter is sized for.
     largest: AtomicUsize,
+    /// By level, the shortest horizon of a record placed for it since the store opened
+    /// (`u64::MAX`: none yet): when its narrow windows are closed ([`closed_narrow`]).
+    ///
+    /// [`closed_narrow`]: Windows::closed_narrow
+    shortest: [AtomicU64; MAX_LEVEL as usize + 1],
 }
 
 impl std::fmt::Debug for Windows {
@@ -197,6 +222,7 @@ impl Windows {
             hasher: seed.hasher(),
             map: RwLock::new(BTreeMap::new()),
             largest: AtomicUsize::new(0),
+            shortest: std::array::from_fn(|_| AtomicU64::new(u64::MAX)),
         }
     }
 
@@ -245,6 +271,9 @@ impl Windows {
                 Some(filter) => filter,
                 None => windows.filter_of_table(&txn, &name)?,
             };
+            // Any window may hold records written narrow that no merge moved yet: each is
+            // looked at once its enclosing window is closed for a horizon written since.
+            filter.unmerged.store(true, Ordering::Release);
             windows.largest.fetch_max(filter.len(), Ordering::Relaxed);
             map.insert(window, Arc::new(filter));
         }
@@ -287,12 +316,24 @@ impl Windows {
     }
 
     /// The window a record expiring at `t`, written at `written`, goes to, with its filter (made, empty, if the
-    /// window is new): call it before inserting into the window's table. Its own window (the
-    /// span of its horizon's level holding `t`, see the module's documentation) if that exists
-    /// or the store is not crowded; otherwise the narrowest window holding `t`, or, where none
-    /// does, a new one [`CROWDED_WIDER`] levels wider.
+    /// window is new): call it before inserting into the window's table. Its first window (the
+    /// span holding `t` [`NARROW`] levels below its horizon's, or at its horizon's level for a
+    /// horizon under about 17 minutes; see the module's documentation) if that exists or the
+    /// store is not crowded; otherwise the narrowest window holding `t`, or, where none does, a
+    /// new one [`CROWDED_WIDER`] levels wider than its horizon's.
     pub(crate) fn place(&self, t: Millis, written: Millis) -> (u64, Arc<Filter>) {
-        let own = fitting(level_for(t.saturating_sub(written)), t);
+        let horizon = t.saturating_sub(written);
+        let level = level_for(horizon);
+        let shortest = &self.shortest[level as usize];
+        if horizon < shortest.load(Ordering::Relaxed) {
+            shortest.fetch_min(horizon, Ordering::Relaxed);
+        }
+        let first = if level >= NARROW_FLOOR + NARROW {
+            level - NARROW
+        } else {
+            level
+        };
+        let own = fitting(first, t);
         let chosen = |map: &BTreeMap<u64, Arc<Filter>>| -> Option<u64> {
             if map.contains_key(&own) {
                 return Some(own);
@@ -315,13 +356,59 @@ impl Windows {
         let window = match chosen(&map) {
             Some(window) => return (window, Arc::clone(&map[&window])),
             None if map.len() < CROWDED => own,
-            None => fitting(level_of(own) as u32 + CROWDED_WIDER, t),
+            None => fitting(level + CROWDED_WIDER, t),
         };
         let capacity = self.capacity_for(&map, window);
         let filter = map
             .entry(window)
             .or_insert_with(|| Arc::new(Filter::with_capacity(capacity + capacity / 4)));
         (window, Arc::clone(filter))
+    }
+
+    /// The filter of `window`, made for about `keys` keys if the window has none: the window a
+    /// merge moves records into.
+    pub(crate) fn make(&self, window: u64, keys: usize) -> Arc<Filter> {
+        let mut map = self.map.write();
+        let filter = map
+            .entry(window)
+            .or_insert_with(|| Arc::new(Filter::with_capacity(keys.saturating_add(keys / 4))));
+        Arc::clone(filter)
+    }
+
+    /// The narrow windows whose records may now move into their horizon's window, by that
+    /// window: each window a record was written to narrower than its horizon's since a merge
+    /// last looked at it ([`Filter::unmerged`]), whose enclosing window `NARROW` levels wider
+    /// the records of that level's horizons are no longer written to: its span ended one
+    /// narrow window before `now` plus the shortest such horizon placed since the store
+    /// opened. (None is closed for a level no record was placed for since the store opened:
+    /// a reopened store looks at its windows, all of which may be narrow, only for the
+    /// horizons it writes.) A record written there later (a clock stepped back) makes its
+    /// narrow window again, merged at the next look. The enclosing windows' children are in
+    /// one list each, so a merge writes each enclosing window once, in key order.
+    pub(crate) fn closed_narrow(&self, now: Millis) -> Vec<(u64, Vec<u64>)> {
+        let mut closed: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+        for (window, filter) in self.map.read().iter() {
+            if !filter.unmerged.load(Ordering::Acquire) {
+                continue;
+            }
+            let narrow = level_of(*window) as u32;
+            let level = narrow + NARROW;
+            let Some((start, _)) = span(*window) else {
+                continue;
+            };
+            let Some(parent) = window_id(level, start) else {
+                continue;
+            };
+            let shortest = self.shortest[level as usize].load(Ordering::Relaxed);
+            if shortest == u64::MAX {
+                continue;
+            }
+            let slack = 1u64 << narrow;
+            if now.saturating_add(shortest) >= Windows::end(parent).saturating_add(slack) {
+                closed.entry(parent).or_default().push(*window);
+            }
+        }
+        closed.into_iter().collect()
     }
 
     /// Keys a new `window`'s filter is made for: the windows' densest (keys per ms) times its

@@ -15,7 +15,7 @@
 //! holds a change that a crash could still take back. The transaction that applies batches
 //! also deletes the expiry windows that have ended (`Tables::drop_ended_windows`).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
@@ -124,10 +124,32 @@ struct Backlog {
     shutdown: bool,
 }
 
-/// The most changes queued for the applier before the writer applies them itself: this
+/// The most changes queued for the applier before the writer applies some itself: this
 /// bounds the work a flush may find left over when the applier falls behind, such as under a
 /// stream of large `reserve_many` batches.
 const MAX_QUEUED: usize = 65536;
+
+/// The most changes queued for the applier at all: past [`MAX_QUEUED`] the writer does not
+/// wait for the applier while it merges windows (a second or more at 10M live keys), up to
+/// this many; past it, the writer waits (the memory the queue, the overlay and the writer's
+/// own changes take stays bounded).
+const MOST_QUEUED: usize = 8 * MAX_QUEUED;
+
+/// The most changes the writer applies itself at a time, the oldest first, when the queue is
+/// past [`MAX_QUEUED`]: each batch over the bound pays a share of the applier's lag rather
+/// than one batch paying for the whole queue.
+pub(super) const SELF_APPLIED: usize = 8192;
+
+/// How full the applier's queue is after a push.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Queued {
+    /// At most [`MAX_QUEUED`] changes.
+    Room,
+    /// Past [`MAX_QUEUED`]: the writer applies some itself, unless the applier is merging.
+    Over,
+    /// Past [`MOST_QUEUED`]: the writer applies some itself, waiting for the applier.
+    Full,
+}
 
 /// How long the applier waits before looking again when the first queued frame is not yet
 /// known durable (a sync normally ends well within it).
@@ -167,6 +189,8 @@ pub(crate) struct Applier {
     /// While a background checkpoint is to commit the frames up to this one (and no later),
     /// later frames wait in the queue (`u64::MAX`: none does).
     hold_after: AtomicU64,
+    /// Whether the transaction is merging narrow windows (`Tables::merge_closed_windows`).
+    merging: AtomicBool,
     /// Held while applying, committing, or reading when the transaction was opened. A batch is
     /// taken from `queue` only while holding it, so that a flush never misses one.
     pub(super) txn: Mutex<OpenTxn>,
@@ -192,6 +216,7 @@ impl Applier {
             drain_to: AtomicU64::new(0),
             drained: AtomicU64::new(0),
             hold_after: AtomicU64::new(u64::MAX),
+            merging: AtomicBool::new(false),
             txn: Mutex::new(None),
             queue: Mutex::new(Backlog::default()),
             more: Condvar::new(),
@@ -226,9 +251,9 @@ impl Applier {
         }
     }
 
-    /// Queues a logged batch's changes for the applier thread. Returns whether the queue is
-    /// full, in which case the caller applies it ([`apply_queued`](Applier::apply_queued)).
-    pub(super) fn push(&self, batch: DeferredBatch) -> bool {
+    /// Queues a logged batch's changes for the applier thread. Returns how full the queue is:
+    /// past [`MAX_QUEUED`], the caller applies some of it ([`apply_some`](Applier::apply_some)).
+    pub(super) fn push(&self, batch: DeferredBatch) -> Queued {
         let mut queue = self.queue.lock();
         let before = queue.changes;
         queue.changes += batch.changes.len();
@@ -240,7 +265,16 @@ impl Applier {
         {
             self.more.notify_one();
         }
-        queue.changes > MAX_QUEUED
+        match queue.changes {
+            n if n > MOST_QUEUED => Queued::Full,
+            n if n > MAX_QUEUED => Queued::Over,
+            _ => Queued::Room,
+        }
+    }
+
+    /// Whether the open transaction is merging narrow windows now.
+    pub(super) fn merging(&self) -> bool {
+        self.merging.load(Ordering::Acquire)
     }
 
     /// The last frame a redb commit of the applier's own holds (0: none yet).
@@ -340,7 +374,7 @@ impl Applier {
             }
             let mut txn = self.txn.lock();
             let done = self
-                .apply_queued(&mut txn)
+                .apply_merging(&mut txn)
                 .and_then(|()| self.commit_if_due(&mut txn));
             if let Err(error) = done {
                 self.fail(&mut txn, &error);
@@ -354,7 +388,7 @@ impl Applier {
     pub(super) fn commit_now(&self) -> Result<(), Error> {
         let mut txn = self.txn.lock();
         let done = self
-            .apply_queued(&mut txn)
+            .apply_merging(&mut txn)
             .and_then(|()| self.commit_if(&mut txn, Duration::ZERO));
         if let Err(error) = &done {
             self.fail(&mut txn, error);
@@ -388,10 +422,53 @@ impl Applier {
     /// Only batches whose frame is durable are taken (see the module docs); the rest stay
     /// queued for the next call.
     pub(super) fn apply_queued(&self, txn: &mut OpenTxn) -> Result<(), Error> {
+        self.apply(txn, usize::MAX, false)
+    }
+
+    /// [`apply_queued`](Applier::apply_queued), then the merges of the closed narrow windows
+    /// (`Tables::merge_closed_windows`): off the writer's thread (the applier's own, a
+    /// background checkpoint's), since a merge at 10M live keys takes a second or more.
+    pub(super) fn apply_merging(&self, txn: &mut OpenTxn) -> Result<(), Error> {
+        // Told before the batches are applied, so a writer over the bound does not start
+        // waiting for a transaction about to merge.
+        let merges = self.drops_windows
+            && !self
+                .engine
+                .windows
+                .closed_narrow(self.engine.now())
+                .is_empty();
+        self.merging.store(merges, Ordering::Release);
+        let applied = self.apply(txn, usize::MAX, merges);
+        self.merging.store(false, Ordering::Release);
+        applied
+    }
+
+    /// [`apply_queued`](Applier::apply_queued) of the oldest batches only, up to about
+    /// `limit` changes (at least one batch): the writer's share when the queue is long. Ended
+    /// windows are left for a whole application.
+    pub(super) fn apply_some(&self, txn: &mut OpenTxn, limit: usize) -> Result<(), Error> {
+        self.apply(txn, limit, false)
+    }
+
+    /// Applies up to about `limit` changes of queued batches (`usize::MAX`: all, then the
+    /// ended windows are deleted), and merges the closed narrow windows if `merge`.
+    fn apply(&self, txn: &mut OpenTxn, limit: usize, merge: bool) -> Result<(), Error> {
         let durable = self.applicable();
         let batches = {
             let mut queue = self.queue.lock();
-            let ready = queue.batches.partition_point(|b| b.seq <= durable);
+            let mut ready = queue.batches.partition_point(|b| b.seq <= durable);
+            if limit != usize::MAX {
+                let mut taken = 0;
+                let within = queue.batches[..ready]
+                    .iter()
+                    .take_while(|b| {
+                        let first = taken == 0;
+                        taken += b.changes.len();
+                        first || taken <= limit
+                    })
+                    .count();
+                ready = within;
+            }
             let batches: Vec<DeferredBatch> = queue.batches.drain(..ready).collect();
             queue.changes -= batches.iter().map(|b| b.changes.len()).sum::<usize>();
             queue.since = (!queue.batches.is_empty()).then(Instant::now);
@@ -433,7 +510,7 @@ impl Applier {
             tables.set_next_token(next_token)?;
             self.applied.store(seq, Ordering::Release);
         }
-        if self.drops_windows {
+        if self.drops_windows && limit == usize::MAX {
             // Ended windows leave with the batches: one table deletion each, in whichever
             // transaction applies them (the applier's, a checkpoint's, a flush's), off the
             // writer's batch path.
@@ -444,8 +521,10 @@ impl Applier {
             if windows > 0 {
                 super::sweep::forget_ended_windows(&self.engine, now);
             }
-            let merged = tables.merge_closed_windows(now)?;
-            self.engine.counters.add(Counter::WindowsMerged, merged);
+            if merge {
+                let merged = tables.merge_closed_windows(now)?;
+                self.engine.counters.add(Counter::WindowsMerged, merged);
+            }
         }
         Ok(())
     }

@@ -37,7 +37,8 @@ pub enum Background {
     /// The applier applies the durable batches queued for it to its open transaction (and
     /// deletes the windows that have ended, when the sweeper is on).
     Apply,
-    /// The applier applies, then commits its open transaction, as it does every `TXN_SPAN`.
+    /// The applier applies (and merges the closed narrow windows), then commits its open
+    /// transaction, as it does every `TXN_SPAN`.
     /// The writer hears of the commit at its next batch, or at [`Background::WriterDrain`].
     ApplierCommit,
     /// The writer forgets the changes the applier's commits hold and ends the epoch (what it
@@ -50,8 +51,7 @@ pub enum Background {
     CheckpointStart,
     /// The writer waits for the running background checkpoint, if any, to end.
     CheckpointFinish,
-    /// The windows that have ended are deleted and the closed narrow windows merged (the
-    /// sweeper's work).
+    /// The windows that have ended are deleted (the sweeper's work).
     DropEndedWindows,
     /// The writer commits everything to redb itself (what it does before a sweep, a
     /// `complete_with` or a checkpoint).
@@ -112,12 +112,10 @@ impl Writer {
         if let Some(interval) = self.schedule.sweep_interval {
             if self.last_sweep.elapsed() >= interval {
                 self.last_sweep = Instant::now();
-                // Ended windows, and closed narrow ones, are known without a transaction.
-                // While the applier holds one, it deletes and merges them itself when it
-                // applies batches; otherwise that is done here.
-                let now = self.engine.now();
-                let windows = &self.engine.windows;
-                let ended = !windows.due(now).is_empty() || !windows.closed_narrow(now).is_empty();
+                // Ended windows are known without a transaction. While the applier holds one,
+                // it deletes them itself when it commits; otherwise they go here. (Narrow
+                // windows are merged by the applier alone, off the writer's thread.)
+                let ended = !self.engine.windows.due(self.engine.now()).is_empty();
                 if ended && self.applier.is_idle() {
                     let _ = self.drop_ended_windows();
                 }

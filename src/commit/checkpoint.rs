@@ -61,7 +61,7 @@ fn commit_checkpoint(
             .map_err(|e| StorageError::redb(ctx, e))?;
         *txn = Some((opened, Instant::now()));
     }
-    applier.apply_queued(txn)?;
+    applier.apply_merging(txn)?;
     let (mut open, _) = txn.take().expect("opened above");
     let ctx = "committing a checkpoint";
     open.set_durability(redb::Durability::Immediate)

@@ -34,22 +34,18 @@ impl Writer {
         })
     }
 
-    /// Deletes every window that has ended and merges the narrow windows that are closed
-    /// (`Tables::merge_closed_windows`), in one unlogged transaction; returns how many records
-    /// the deleted windows held. (The background sweeper's work on a store whose applier holds
-    /// no transaction: the applier does both itself when it applies batches.)
+    /// Deletes every window that has ended, in one unlogged transaction; returns how many
+    /// records they held. (The background sweeper's work on a store whose applier holds no
+    /// transaction: the applier deletes them itself when it commits one.)
     pub(crate) fn drop_ended_windows(&mut self) -> Result<u64, Error> {
         let engine = Arc::clone(&self.engine);
         self.transact(CommitKind::Unlogged, |_, txn, now, _| {
-            let mut tables = Tables::open(txn, &engine.windows)?;
-            let (windows, held) = tables.drop_ended_windows(now)?;
+            let (windows, held) = Tables::open(txn, &engine.windows)?.drop_ended_windows(now)?;
             engine.counters.add(Counter::WindowsDeleted, windows);
             engine.counters.add(Counter::Swept, held);
             if windows > 0 {
                 forget_ended_windows(&engine, now);
             }
-            let merged = tables.merge_closed_windows(now)?;
-            engine.counters.add(Counter::WindowsMerged, merged);
             Ok(Ok(held))
         })
     }

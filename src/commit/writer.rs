@@ -17,7 +17,7 @@ use crate::state::Durability;
 use crate::state::Held;
 use crate::tree::{IndexEntries, Tables};
 
-use super::apply::{Applier, DeferredBatch, Written};
+use super::apply::{Applier, DeferredBatch, Queued, Written, SELF_APPLIED};
 use super::request::Request;
 use super::request::{CallerDecision, Decide, Known, Ops, Outcomes};
 use super::syncer::PendingBatch;
@@ -206,12 +206,20 @@ impl Writer {
         let (ops, written, seq, deferred) = logged?;
         if let Some(deferred) = deferred {
             self.unflushed_since.get_or_insert_with(Instant::now);
-            if self.applier.push(deferred) && self.checkpointing.is_none() {
-                // The applier fell behind: catch up here, so a flush never finds much left.
-                // (Not while a checkpoint commits: the applier's next transaction waits for
-                // that commit, and so would the writer.)
+            let queued = self.applier.push(deferred);
+            // The applier fell behind: apply a share of its queue here, so a flush never finds
+            // much left. Not while a checkpoint commits (the applier's next transaction waits
+            // for that commit, and so would the writer), nor while the applier merges windows
+            // unless the queue is full.
+            let share = match queued {
+                Queued::Room => false,
+                _ if self.checkpointing.is_some() => false,
+                Queued::Over => !self.applier.merging(),
+                Queued::Full => true,
+            };
+            if share {
                 let mut txn = self.applier.txn.lock();
-                self.applier.apply_queued(&mut txn)?;
+                self.applier.apply_some(&mut txn, SELF_APPLIED)?;
             }
         }
         Ok((ops, written, seq))

@@ -158,7 +158,7 @@ impl Tree {
     }
 
     /// Deletes every window that has ended at `now` and merges the closed narrow windows, in
-    /// one durable commit, as the store's sweeper does.
+    /// one durable commit, as the store's applier does.
     pub fn drop_ended_windows(&self, now: Millis) -> Result<(), StorageError> {
         self.write(|tables| {
             tables.drop_ended_windows(now)?;

@@ -134,7 +134,7 @@ pub struct Stats {
     pub windows_deleted: u64,
     /// Narrow expiry windows whose records moved into their horizon's window (each record is
     /// first written to a window 8 times narrower, whose B-tree stays small; see
-    /// docs/format.md, "Windows").
+    /// docs/format.md, "Narrow windows, merged").
     pub windows_merged: u64,
     /// Batches run through the commit path.
     pub batches: u64,

@@ -13,7 +13,9 @@
 //!
 //! Only frames known durable are applied, so a commit (which new readers of redb see) never
 //! holds a change that a crash could still take back. The transaction that applies batches
-//! also deletes the expiry windows that have ended (`Tables::drop_ended_windows`).
+//! also deletes the expiry windows that have ended (`Tables::drop_ended_windows`), and, on the
+//! applier's thread or a background checkpoint's only, merges the closed narrow windows
+//! (`Tables::merge_closed_windows`).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;

@@ -43,6 +43,17 @@ fn complete(store: &Store, clock: &ManualClock, prefix: &str, n: usize) {
     }
 }
 
+/// A copy of the store at `path` and its log (`crashed.idem` beside it), as a process that
+/// dies now leaves them: taken while the store is open, so nothing is closed cleanly.
+fn crash_copy(path: &std::path::Path) -> std::path::PathBuf {
+    let copy = path.with_file_name("crashed.idem");
+    std::fs::copy(path, &copy).unwrap();
+    let mut wal = path.as_os_str().to_owned();
+    wal.push(".wal");
+    std::fs::copy(wal, path.with_file_name("crashed.idem.wal")).unwrap();
+    copy
+}
+
 /// The store's records tables and the records in each (the store must be closed).
 fn tables(path: &std::path::Path) -> Vec<(String, u64)> {
     let db = idemstore::open_redb(path).unwrap();
@@ -86,13 +97,7 @@ fn keys_are_kept_by_window_and_found_after_reopen_and_after_a_crash() {
     assert!(store.verify().unwrap().is_ok());
     // Written after the last durable commit, then the process dies (no clean close).
     complete(&store, &clock, "b", 300);
-    let copy = dir.path().join("crashed.idem");
-    std::fs::copy(&path, &copy).unwrap();
-    std::fs::copy(
-        dir.path().join("w.idem.wal"),
-        dir.path().join("crashed.idem.wal"),
-    )
-    .unwrap();
+    let copy = crash_copy(&path);
     drop(store);
     let store = open(&copy, &clock, false);
     for (prefix, n) in [("a", 400), ("b", 300)] {
@@ -496,13 +501,7 @@ fn records_written_narrow_move_into_their_horizons_window_once_it_is_closed() {
     let report = store.verify().unwrap();
     assert!(report.is_ok(), "{:?}", report.problems);
     // The process dies: the copy has the log, whose frames replay into narrow windows.
-    let copy = dir.path().join("crashed.idem");
-    std::fs::copy(&path, &copy).unwrap();
-    std::fs::copy(
-        dir.path().join("n.idem.wal"),
-        dir.path().join("crashed.idem.wal"),
-    )
-    .unwrap();
+    let copy = crash_copy(&path);
     drop(store);
     let crashed = open(&copy);
     for id in &ids {

@@ -424,7 +424,7 @@ impl Applier {
     /// Only batches whose frame is durable are taken (see the module docs); the rest stay
     /// queued for the next call.
     pub(super) fn apply_queued(&self, txn: &mut OpenTxn) -> Result<(), Error> {
-        self.apply(txn, usize::MAX, false)
+        self.apply(txn, usize::MAX, Vec::new())
     }
 
     /// [`apply_queued`](Applier::apply_queued), then the merges of the closed narrow windows
@@ -433,14 +433,13 @@ impl Applier {
     pub(super) fn apply_merging(&self, txn: &mut OpenTxn) -> Result<(), Error> {
         // Told before the batches are applied, so a writer over the bound does not start
         // waiting for a transaction about to merge.
-        let merges = self.drops_windows
-            && !self
-                .engine
-                .windows
-                .closed_narrow(self.engine.now())
-                .is_empty();
-        self.merging.store(merges, Ordering::Release);
-        let applied = self.apply(txn, usize::MAX, merges);
+        let closed = if self.drops_windows {
+            self.engine.windows.closed_narrow(self.engine.now())
+        } else {
+            Vec::new()
+        };
+        self.merging.store(!closed.is_empty(), Ordering::Release);
+        let applied = self.apply(txn, usize::MAX, closed);
         self.merging.store(false, Ordering::Release);
         applied
     }
@@ -449,27 +448,28 @@ impl Applier {
     /// `limit` changes (at least one batch): the writer's share when the queue is long. Ended
     /// windows are left for a whole application.
     pub(super) fn apply_some(&self, txn: &mut OpenTxn, limit: usize) -> Result<(), Error> {
-        self.apply(txn, limit, false)
+        self.apply(txn, limit, Vec::new())
     }
 
     /// Applies up to about `limit` changes of queued batches (`usize::MAX`: all, then the
-    /// ended windows are deleted), and merges the closed narrow windows if `merge`.
-    fn apply(&self, txn: &mut OpenTxn, limit: usize, merge: bool) -> Result<(), Error> {
+    /// ended windows are deleted and the narrow windows of `closed` merged).
+    fn apply(
+        &self,
+        txn: &mut OpenTxn,
+        limit: usize,
+        closed: Vec<(u64, Vec<u64>)>,
+    ) -> Result<(), Error> {
         let durable = self.applicable();
         let batches = {
             let mut queue = self.queue.lock();
             let mut ready = queue.batches.partition_point(|b| b.seq <= durable);
-            if limit != usize::MAX {
-                let mut taken = 0;
-                let within = queue.batches[..ready]
-                    .iter()
-                    .take_while(|b| {
-                        let first = taken == 0;
-                        taken += b.changes.len();
-                        first || taken <= limit
-                    })
-                    .count();
-                ready = within;
+            // The batches within `limit` changes, and at least one.
+            let mut taken = 0usize;
+            if let Some(over) = queue.batches[..ready].iter().position(|b| {
+                taken = taken.saturating_add(b.changes.len());
+                taken > limit
+            }) {
+                ready = over.max(1);
             }
             let batches: Vec<DeferredBatch> = queue.batches.drain(..ready).collect();
             queue.changes -= batches.iter().map(|b| b.changes.len()).sum::<usize>();
@@ -523,10 +523,8 @@ impl Applier {
             if windows > 0 {
                 super::sweep::forget_ended_windows(&self.engine, now);
             }
-            if merge {
-                let merged = tables.merge_closed_windows(now)?;
-                self.engine.counters.add(Counter::WindowsMerged, merged);
-            }
+            let merged = tables.merge_closed_windows(closed)?;
+            self.engine.counters.add(Counter::WindowsMerged, merged);
         }
         Ok(())
     }

@@ -162,7 +162,8 @@ impl Tree {
     pub fn drop_ended_windows(&self, now: Millis) -> Result<(), StorageError> {
         self.write(|tables| {
             tables.drop_ended_windows(now)?;
-            tables.merge_closed_windows(now).map(drop)
+            let closed = tables.windows().closed_narrow(now);
+            tables.merge_closed_windows(closed).map(drop)
         })
     }
 

@@ -25,7 +25,7 @@ use redb::{ReadableTable, ReadableTableMetadata, Table, TableDefinition, WriteTr
 use super::filter::Filter;
 use super::filter::Probe;
 use super::opening::write_filter_hash;
-use super::windows::{level_for, level_of, table_name, RecordsDef, Windows, FILTERS, NARROW};
+use super::windows::{level_for, level_of, table_name, RecordsDef, Windows, FILTERS};
 use crate::error::StorageError;
 use crate::record::{Millis, Record, State};
 
@@ -376,11 +376,6 @@ impl<'txn> Tables<'txn> {
             self.remove_from_holding(old.expires_at, &probe, key, Some(target))?;
         }
         self.learn(target, &filter, &probe)?;
-        let own = level_for(index.expires_at.saturating_sub(written));
-        if level_of(target) + u64::from(NARROW) == u64::from(own) {
-            // Written narrow: a merge moves it into its horizon's window later.
-            filter.unmerged.store(true, Ordering::Release);
-        }
         count_write();
         self.window(target)?
             .insert(key, encoded)
@@ -421,11 +416,20 @@ impl<'txn> Tables<'txn> {
     /// store put it, or one that is in its own window already) or if it does not decode; a
     /// narrow window that keeps none is deleted. Returns how many narrow windows were merged.
     ///
-    /// Only transactions that never roll back call it, as for
-    /// [`drop_ended_windows`](Tables::drop_ended_windows): the windows' filters change at once.
-    pub(crate) fn merge_closed_windows(&mut self, now: Millis) -> Result<u64, StorageError> {
+    /// `closed` is [`Windows::closed_narrow`]'s list. Only transactions that never roll back
+    /// call it, as for [`drop_ended_windows`](Tables::drop_ended_windows): the windows'
+    /// filters change at once.
+    pub(crate) fn merge_closed_windows(
+        &mut self,
+        closed: Vec<(u64, Vec<u64>)>,
+    ) -> Result<u64, StorageError> {
         let mut merged = 0;
-        for (parent, children) in self.windows.closed_narrow(now) {
+        for (parent, mut children) in closed {
+            // Not those deleted since the list was made (ended, in the same transaction).
+            children.retain(|child| self.windows.existing(*child).is_some());
+            if children.is_empty() {
+                continue;
+            }
             self.merge_into(parent, &children)?;
             merged += children.len() as u64;
         }

@@ -178,6 +178,15 @@ fn fitting(level: u32, t: Millis) -> u64 {
         .expect("level 62 holds every u64 time")
 }
 
+/// The filter of `window` in `map`, made for about `keys` keys (and a quarter more) if it has
+/// none.
+fn filter_of(map: &mut BTreeMap<u64, Arc<Filter>>, window: u64, keys: usize) -> Arc<Filter> {
+    let filter = map
+        .entry(window)
+        .or_insert_with(|| Arc::new(Filter::with_capacity(keys.saturating_add(keys / 4))));
+    Arc::clone(filter)
+}
+
 /// The level of window `window`.
 pub(crate) fn level_of(window: u64) -> u64 {
     window >> LEVEL_SHIFT
@@ -320,7 +329,8 @@ impl Windows {
     /// span holding `t` [`NARROW`] levels below its horizon's, or at its horizon's level for a
     /// horizon under about 17 minutes; see the module's documentation) if that exists or the
     /// store is not crowded; otherwise the narrowest window holding `t`, or, where none does, a
-    /// new one [`CROWDED_WIDER`] levels wider than its horizon's.
+    /// new one [`CROWDED_WIDER`] levels wider than its horizon's. A window a record is written
+    /// to narrow is marked for a merge ([`Filter::unmerged`]).
     pub(crate) fn place(&self, t: Millis, written: Millis) -> (u64, Arc<Filter>) {
         let horizon = t.saturating_sub(written);
         let level = level_for(horizon);
@@ -328,6 +338,19 @@ impl Windows {
         if horizon < shortest.load(Ordering::Relaxed) {
             shortest.fetch_min(horizon, Ordering::Relaxed);
         }
+        let (window, filter) = self.choose(t, level);
+        if level_of(window) + u64::from(NARROW) == u64::from(level)
+            && !filter.unmerged.load(Ordering::Relaxed)
+        {
+            // Written narrow: a merge moves it into its horizon's window later.
+            filter.unmerged.store(true, Ordering::Release);
+        }
+        (window, filter)
+    }
+
+    /// [`place`](Windows::place)'s window for a record expiring at `t` whose horizon's level
+    /// is `level`, with its filter.
+    fn choose(&self, t: Millis, level: u32) -> (u64, Arc<Filter>) {
         let first = if level >= NARROW_FLOOR + NARROW {
             level - NARROW
         } else {
@@ -359,20 +382,13 @@ impl Windows {
             None => fitting(level + CROWDED_WIDER, t),
         };
         let capacity = self.capacity_for(&map, window);
-        let filter = map
-            .entry(window)
-            .or_insert_with(|| Arc::new(Filter::with_capacity(capacity + capacity / 4)));
-        (window, Arc::clone(filter))
+        (window, filter_of(&mut map, window, capacity))
     }
 
     /// The filter of `window`, made for about `keys` keys if the window has none: the window a
     /// merge moves records into.
     pub(crate) fn make(&self, window: u64, keys: usize) -> Arc<Filter> {
-        let mut map = self.map.write();
-        let filter = map
-            .entry(window)
-            .or_insert_with(|| Arc::new(Filter::with_capacity(keys.saturating_add(keys / 4))));
-        Arc::clone(filter)
+        filter_of(&mut self.map.write(), window, keys)
     }
 
     /// The narrow windows whose records may now move into their horizon's window, by that
